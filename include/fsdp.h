@@ -1,0 +1,19 @@
+/*
+ * fsdp.h: everything public in libfsdp.
+ */
+#ifndef FSDP_H
+#define FSDP_H
+
+#include <fsdp/export.h>
+#include <fsdp/version.h>
+#include <fsdp/errno.h>
+#include <fsdp/dtype.h>
+#include <fsdp/rng.h>
+#include <fsdp/log.h>
+#include <fsdp/mem.h>
+#include <fsdp/context.h>
+#include <fsdp/store.h>
+#include <fsdp/pg.h>
+#include <fsdp/sim.h>
+
+#endif /* FSDP_H */

@@ -1,0 +1,63 @@
+/*
+ * fsdp/sim.h: the sim backend, N ranks as N threads of one process.
+ *
+ * fsdp_sim_run() starts one thread per rank, gives each a context with its world process group
+ * and a handle on a shared in-memory store, and runs fn on each. Collectives move data by
+ * reading peers' buffers directly; reductions run in rank order, so results are bitwise
+ * deterministic. Each rank has a communication thread that executes its collectives in issue
+ * order, so a caller can overlap compute with outstanding works.
+ *
+ * Faults can be injected to test error paths: a rank can be delayed before or after its k-th
+ * collective, or its k-th collective can fail. A rank whose fn returns stops taking part: peers
+ * waiting for it get FSDP_EREMOTE at once, and nothing hangs.
+ */
+#ifndef FSDP_SIM_H
+#define FSDP_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp/context.h>
+#include <fsdp/export.h>
+
+FSDP_BEGIN_DECLS
+
+typedef enum fsdp_sim_fault_kind {
+    FSDP_SIM_DELAY_BEFORE = 0, /* sleep delay_ms before the collective starts */
+    FSDP_SIM_DELAY_AFTER,      /* sleep delay_ms after it completed, before the work completes */
+    FSDP_SIM_FAIL              /* the collective fails on this rank (FSDP_EBACKEND) */
+} fsdp_sim_fault_kind_t;
+
+typedef struct fsdp_sim_fault {
+    fsdp_sim_fault_kind_t kind;
+    int rank;         /* world rank the fault applies to */
+    uint64_t call;    /* index of the rank's collective, from 0, counted over all its groups */
+    int64_t delay_ms; /* for the delays */
+} fsdp_sim_fault_t;
+
+typedef struct fsdp_sim_options {
+    int world_size;                 /* >= 1 */
+    int64_t timeout_ms;             /* timeout of the world group; 0 for the default */
+    uint64_t seed;                  /* seed of every rank's context */
+    const fsdp_sim_fault_t *faults; /* may be NULL */
+    size_t nfaults;
+} fsdp_sim_options_t;
+
+/* Fills opts with world size 1, the default timeout, seed 0 and no faults. */
+FSDP_EXTERN void fsdp_sim_options_init(fsdp_sim_options_t *opts);
+
+/* What each rank runs. Return FSDP_OK or a negative status. */
+typedef int (*fsdp_sim_fn)(fsdp_ctx_t *ctx, void *arg);
+
+/*
+ * Runs fn on world_size threads and waits for all of them. rank_status (may be NULL) receives
+ * each rank's return value. Returns FSDP_OK when every rank returned FSDP_OK, the status of the
+ * lowest failing rank otherwise, or FSDP_EINVAL / FSDP_ENOMEM when the run could not start.
+ * Groups a rank created and did not destroy are destroyed when its fn returns.
+ */
+FSDP_EXTERN int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg,
+                             int *rank_status);
+
+FSDP_END_DECLS
+
+#endif /* FSDP_SIM_H */

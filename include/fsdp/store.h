@@ -1,0 +1,68 @@
+/*
+ * fsdp/store.h: a small key-value store for rendezvous.
+ *
+ * Ranks exchange what they need to connect (NCCL unique ids, Gloo addresses, counters) through a
+ * store. A store handle has its own key prefix and last-error text; handles made with
+ * fsdp_store_clone() share the data of the handle they came from. The in-memory store serves
+ * ranks that are threads of one process; file and Redis stores come with the multi-process
+ * backends. Every call on one handle must come from one thread at a time; different handles on
+ * the same data may be used concurrently.
+ */
+#ifndef FSDP_STORE_H
+#define FSDP_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp/export.h>
+
+FSDP_BEGIN_DECLS
+
+typedef struct fsdp_store fsdp_store_t;
+
+/* Default timeout of get and wait, in milliseconds. */
+#define FSDP_STORE_DEFAULT_TIMEOUT_MS 30000
+
+/* Creates an empty in-memory store. The caller owns *out. */
+FSDP_EXTERN int fsdp_store_create_memory(fsdp_store_t **out);
+
+/* A new handle on the same data whose keys are prefixed by `prefix` (appended to the prefix of
+ * `store`, with a '/' between). The data lives until its last handle is destroyed. */
+FSDP_EXTERN int fsdp_store_clone(fsdp_store_t *store, const char *prefix, fsdp_store_t **out);
+
+/* Frees a handle; NULL is accepted. */
+FSDP_EXTERN void fsdp_store_destroy(fsdp_store_t *store);
+
+/* Timeout for get and wait on this handle (> 0 ms). */
+FSDP_EXTERN int fsdp_store_set_timeout(fsdp_store_t *store, int64_t timeout_ms);
+
+/* Sets key to a copy of the `len` bytes at `value` (len may be 0), waking waiters. */
+FSDP_EXTERN int fsdp_store_set(fsdp_store_t *store, const char *key, const void *value,
+                               size_t len);
+
+/*
+ * Waits until key exists, then copies up to `cap` bytes of its value into buf and sets *len to
+ * the value's full length (a larger *len than cap means the copy was cut; FSDP_EINVAL is returned
+ * then). FSDP_ETIMEDOUT when the key does not appear within the handle's timeout.
+ */
+FSDP_EXTERN int fsdp_store_get(fsdp_store_t *store, const char *key, void *buf, size_t cap,
+                               size_t *len);
+
+/* Waits until every one of the n keys exists. FSDP_ETIMEDOUT names the first missing key. */
+FSDP_EXTERN int fsdp_store_wait(fsdp_store_t *store, const char *const *keys, size_t n);
+
+/* Adds delta to the integer counter at key (created at 0), atomically; *result (may be NULL)
+ * receives the new value. A key set by fsdp_store_set() holding something other than a counter
+ * gives FSDP_EINVAL. */
+FSDP_EXTERN int fsdp_store_add(fsdp_store_t *store, const char *key, int64_t delta,
+                               int64_t *result);
+
+/* Sets *found to 1 when key exists, without waiting. */
+FSDP_EXTERN int fsdp_store_check(fsdp_store_t *store, const char *key, int *found);
+
+/* Text of the last error on this handle ("" when none). */
+FSDP_EXTERN const char *fsdp_store_last_error(const fsdp_store_t *store);
+
+FSDP_END_DECLS
+
+#endif /* FSDP_STORE_H */

@@ -1,0 +1,198 @@
+# fsdp_deps.m4: optional dependencies of libfsdp (BLAS, CUDA, NCCL, Gloo).
+#
+# Each --with-X takes yes, no, DIR or nothing. Nothing means "check": use it when found and
+# say so in the summary. yes or DIR means required: a missing dependency stops configure.
+
+# FSDP_DEP_REQUIRED(VALUE): true when the user asked for the dependency explicitly.
+m4_define([FSDP_DEP_REQUIRED], [test "x$1" != xcheck && test "x$1" != xno])
+
+# FSDP_CHECK_BLAS: a CBLAS (OpenBLAS preferred) for the CPU device's matrix products.
+AC_DEFUN([FSDP_CHECK_BLAS], [
+  AC_ARG_WITH([blas],
+    [AS_HELP_STRING([--with-blas[[=LIB]]],
+      [CBLAS library for CPU matrix products: openblas, blas, or a -l name (default: check)])],
+    [], [with_blas=check])
+  fsdp_have_blas=no
+  BLAS_LIBS=
+  AS_IF([test "x$with_blas" != xno], [
+    AS_CASE([$with_blas], [check|yes], [fsdp_blas_libs="openblas blas cblas"],
+            [fsdp_blas_libs=$with_blas])
+    AC_CHECK_HEADERS([cblas.h], [
+      fsdp_save_LIBS=$LIBS
+      AC_SEARCH_LIBS([cblas_sgemm], [$fsdp_blas_libs], [fsdp_have_blas=yes])
+      LIBS=$fsdp_save_LIBS
+      AS_CASE([$ac_cv_search_cblas_sgemm],
+        [no|"none required"], [],
+        [BLAS_LIBS=$ac_cv_search_cblas_sgemm])
+    ])
+    AS_IF([test "x$fsdp_have_blas" = xno && FSDP_DEP_REQUIRED([$with_blas])],
+      [AC_MSG_ERROR([--with-blas=$with_blas given but no CBLAS (cblas.h and cblas_sgemm) was found; install libopenblas-dev])])
+  ])
+  AS_IF([test "x$fsdp_have_blas" = xyes],
+    [AC_DEFINE([FSDP_HAVE_BLAS], [1], [Define to 1 when a CBLAS is available.])
+     fsdp_blas_summary="yes ($BLAS_LIBS)"],
+    [fsdp_blas_summary=no])
+  AM_CONDITIONAL([HAVE_BLAS], [test "x$fsdp_have_blas" = xyes])
+  AC_SUBST([BLAS_LIBS])
+])
+
+# FSDP_CHECK_CUDA: CUDA runtime and nvcc; .cu files are compiled through build-aux/cudalt.sh.
+AC_DEFUN([FSDP_CHECK_CUDA], [
+  AC_ARG_WITH([cuda],
+    [AS_HELP_STRING([--with-cuda[[=DIR]]], [CUDA toolkit for the GPU device (default: check /usr/local/cuda)])],
+    [], [with_cuda=check])
+  AC_ARG_WITH([cuda-arch],
+    [AS_HELP_STRING([--with-cuda-arch=FLAGS],
+      [nvcc code generation flags (default: sm_90 code plus compute_90 PTX)])],
+    [], [with_cuda_arch="-gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90"])
+  AC_ARG_VAR([NVCC], [CUDA compiler])
+  AC_ARG_VAR([NVCCFLAGS], [extra flags for nvcc])
+  fsdp_have_cuda=no
+  CUDA_CPPFLAGS=
+  CUDA_LDFLAGS=
+  CUDA_LIBS=
+  AS_IF([test "x$with_cuda" != xno], [
+    AS_CASE([$with_cuda], [check|yes], [fsdp_cuda_dir=/usr/local/cuda], [fsdp_cuda_dir=$with_cuda])
+    fsdp_cuda_libdir=$fsdp_cuda_dir/lib64
+    AS_IF([test -d "$fsdp_cuda_libdir"], [], [fsdp_cuda_libdir=$fsdp_cuda_dir/lib])
+    fsdp_save_CPPFLAGS=$CPPFLAGS
+    fsdp_save_LDFLAGS=$LDFLAGS
+    fsdp_save_LIBS=$LIBS
+    CPPFLAGS="$CPPFLAGS -I$fsdp_cuda_dir/include"
+    LDFLAGS="$LDFLAGS -L$fsdp_cuda_libdir"
+    fsdp_cuda_ok=yes
+    AC_CHECK_HEADER([cuda_runtime.h], [], [fsdp_cuda_ok=no])
+    AS_IF([test $fsdp_cuda_ok = yes],
+      [AC_CHECK_LIB([cudart], [cudaGetDeviceCount], [], [fsdp_cuda_ok=no])])
+    AS_IF([test $fsdp_cuda_ok = yes], [
+      AS_IF([test -z "$NVCC"], [AC_PATH_PROG([NVCC], [nvcc], [no], [$fsdp_cuda_dir/bin$PATH_SEPARATOR$PATH])])
+      AS_IF([test "x$NVCC" = xno || test -z "$NVCC"], [fsdp_cuda_ok=no])
+    ])
+    AS_IF([test $fsdp_cuda_ok = yes], [
+      AC_MSG_CHECKING([whether $NVCC compiles a kernel for $with_cuda_arch])
+      cat > conftest.cu <<FSDP_EOF
+__global__ void k(float *x) { x[[threadIdx.x]] = 1.0f; }
+int main(void) { k<<<1, 1>>>(0); return 0; }
+FSDP_EOF
+      AS_IF([$NVCC $with_cuda_arch -c conftest.cu -o conftest.$OBJEXT >&AS_MESSAGE_LOG_FD 2>&1],
+        [AC_MSG_RESULT([yes])], [AC_MSG_RESULT([no]); fsdp_cuda_ok=no])
+      rm -f conftest.cu conftest.$OBJEXT
+    ])
+    CPPFLAGS=$fsdp_save_CPPFLAGS
+    LDFLAGS=$fsdp_save_LDFLAGS
+    LIBS=$fsdp_save_LIBS
+    AS_IF([test $fsdp_cuda_ok = yes], [
+      fsdp_have_cuda=yes
+      CUDA_CPPFLAGS="-I$fsdp_cuda_dir/include"
+      CUDA_LDFLAGS="-L$fsdp_cuda_libdir -Wl,-rpath,$fsdp_cuda_libdir"
+      CUDA_LIBS="-lcudart -lstdc++"
+    ], [FSDP_DEP_REQUIRED([$with_cuda])], [
+      AC_MSG_ERROR([--with-cuda=$with_cuda given but CUDA was not usable in $fsdp_cuda_dir (need cuda_runtime.h, libcudart and nvcc; see config.log)])
+    ])
+  ])
+  AS_IF([test $fsdp_have_cuda = yes],
+    [AC_DEFINE([FSDP_HAVE_CUDA], [1], [Define to 1 when the CUDA device is built.])
+     fsdp_cuda_summary="yes ($fsdp_cuda_dir, $with_cuda_arch)"],
+    [fsdp_cuda_summary=no])
+  NVCC_ARCH_FLAGS=$with_cuda_arch
+  AM_CONDITIONAL([HAVE_CUDA], [test $fsdp_have_cuda = yes])
+  AC_SUBST([NVCC_ARCH_FLAGS])
+  AC_SUBST([CUDA_CPPFLAGS])
+  AC_SUBST([CUDA_LDFLAGS])
+  AC_SUBST([CUDA_LIBS])
+])
+
+# FSDP_CHECK_NCCL: NCCL for the nccl process group; needs CUDA.
+AC_DEFUN([FSDP_CHECK_NCCL], [
+  AC_ARG_WITH([nccl],
+    [AS_HELP_STRING([--with-nccl[[=DIR]]], [NCCL for the nccl backend (default: check, needs CUDA)])],
+    [], [with_nccl=check])
+  fsdp_have_nccl=no
+  NCCL_CPPFLAGS=
+  NCCL_LDFLAGS=
+  NCCL_LIBS=
+  AS_IF([test "x$with_nccl" != xno], [
+    AS_IF([test $fsdp_have_cuda = no], [
+      AS_IF([FSDP_DEP_REQUIRED([$with_nccl])],
+        [AC_MSG_ERROR([--with-nccl needs CUDA, which is not enabled (use --with-cuda=DIR)])])
+    ], [
+      AS_CASE([$with_nccl], [check|yes], [fsdp_nccl_dir=$fsdp_cuda_dir], [fsdp_nccl_dir=$with_nccl])
+      fsdp_nccl_libdir=$fsdp_nccl_dir/lib64
+      AS_IF([test -d "$fsdp_nccl_libdir"], [], [fsdp_nccl_libdir=$fsdp_nccl_dir/lib])
+      fsdp_save_CPPFLAGS=$CPPFLAGS
+      fsdp_save_LDFLAGS=$LDFLAGS
+      fsdp_save_LIBS=$LIBS
+      CPPFLAGS="$CPPFLAGS $CUDA_CPPFLAGS -I$fsdp_nccl_dir/include"
+      LDFLAGS="$LDFLAGS $CUDA_LDFLAGS -L$fsdp_nccl_libdir"
+      fsdp_nccl_ok=yes
+      AC_CHECK_HEADER([nccl.h], [], [fsdp_nccl_ok=no])
+      AS_IF([test $fsdp_nccl_ok = yes],
+        [AC_CHECK_LIB([nccl], [ncclCommInitRank], [], [fsdp_nccl_ok=no], [-lcudart])])
+      CPPFLAGS=$fsdp_save_CPPFLAGS
+      LDFLAGS=$fsdp_save_LDFLAGS
+      LIBS=$fsdp_save_LIBS
+      AS_IF([test $fsdp_nccl_ok = yes], [
+        fsdp_have_nccl=yes
+        NCCL_CPPFLAGS="-I$fsdp_nccl_dir/include"
+        NCCL_LDFLAGS="-L$fsdp_nccl_libdir -Wl,-rpath,$fsdp_nccl_libdir"
+        NCCL_LIBS=-lnccl
+      ], [FSDP_DEP_REQUIRED([$with_nccl])], [
+        AC_MSG_ERROR([--with-nccl=$with_nccl given but nccl.h or libnccl was not found in $fsdp_nccl_dir])
+      ])
+    ])
+  ])
+  AS_IF([test $fsdp_have_nccl = yes],
+    [AC_DEFINE([FSDP_HAVE_NCCL], [1], [Define to 1 when NCCL is available.])
+     fsdp_nccl_summary="found ($fsdp_nccl_dir)"],
+    [fsdp_nccl_summary=no])
+  AM_CONDITIONAL([HAVE_NCCL], [test $fsdp_have_nccl = yes])
+  AC_SUBST([NCCL_CPPFLAGS])
+  AC_SUBST([NCCL_LDFLAGS])
+  AC_SUBST([NCCL_LIBS])
+])
+
+# FSDP_CHECK_GLOO: Debian's libgloo-dev (C++) for the gloo process group.
+AC_DEFUN([FSDP_CHECK_GLOO], [
+  AC_ARG_WITH([gloo],
+    [AS_HELP_STRING([--with-gloo[[=DIR]]], [Gloo for the gloo backend (default: check)])],
+    [], [with_gloo=check])
+  fsdp_have_gloo=no
+  GLOO_CPPFLAGS=
+  GLOO_LDFLAGS=
+  GLOO_LIBS=
+  AS_IF([test "x$with_gloo" != xno], [
+    AS_CASE([$with_gloo], [check|yes], [fsdp_gloo_dir=], [fsdp_gloo_dir=$with_gloo])
+    AS_IF([test -n "$fsdp_gloo_dir"],
+      [GLOO_CPPFLAGS="-I$fsdp_gloo_dir/include"; GLOO_LDFLAGS="-L$fsdp_gloo_dir/lib"])
+    AC_LANG_PUSH([C++])
+    fsdp_save_CPPFLAGS=$CPPFLAGS
+    fsdp_save_LDFLAGS=$LDFLAGS
+    fsdp_save_LIBS=$LIBS
+    CPPFLAGS="$CPPFLAGS $GLOO_CPPFLAGS"
+    LDFLAGS="$LDFLAGS $GLOO_LDFLAGS"
+    LIBS="-lgloo $LIBS"
+    AC_MSG_CHECKING([for Gloo (gloo/context.h, -lgloo)])
+    AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <gloo/context.h>]],
+                                    [[gloo::Context c(0, 1); return c.size - 1;]])],
+      [fsdp_have_gloo=yes], [fsdp_have_gloo=no])
+    AC_MSG_RESULT([$fsdp_have_gloo])
+    CPPFLAGS=$fsdp_save_CPPFLAGS
+    LDFLAGS=$fsdp_save_LDFLAGS
+    LIBS=$fsdp_save_LIBS
+    AC_LANG_POP([C++])
+    AS_IF([test $fsdp_have_gloo = yes], [GLOO_LIBS=-lgloo], [
+      GLOO_CPPFLAGS=
+      GLOO_LDFLAGS=
+      AS_IF([FSDP_DEP_REQUIRED([$with_gloo])],
+        [AC_MSG_ERROR([--with-gloo=$with_gloo given but Gloo was not found; install libgloo-dev])])
+    ])
+  ])
+  AS_IF([test $fsdp_have_gloo = yes],
+    [AC_DEFINE([FSDP_HAVE_GLOO], [1], [Define to 1 when Gloo is available.])
+     fsdp_gloo_summary="found${fsdp_gloo_dir:+ ($fsdp_gloo_dir)}"],
+    [fsdp_gloo_summary=no])
+  AM_CONDITIONAL([HAVE_GLOO], [test $fsdp_have_gloo = yes])
+  AC_SUBST([GLOO_CPPFLAGS])
+  AC_SUBST([GLOO_LDFLAGS])
+  AC_SUBST([GLOO_LIBS])
+])

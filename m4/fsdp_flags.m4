@@ -1,0 +1,81 @@
+# fsdp_flags.m4: compiler flags, threads and sanitizers for libfsdp.
+
+# FSDP_CHECK_PTHREAD: make -pthread part of CFLAGS and LIBS (glibc needs both for static links).
+AC_DEFUN([FSDP_CHECK_PTHREAD], [
+  AC_MSG_CHECKING([whether $CC accepts -pthread])
+  fsdp_save_CFLAGS=$CFLAGS
+  CFLAGS="$CFLAGS -pthread"
+  AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <pthread.h>]],
+                                  [[pthread_t t; return pthread_create(&t, 0, 0, 0);]])],
+    [AC_MSG_RESULT([yes]); PTHREAD_CFLAGS=-pthread],
+    [AC_MSG_RESULT([no]); PTHREAD_CFLAGS=])
+  CFLAGS=$fsdp_save_CFLAGS
+  AS_IF([test -z "$PTHREAD_CFLAGS"],
+    [AC_SEARCH_LIBS([pthread_create], [pthread], [],
+       [AC_MSG_ERROR([POSIX threads are required])])])
+  AC_SUBST([PTHREAD_CFLAGS])
+])
+
+# FSDP_TRY_CFLAG(FLAG, VAR): append FLAG to VAR when the compiler accepts it with -Werror.
+AC_DEFUN([FSDP_TRY_CFLAG], [
+  AC_MSG_CHECKING([whether $CC accepts $1])
+  fsdp_save_CFLAGS=$CFLAGS
+  CFLAGS="$CFLAGS -Werror $1"
+  AC_COMPILE_IFELSE([AC_LANG_PROGRAM([], [])],
+    [AC_MSG_RESULT([yes]); $2="$$2 $1"], [AC_MSG_RESULT([no])])
+  CFLAGS=$fsdp_save_CFLAGS
+])
+
+# FSDP_CHECK_CFLAGS: warnings (and -Werror with --enable-werror), hidden visibility.
+AC_DEFUN([FSDP_CHECK_CFLAGS], [
+  AC_ARG_ENABLE([werror],
+    [AS_HELP_STRING([--enable-werror], [treat compiler warnings as errors])],
+    [], [enable_werror=no])
+  FSDP_WARN_CFLAGS=
+  for fsdp_flag in -std=c11 -Wall -Wextra -Wstrict-prototypes -Wmissing-prototypes \
+                   -Wshadow -Wpointer-arith -Wvla -Wno-unused-parameter; do
+    FSDP_TRY_CFLAG([$fsdp_flag], [FSDP_WARN_CFLAGS])
+  done
+  AS_IF([test "x$enable_werror" = xyes], [FSDP_WARN_CFLAGS="$FSDP_WARN_CFLAGS -Werror"])
+  FSDP_VISIBILITY_CFLAGS=
+  FSDP_TRY_CFLAG([-fvisibility=hidden], [FSDP_VISIBILITY_CFLAGS])
+  AC_SUBST([FSDP_WARN_CFLAGS])
+  AC_SUBST([FSDP_VISIBILITY_CFLAGS])
+])
+
+# FSDP_ARG_SANITIZERS: --enable-sanitizers=address,undefined | thread.
+AC_DEFUN([FSDP_ARG_SANITIZERS], [
+  AC_ARG_ENABLE([sanitizers],
+    [AS_HELP_STRING([--enable-sanitizers=LIST],
+      [build with -fsanitize=LIST (address,undefined or thread)])],
+    [], [enable_sanitizers=no])
+  fsdp_sanitizers=
+  FSDP_SANITIZER_CFLAGS=
+  FSDP_SANITIZER_LDFLAGS=
+  AS_CASE([$enable_sanitizers],
+    [no|""], [],
+    [yes], [fsdp_sanitizers=address,undefined],
+    [fsdp_sanitizers=$enable_sanitizers])
+  AS_IF([test -n "$fsdp_sanitizers"], [
+    AS_CASE([,$fsdp_sanitizers,],
+      [*,thread,*address*|*address*,thread,*],
+        [AC_MSG_ERROR([--enable-sanitizers: thread cannot be combined with address])])
+    fsdp_san_flags="-fsanitize=$fsdp_sanitizers -fno-omit-frame-pointer -fno-sanitize-recover=all -g"
+    AC_MSG_CHECKING([whether $CC supports $fsdp_san_flags])
+    fsdp_save_CFLAGS=$CFLAGS
+    fsdp_save_LDFLAGS=$LDFLAGS
+    CFLAGS="$CFLAGS $fsdp_san_flags"
+    LDFLAGS="$LDFLAGS -fsanitize=$fsdp_sanitizers"
+    AC_LINK_IFELSE([AC_LANG_PROGRAM([], [])],
+      [AC_MSG_RESULT([yes])],
+      [AC_MSG_RESULT([no])
+       AC_MSG_ERROR([--enable-sanitizers=$fsdp_sanitizers: the compiler or its runtime is missing])])
+    CFLAGS=$fsdp_save_CFLAGS
+    LDFLAGS=$fsdp_save_LDFLAGS
+    FSDP_SANITIZER_CFLAGS=$fsdp_san_flags
+    FSDP_SANITIZER_LDFLAGS="-fsanitize=$fsdp_sanitizers"
+  ])
+  AM_CONDITIONAL([FSDP_TSAN], [test "x$fsdp_sanitizers" = xthread])
+  AC_SUBST([FSDP_SANITIZER_CFLAGS])
+  AC_SUBST([FSDP_SANITIZER_LDFLAGS])
+])

@@ -1,0 +1,88 @@
+/*
+ * sim.h: internals of the sim backend (ranks as threads of one process).
+ *
+ * A run has one world; every rank has a communication thread that executes the rank's
+ * collectives, over all its groups, in the order they were issued. Ranks of one group meet in
+ * the group's shared state (sim_group_t): each posts a pointer to its descriptor, waits until all
+ * have posted (the arrive barrier), moves its share of the data straight between the posted
+ * buffers, and waits until all are done (the depart barrier), after which no peer touches its
+ * buffers and its work completes.
+ */
+#ifndef FSDP_SIM_INTERNAL_H
+#define FSDP_SIM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "pg/pg_impl.h"
+
+typedef struct sim_world sim_world_t;
+
+/* State shared by the members of one group. */
+typedef struct sim_group {
+    struct sim_group *next; /* the world's registry */
+    char name[96];
+    int size;
+    int *world_ranks;          /* [size] */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t arrive_gen;       /* completed arrive barriers */
+    uint64_t depart_gen;       /* completed depart barriers */
+    int arrived, departed;
+    const fsdp_coll_t **posted; /* [size]: each rank's descriptor for the current collective */
+    uint64_t *posted_gen;       /* [size]: arrive_gen at which that rank posted */
+    uint64_t mismatch_gen;      /* arrive_gen + 1 of the last mismatched collective */
+    char mismatch[2048];
+    int broken;                 /* sticky failure: every later collective fails */
+    int broken_rc;
+    char reason[FSDP_ERR_LEN];
+    int attached;               /* members that have a handle (registry lookup stops at size) */
+    int refs;                   /* handles alive; guarded by the world's registry lock */
+} sim_group_t;
+
+/* One rank of the world. */
+typedef struct sim_rank {
+    sim_world_t *world;
+    int index;               /* world rank */
+    pthread_t comm;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    fsdp_work_t *head, *tail; /* queue of works to execute, in issue order */
+    int stop;
+    uint64_t calls;          /* collectives executed, for fault indices (comm thread only) */
+    _Atomic int exited;      /* the rank's fn returned and its groups are gone */
+    int exit_status;         /* written before exited is set */
+    fsdp_ctx_t *ctx;
+    fsdp_store_t *store;
+    int status;
+} sim_rank_t;
+
+struct sim_world {
+    int size;
+    const fsdp_sim_fault_t *faults;
+    size_t nfaults;
+    pthread_mutex_t reg_mu; /* guards the registry and every group's refs/attached */
+    sim_group_t *groups;
+    fsdp_sim_fn fn;
+    void *arg;
+    sim_rank_t *ranks; /* [size] */
+};
+
+typedef struct sim_pg {
+    fsdp_pg_t base;
+    sim_world_t *world;
+    sim_group_t *grp;
+} sim_pg_t;
+
+/* Creates rank `rank`'s handle on the group `name` of `size` members (creating the shared state
+ * on first use); used for the world group and for sub-groups. */
+int fsdp__sim_pg_create(sim_world_t *w, fsdp_ctx_t *ctx, const char *name, int size, int rank,
+                        const int *world_ranks, fsdp_pg_t **out);
+
+/* The communication thread of one rank. */
+void *fsdp__sim_comm_main(void *arg);
+
+/* Wakes every waiter in the groups of world rank `r` (after it exited). */
+void fsdp__sim_notify_exit(sim_world_t *w, int r);
+
+#endif /* FSDP_SIM_INTERNAL_H */

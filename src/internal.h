@@ -1,0 +1,73 @@
+/*
+ * internal.h: what the layers of libfsdp share and users do not see.
+ *
+ * The context is defined here so that the core can reach a rank's accounting, logging and
+ * groups without indirection; nothing outside src/, sim/ and backends/ includes this file.
+ */
+#ifndef FSDP_INTERNAL_H
+#define FSDP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp.h>
+
+/* Length of every last-error buffer, including the terminating NUL. */
+#define FSDP_ERR_LEN 512
+
+/* rc = call; if it failed, jump to label. The label is named at every call site on purpose. */
+#define FSDP_TRY(rc, label, call)                                                              \
+    do {                                                                                       \
+        (rc) = (call);                                                                         \
+        if ((rc) < 0) goto label;                                                              \
+    } while (0)
+
+#define FSDP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FSDP_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+struct fsdp_ctx {
+    int rank;
+    int world_size;
+    fsdp_rng_t rng;
+    _Atomic int log_level;       /* fsdp_log_level_t */
+    pthread_mutex_t log_mu;      /* guards sink and sink_user */
+    fsdp_log_sink_fn sink;
+    void *sink_user;
+    /* Memory accounting; atomics because a rank's comm thread allocates too. */
+    _Atomic size_t mem_current[FSDP_MEM_NCAT];
+    _Atomic size_t mem_peak[FSDP_MEM_NCAT];
+    _Atomic size_t mem_total;
+    _Atomic size_t mem_total_peak;
+    _Atomic size_t mem_allocs;
+    /* Borrowed world group and store (set by whoever created the rank: the sim runner). */
+    fsdp_pg_t *pg;
+    fsdp_store_t *store;
+    /* Every live process group of this rank, so that destroy can reclaim forgotten ones. */
+    pthread_mutex_t groups_mu;
+    fsdp_pg_t *groups;
+    char err[FSDP_ERR_LEN];
+};
+
+/* Formats into an error buffer of FSDP_ERR_LEN bytes and returns rc, so a failing path can be
+ * `return fsdp__err(buf, FSDP_EINVAL, "...")`. */
+int fsdp__verr(char *buf, int rc, const char *fmt, va_list ap);
+int fsdp__err(char *buf, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+
+/* Same, on a context's last error (ctx may be NULL: the message is only logged). */
+int fsdp__ctx_err(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+
+/* Attaches the borrowed world group and store of a rank (sim runner, init-from-env). */
+void fsdp__ctx_attach(fsdp_ctx_t *ctx, fsdp_pg_t *pg, fsdp_store_t *store);
+
+/* Registration of process groups on their context (pg.c calls these). */
+void fsdp__ctx_add_group(fsdp_ctx_t *ctx, fsdp_pg_t *pg);
+void fsdp__ctx_remove_group(fsdp_ctx_t *ctx, fsdp_pg_t *pg);
+
+/* Destroys every group still registered on ctx (waiting for their outstanding works). With a
+ * non-NULL `why`, each one other than the world group is reported as a warning. */
+void fsdp__ctx_destroy_groups(fsdp_ctx_t *ctx, const char *why);
+
+#endif /* FSDP_INTERNAL_H */

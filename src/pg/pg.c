@@ -1,0 +1,425 @@
+/*
+ * pg.c: the process-group core: argument checking, sequence numbers, counters, work handles.
+ *
+ * Every public collective goes through check_args() and then fsdp__pg_issue(), so backends never
+ * see a bad argument. Work handles are reference-counted (the caller's handle and the backend's)
+ * and their state is guarded by their group's mutex; fsdp_pg_destroy() waits until no work of
+ * the group is outstanding, which the backends bound by the group's timeout.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/reduce.h"
+#include "core/timeutil.h"
+#include "pg/pg_impl.h"
+
+static const char *const coll_names[FSDP_COLL_COUNT] = {
+    "all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce", "all_to_all", "barrier"};
+static const char *const redop_names[FSDP_REDOP_COUNT] = {"sum", "avg", "min", "max", "prod"};
+
+const char *fsdp_coll_name(fsdp_coll_kind_t kind) {
+    return (int)kind >= 0 && kind < FSDP_COLL_COUNT ? coll_names[kind] : "invalid";
+}
+
+const char *fsdp_redop_name(fsdp_redop_t op) {
+    return (int)op >= 0 && op < FSDP_REDOP_COUNT ? redop_names[op] : "invalid";
+}
+
+static int has_op(fsdp_coll_kind_t k) {
+    return k == FSDP_COLL_REDUCE_SCATTER || k == FSDP_COLL_ALL_REDUCE || k == FSDP_COLL_REDUCE;
+}
+
+static int has_root(fsdp_coll_kind_t k) {
+    return k == FSDP_COLL_BROADCAST || k == FSDP_COLL_REDUCE;
+}
+
+void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap) {
+    int n;
+    if (c->kind == FSDP_COLL_BARRIER) {
+        snprintf(buf, cap, "barrier");
+        return;
+    }
+    n = snprintf(buf, cap, "%s(%s, count=%zu", fsdp_coll_name(c->kind), fsdp_dtype_name(c->dtype),
+                 c->count);
+    if (n < 0 || (size_t)n >= cap) return;
+    if (has_op(c->kind))
+        n += snprintf(buf + n, cap - (size_t)n, ", op=%s", fsdp_redop_name(c->op));
+    if (n < 0 || (size_t)n >= cap) return;
+    if (has_root(c->kind)) n += snprintf(buf + n, cap - (size_t)n, ", root=%d", c->root);
+    if (n < 0 || (size_t)n >= cap) return;
+    snprintf(buf + n, cap - (size_t)n, ")");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Group base */
+
+int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx, int rank,
+                  int size, const int *world_ranks, const char *name) {
+    pg->ops = ops;
+    pg->rank = rank;
+    pg->size = size;
+    pg->ctx = ctx;
+    pg->seq = 0;
+    pg->timeout_ms = FSDP_PG_DEFAULT_TIMEOUT_MS;
+    pg->stream = NULL;
+    memset(&pg->counters, 0, sizeof pg->counters);
+    pg->pending = 0;
+    pg->err[0] = 0;
+    snprintf(pg->name, sizeof pg->name, "%s", name);
+    pthread_mutex_init(&pg->mu, NULL);
+    fsdp__cond_init(&pg->cv);
+    pg->ctx_next = NULL;
+    pg->ctx = NULL; /* registered below, once nothing can fail */
+    pg->world_ranks = malloc((size_t)size * sizeof *pg->world_ranks);
+    if (!pg->world_ranks) return FSDP_ENOMEM;
+    for (int i = 0; i < size; i++) pg->world_ranks[i] = world_ranks ? world_ranks[i] : i;
+    pg->ctx = ctx;
+    if (ctx) fsdp__ctx_add_group(ctx, pg);
+    return FSDP_OK;
+}
+
+void fsdp__pg_fini(fsdp_pg_t *pg) {
+    if (pg->ctx) fsdp__ctx_remove_group(pg->ctx, pg);
+    pthread_mutex_destroy(&pg->mu);
+    pthread_cond_destroy(&pg->cv);
+    free(pg->world_ranks);
+    pg->world_ranks = NULL;
+}
+
+static int pg_err(fsdp_pg_t *pg, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+static int pg_err(fsdp_pg_t *pg, int rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__verr(pg->err, rc, fmt, ap);
+    va_end(ap);
+    fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "%s: %s", fsdp_err_name(rc), pg->err);
+    return rc;
+}
+
+int fsdp_pg_rank(const fsdp_pg_t *pg) {
+    return pg ? pg->rank : -1;
+}
+
+int fsdp_pg_size(const fsdp_pg_t *pg) {
+    return pg ? pg->size : 0;
+}
+
+const char *fsdp_pg_name(const fsdp_pg_t *pg) {
+    return pg ? pg->name : "(null)";
+}
+
+const char *fsdp_pg_backend(const fsdp_pg_t *pg) {
+    return pg ? pg->ops->name : "(null)";
+}
+
+int fsdp_pg_world_rank(const fsdp_pg_t *pg, int group_rank) {
+    if (!pg || group_rank < 0 || group_rank >= pg->size) return -1;
+    return pg->world_ranks[group_rank];
+}
+
+uint64_t fsdp_pg_seq(const fsdp_pg_t *pg) {
+    return pg ? pg->seq : 0;
+}
+
+const char *fsdp_pg_last_error(const fsdp_pg_t *pg) {
+    return pg ? pg->err : "no process group";
+}
+
+int fsdp_pg_set_timeout(fsdp_pg_t *pg, int64_t timeout_ms) {
+    if (!pg) return FSDP_EINVAL;
+    if (timeout_ms <= 0)
+        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_set_timeout: timeout_ms %lld must be > 0",
+                      (long long)timeout_ms);
+    pg->timeout_ms = timeout_ms;
+    return FSDP_OK;
+}
+
+int64_t fsdp_pg_timeout(const fsdp_pg_t *pg) {
+    return pg ? pg->timeout_ms : 0;
+}
+
+void fsdp_pg_set_stream(fsdp_pg_t *pg, void *stream) {
+    if (pg) pg->stream = stream;
+}
+
+void *fsdp_pg_stream(const fsdp_pg_t *pg) {
+    return pg ? pg->stream : NULL;
+}
+
+void fsdp_pg_get_counters(const fsdp_pg_t *pg, fsdp_pg_counters_t *out) {
+    if (!out) return;
+    if (!pg) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = pg->counters;
+}
+
+void fsdp_pg_reset_counters(fsdp_pg_t *pg) {
+    if (pg) memset(&pg->counters, 0, sizeof pg->counters);
+}
+
+void fsdp_pg_destroy(fsdp_pg_t *pg) {
+    if (!pg) return;
+    pthread_mutex_lock(&pg->mu);
+    while (pg->pending > 0) pthread_cond_wait(&pg->cv, &pg->mu);
+    pthread_mutex_unlock(&pg->mu);
+    pg->ops->destroy(pg);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Argument checking */
+
+/* Half-open byte ranges [a, a + an) and [b, b + bn) overlap. */
+static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return an > 0 && bn > 0 && x < y + bn && y < x + an;
+}
+
+static int check_args(fsdp_pg_t *pg, const fsdp_coll_t *c) {
+    const char *what = fsdp_coll_name(c->kind);
+    if (c->kind == FSDP_COLL_BARRIER) return FSDP_OK;
+    if (!fsdp_dtype_valid((int)c->dtype))
+        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): dtype %d is invalid",
+                      what, pg->name, pg->rank, (int)c->dtype);
+    if (has_op(c->kind) && ((int)c->op < 0 || c->op >= FSDP_REDOP_COUNT))
+        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): op %d is invalid",
+                      what, pg->name, pg->rank, (int)c->op);
+    if (has_op(c->kind) && !fsdp__redop_supported(c->dtype, c->op))
+        return pg_err(pg, FSDP_EINVAL,
+                      "fsdp_pg_%s on group '%s' (rank %d): op %s is not defined on %s", what,
+                      pg->name, pg->rank, fsdp_redop_name(c->op), fsdp_dtype_name(c->dtype));
+    if (has_root(c->kind) && (c->root < 0 || c->root >= pg->size))
+        return pg_err(pg, FSDP_EINVAL,
+                      "fsdp_pg_%s on group '%s' (rank %d): root %d is outside [0, %d)", what,
+                      pg->name, pg->rank, c->root, pg->size);
+    size_t es = fsdp_dtype_size(c->dtype);
+    size_t n = (size_t)pg->size;
+    if (c->count > SIZE_MAX / es / n)
+        return pg_err(pg, FSDP_EINVAL,
+                      "fsdp_pg_%s on group '%s' (rank %d): count %zu of %s times %zu ranks "
+                      "overflows size_t",
+                      what, pg->name, pg->rank, c->count, fsdp_dtype_name(c->dtype), n);
+    if (c->count == 0) return FSDP_OK;
+    size_t one = c->count * es;
+    size_t send_bytes = one, recv_bytes = one;
+    int need_send = 1, need_recv = 1;
+    switch (c->kind) {
+    case FSDP_COLL_ALL_GATHER: recv_bytes = one * n; break;
+    case FSDP_COLL_REDUCE_SCATTER: send_bytes = one * n; break;
+    case FSDP_COLL_ALL_TO_ALL: send_bytes = recv_bytes = one * n; break;
+    case FSDP_COLL_BROADCAST: need_send = pg->rank == c->root; break;
+    case FSDP_COLL_REDUCE: need_recv = pg->rank == c->root; break;
+    default: break;
+    }
+    if (need_send && !c->send)
+        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): send is NULL with "
+                      "count %zu", what, pg->name, pg->rank, c->count);
+    if (need_recv && !c->recv)
+        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): recv is NULL with "
+                      "count %zu", what, pg->name, pg->rank, c->count);
+    if (!need_send || !need_recv) return FSDP_OK;
+    /* The in-place positions NCCL allows; any other overlap would read what is being written. */
+    const char *s = c->send;
+    const char *r = c->recv;
+    int in_place = 0;
+    switch (c->kind) {
+    case FSDP_COLL_ALL_GATHER: in_place = s == r + (size_t)pg->rank * one; break;
+    case FSDP_COLL_REDUCE_SCATTER: in_place = r == s + (size_t)pg->rank * one; break;
+    case FSDP_COLL_ALL_TO_ALL: in_place = 0; break;
+    default: in_place = s == r; break;
+    }
+    if (!in_place && overlaps(s, send_bytes, r, recv_bytes)) {
+        const char *where = c->kind == FSDP_COLL_ALL_GATHER       ? "send == recv + rank * count"
+                            : c->kind == FSDP_COLL_REDUCE_SCATTER ? "recv == send + rank * count"
+                            : c->kind == FSDP_COLL_ALL_TO_ALL     ? "no overlap at all"
+                                                                  : "send == recv";
+        return pg_err(pg, FSDP_EINVAL,
+                      "fsdp_pg_%s on group '%s' (rank %d): send [%p, +%zu bytes) and recv [%p, "
+                      "+%zu bytes) overlap; the only overlap allowed is %s",
+                      what, pg->name, pg->rank, (const void *)s, send_bytes, (void *)r,
+                      recv_bytes, where);
+    }
+    return FSDP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Works */
+
+static void work_unref_locked(fsdp_work_t *w) {
+    if (--w->refs == 0) free(w);
+}
+
+void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) {
+    fsdp_pg_t *pg = w->pg;
+    if (status < 0 && fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        fsdp__verr(w->err, status, fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_lock(&pg->mu);
+    w->status = status;
+    w->done = 1;
+    pg->pending--;
+    pthread_cond_broadcast(&pg->cv);
+    work_unref_locked(w);
+    pthread_mutex_unlock(&pg->mu);
+}
+
+int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
+    fsdp_work_t *w = calloc(1, sizeof *w);
+    if (!w) return pg_err(pg, FSDP_ENOMEM, "out of memory for a work handle");
+    w->pg = pg;
+    w->coll = *c;
+    w->coll.seq = pg->seq;
+    w->coll.timeout_ms = pg->timeout_ms;
+    w->coll.stream = pg->stream;
+    w->refs = 2;
+    pthread_mutex_lock(&pg->mu);
+    pg->pending++;
+    pthread_mutex_unlock(&pg->mu);
+    pg->seq++;
+    int rc = pg->ops->post(pg, w);
+    if (rc < 0) {
+        pthread_mutex_lock(&pg->mu);
+        pg->pending--;
+        pthread_mutex_unlock(&pg->mu);
+        free(w);
+        pg->seq--;
+        return rc;
+    }
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    if (c->kind == FSDP_COLL_ALL_GATHER || c->kind == FSDP_COLL_REDUCE_SCATTER ||
+        c->kind == FSDP_COLL_ALL_TO_ALL)
+        bytes *= (size_t)pg->size;
+    if (c->kind == FSDP_COLL_BARRIER) bytes = 0;
+    pg->counters.calls[c->kind]++;
+    pg->counters.bytes[c->kind] += bytes;
+    if (work) {
+        *work = w;
+        return FSDP_OK;
+    }
+    rc = fsdp_work_wait(w, -1);
+    fsdp_work_release(w);
+    return rc;
+}
+
+static int issue(fsdp_pg_t *pg, fsdp_coll_t *c, fsdp_work_t **work) {
+    if (work) *work = NULL;
+    if (!pg) return FSDP_EINVAL;
+    int rc = check_args(pg, c);
+    if (rc < 0) return rc;
+    return fsdp__pg_issue(pg, c, work);
+}
+
+int fsdp_work_wait(fsdp_work_t *w, int64_t timeout_ms) {
+    if (!w) return FSDP_EINVAL;
+    fsdp_pg_t *pg = w->pg;
+    struct timespec deadline = fsdp__deadline_ms(timeout_ms);
+    pthread_mutex_lock(&pg->mu);
+    while (!w->done) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&pg->cv, &pg->mu);
+        } else if (pthread_cond_timedwait(&pg->cv, &pg->mu, &deadline) != 0 && !w->done) {
+            pthread_mutex_unlock(&pg->mu);
+            char desc[160];
+            fsdp__coll_describe(&w->coll, desc, sizeof desc);
+            return pg_err(pg, FSDP_ETIMEDOUT,
+                          "fsdp_work_wait: %s seq %llu on group '%s' (rank %d) has not completed "
+                          "after %lld ms; it is still outstanding",
+                          desc, (unsigned long long)w->coll.seq, pg->name, pg->rank,
+                          (long long)timeout_ms);
+        }
+    }
+    int status = w->status;
+    pthread_mutex_unlock(&pg->mu);
+    if (status < 0) {
+        memcpy(pg->err, w->err, sizeof pg->err);
+        fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "%s: %s", fsdp_err_name(status), w->err);
+    }
+    return status;
+}
+
+int fsdp_work_test(fsdp_work_t *w, int *done) {
+    if (!w || !done) return FSDP_EINVAL;
+    pthread_mutex_lock(&w->pg->mu);
+    *done = w->done;
+    int status = w->done ? w->status : FSDP_OK;
+    pthread_mutex_unlock(&w->pg->mu);
+    if (status < 0) memcpy(w->pg->err, w->err, sizeof w->pg->err);
+    return status;
+}
+
+const char *fsdp_work_error(const fsdp_work_t *w) {
+    if (!w) return "no work";
+    /* err is written before done is set under the lock; read it under the lock too. */
+    fsdp_pg_t *pg = w->pg;
+    pthread_mutex_lock(&pg->mu);
+    const char *e = w->done ? w->err : "";
+    pthread_mutex_unlock(&pg->mu);
+    return e;
+}
+
+uint64_t fsdp_work_seq(const fsdp_work_t *w) {
+    return w ? w->coll.seq : 0;
+}
+
+void fsdp_work_release(fsdp_work_t *w) {
+    if (!w) return;
+    fsdp_pg_t *pg = w->pg;
+    pthread_mutex_lock(&pg->mu);
+    work_unref_locked(w);
+    pthread_mutex_unlock(&pg->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Public collectives */
+
+int fsdp_pg_all_gather(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
+                       fsdp_dtype_t dt, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
+                     .dtype = dt};
+    return issue(pg, &c, work);
+}
+
+int fsdp_pg_reduce_scatter(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
+                           fsdp_dtype_t dt, fsdp_redop_t op, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_REDUCE_SCATTER, .send = send, .recv = recv,
+                     .count = count, .dtype = dt, .op = op};
+    return issue(pg, &c, work);
+}
+
+int fsdp_pg_all_reduce(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
+                       fsdp_dtype_t dt, fsdp_redop_t op, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_REDUCE, .send = send, .recv = recv, .count = count,
+                     .dtype = dt, .op = op};
+    return issue(pg, &c, work);
+}
+
+int fsdp_pg_broadcast(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
+                      fsdp_dtype_t dt, int root, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_BROADCAST, .send = send, .recv = recv, .count = count,
+                     .dtype = dt, .root = root};
+    return issue(pg, &c, work);
+}
+
+int fsdp_pg_reduce(fsdp_pg_t *pg, const void *send, void *recv, size_t count, fsdp_dtype_t dt,
+                   fsdp_redop_t op, int root, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_REDUCE, .send = send, .recv = recv, .count = count,
+                     .dtype = dt, .op = op, .root = root};
+    return issue(pg, &c, work);
+}
+
+int fsdp_pg_all_to_all(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
+                       fsdp_dtype_t dt, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_TO_ALL, .send = send, .recv = recv, .count = count,
+                     .dtype = dt};
+    return issue(pg, &c, work);
+}
+
+int fsdp_pg_barrier(fsdp_pg_t *pg, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_BARRIER, .dtype = FSDP_DTYPE_U8};
+    return issue(pg, &c, work);
+}

@@ -1,0 +1,96 @@
+/*
+ * pg_impl.h: the interface between the process-group core and its backends.
+ *
+ * The core (pg.c) checks every argument once, assigns the sequence number, counts calls and
+ * bytes, and builds one descriptor (fsdp_coll_t) per collective. A backend sees only that
+ * descriptor through one entry point, post(), and reports completion with
+ * fsdp__work_complete(). One entry point instead of one per collective keeps every backend's
+ * transport code in one switch and lets the sim backend compare descriptors across ranks for
+ * mismatch detection (see docs/design.md).
+ *
+ * A backend embeds struct fsdp_pg as the first member of its own group struct and defines one
+ * static const struct fsdp_pg_ops.
+ */
+#ifndef FSDP_PG_IMPL_H
+#define FSDP_PG_IMPL_H
+
+#include <pthread.h>
+
+#include "internal.h"
+
+/* One collective as issued by one rank. Count and buffer meanings are those of pg.h. */
+typedef struct fsdp_coll {
+    fsdp_coll_kind_t kind;
+    const void *send;
+    void *recv;
+    size_t count;       /* elements per rank (NCCL meaning) */
+    fsdp_dtype_t dtype;
+    fsdp_redop_t op;    /* reductions only */
+    int root;           /* broadcast and reduce only */
+    uint64_t seq;       /* the group's sequence number of this call */
+    int64_t timeout_ms; /* the group's timeout when the call was issued */
+    void *stream;
+} fsdp_coll_t;
+
+struct fsdp_work {
+    fsdp_pg_t *pg;
+    fsdp_coll_t coll;
+    int done;   /* guarded by pg->mu */
+    int status; /* valid once done */
+    int refs;   /* the caller's handle and the backend's, guarded by pg->mu */
+    fsdp_work_t *next; /* free for the backend's queue */
+    char err[FSDP_ERR_LEN];
+};
+
+struct fsdp_pg_ops {
+    const char *name;
+    /* Starts w->coll. Returns FSDP_OK and later calls fsdp__work_complete(w) exactly once (from
+     * any thread, possibly before returning), or returns a negative status without calling it. */
+    int (*post)(fsdp_pg_t *pg, fsdp_work_t *w);
+    /* Creates this rank's handle on a sub-group made of `members` (ranks of parent, in new-rank
+     * order; this rank is members[new_rank]). `name` is the same on every member and unique for
+     * the parent. NULL when the backend cannot split. */
+    int (*create_subgroup)(fsdp_pg_t *parent, const int *members, int n, int new_rank,
+                           const char *name, fsdp_pg_t **out);
+    /* Frees the backend's group after the core has waited for every outstanding work; must call
+     * fsdp__pg_fini(). */
+    void (*destroy)(fsdp_pg_t *pg);
+};
+
+struct fsdp_pg {
+    const struct fsdp_pg_ops *ops;
+    int rank;
+    int size;
+    fsdp_ctx_t *ctx;   /* owning rank's context; NULL for a context-less dummy group */
+    int *world_ranks;  /* [size]: world rank of each group rank */
+    char name[96];
+    uint64_t seq;      /* next sequence number */
+    int64_t timeout_ms;
+    void *stream;
+    fsdp_pg_counters_t counters;
+    pthread_mutex_t mu; /* guards the works' done/status/refs and pending */
+    pthread_cond_t cv;  /* signalled when a work completes */
+    size_t pending;     /* works posted and not yet completed */
+    fsdp_pg_t *ctx_next; /* the context's list of groups */
+    char err[FSDP_ERR_LEN];
+};
+
+/* Initializes the base of a backend's group (copies world_ranks; NULL means the identity) and
+ * registers it on ctx. Returns FSDP_ENOMEM; fsdp__pg_fini() is safe after a failure. */
+int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx, int rank,
+                  int size, const int *world_ranks, const char *name);
+
+/* Releases what fsdp__pg_init() set up and unregisters the group from its context. */
+void fsdp__pg_fini(fsdp_pg_t *pg);
+
+/* Completes a work with a status and, for a failure, a message. Called once per work by the
+ * backend; drops the backend's reference. */
+void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) FSDP_PRINTF(3, 4);
+
+/* "all_reduce(f32, count=4, op=sum)": a description of a collective for messages. */
+void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap);
+
+/* Issues a collective after validation; used by the public functions and by split. */
+int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work);
+
+#endif /* FSDP_PG_IMPL_H */

@@ -1,0 +1,37 @@
+#!/bin/sh
+# t_exports.sh: the shared library exports the public API and nothing else.
+# Every dynamic symbol libfsdp.so defines must start with fsdp_ (not fsdp__, the internal prefix),
+# and a few public functions must be there.
+lib="${top_builddir:-.}/.libs/libfsdp.so"
+if [ ! -f "$lib" ]; then
+  echo "1..0 # SKIP no shared library was built ($lib)"
+  exit 0
+fi
+if ! command -v nm >/dev/null 2>&1; then
+  echo "1..0 # SKIP nm is not installed"
+  exit 0
+fi
+echo "1..3"
+defined=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBR]$/ {print $3}' | sort)
+bad=$(printf '%s\n' "$defined" | grep -v '^fsdp_' ; printf '%s\n' "$defined" | grep '^fsdp__')
+if [ -z "$bad" ]; then
+  echo "ok 1 - every exported symbol is public API (fsdp_*)"
+else
+  echo "not ok 1 - symbols leak from libfsdp.so"
+  printf '%s\n' "$bad" | sed 's/^/#   /'
+fi
+missing=
+for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory fsdp_ctx_create; do
+  printf '%s\n' "$defined" | grep -qx "$s" || missing="$missing $s"
+done
+if [ -z "$missing" ]; then
+  echo "ok 2 - public functions are exported"
+else
+  echo "not ok 2 - missing exports:$missing"
+fi
+count=$(printf '%s\n' "$defined" | grep -c '^fsdp_')
+if [ "$count" -ge 50 ]; then
+  echo "ok 3 - $count public symbols exported"
+else
+  echo "not ok 3 - only $count public symbols exported"
+fi
