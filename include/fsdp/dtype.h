@@ -40,8 +40,8 @@ FSDP_EXTERN const char *fsdp_dtype_name(fsdp_dtype_t dt);
 /* 1 for f32, f64, f16 and bf16; 0 otherwise. */
 FSDP_EXTERN int fsdp_dtype_is_float(fsdp_dtype_t dt);
 
-/* Parses a name as printed by fsdp_dtype_name() (also "float32", "float16", "bfloat16", ...).
- * Returns FSDP_EINVAL when the name is unknown. */
+/* Parses a name as printed by fsdp_dtype_name() (also "float32", "float16", "bfloat16", ...;
+ * case-sensitive). Returns FSDP_EINVAL when the name is unknown, leaving *out untouched. */
 FSDP_EXTERN int fsdp_dtype_from_name(const char *name, fsdp_dtype_t *out);
 
 /* Scalar conversions (bit patterns of the 16-bit types as uint16_t). */
@@ -51,11 +51,14 @@ FSDP_EXTERN uint16_t fsdp_f32_to_bf16(float x);
 FSDP_EXTERN float fsdp_bf16_to_f32(uint16_t h);
 
 /*
- * Converts n elements from `src` (type st) to `dst` (type dt). Floating to floating conversions
- * round to nearest even. Floating to integer conversions truncate toward zero and saturate at the
- * integer type's range; NaN becomes 0. Conversions to bool give 1 for any nonzero value (NaN
- * included). dst and src must not overlap unless they are the same pointer and the types have the
- * same size. Returns FSDP_EINVAL for an invalid dtype or a NULL pointer with n > 0.
+ * Converts n elements from `src` (type st) to `dst` (type dt). Conversions to a floating type
+ * round to nearest even, once (f64 and i64 to f16/bf16 do not go through f32). Floating to
+ * integer conversions truncate toward zero and saturate at the integer type's range; NaN becomes
+ * 0. Integer to integer conversions saturate too (i64 to i32, anything to u8). Conversions to
+ * bool give 1 for any nonzero value (NaN included); a bool source byte other than 0 reads as 1.
+ * dst and src must not overlap unless they are the same pointer and the types have the same
+ * size. Returns FSDP_EINVAL for an invalid dtype, a NULL pointer with n > 0, any other overlap,
+ * or n so large that the byte count overflows.
  */
 FSDP_EXTERN int fsdp_dtype_convert(void *dst, fsdp_dtype_t dt, const void *src, fsdp_dtype_t st,
                                    size_t n);

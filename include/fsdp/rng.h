@@ -4,8 +4,8 @@
  * A Philox stream is a pure function of (seed, stream, offset): block b of the stream is
  * philox4x32_10(counter = {lo(b), hi(b), lo(stream), hi(stream)}, key = {lo(seed), hi(seed)}),
  * and each block gives four 32-bit words. The numbers therefore do not depend on thread
- * scheduling, on the backend, or on how a request is split into calls: a rank can draw its
- * part of a global tensor by starting at the right offset.
+ * scheduling, or on how a request is split into calls: a rank can draw its part of a global
+ * tensor by starting at the right offset.
  */
 #ifndef FSDP_RNG_H
 #define FSDP_RNG_H
@@ -37,12 +37,16 @@ FSDP_EXTERN void fsdp_rng_init(fsdp_rng_t *rng, uint64_t seed, uint64_t stream);
  */
 FSDP_EXTERN void fsdp_rng_u32(fsdp_rng_t *rng, uint32_t *out, size_t n);
 
-/* Uniform floats in [lo, hi): each word w gives lo + (hi - lo) * (w >> 8) * 2^-24. Advances the
- * stream like fsdp_rng_u32(). */
+/* Uniform floats in [lo, hi): each word w gives lo + (hi - lo) * (w >> 8) * 2^-24, computed in
+ * double (exact, so fused or unfused multiply-add give the same bits) and rounded once to float;
+ * a result that rounds up to hi is replaced by the float next to hi toward lo. Advances the
+ * stream like fsdp_rng_u32(). Bitwise the same on every platform. */
 FSDP_EXTERN void fsdp_rng_uniform_f32(fsdp_rng_t *rng, float *out, size_t n, float lo, float hi);
 
 /* Normal floats (Box-Muller on pairs of words, computed in double): mean + std * z. Advances
- * the stream like fsdp_rng_u32() for n rounded up to even. */
+ * the stream like fsdp_rng_u32() for n rounded up to even. The words are platform-independent,
+ * but log/sqrt/cos/sin come from the C library, so another libm (or a GPU) may differ in the
+ * last bit. */
 FSDP_EXTERN void fsdp_rng_normal_f32(fsdp_rng_t *rng, float *out, size_t n, float mean,
                                      float std);
 
