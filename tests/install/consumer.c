@@ -1,0 +1,32 @@
+/*
+ * consumer.c: a program built against the installed libfsdp through pkg-config by
+ * "make installcheck" (and so by "make distcheck"): the headers, the library and fsdp.pc work
+ * outside the build tree.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <fsdp.h>
+
+static int rank_main(fsdp_ctx_t *ctx, void *arg) {
+    (void)arg;
+    fsdp_pg_t *pg = fsdp_ctx_pg(ctx);
+    float x = (float)(fsdp_pg_rank(pg) + 1), sum = 0;
+    int rc = fsdp_pg_all_reduce(pg, &x, &sum, 1, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
+    return rc == FSDP_OK && sum == 6.0f ? FSDP_OK : FSDP_EINTERNAL;
+}
+
+int main(void) {
+    if (strcmp(fsdp_version_string(), FSDP_VERSION_STRING) != 0) {
+        fprintf(stderr, "header version %s, library %s\n", FSDP_VERSION_STRING,
+                fsdp_version_string());
+        return 1;
+    }
+    fsdp_sim_options_t opts;
+    fsdp_sim_options_init(&opts);
+    opts.world_size = 3;
+    int rc = fsdp_sim_run(&opts, rank_main, NULL, NULL);
+    printf("installed libfsdp %s: sim all_reduce over 3 ranks: %s\n", fsdp_version_string(),
+           fsdp_err_name(rc));
+    return rc == FSDP_OK ? 0 : 1;
+}
