@@ -63,8 +63,9 @@ FSDP_EXTERN void fsdp_ctx_set_log_level(fsdp_ctx_t *ctx, fsdp_log_level_t level)
 /*
  * A log sink receives each message that passes the context's level (without the prefix or a
  * trailing newline) instead of stderr. It may be called from the rank's communication thread as
- * well as from the rank's own thread, never from two at once. Pass fn = NULL to go back to
- * stderr.
+ * well as from the rank's own thread, never from two at once (calls are serialized by a lock
+ * of the context, so a sink must not log through the same context). Pass fn = NULL to go back
+ * to stderr.
  */
 typedef void (*fsdp_log_sink_fn)(void *user, int rank, fsdp_log_level_t level, const char *msg);
 FSDP_EXTERN void fsdp_ctx_set_log_sink(fsdp_ctx_t *ctx, fsdp_log_sink_fn fn, void *user);
