@@ -241,14 +241,13 @@ static int move_data(sim_group_t *g, int r, char *msg) {
     case FSDP_COLL_REDUCE:
         slice(me->count, n, r, &lo, &hi);
         if (hi == lo) break;
-        for (int q = 0; q < n; q++) {
-            ins[q] = (const char *)g->posted[q]->send + lo * es;
-            outs[q] = (char *)g->posted[q]->recv + lo * es;
-        }
+        for (int q = 0; q < n; q++) ins[q] = (const char *)g->posted[q]->send + lo * es;
         if (me->kind == FSDP_COLL_REDUCE) {
+            /* Only the root's recv exists (non-roots may pass NULL). */
             outs[0] = (char *)g->posted[me->root]->recv + lo * es;
             rc = fsdp__reduce(outs, 1, ins, n, hi - lo, me->dtype, me->op, n);
         } else {
+            for (int q = 0; q < n; q++) outs[q] = (char *)g->posted[q]->recv + lo * es;
             rc = fsdp__reduce(outs, n, ins, n, hi - lo, me->dtype, me->op, n);
         }
         break;
