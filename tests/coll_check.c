@@ -250,56 +250,48 @@ static void expected_real(fsdp_dtype_t dt, fsdp_redop_t op, int size, size_t k, 
     }
 }
 
+/* Signed value of the low `bits` bits of x (32 or 64). */
+static int64_t as_signed(uint64_t x, int bits) {
+    return bits == 32 ? (int64_t)as_i32((uint32_t)x) : as_i64(x);
+}
+
+/*
+ * The rank-order reduction of a 32- or 64-bit integer element. Sums and products are computed
+ * modulo 2^64 and truncated, which equals wrapping at 32 bits; min and max compare the values
+ * as signed numbers of the element's width; avg divides the wrapped sum, truncating toward 0.
+ */
+static int64_t expected_int(fsdp_dtype_t dt, fsdp_redop_t op, int size, size_t k, int bits) {
+    uint64_t acc = bits_value(dt, op, 0, k);
+    for (int q = 1; q < size; q++) {
+        uint64_t v = bits_value(dt, op, q, k);
+        switch (op) {
+        case FSDP_REDOP_SUM:
+        case FSDP_REDOP_AVG:
+            acc += v;
+            break;
+        case FSDP_REDOP_PROD:
+            acc *= v;
+            break;
+        case FSDP_REDOP_MIN:
+            acc = as_signed(v, bits) < as_signed(acc, bits) ? v : acc;
+            break;
+        case FSDP_REDOP_MAX:
+            acc = as_signed(v, bits) > as_signed(acc, bits) ? v : acc;
+            break;
+        default:
+            break;
+        }
+    }
+    int64_t s = as_signed(acc, bits);
+    return op == FSDP_REDOP_AVG ? s / size : s;
+}
+
 static void expected_bits(fsdp_dtype_t dt, fsdp_redop_t op, int size, size_t k, void *out) {
     if (dt == FSDP_DTYPE_I32) {
-        uint32_t acc = (uint32_t)bits_value(dt, op, 0, k);
-        for (int q = 1; q < size; q++) {
-            uint32_t v = (uint32_t)bits_value(dt, op, q, k);
-            switch (op) {
-            case FSDP_REDOP_SUM:
-            case FSDP_REDOP_AVG:
-                acc += v;
-                break;
-            case FSDP_REDOP_PROD:
-                acc *= v;
-                break;
-            case FSDP_REDOP_MIN:
-                acc = as_i32(v) < as_i32(acc) ? v : acc;
-                break;
-            case FSDP_REDOP_MAX:
-                acc = as_i32(v) > as_i32(acc) ? v : acc;
-                break;
-            default:
-                break;
-            }
-        }
-        int32_t s = as_i32(acc);
-        if (op == FSDP_REDOP_AVG) s = (int32_t)(s / size); /* C division truncates toward 0 */
+        int32_t s = (int32_t)expected_int(dt, op, size, k, 32);
         memcpy(out, &s, 4);
     } else if (dt == FSDP_DTYPE_I64) {
-        uint64_t acc = bits_value(dt, op, 0, k);
-        for (int q = 1; q < size; q++) {
-            uint64_t v = bits_value(dt, op, q, k);
-            switch (op) {
-            case FSDP_REDOP_SUM:
-            case FSDP_REDOP_AVG:
-                acc += v;
-                break;
-            case FSDP_REDOP_PROD:
-                acc *= v;
-                break;
-            case FSDP_REDOP_MIN:
-                acc = as_i64(v) < as_i64(acc) ? v : acc;
-                break;
-            case FSDP_REDOP_MAX:
-                acc = as_i64(v) > as_i64(acc) ? v : acc;
-                break;
-            default:
-                break;
-            }
-        }
-        int64_t s = as_i64(acc);
-        if (op == FSDP_REDOP_AVG) s = s / size;
+        int64_t s = expected_int(dt, op, size, k, 64);
         memcpy(out, &s, 8);
     } else if (dt == FSDP_DTYPE_U8) {
         unsigned acc = (unsigned)bits_value(dt, op, 0, k);

@@ -43,8 +43,7 @@ void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap) {
     n = snprintf(buf, cap, "%s(%s, count=%zu", fsdp_coll_name(c->kind), fsdp_dtype_name(c->dtype),
                  c->count);
     if (n < 0 || (size_t)n >= cap) return;
-    if (has_op(c->kind))
-        n += snprintf(buf + n, cap - (size_t)n, ", op=%s", fsdp_redop_name(c->op));
+    if (has_op(c->kind)) n += snprintf(buf + n, cap - (size_t)n, ", op=%s", fsdp_redop_name(c->op));
     if (n < 0 || (size_t)n >= cap) return;
     if (has_root(c->kind)) n += snprintf(buf + n, cap - (size_t)n, ", root=%d", c->root);
     if (n < 0 || (size_t)n >= cap) return;
@@ -54,8 +53,8 @@ void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap) {
 /* ---------------------------------------------------------------------------------------- */
 /* Group base */
 
-int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx, int rank,
-                  int size, const int *world_ranks, const char *name) {
+int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx, int rank, int size,
+                  const int *world_ranks, const char *name) {
     pg->ops = ops;
     pg->rank = rank;
     pg->size = size;
@@ -73,7 +72,8 @@ int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx,
     pg->ctx = NULL; /* registered below, once nothing can fail */
     pg->world_ranks = malloc((size_t)size * sizeof *pg->world_ranks);
     if (!pg->world_ranks) return FSDP_ENOMEM;
-    for (int i = 0; i < size; i++) pg->world_ranks[i] = world_ranks ? world_ranks[i] : i;
+    for (int i = 0; i < size; i++)
+        pg->world_ranks[i] = world_ranks ? world_ranks[i] : i;
     pg->ctx = ctx;
     if (ctx) fsdp__ctx_add_group(ctx, pg);
     return FSDP_OK;
@@ -87,8 +87,7 @@ void fsdp__pg_fini(fsdp_pg_t *pg) {
     pg->world_ranks = NULL;
 }
 
-static int pg_err(fsdp_pg_t *pg, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
-static int pg_err(fsdp_pg_t *pg, int rc, const char *fmt, ...) {
+int fsdp__pg_err(fsdp_pg_t *pg, int rc, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fsdp__verr(pg->err, rc, fmt, ap);
@@ -129,8 +128,8 @@ const char *fsdp_pg_last_error(const fsdp_pg_t *pg) {
 int fsdp_pg_set_timeout(fsdp_pg_t *pg, int64_t timeout_ms) {
     if (!pg) return FSDP_EINVAL;
     if (timeout_ms <= 0)
-        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_set_timeout: timeout_ms %lld must be > 0",
-                      (long long)timeout_ms);
+        return fsdp__pg_err(pg, FSDP_EINVAL, "fsdp_pg_set_timeout: timeout_ms %lld must be > 0",
+                            (long long)timeout_ms);
     pg->timeout_ms = timeout_ms;
     return FSDP_OK;
 }
@@ -163,7 +162,8 @@ void fsdp_pg_reset_counters(fsdp_pg_t *pg) {
 void fsdp_pg_destroy(fsdp_pg_t *pg) {
     if (!pg) return;
     pthread_mutex_lock(&pg->mu);
-    while (pg->pending > 0) pthread_cond_wait(&pg->cv, &pg->mu);
+    while (pg->pending > 0)
+        pthread_cond_wait(&pg->cv, &pg->mu);
     pthread_mutex_unlock(&pg->mu);
     pg->ops->destroy(pg);
 }
@@ -181,65 +181,89 @@ static int check_args(fsdp_pg_t *pg, const fsdp_coll_t *c) {
     const char *what = fsdp_coll_name(c->kind);
     if (c->kind == FSDP_COLL_BARRIER) return FSDP_OK;
     if (!fsdp_dtype_valid((int)c->dtype))
-        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): dtype %d is invalid",
-                      what, pg->name, pg->rank, (int)c->dtype);
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_pg_%s on group '%s' (rank %d): dtype %d is invalid", what,
+                            pg->name, pg->rank, (int)c->dtype);
     if (has_op(c->kind) && ((int)c->op < 0 || c->op >= FSDP_REDOP_COUNT))
-        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): op %d is invalid",
-                      what, pg->name, pg->rank, (int)c->op);
+        return fsdp__pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): op %d is invalid",
+                            what, pg->name, pg->rank, (int)c->op);
     if (has_op(c->kind) && !fsdp__redop_supported(c->dtype, c->op))
-        return pg_err(pg, FSDP_EINVAL,
-                      "fsdp_pg_%s on group '%s' (rank %d): op %s is not defined on %s", what,
-                      pg->name, pg->rank, fsdp_redop_name(c->op), fsdp_dtype_name(c->dtype));
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_pg_%s on group '%s' (rank %d): op %s is not defined on %s", what,
+                            pg->name, pg->rank, fsdp_redop_name(c->op), fsdp_dtype_name(c->dtype));
     if (has_root(c->kind) && (c->root < 0 || c->root >= pg->size))
-        return pg_err(pg, FSDP_EINVAL,
-                      "fsdp_pg_%s on group '%s' (rank %d): root %d is outside [0, %d)", what,
-                      pg->name, pg->rank, c->root, pg->size);
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_pg_%s on group '%s' (rank %d): root %d is outside [0, %d)", what,
+                            pg->name, pg->rank, c->root, pg->size);
     size_t es = fsdp_dtype_size(c->dtype);
     size_t n = (size_t)pg->size;
     if (c->count > SIZE_MAX / es / n)
-        return pg_err(pg, FSDP_EINVAL,
-                      "fsdp_pg_%s on group '%s' (rank %d): count %zu of %s times %zu ranks "
-                      "overflows size_t",
-                      what, pg->name, pg->rank, c->count, fsdp_dtype_name(c->dtype), n);
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_pg_%s on group '%s' (rank %d): count %zu of %s times %zu ranks "
+                            "overflows size_t",
+                            what, pg->name, pg->rank, c->count, fsdp_dtype_name(c->dtype), n);
     if (c->count == 0) return FSDP_OK;
     size_t one = c->count * es;
     size_t send_bytes = one, recv_bytes = one;
     int need_send = 1, need_recv = 1;
     switch (c->kind) {
-    case FSDP_COLL_ALL_GATHER: recv_bytes = one * n; break;
-    case FSDP_COLL_REDUCE_SCATTER: send_bytes = one * n; break;
-    case FSDP_COLL_ALL_TO_ALL: send_bytes = recv_bytes = one * n; break;
-    case FSDP_COLL_BROADCAST: need_send = pg->rank == c->root; break;
-    case FSDP_COLL_REDUCE: need_recv = pg->rank == c->root; break;
-    default: break;
+    case FSDP_COLL_ALL_GATHER:
+        recv_bytes = one * n;
+        break;
+    case FSDP_COLL_REDUCE_SCATTER:
+        send_bytes = one * n;
+        break;
+    case FSDP_COLL_ALL_TO_ALL:
+        send_bytes = recv_bytes = one * n;
+        break;
+    case FSDP_COLL_BROADCAST:
+        need_send = pg->rank == c->root;
+        break;
+    case FSDP_COLL_REDUCE:
+        need_recv = pg->rank == c->root;
+        break;
+    default:
+        break;
     }
     if (need_send && !c->send)
-        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): send is NULL with "
-                      "count %zu", what, pg->name, pg->rank, c->count);
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_pg_%s on group '%s' (rank %d): send is NULL with "
+                            "count %zu",
+                            what, pg->name, pg->rank, c->count);
     if (need_recv && !c->recv)
-        return pg_err(pg, FSDP_EINVAL, "fsdp_pg_%s on group '%s' (rank %d): recv is NULL with "
-                      "count %zu", what, pg->name, pg->rank, c->count);
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_pg_%s on group '%s' (rank %d): recv is NULL with "
+                            "count %zu",
+                            what, pg->name, pg->rank, c->count);
     if (!need_send || !need_recv) return FSDP_OK;
     /* The in-place positions NCCL allows; any other overlap would read what is being written. */
     const char *s = c->send;
     const char *r = c->recv;
     int in_place = 0;
     switch (c->kind) {
-    case FSDP_COLL_ALL_GATHER: in_place = s == r + (size_t)pg->rank * one; break;
-    case FSDP_COLL_REDUCE_SCATTER: in_place = r == s + (size_t)pg->rank * one; break;
-    case FSDP_COLL_ALL_TO_ALL: in_place = 0; break;
-    default: in_place = s == r; break;
+    case FSDP_COLL_ALL_GATHER:
+        in_place = s == r + (size_t)pg->rank * one;
+        break;
+    case FSDP_COLL_REDUCE_SCATTER:
+        in_place = r == s + (size_t)pg->rank * one;
+        break;
+    case FSDP_COLL_ALL_TO_ALL:
+        in_place = 0;
+        break;
+    default:
+        in_place = s == r;
+        break;
     }
     if (!in_place && overlaps(s, send_bytes, r, recv_bytes)) {
         const char *where = c->kind == FSDP_COLL_ALL_GATHER       ? "send == recv + rank * count"
                             : c->kind == FSDP_COLL_REDUCE_SCATTER ? "recv == send + rank * count"
                             : c->kind == FSDP_COLL_ALL_TO_ALL     ? "no overlap at all"
                                                                   : "send == recv";
-        return pg_err(pg, FSDP_EINVAL,
-                      "fsdp_pg_%s on group '%s' (rank %d): send [%p, +%zu bytes) and recv [%p, "
-                      "+%zu bytes) overlap; the only overlap allowed is %s",
-                      what, pg->name, pg->rank, (const void *)s, send_bytes, (void *)r,
-                      recv_bytes, where);
+        return fsdp__pg_err(
+            pg, FSDP_EINVAL,
+            "fsdp_pg_%s on group '%s' (rank %d): send [%p, +%zu bytes) and recv [%p, "
+            "+%zu bytes) overlap; the only overlap allowed is %s",
+            what, pg->name, pg->rank, (const void *)s, send_bytes, (void *)r, recv_bytes, where);
     }
     return FSDP_OK;
 }
@@ -270,7 +294,7 @@ void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) {
 
 int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
     fsdp_work_t *w = calloc(1, sizeof *w);
-    if (!w) return pg_err(pg, FSDP_ENOMEM, "out of memory for a work handle");
+    if (!w) return fsdp__pg_err(pg, FSDP_ENOMEM, "out of memory for a work handle");
     w->pg = pg;
     w->coll = *c;
     w->coll.seq = pg->seq;
@@ -326,11 +350,11 @@ int fsdp_work_wait(fsdp_work_t *w, int64_t timeout_ms) {
             pthread_mutex_unlock(&pg->mu);
             char desc[160];
             fsdp__coll_describe(&w->coll, desc, sizeof desc);
-            return pg_err(pg, FSDP_ETIMEDOUT,
-                          "fsdp_work_wait: %s seq %llu on group '%s' (rank %d) has not completed "
-                          "after %lld ms; it is still outstanding",
-                          desc, (unsigned long long)w->coll.seq, pg->name, pg->rank,
-                          (long long)timeout_ms);
+            return fsdp__pg_err(
+                pg, FSDP_ETIMEDOUT,
+                "fsdp_work_wait: %s seq %llu on group '%s' (rank %d) has not completed "
+                "after %lld ms; it is still outstanding",
+                desc, (unsigned long long)w->coll.seq, pg->name, pg->rank, (long long)timeout_ms);
         }
     }
     int status = w->status;
@@ -377,45 +401,62 @@ void fsdp_work_release(fsdp_work_t *w) {
 /* ---------------------------------------------------------------------------------------- */
 /* Public collectives */
 
-int fsdp_pg_all_gather(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
-                       fsdp_dtype_t dt, fsdp_work_t **work) {
-    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_GATHER, .send = send, .recv = recv, .count = count,
-                     .dtype = dt};
+int fsdp_pg_all_gather(fsdp_pg_t *pg, const void *send, void *recv, size_t count, fsdp_dtype_t dt,
+                       fsdp_work_t **work) {
+    fsdp_coll_t c = {
+        .kind = FSDP_COLL_ALL_GATHER, .send = send, .recv = recv, .count = count, .dtype = dt};
     return issue(pg, &c, work);
 }
 
 int fsdp_pg_reduce_scatter(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
                            fsdp_dtype_t dt, fsdp_redop_t op, fsdp_work_t **work) {
-    fsdp_coll_t c = {.kind = FSDP_COLL_REDUCE_SCATTER, .send = send, .recv = recv,
-                     .count = count, .dtype = dt, .op = op};
+    fsdp_coll_t c = {.kind = FSDP_COLL_REDUCE_SCATTER,
+                     .send = send,
+                     .recv = recv,
+                     .count = count,
+                     .dtype = dt,
+                     .op = op};
     return issue(pg, &c, work);
 }
 
-int fsdp_pg_all_reduce(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
-                       fsdp_dtype_t dt, fsdp_redop_t op, fsdp_work_t **work) {
-    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_REDUCE, .send = send, .recv = recv, .count = count,
-                     .dtype = dt, .op = op};
+int fsdp_pg_all_reduce(fsdp_pg_t *pg, const void *send, void *recv, size_t count, fsdp_dtype_t dt,
+                       fsdp_redop_t op, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_REDUCE,
+                     .send = send,
+                     .recv = recv,
+                     .count = count,
+                     .dtype = dt,
+                     .op = op};
     return issue(pg, &c, work);
 }
 
-int fsdp_pg_broadcast(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
-                      fsdp_dtype_t dt, int root, fsdp_work_t **work) {
-    fsdp_coll_t c = {.kind = FSDP_COLL_BROADCAST, .send = send, .recv = recv, .count = count,
-                     .dtype = dt, .root = root};
+int fsdp_pg_broadcast(fsdp_pg_t *pg, const void *send, void *recv, size_t count, fsdp_dtype_t dt,
+                      int root, fsdp_work_t **work) {
+    fsdp_coll_t c = {.kind = FSDP_COLL_BROADCAST,
+                     .send = send,
+                     .recv = recv,
+                     .count = count,
+                     .dtype = dt,
+                     .root = root};
     return issue(pg, &c, work);
 }
 
 int fsdp_pg_reduce(fsdp_pg_t *pg, const void *send, void *recv, size_t count, fsdp_dtype_t dt,
                    fsdp_redop_t op, int root, fsdp_work_t **work) {
-    fsdp_coll_t c = {.kind = FSDP_COLL_REDUCE, .send = send, .recv = recv, .count = count,
-                     .dtype = dt, .op = op, .root = root};
+    fsdp_coll_t c = {.kind = FSDP_COLL_REDUCE,
+                     .send = send,
+                     .recv = recv,
+                     .count = count,
+                     .dtype = dt,
+                     .op = op,
+                     .root = root};
     return issue(pg, &c, work);
 }
 
-int fsdp_pg_all_to_all(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
-                       fsdp_dtype_t dt, fsdp_work_t **work) {
-    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_TO_ALL, .send = send, .recv = recv, .count = count,
-                     .dtype = dt};
+int fsdp_pg_all_to_all(fsdp_pg_t *pg, const void *send, void *recv, size_t count, fsdp_dtype_t dt,
+                       fsdp_work_t **work) {
+    fsdp_coll_t c = {
+        .kind = FSDP_COLL_ALL_TO_ALL, .send = send, .recv = recv, .count = count, .dtype = dt};
     return issue(pg, &c, work);
 }
 

@@ -87,6 +87,9 @@ void fsdp__pg_fini(fsdp_pg_t *pg);
  * backend; drops the backend's reference. */
 void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) FSDP_PRINTF(3, 4);
 
+/* Sets the group's last error (logged at debug level) and returns rc. */
+int fsdp__pg_err(fsdp_pg_t *pg, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+
 /* "all_reduce(f32, count=4, op=sum)": a description of a collective for messages. */
 void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap);
 

@@ -13,18 +13,12 @@
 
 #include "pg/pg_impl.h"
 
-static int split_err(fsdp_pg_t *pg, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
-static int split_err(fsdp_pg_t *pg, int rc, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fsdp__verr(pg->err, rc, fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
 /* All-gathers n int64 values from every rank of pg into all[size * n] (synchronously). */
 static int exchange(fsdp_pg_t *pg, const int64_t *mine, size_t n, int64_t *all) {
-    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_GATHER, .send = mine, .recv = all, .count = n,
+    fsdp_coll_t c = {.kind = FSDP_COLL_ALL_GATHER,
+                     .send = mine,
+                     .recv = all,
+                     .count = n,
                      .dtype = FSDP_DTYPE_I64};
     return fsdp__pg_issue(pg, &c, NULL);
 }
@@ -32,37 +26,37 @@ static int exchange(fsdp_pg_t *pg, const int64_t *mine, size_t n, int64_t *all) 
 static int create(fsdp_pg_t *pg, const int *members, int n, int new_rank, uint64_t tag,
                   const char *kind, int color, fsdp_pg_t **out) {
     char name[sizeof pg->name];
-    int len = snprintf(name, sizeof name, "%s.%llu%s%d", pg->name, (unsigned long long)tag, kind,
-                       color);
+    int len =
+        snprintf(name, sizeof name, "%s.%llu%s%d", pg->name, (unsigned long long)tag, kind, color);
     if (len < 0 || (size_t)len >= sizeof name)
-        return split_err(pg, FSDP_EINVAL,
-                         "sub-group of '%s': the name '%s...' is longer than %zu characters "
-                         "(groups nested too deeply)",
-                         pg->name, name, sizeof name - 1);
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "sub-group of '%s': the name '%s...' is longer than %zu characters "
+                            "(groups nested too deeply)",
+                            pg->name, name, sizeof name - 1);
     int rc = pg->ops->create_subgroup(pg, members, n, new_rank, name, out);
     if (rc == FSDP_OK) fsdp_pg_set_timeout(*out, pg->timeout_ms);
     return rc;
 }
 
 int fsdp_pg_split(fsdp_pg_t *pg, int color, int key, fsdp_pg_t **out) {
-    if (!out) return pg ? split_err(pg, FSDP_EINVAL, "fsdp_pg_split: out is NULL") : FSDP_EINVAL;
+    if (!out) return pg ? fsdp__pg_err(pg, FSDP_EINVAL, "fsdp_pg_split: out is NULL") : FSDP_EINVAL;
     *out = NULL;
     if (!pg) return FSDP_EINVAL;
     if (color < 0 && color != FSDP_PG_NO_COLOR)
-        return split_err(pg, FSDP_EINVAL,
-                         "fsdp_pg_split on group '%s' (rank %d): color %d must be >= 0 or "
-                         "FSDP_PG_NO_COLOR",
-                         pg->name, pg->rank, color);
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_pg_split on group '%s' (rank %d): color %d must be >= 0 or "
+                            "FSDP_PG_NO_COLOR",
+                            pg->name, pg->rank, color);
     if (!pg->ops->create_subgroup)
-        return split_err(pg, FSDP_ENOTSUP, "fsdp_pg_split: the %s backend cannot split groups",
-                         pg->ops->name);
+        return fsdp__pg_err(pg, FSDP_ENOTSUP, "fsdp_pg_split: the %s backend cannot split groups",
+                            pg->ops->name);
     uint64_t tag = pg->seq;
     int64_t mine[2] = {color, key};
     int64_t *all = malloc((size_t)pg->size * 2 * sizeof *all);
     int *members = malloc((size_t)pg->size * sizeof *members);
     int rc = FSDP_OK;
     if (!all || !members) {
-        rc = split_err(pg, FSDP_ENOMEM, "fsdp_pg_split: out of memory");
+        rc = fsdp__pg_err(pg, FSDP_ENOMEM, "fsdp_pg_split: out of memory");
         goto out;
     }
     FSDP_TRY(rc, out, exchange(pg, mine, 2, all));
@@ -99,45 +93,47 @@ static int64_t list_hash(const int *ranks, int n) {
 }
 
 int fsdp_pg_new_group(fsdp_pg_t *pg, const int *ranks, int n, fsdp_pg_t **out) {
-    if (!out) return pg ? split_err(pg, FSDP_EINVAL, "fsdp_pg_new_group: out is NULL")
-                        : FSDP_EINVAL;
+    if (!out)
+        return pg ? fsdp__pg_err(pg, FSDP_EINVAL, "fsdp_pg_new_group: out is NULL") : FSDP_EINVAL;
     *out = NULL;
     if (!pg) return FSDP_EINVAL;
     if (!pg->ops->create_subgroup)
-        return split_err(pg, FSDP_ENOTSUP,
-                         "fsdp_pg_new_group: the %s backend cannot create groups",
-                         pg->ops->name);
+        return fsdp__pg_err(pg, FSDP_ENOTSUP,
+                            "fsdp_pg_new_group: the %s backend cannot create groups",
+                            pg->ops->name);
     if (n < 1 || n > pg->size || !ranks)
-        return split_err(pg, FSDP_EINVAL,
-                         "fsdp_pg_new_group on group '%s' (rank %d): %d ranks given, need 1 to %d",
-                         pg->name, pg->rank, n, pg->size);
+        return fsdp__pg_err(
+            pg, FSDP_EINVAL,
+            "fsdp_pg_new_group on group '%s' (rank %d): %d ranks given, need 1 to %d", pg->name,
+            pg->rank, n, pg->size);
     int new_rank = -1;
     for (int i = 0; i < n; i++) {
         if (ranks[i] < 0 || ranks[i] >= pg->size)
-            return split_err(pg, FSDP_EINVAL,
-                             "fsdp_pg_new_group on group '%s' (rank %d): ranks[%d] = %d is "
-                             "outside [0, %d)",
-                             pg->name, pg->rank, i, ranks[i], pg->size);
+            return fsdp__pg_err(pg, FSDP_EINVAL,
+                                "fsdp_pg_new_group on group '%s' (rank %d): ranks[%d] = %d is "
+                                "outside [0, %d)",
+                                pg->name, pg->rank, i, ranks[i], pg->size);
         for (int j = 0; j < i; j++)
             if (ranks[j] == ranks[i])
-                return split_err(pg, FSDP_EINVAL,
-                                 "fsdp_pg_new_group on group '%s' (rank %d): rank %d is listed "
-                                 "twice (ranks[%d] and ranks[%d])",
-                                 pg->name, pg->rank, ranks[i], j, i);
+                return fsdp__pg_err(pg, FSDP_EINVAL,
+                                    "fsdp_pg_new_group on group '%s' (rank %d): rank %d is listed "
+                                    "twice (ranks[%d] and ranks[%d])",
+                                    pg->name, pg->rank, ranks[i], j, i);
         if (ranks[i] == pg->rank) new_rank = i;
     }
     uint64_t tag = pg->seq;
     int64_t mine = list_hash(ranks, n);
     int64_t *all = malloc((size_t)pg->size * sizeof *all);
-    if (!all) return split_err(pg, FSDP_ENOMEM, "fsdp_pg_new_group: out of memory");
+    if (!all) return fsdp__pg_err(pg, FSDP_ENOMEM, "fsdp_pg_new_group: out of memory");
     int rc = exchange(pg, &mine, 1, all);
     if (rc == FSDP_OK) {
         for (int q = 0; q < pg->size; q++) {
             if (all[q] != mine) {
-                rc = split_err(pg, FSDP_EMISMATCH,
-                               "fsdp_pg_new_group on group '%s': rank %d passed a different rank "
-                               "list than rank %d (every rank must pass the same list)",
-                               pg->name, q, pg->rank);
+                rc =
+                    fsdp__pg_err(pg, FSDP_EMISMATCH,
+                                 "fsdp_pg_new_group on group '%s': rank %d passed a different rank "
+                                 "list than rank %d (every rank must pass the same list)",
+                                 pg->name, q, pg->rank);
                 break;
             }
         }
