@@ -4,11 +4,16 @@
  * Each block of BLOCK elements is accumulated into a small stack buffer (in the accumulation
  * type: f32 for f16/bf16, the element type otherwise), then copied to every output. Working in
  * cache-sized blocks keeps the extra pass cheap and makes aliasing between inputs and outputs
- * harmless: a block is read completely before any output is written. Integer arithmetic is done
- * on unsigned types so that overflow wraps instead of being undefined. Float min and max
- * propagate NaN.
+ * harmless: a block is read completely before any output is written.
+ *
+ * The per-operator kernels take restrict pointers and run full blocks with a constant trip
+ * count: that is what lets GCC vectorize them at -O2, whose cheap cost model gives up on loops
+ * that need a run-time alias check or an epilogue. Vectorizing is elementwise, so every element
+ * is still reduced in rank order and the results are bitwise those of the scalar loop. f16 and
+ * bf16 blocks are widened to f32 with the (vectorized) converter and reduced by the f32
+ * kernels. Integer sums and products use unsigned types so that overflow wraps instead of being
+ * undefined; float min and max propagate NaN; bool inputs are normalized (nonzero is true).
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,83 +22,161 @@
 
 #include "core/reduce.h"
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #define BLOCK 2048
+/* Messages of at least this many bytes are written with non-temporal stores: their outputs are
+ * read later (often by another rank), so pulling them into this core's cache only costs the
+ * read-for-ownership traffic that all-reduce, writing every slice N times, is bound by. */
+#define STREAM_MIN_BYTES ((size_t)1 << 20)
 
 int fsdp__redop_supported(fsdp_dtype_t dt, fsdp_redop_t op) {
     if (!fsdp_dtype_valid((int)dt) || (int)op < 0 || op >= FSDP_REDOP_COUNT) return 0;
     return !(dt == FSDP_DTYPE_BOOL && op == FSDP_REDOP_AVG);
 }
 
-/* Binary operators per accumulation type. */
-#define FOP_SUM(a, b) ((a) + (b))
-#define FOP_PROD(a, b) ((a) * (b))
-#define FOP_MIN(a, b) (((a) < (b) || isnan(a)) ? (a) : (b))
-#define FOP_MAX(a, b) (((a) > (b) || isnan(a)) ? (a) : (b))
-#define IOP_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define IOP_MAX(a, b) ((a) > (b) ? (a) : (b))
+/* Binary operators. */
+#define OP_SUM(a, b) ((a) + (b))
+#define OP_PROD(a, b) ((a) * (b))
+#define OP_FMIN(a, b) (((a) < (b) || (a) != (a)) ? (a) : (b))
+#define OP_FMAX(a, b) (((a) > (b) || (a) != (a)) ? (a) : (b))
+#define OP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define OP_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define OP_U8SUM(a, b) ((uint8_t)((a) + (b)))
+#define OP_U8PROD(a, b) ((uint8_t)((unsigned)(a) * (unsigned)(b)))
+#define OP_OR(a, b) ((uint8_t)(((a) != 0) | ((b) != 0)))
+#define OP_AND(a, b) ((uint8_t)(((a) != 0) & ((b) != 0)))
 
 /*
- * Accumulates one block: acc[i] = in0[i] OP in1[i] OP ... with LOAD converting an element of
- * input k at index i to the accumulation type.
+ * NAME(acc, ins, nin, m): acc[i] = ins[0][i] OP ins[1][i] OP ... for i < m, left to right.
+ * NAME_first and NAME_next are the two passes; their full-block branch has a constant count.
  */
-#define ACCUMULATE(acc, ins, nin, m, T, LOAD, OP)                                              \
-    do {                                                                                       \
-        const T *in0_ = (const T *)(ins)[0];                                                   \
-        if ((nin) == 1) {                                                                      \
-            for (size_t i = 0; i < (m); i++) (acc)[i] = LOAD(in0_, i);                         \
-        } else {                                                                               \
-            const T *in1_ = (const T *)(ins)[1];                                               \
-            for (size_t i = 0; i < (m); i++) (acc)[i] = OP(LOAD(in0_, i), LOAD(in1_, i));      \
-            for (int k = 2; k < (nin); k++) {                                                  \
-                const T *ink_ = (const T *)(ins)[k];                                           \
-                for (size_t i = 0; i < (m); i++) (acc)[i] = OP((acc)[i], LOAD(ink_, i));       \
-            }                                                                                  \
-        }                                                                                      \
+#define DEF_KERNEL(NAME, T, OP)                                                                    \
+    static void NAME##_first(T *restrict acc, const T *restrict a, const T *restrict b,            \
+                             size_t m) {                                                           \
+        if (m == BLOCK)                                                                            \
+            for (size_t i = 0; i < BLOCK; i++)                                                     \
+                acc[i] = OP(a[i], b[i]);                                                           \
+        else                                                                                       \
+            for (size_t i = 0; i < m; i++)                                                         \
+                acc[i] = OP(a[i], b[i]);                                                           \
+    }                                                                                              \
+    static void NAME##_next(T *restrict acc, const T *restrict a, size_t m) {                      \
+        if (m == BLOCK)                                                                            \
+            for (size_t i = 0; i < BLOCK; i++)                                                     \
+                acc[i] = OP(acc[i], a[i]);                                                         \
+        else                                                                                       \
+            for (size_t i = 0; i < m; i++)                                                         \
+                acc[i] = OP(acc[i], a[i]);                                                         \
+    }                                                                                              \
+    static void NAME(T *acc, const void *const *ins, int nin, size_t m) {                          \
+        if (nin == 1) {                                                                            \
+            memcpy(acc, ins[0], m * sizeof(T));                                                    \
+            return;                                                                                \
+        }                                                                                          \
+        NAME##_first(acc, (const T *)ins[0], (const T *)ins[1], m);                                \
+        for (int k = 2; k < nin; k++)                                                              \
+            NAME##_next(acc, (const T *)ins[k], m);                                                \
+    }
+
+DEF_KERNEL(f32_sum, float, OP_SUM)
+DEF_KERNEL(f32_prod, float, OP_PROD)
+DEF_KERNEL(f32_min, float, OP_FMIN)
+DEF_KERNEL(f32_max, float, OP_FMAX)
+DEF_KERNEL(f64_sum, double, OP_SUM)
+DEF_KERNEL(f64_prod, double, OP_PROD)
+DEF_KERNEL(f64_min, double, OP_FMIN)
+DEF_KERNEL(f64_max, double, OP_FMAX)
+DEF_KERNEL(u32_sum, uint32_t, OP_SUM)
+DEF_KERNEL(u32_prod, uint32_t, OP_PROD)
+DEF_KERNEL(i32_min, int32_t, OP_MIN)
+DEF_KERNEL(i32_max, int32_t, OP_MAX)
+DEF_KERNEL(u64_sum, uint64_t, OP_SUM)
+DEF_KERNEL(u64_prod, uint64_t, OP_PROD)
+DEF_KERNEL(i64_min, int64_t, OP_MIN)
+DEF_KERNEL(i64_max, int64_t, OP_MAX)
+DEF_KERNEL(u8_sum, uint8_t, OP_U8SUM)
+DEF_KERNEL(u8_prod, uint8_t, OP_U8PROD)
+DEF_KERNEL(u8_min, uint8_t, OP_MIN)
+DEF_KERNEL(u8_max, uint8_t, OP_MAX)
+DEF_KERNEL(bool_or, uint8_t, OP_OR)
+DEF_KERNEL(bool_and, uint8_t, OP_AND)
+
+/* Picks the kernel of `op` among the four given (sum/avg, prod, min, max). */
+#define DISPATCH(acc, ins, nin, m, op, SUM, PROD, MIN, MAX)                                        \
+    do {                                                                                           \
+        switch (op) {                                                                              \
+        case FSDP_REDOP_PROD:                                                                      \
+            PROD(acc, ins, nin, m);                                                                \
+            break;                                                                                 \
+        case FSDP_REDOP_MIN:                                                                       \
+            MIN(acc, ins, nin, m);                                                                 \
+            break;                                                                                 \
+        case FSDP_REDOP_MAX:                                                                       \
+            MAX(acc, ins, nin, m);                                                                 \
+            break;                                                                                 \
+        default:                                                                                   \
+            SUM(acc, ins, nin, m);                                                                 \
+            break;                                                                                 \
+        }                                                                                          \
     } while (0)
 
-#define LOAD_PLAIN(p, i) ((p)[i])
-#define LOAD_F16(p, i) fsdp_f16_to_f32((p)[i])
-#define LOAD_BF16(p, i) fsdp_bf16_to_f32((p)[i])
-
-/* Integer sum and product on unsigned accumulators (so overflow wraps); min and max are
- * dispatched separately on the signed type. */
-#define ACCUMULATE_WRAP(acc, ins, nin, m, T, SUM, PROD, op)                                     \
-    do {                                                                                       \
-        if ((op) == FSDP_REDOP_PROD) ACCUMULATE(acc, ins, nin, m, T, LOAD_PLAIN, PROD);        \
-        else ACCUMULATE(acc, ins, nin, m, T, LOAD_PLAIN, SUM);                                 \
-    } while (0)
-
-/* Dispatches a reduction operator for a type whose elements are accumulated as themselves. */
-#define ACCUMULATE_OPS(acc, ins, nin, m, T, LOAD, SUM, PROD, MIN, MAX, op)                      \
-    do {                                                                                       \
-        switch (op) {                                                                          \
-        case FSDP_REDOP_SUM:                                                                   \
-        case FSDP_REDOP_AVG: ACCUMULATE(acc, ins, nin, m, T, LOAD, SUM); break;                \
-        case FSDP_REDOP_PROD: ACCUMULATE(acc, ins, nin, m, T, LOAD, PROD); break;              \
-        case FSDP_REDOP_MIN: ACCUMULATE(acc, ins, nin, m, T, LOAD, MIN); break;                \
-        case FSDP_REDOP_MAX: ACCUMULATE(acc, ins, nin, m, T, LOAD, MAX); break;                \
-        default: break;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-#define USUM32(a, b) ((uint32_t)(a) + (uint32_t)(b))
-#define UPROD32(a, b) ((uint32_t)(a) * (uint32_t)(b))
-#define USUM64(a, b) ((uint64_t)(a) + (uint64_t)(b))
-#define UPROD64(a, b) ((uint64_t)(a) * (uint64_t)(b))
-#define USUM8(a, b) ((uint8_t)((a) + (b)))
-#define UPROD8(a, b) ((uint8_t)((unsigned)(a) * (unsigned)(b)))
-#define BOR(a, b) ((uint8_t)((a) | (b)))
-#define BAND(a, b) ((uint8_t)((a) & (b)))
-#define LOAD_BOOL(p, i) ((uint8_t)((p)[i] != 0))
+/* f16/bf16: widen every input block to f32 and reduce with the f32 kernels, in rank order. */
+static void half_reduce(float *acc, float *tmp, const void *const *ins, int nin, size_t m,
+                        fsdp_dtype_t dt, fsdp_redop_t op) {
+    fsdp_dtype_convert(acc, FSDP_DTYPE_F32, ins[0], dt, m);
+    for (int k = 1; k < nin; k++) {
+        fsdp_dtype_convert(tmp, FSDP_DTYPE_F32, ins[k], dt, m);
+        switch (op) {
+        case FSDP_REDOP_PROD:
+            f32_prod_next(acc, tmp, m);
+            break;
+        case FSDP_REDOP_MIN:
+            f32_min_next(acc, tmp, m);
+            break;
+        case FSDP_REDOP_MAX:
+            f32_max_next(acc, tmp, m);
+            break;
+        default:
+            f32_sum_next(acc, tmp, m);
+            break;
+        }
+    }
+}
 
 /* Offsets every pointer of a list by `off` elements of `size` bytes. */
 static void advance(const void **dst, const void *const *src, int n, size_t off, size_t size) {
-    for (int k = 0; k < n; k++) dst[k] = (const char *)src[k] + off * size;
+    for (int k = 0; k < n; k++)
+        dst[k] = (const char *)src[k] + off * size;
+}
+
+/* Copies a block from the cache to memory without reading the destination into the cache. */
+static void stream_copy(char *dst, const char *src, size_t bytes) {
+#ifdef __SSE2__
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+    if (head > bytes) head = bytes;
+    memcpy(dst, src, head);
+    size_t i = head;
+    for (; i + 16 <= bytes; i += 16)
+        _mm_stream_si128((__m128i *)(void *)(dst + i),
+                         _mm_loadu_si128((const __m128i *)(const void *)(src + i)));
+    memcpy(dst + i, src + i, bytes - i);
+#else
+    memcpy(dst, src, bytes);
+#endif
 }
 
 static void store_all(void *const *outs, int nout, size_t off, const void *block, size_t bytes,
-                      size_t esize) {
-    for (int k = 0; k < nout; k++) memcpy((char *)outs[k] + off * esize, block, bytes);
+                      size_t esize, int stream) {
+    for (int k = 0; k < nout; k++) {
+        char *dst = (char *)outs[k] + off * esize;
+        if (stream)
+            stream_copy(dst, block, bytes);
+        else
+            memcpy(dst, block, bytes);
+    }
 }
 
 int fsdp__reduce(void *const *outs, int nout, const void *const *ins, int nin, size_t n,
@@ -110,88 +193,84 @@ int fsdp__reduce(void *const *outs, int nout, const void *const *ins, int nin, s
         float f32[BLOCK];
         double f64[BLOCK];
         uint32_t u32[BLOCK];
+        int32_t i32[BLOCK];
         uint64_t u64[BLOCK];
+        int64_t i64[BLOCK];
         uint8_t u8[BLOCK];
     } acc;
+    float tmp[BLOCK];
     uint16_t half[BLOCK];
+    int stream = n * esize >= STREAM_MIN_BYTES;
     for (size_t off = 0; off < n; off += BLOCK) {
         size_t m = n - off < BLOCK ? n - off : BLOCK;
         advance(blk_in, ins, nin, off, esize);
+        const void *const *in = blk_in;
         switch (dt) {
         case FSDP_DTYPE_F32:
-            ACCUMULATE_OPS(acc.f32, blk_in, nin, m, float, LOAD_PLAIN, FOP_SUM, FOP_PROD, FOP_MIN,
-                           FOP_MAX, op);
+            DISPATCH(acc.f32, in, nin, m, op, f32_sum, f32_prod, f32_min, f32_max);
             if (op == FSDP_REDOP_AVG)
-                for (size_t i = 0; i < m; i++) acc.f32[i] /= (float)divisor;
-            store_all(outs, nout, off, acc.f32, m * 4, 4);
+                for (size_t i = 0; i < m; i++)
+                    acc.f32[i] /= (float)divisor;
+            store_all(outs, nout, off, acc.f32, m * 4, 4, stream);
             break;
         case FSDP_DTYPE_F64:
-            ACCUMULATE_OPS(acc.f64, blk_in, nin, m, double, LOAD_PLAIN, FOP_SUM, FOP_PROD,
-                           FOP_MIN, FOP_MAX, op);
+            DISPATCH(acc.f64, in, nin, m, op, f64_sum, f64_prod, f64_min, f64_max);
             if (op == FSDP_REDOP_AVG)
-                for (size_t i = 0; i < m; i++) acc.f64[i] /= (double)divisor;
-            store_all(outs, nout, off, acc.f64, m * 8, 8);
+                for (size_t i = 0; i < m; i++)
+                    acc.f64[i] /= (double)divisor;
+            store_all(outs, nout, off, acc.f64, m * 8, 8, stream);
             break;
         case FSDP_DTYPE_F16:
         case FSDP_DTYPE_BF16:
-            if (dt == FSDP_DTYPE_F16)
-                ACCUMULATE_OPS(acc.f32, blk_in, nin, m, uint16_t, LOAD_F16, FOP_SUM, FOP_PROD,
-                               FOP_MIN, FOP_MAX, op);
-            else
-                ACCUMULATE_OPS(acc.f32, blk_in, nin, m, uint16_t, LOAD_BF16, FOP_SUM, FOP_PROD,
-                               FOP_MIN, FOP_MAX, op);
+            half_reduce(acc.f32, tmp, in, nin, m, dt, op);
             if (op == FSDP_REDOP_AVG)
-                for (size_t i = 0; i < m; i++) acc.f32[i] /= (float)divisor;
+                for (size_t i = 0; i < m; i++)
+                    acc.f32[i] /= (float)divisor;
             fsdp_dtype_convert(half, dt, acc.f32, FSDP_DTYPE_F32, m);
-            store_all(outs, nout, off, half, m * 2, 2);
+            store_all(outs, nout, off, half, m * 2, 2, stream);
             break;
         case FSDP_DTYPE_I32:
-            if (op == FSDP_REDOP_MIN || op == FSDP_REDOP_MAX) {
-                int32_t *a = (int32_t *)acc.u32;
-                if (op == FSDP_REDOP_MIN)
-                    ACCUMULATE(a, blk_in, nin, m, int32_t, LOAD_PLAIN, IOP_MIN);
-                else
-                    ACCUMULATE(a, blk_in, nin, m, int32_t, LOAD_PLAIN, IOP_MAX);
-            } else {
-                ACCUMULATE_WRAP(acc.u32, blk_in, nin, m, int32_t, USUM32, UPROD32, op);
-                if (op == FSDP_REDOP_AVG) {
-                    int32_t *a = (int32_t *)acc.u32;
-                    for (size_t i = 0; i < m; i++) a[i] = (int32_t)(a[i] / divisor);
-                }
-            }
-            store_all(outs, nout, off, acc.u32, m * 4, 4);
+            if (op == FSDP_REDOP_MIN || op == FSDP_REDOP_MAX)
+                DISPATCH(acc.i32, in, nin, m, op, i32_min, i32_min, i32_min, i32_max);
+            else
+                DISPATCH(acc.u32, in, nin, m, op, u32_sum, u32_prod, u32_sum, u32_sum);
+            if (op == FSDP_REDOP_AVG)
+                for (size_t i = 0; i < m; i++)
+                    acc.i32[i] = (int32_t)(acc.i32[i] / divisor);
+            store_all(outs, nout, off, acc.u32, m * 4, 4, stream);
             break;
         case FSDP_DTYPE_I64:
-            if (op == FSDP_REDOP_MIN || op == FSDP_REDOP_MAX) {
-                int64_t *a = (int64_t *)acc.u64;
-                if (op == FSDP_REDOP_MIN)
-                    ACCUMULATE(a, blk_in, nin, m, int64_t, LOAD_PLAIN, IOP_MIN);
-                else
-                    ACCUMULATE(a, blk_in, nin, m, int64_t, LOAD_PLAIN, IOP_MAX);
-            } else {
-                ACCUMULATE_WRAP(acc.u64, blk_in, nin, m, int64_t, USUM64, UPROD64, op);
-                if (op == FSDP_REDOP_AVG) {
-                    int64_t *a = (int64_t *)acc.u64;
-                    for (size_t i = 0; i < m; i++) a[i] = a[i] / divisor;
-                }
-            }
-            store_all(outs, nout, off, acc.u64, m * 8, 8);
+            if (op == FSDP_REDOP_MIN || op == FSDP_REDOP_MAX)
+                DISPATCH(acc.i64, in, nin, m, op, i64_min, i64_min, i64_min, i64_max);
+            else
+                DISPATCH(acc.u64, in, nin, m, op, u64_sum, u64_prod, u64_sum, u64_sum);
+            if (op == FSDP_REDOP_AVG)
+                for (size_t i = 0; i < m; i++)
+                    acc.i64[i] = acc.i64[i] / divisor;
+            store_all(outs, nout, off, acc.u64, m * 8, 8, stream);
             break;
         case FSDP_DTYPE_U8:
-            ACCUMULATE_OPS(acc.u8, blk_in, nin, m, uint8_t, LOAD_PLAIN, USUM8, UPROD8, IOP_MIN,
-                           IOP_MAX, op);
+            DISPATCH(acc.u8, in, nin, m, op, u8_sum, u8_prod, u8_min, u8_max);
             if (op == FSDP_REDOP_AVG)
-                for (size_t i = 0; i < m; i++) acc.u8[i] = (uint8_t)(acc.u8[i] / divisor);
-            store_all(outs, nout, off, acc.u8, m, 1);
+                for (size_t i = 0; i < m; i++)
+                    acc.u8[i] = (uint8_t)(acc.u8[i] / divisor);
+            store_all(outs, nout, off, acc.u8, m, 1, stream);
             break;
         case FSDP_DTYPE_BOOL:
-            ACCUMULATE_OPS(acc.u8, blk_in, nin, m, uint8_t, LOAD_BOOL, BOR, BAND, BAND, BOR, op);
-            store_all(outs, nout, off, acc.u8, m, 1);
+            DISPATCH(acc.u8, in, nin, m, op, bool_or, bool_and, bool_and, bool_or);
+            if (nin == 1) /* a lone input did not pass through an operator */
+                for (size_t i = 0; i < m; i++)
+                    acc.u8[i] = acc.u8[i] != 0;
+            store_all(outs, nout, off, acc.u8, m, 1, stream);
             break;
         default:
             break;
         }
     }
+#ifdef __SSE2__
+    /* Non-temporal stores are weakly ordered: make them visible before anybody is told. */
+    if (stream) _mm_sfence();
+#endif
     if (blk_in != blk_in_small) free(blk_in);
     return FSDP_OK;
 }
