@@ -26,8 +26,8 @@ typedef struct sim_group {
     int *world_ranks;          /* [size] */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t arrive_gen;       /* completed arrive barriers */
-    uint64_t depart_gen;       /* completed depart barriers */
+    _Atomic uint64_t arrive_gen; /* completed arrive barriers (written under mu) */
+    _Atomic uint64_t depart_gen; /* completed depart barriers (written under mu) */
     int arrived, departed;
     const fsdp_coll_t **posted; /* [size]: each rank's descriptor for the current collective */
     uint64_t *posted_gen;       /* [size]: arrive_gen at which that rank posted */
@@ -48,6 +48,7 @@ typedef struct sim_rank {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     fsdp_work_t *head, *tail; /* queue of works to execute, in issue order */
+    int busy;                 /* a work of this rank is executing (on either thread) */
     int stop;
     uint64_t calls;          /* collectives executed, for fault indices (comm thread only) */
     _Atomic int exited;      /* the rank's fn returned and its groups are gone */
@@ -61,6 +62,7 @@ struct sim_world {
     int size;
     const fsdp_sim_fault_t *faults;
     size_t nfaults;
+    int spin;               /* barriers spin briefly before sleeping: ranks <= online CPUs */
     pthread_mutex_t reg_mu; /* guards the registry and every group's refs/attached */
     sim_group_t *groups;
     fsdp_sim_fn fn;

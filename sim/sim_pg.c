@@ -21,6 +21,16 @@
 #include "core/timeutil.h"
 #include "sim/sim.h"
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+/* How long a barrier spins before it sleeps on the condition variable. */
+#define SPIN_NS 50000
+
 /* ---------------------------------------------------------------------------------------- */
 /* Group shared state */
 
@@ -53,6 +63,8 @@ static sim_group_t *group_new(const char *name, int size, const int *world_ranks
         g->posted_gen[i] = UINT64_MAX;
     }
     g->mismatch_gen = 0;
+    atomic_init(&g->arrive_gen, 0);
+    atomic_init(&g->depart_gen, 0);
     pthread_mutex_init(&g->mu, NULL);
     fsdp__cond_init(&g->cv);
     return g;
@@ -106,6 +118,17 @@ static int check_mismatch(sim_group_t *g) {
     return 1;
 }
 
+/* With the group's lock released, spins for at most SPIN_NS while *gen_p still reads gen (only
+ * when the world has a CPU per rank). The caller takes the lock again and re-checks. */
+static void spin_while(const sim_world_t *w, _Atomic uint64_t *gen_p, uint64_t gen) {
+    if (!w->spin) return;
+    int64_t end = fsdp__now_ns() + SPIN_NS;
+    for (unsigned i = 1; atomic_load_explicit(gen_p, memory_order_acquire) == gen; i++) {
+        if ((i & 63) == 0 && fsdp__now_ns() > end) return;
+        CPU_RELAX();
+    }
+}
+
 /*
  * Posts rank r's descriptor and waits for every member. Returns FSDP_OK when all arrived with
  * matching calls; otherwise a failure with its message in msg.
@@ -120,16 +143,19 @@ static int arrive(sim_world_t *w, sim_group_t *g, int r, const fsdp_coll_t *c, c
                        g->name, g->reason);
         goto out;
     }
-    uint64_t gen = g->arrive_gen;
+    uint64_t gen = atomic_load(&g->arrive_gen);
     g->posted[r] = c;
     g->posted_gen[r] = gen;
     if (++g->arrived == g->size) {
         g->arrived = 0;
         if (check_mismatch(g)) g->mismatch_gen = gen + 1;
-        g->arrive_gen++;
+        atomic_store(&g->arrive_gen, gen + 1);
         pthread_cond_broadcast(&g->cv);
     } else {
-        while (g->arrive_gen == gen && !g->broken) {
+        pthread_mutex_unlock(&g->mu);
+        spin_while(w, &g->arrive_gen, gen);
+        pthread_mutex_lock(&g->mu);
+        while (atomic_load(&g->arrive_gen) == gen && !g->broken) {
             /* A member that exited without posting will never come. */
             for (int q = 0; q < g->size; q++) {
                 sim_rank_t *peer = &w->ranks[g->world_ranks[q]];
@@ -146,8 +172,8 @@ static int arrive(sim_world_t *w, sim_group_t *g, int r, const fsdp_coll_t *c, c
                 }
             }
             if (g->broken) break;
-            if (pthread_cond_timedwait(&g->cv, &g->mu, &deadline) != 0 && g->arrive_gen == gen &&
-                !g->broken) {
+            if (pthread_cond_timedwait(&g->cv, &g->mu, &deadline) != 0 &&
+                atomic_load(&g->arrive_gen) == gen && !g->broken) {
                 char missing[256], reason[FSDP_ERR_LEN];
                 missing_ranks(g, gen, missing, sizeof missing);
                 fsdp__coll_describe(c, d, sizeof d);
@@ -159,7 +185,7 @@ static int arrive(sim_world_t *w, sim_group_t *g, int r, const fsdp_coll_t *c, c
                 break_group(g, FSDP_ETIMEDOUT, reason);
             }
         }
-        if (g->arrive_gen == gen) {
+        if (atomic_load(&g->arrive_gen) == gen) {
             rc = fsdp__err(msg, g->broken_rc, "%s", g->reason);
             goto out;
         }
@@ -170,15 +196,18 @@ out:
     return rc;
 }
 
-static void depart(sim_group_t *g) {
+static void depart(const sim_world_t *w, sim_group_t *g) {
     pthread_mutex_lock(&g->mu);
-    uint64_t gen = g->depart_gen;
+    uint64_t gen = atomic_load(&g->depart_gen);
     if (++g->departed == g->size) {
         g->departed = 0;
-        g->depart_gen++;
+        atomic_store(&g->depart_gen, gen + 1);
         pthread_cond_broadcast(&g->cv);
     } else {
-        while (g->depart_gen == gen) pthread_cond_wait(&g->cv, &g->mu);
+        pthread_mutex_unlock(&g->mu);
+        spin_while(w, &g->depart_gen, gen);
+        pthread_mutex_lock(&g->mu);
+        while (atomic_load(&g->depart_gen) == gen) pthread_cond_wait(&g->cv, &g->mu);
     }
     pthread_mutex_unlock(&g->mu);
 }
@@ -302,7 +331,7 @@ static void execute(sim_rank_t *self, fsdp_work_t *work) {
     int rc = arrive(w, g, r, c, msg);
     if (rc == FSDP_OK) {
         rc = move_data(g, r, msg);
-        depart(g);
+        depart(w, g);
     }
     if ((f = find_fault(w, self->index, call, FSDP_SIM_DELAY_AFTER))) fsdp__sleep_ms(f->delay_ms);
     if (rc < 0) {
@@ -317,15 +346,19 @@ void *fsdp__sim_comm_main(void *arg) {
     sim_rank_t *self = arg;
     for (;;) {
         pthread_mutex_lock(&self->mu);
-        while (!self->head && !self->stop) pthread_cond_wait(&self->cv, &self->mu);
+        while ((!self->head || self->busy) && !self->stop) pthread_cond_wait(&self->cv, &self->mu);
         fsdp_work_t *work = self->head;
         if (work) {
             self->head = work->next;
             if (!self->head) self->tail = NULL;
+            self->busy = 1;
         }
         pthread_mutex_unlock(&self->mu);
         if (!work) break;
         execute(self, work);
+        pthread_mutex_lock(&self->mu);
+        self->busy = 0;
+        pthread_mutex_unlock(&self->mu);
     }
     return NULL;
 }
@@ -338,6 +371,18 @@ static int sim_post(fsdp_pg_t *pg, fsdp_work_t *work) {
     sim_rank_t *self = &sp->world->ranks[pg->world_ranks[pg->rank]];
     work->next = NULL;
     pthread_mutex_lock(&self->mu);
+    if (work->sync && !self->head && !self->busy) {
+        /* Nothing of this rank is queued or running: run it here, saving two thread hand-offs.
+         * The comm thread sees busy and leaves anything queued meanwhile until we are done. */
+        self->busy = 1;
+        pthread_mutex_unlock(&self->mu);
+        execute(self, work);
+        pthread_mutex_lock(&self->mu);
+        self->busy = 0;
+        if (self->head) pthread_cond_signal(&self->cv);
+        pthread_mutex_unlock(&self->mu);
+        return FSDP_OK;
+    }
     if (self->tail) self->tail->next = work;
     else self->head = work;
     self->tail = work;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/timeutil.h"
 #include "sim/sim.h"
@@ -77,6 +78,8 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
     w.nfaults = opts->nfaults;
     w.fn = fn;
     w.arg = arg;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    w.spin = cpus > 0 && n <= cpus;
     pthread_mutex_init(&w.reg_mu, NULL);
     fsdp_store_t *store = NULL;
     pthread_t *threads = calloc((size_t)n, sizeof *threads);

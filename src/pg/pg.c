@@ -301,6 +301,7 @@ int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
     w->coll.timeout_ms = pg->timeout_ms;
     w->coll.stream = pg->stream;
     w->refs = 2;
+    w->sync = work == NULL;
     pthread_mutex_lock(&pg->mu);
     pg->pending++;
     pthread_mutex_unlock(&pg->mu);

@@ -38,6 +38,7 @@ struct fsdp_work {
     int done;   /* guarded by pg->mu */
     int status; /* valid once done */
     int refs;   /* the caller's handle and the backend's, guarded by pg->mu */
+    int sync;   /* the caller blocks until completion; a backend may run it on that thread */
     fsdp_work_t *next; /* free for the backend's queue */
     char err[FSDP_ERR_LEN];
 };
