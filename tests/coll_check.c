@@ -232,22 +232,7 @@ static void expected_real(fsdp_dtype_t dt, fsdp_redop_t op, int size, size_t k, 
      * (16-bit types) rounded once. */
     float s = (float)acc;
     if (op == FSDP_REDOP_AVG) s = s / (float)size;
-    uint16_t h;
-    switch (dt) {
-    case FSDP_DTYPE_F32:
-        memcpy(out, &s, 4);
-        break;
-    case FSDP_DTYPE_F16:
-        h = fsdp_f32_to_f16(s);
-        memcpy(out, &h, 2);
-        break;
-    case FSDP_DTYPE_BF16:
-        h = fsdp_f32_to_bf16(s);
-        memcpy(out, &h, 2);
-        break;
-    default:
-        break;
-    }
+    store_real(dt, s, out); /* float -> double -> float is exact */
 }
 
 /* Signed value of the low `bits` bits of x (32 or 64). */
