@@ -126,6 +126,9 @@ AC_DEFUN([FSDP_CHECK_NCCL], [
       LDFLAGS="$LDFLAGS $CUDA_LDFLAGS -L$fsdp_nccl_libdir"
       fsdp_nccl_ok=yes
       AC_CHECK_HEADER([nccl.h], [], [fsdp_nccl_ok=no])
+      dnl A directory given explicitly must hold nccl.h itself (the CUDA include path may too).
+      AS_IF([test "x$with_nccl" != xcheck && test "x$with_nccl" != xyes &&
+             test ! -f "$fsdp_nccl_dir/include/nccl.h"], [fsdp_nccl_ok=no])
       AS_IF([test $fsdp_nccl_ok = yes],
         [AC_CHECK_LIB([nccl], [ncclCommInitRank], [], [fsdp_nccl_ok=no], [-lcudart])])
       CPPFLAGS=$fsdp_save_CPPFLAGS
@@ -171,10 +174,13 @@ AC_DEFUN([FSDP_CHECK_GLOO], [
     CPPFLAGS="$CPPFLAGS $GLOO_CPPFLAGS"
     LDFLAGS="$LDFLAGS $GLOO_LDFLAGS"
     LIBS="-lgloo $LIBS"
-    AC_MSG_CHECKING([for Gloo (gloo/context.h, -lgloo)])
+    AC_MSG_CHECKING([for Gloo (gloo/context.h, -lgloo)${fsdp_gloo_dir:+ in $fsdp_gloo_dir}])
     AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <gloo/context.h>]],
                                     [[gloo::Context c(0, 1); return c.size - 1;]])],
       [fsdp_have_gloo=yes], [fsdp_have_gloo=no])
+    dnl A directory given explicitly must hold the headers itself, not the system.
+    AS_IF([test -n "$fsdp_gloo_dir" && test ! -f "$fsdp_gloo_dir/include/gloo/context.h"],
+      [fsdp_have_gloo=no])
     AC_MSG_RESULT([$fsdp_have_gloo])
     CPPFLAGS=$fsdp_save_CPPFLAGS
     LDFLAGS=$fsdp_save_LDFLAGS
@@ -184,7 +190,7 @@ AC_DEFUN([FSDP_CHECK_GLOO], [
       GLOO_CPPFLAGS=
       GLOO_LDFLAGS=
       AS_IF([FSDP_DEP_REQUIRED([$with_gloo])],
-        [AC_MSG_ERROR([--with-gloo=$with_gloo given but Gloo was not found; install libgloo-dev])])
+        [AC_MSG_ERROR([--with-gloo=$with_gloo given but Gloo (gloo/context.h and -lgloo) was not found${fsdp_gloo_dir:+ in $fsdp_gloo_dir}; install libgloo-dev])])
     ])
   ])
   AS_IF([test $fsdp_have_gloo = yes],
