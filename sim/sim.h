@@ -50,7 +50,7 @@ typedef struct sim_rank {
     fsdp_work_t *head, *tail; /* queue of works to execute, in issue order */
     int busy;                 /* a work of this rank is executing (on either thread) */
     int stop;
-    uint64_t calls;          /* collectives executed, for fault indices (comm thread only) */
+    uint64_t calls;          /* collectives executed, for fault indices (by the busy holder) */
     _Atomic int exited;      /* the rank's fn returned and its groups are gone */
     int exit_status;         /* written before exited is set */
     fsdp_ctx_t *ctx;

@@ -342,6 +342,16 @@ static void execute(sim_rank_t *self, fsdp_work_t *work) {
     }
 }
 
+/* Executes a work in the rank's execution slot (the caller set busy under the rank's lock),
+ * then frees the slot and wakes the comm thread if works were queued meanwhile. */
+static void execute_in_slot(sim_rank_t *self, fsdp_work_t *work) {
+    execute(self, work);
+    pthread_mutex_lock(&self->mu);
+    self->busy = 0;
+    if (self->head) pthread_cond_signal(&self->cv);
+    pthread_mutex_unlock(&self->mu);
+}
+
 void *fsdp__sim_comm_main(void *arg) {
     sim_rank_t *self = arg;
     for (;;) {
@@ -355,10 +365,7 @@ void *fsdp__sim_comm_main(void *arg) {
         }
         pthread_mutex_unlock(&self->mu);
         if (!work) break;
-        execute(self, work);
-        pthread_mutex_lock(&self->mu);
-        self->busy = 0;
-        pthread_mutex_unlock(&self->mu);
+        execute_in_slot(self, work);
     }
     return NULL;
 }
@@ -376,11 +383,7 @@ static int sim_post(fsdp_pg_t *pg, fsdp_work_t *work) {
          * The comm thread sees busy and leaves anything queued meanwhile until we are done. */
         self->busy = 1;
         pthread_mutex_unlock(&self->mu);
-        execute(self, work);
-        pthread_mutex_lock(&self->mu);
-        self->busy = 0;
-        if (self->head) pthread_cond_signal(&self->cv);
-        pthread_mutex_unlock(&self->mu);
+        execute_in_slot(self, work);
         return FSDP_OK;
     }
     if (self->tail) self->tail->next = work;

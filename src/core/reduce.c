@@ -123,6 +123,18 @@ DEF_KERNEL(bool_and, uint8_t, OP_AND)
         }                                                                                          \
     } while (0)
 
+/* The same for integers: sums and products wrap on the unsigned accumulator `uacc`, min and max
+ * compare on the signed view `sacc` of the same storage. */
+#define DISPATCH_INT(uacc, sacc, ins, nin, m, op, SUM, PROD, MIN, MAX)                         \
+    do {                                                                                       \
+        switch (op) {                                                                          \
+        case FSDP_REDOP_PROD: PROD(uacc, ins, nin, m); break;                                  \
+        case FSDP_REDOP_MIN: MIN(sacc, ins, nin, m); break;                                    \
+        case FSDP_REDOP_MAX: MAX(sacc, ins, nin, m); break;                                    \
+        default: SUM(uacc, ins, nin, m); break;                                                \
+        }                                                                                      \
+    } while (0)
+
 /* f16/bf16: widen every input block to f32 and reduce with the f32 kernels, in rank order. */
 static void half_reduce(float *acc, float *tmp, const void *const *ins, int nin, size_t m,
                         fsdp_dtype_t dt, fsdp_redop_t op) {
@@ -230,20 +242,14 @@ int fsdp__reduce(void *const *outs, int nout, const void *const *ins, int nin, s
             store_all(outs, nout, off, half, m * 2, 2, stream);
             break;
         case FSDP_DTYPE_I32:
-            if (op == FSDP_REDOP_MIN || op == FSDP_REDOP_MAX)
-                DISPATCH(acc.i32, in, nin, m, op, i32_min, i32_min, i32_min, i32_max);
-            else
-                DISPATCH(acc.u32, in, nin, m, op, u32_sum, u32_prod, u32_sum, u32_sum);
+            DISPATCH_INT(acc.u32, acc.i32, in, nin, m, op, u32_sum, u32_prod, i32_min, i32_max);
             if (op == FSDP_REDOP_AVG)
                 for (size_t i = 0; i < m; i++)
                     acc.i32[i] = (int32_t)(acc.i32[i] / divisor);
             store_all(outs, nout, off, acc.u32, m * 4, 4, stream);
             break;
         case FSDP_DTYPE_I64:
-            if (op == FSDP_REDOP_MIN || op == FSDP_REDOP_MAX)
-                DISPATCH(acc.i64, in, nin, m, op, i64_min, i64_min, i64_min, i64_max);
-            else
-                DISPATCH(acc.u64, in, nin, m, op, u64_sum, u64_prod, u64_sum, u64_sum);
+            DISPATCH_INT(acc.u64, acc.i64, in, nin, m, op, u64_sum, u64_prod, i64_min, i64_max);
             if (op == FSDP_REDOP_AVG)
                 for (size_t i = 0; i < m; i++)
                     acc.i64[i] = acc.i64[i] / divisor;
