@@ -15,5 +15,6 @@
 #include <fsdp/store.h>
 #include <fsdp/pg.h>
 #include <fsdp/sim.h>
+#include <fsdp/device.h>
 
 #endif /* FSDP_H */

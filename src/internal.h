@@ -48,6 +48,13 @@ struct fsdp_ctx {
     /* Every live process group of this rank, so that destroy can reclaim forgotten ones. */
     pthread_mutex_t groups_mu;
     fsdp_pg_t *groups;
+    /* Layers above the core hang their per-rank state here; the core frees each through the
+     * destructor stored beside it, so it never calls upward by name. */
+    struct fsdp_device *dev;         /* default device (borrowed unless == dev_owned) */
+    struct fsdp_device *dev_owned;   /* the CPU device created on first use */
+    void (*dev_destroy)(struct fsdp_device *dev);
+    struct fsdp_tape *tape;          /* autograd tape of this rank */
+    void (*tape_destroy)(struct fsdp_tape *tape);
     char err[FSDP_ERR_LEN];
 };
 

@@ -81,6 +81,11 @@ void fsdp__ctx_destroy_groups(fsdp_ctx_t *ctx, const char *why) {
 void fsdp_ctx_destroy(fsdp_ctx_t *ctx) {
     if (!ctx) return;
     fsdp__ctx_destroy_groups(ctx, "context destroyed");
+    /* The tape holds tensors, which hold device memory: it goes before the device. */
+    if (ctx->tape && ctx->tape_destroy) ctx->tape_destroy(ctx->tape);
+    ctx->tape = NULL;
+    if (ctx->dev_owned && ctx->dev_destroy) ctx->dev_destroy(ctx->dev_owned);
+    ctx->dev = ctx->dev_owned = NULL;
     pthread_mutex_destroy(&ctx->log_mu);
     pthread_mutex_destroy(&ctx->groups_mu);
     free(ctx);

@@ -1,0 +1,224 @@
+/*
+ * device_impl.h: the device vtable every device (CPU here, CUDA later) implements.
+ *
+ * Kernels take raw device pointers, element counts and a compute dtype that is FSDP_DTYPE_F32
+ * or FSDP_DTYPE_F64 (the tensor layer converts f16/bf16 to f32 around a kernel and rounds the
+ * result; integer tensors only reach the kernels that say so). Arguments have been checked by
+ * the caller: kernels do not validate shapes, and every pointer is valid for the sizes given.
+ * A kernel returns 0 or a negative FSDP_E* code (a device failure), never aborts.
+ *
+ * Conventions:
+ *   - Outputs never alias inputs unless the kernel says "may alias".
+ *   - Backward kernels write (=) their gradient outputs unless they say "accumulates" (+=).
+ *   - Row kernels work on `rows` contiguous rows of `n` elements.
+ *   - Strided kernels take element strides (not bytes); a stride of 0 broadcasts.
+ */
+#ifndef FSDP_DEVICE_IMPL_H
+#define FSDP_DEVICE_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include <fsdp/device.h>
+
+typedef enum fsdp_unary_op {
+    FSDP_UNARY_RELU = 0,
+    FSDP_UNARY_GELU_ERF,  /* x * Phi(x) */
+    FSDP_UNARY_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    FSDP_UNARY_TANH,
+    FSDP_UNARY_SIGMOID,
+    FSDP_UNARY_NEG,
+    FSDP_UNARY_EXP,
+    FSDP_UNARY_LOG,
+    FSDP_UNARY_SQRT,
+    FSDP_UNARY_RSQRT,
+    FSDP_UNARY_SQUARE,
+    FSDP_UNARY_ABS,
+    FSDP_UNARY_SCALE,     /* alpha * x */
+    FSDP_UNARY_ADD_SCALAR, /* x + alpha */
+    FSDP_UNARY_POW,       /* x ^ alpha */
+    FSDP_UNARY_COUNT
+} fsdp_unary_op_t;
+
+typedef enum fsdp_binary_op {
+    FSDP_BINARY_ADD = 0,
+    FSDP_BINARY_SUB,
+    FSDP_BINARY_MUL,
+    FSDP_BINARY_DIV,
+    FSDP_BINARY_MAX,
+    FSDP_BINARY_MIN,
+    FSDP_BINARY_COUNT
+} fsdp_binary_op_t;
+
+/* Where/masked-fill and dropout masks are u8 (0 or 1) arrays. */
+
+struct fsdp_dev_ops {
+    const char *name; /* "cpu", "cuda" */
+    fsdp_device_kind_t kind;
+
+    /* ---- memory, copies, streams ---- */
+    int (*alloc)(fsdp_device_t *dev, size_t bytes, void **out); /* 64-byte aligned, raw */
+    void (*free)(fsdp_device_t *dev, void *ptr);
+    int (*memcpy)(fsdp_device_t *dev, void *dst, const void *src, size_t n, fsdp_copy_kind_t kind,
+                  void *stream);
+    int (*memset)(fsdp_device_t *dev, void *dst, int byte, size_t n, void *stream);
+    int (*stream_create)(fsdp_device_t *dev, void **out);
+    void (*stream_destroy)(fsdp_device_t *dev, void *stream);
+    int (*stream_sync)(fsdp_device_t *dev, void *stream);
+    int (*event_create)(fsdp_device_t *dev, void **out);
+    void (*event_destroy)(fsdp_device_t *dev, void *ev);
+    int (*event_record)(fsdp_device_t *dev, void *ev, void *stream);
+    int (*event_wait)(fsdp_device_t *dev, void *ev, void *stream);
+    int (*event_sync)(fsdp_device_t *dev, void *ev);
+    /* Called once after creation (threads, handles) and once before destruction; may be NULL. */
+    int (*init)(fsdp_device_t *dev);
+    void (*fini)(fsdp_device_t *dev);
+
+    /* ---- elementwise (any dtype: fill and cast; f32/f64: the rest) ---- */
+    /* y[i] = value, n elements of dt (every dtype). */
+    int (*fill)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double value, void *y);
+    /* y[i] = (dt) x[i] for every pair of dtypes; f16/bf16 round to nearest even. */
+    int (*cast)(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt, const void *x,
+                size_t n);
+    /* Strided N-d copy of dtype dt (any dtype): y (contiguous, `shape`) = x read with xstride.
+     * Materializes transposes, permutes, slices and broadcasts (stride 0). */
+    int (*copy_strided)(fsdp_device_t *dev, fsdp_dtype_t dt, int ndim, const int64_t *shape,
+                        void *y, const void *x, const int64_t *xstride);
+    /* y = op(x, alpha), n elements; y may alias x. */
+    int (*unary)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n, double alpha,
+                 const void *x, void *y);
+    /* gx = gy * d op(x)/dx, n elements. y is op's forward output (kernels may use either). */
+    int (*unary_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n,
+                          double alpha, const void *x, const void *y, const void *gy, void *gx);
+    /* y (contiguous, `shape`) = op(a, b) with a and b read through element strides (0 = a
+     * broadcast dimension). ndim <= FSDP_MAX_DIMS. y may alias a or b when that operand's
+     * strides are the contiguous strides of shape. */
+    int (*binary)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_binary_op_t op, int ndim,
+                  const int64_t *shape, void *y, const void *a, const int64_t *astride,
+                  const void *b, const int64_t *bstride);
+    /* y += alpha * x, n elements (y may not alias x). */
+    int (*axpy)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double alpha, const void *x,
+                void *y);
+    /* y[i] = cond[i] ? a[i] : b[i]; a or b may be NULL meaning the scalar av / bv. */
+    int (*where)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const uint8_t *cond,
+                 const void *a, double av, const void *b, double bv, void *y);
+
+    /* ---- reductions ---- */
+    /* View x as (outer, r, inner) contiguous; y (outer, inner) = sum over r, times alpha. */
+    int (*reduce_sum)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size_t r, size_t inner,
+                      double alpha, const void *x, void *y);
+    /* Same shape; y = max over r (and argmax as int64 when idx != NULL). */
+    int (*reduce_max)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size_t r, size_t inner,
+                      const void *x, void *y, int64_t *idx);
+    /* out[0] = sum of x[i]^2 over n elements, accumulated in f64 and written as dt. */
+    int (*sum_squares)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const void *x, void *out);
+
+    /* ---- matrix products (BLAS on the CPU, cuBLAS on CUDA) ---- */
+    /* For each b < batch: C_b = alpha * op(A_b) op(B_b) + beta * C_b, row-major, where op(X) is
+     * X or X^T, op(A) is M x K, op(B) is K x N, C is M x N; A_b = A + b * stride_a (elements),
+     * likewise B and C. lda/ldb/ldc are the row strides of the stored (untransposed) matrices. */
+    int (*gemm)(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
+                int64_t n, int64_t k, double alpha, const void *a, int64_t lda, int64_t stride_a,
+                const void *b, int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc,
+                int64_t stride_c, int64_t batch);
+
+    /* ---- row kernels ---- */
+    /* Softmax (log = false) or log-softmax (log = true) of each row. y may alias x. */
+    int (*softmax)(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, size_t rows, size_t n,
+                   const void *x, void *y);
+    /* gx from the forward output y and gy: softmax gx = y (gy - sum(gy y)); log-softmax
+     * gx = gy - exp(y) sum(gy). */
+    int (*softmax_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, size_t rows, size_t n,
+                            const void *y, const void *gy, void *gx);
+    /* Layer norm of each row: y = (x - mean) * rstd * w + b (w, b of n elements, either may be
+     * NULL: 1 and 0). Writes mean and rstd (rows elements each, always f32 for f32 and f64 for
+     * f64) for the backward. */
+    int (*layer_norm)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n, double eps,
+                      const void *x, const void *w, const void *b, void *y, void *mean,
+                      void *rstd);
+    /* gx (may be NULL: not needed) written; gw and gb (may be NULL) accumulate (+=). */
+    int (*layer_norm_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
+                               const void *x, const void *w, const void *mean, const void *rstd,
+                               const void *gy, void *gx, void *gw, void *gb);
+
+    /* ---- batch norm over x viewed as (N, C, L) ---- */
+    /* Training: per-channel batch mean and biased variance over N*L; y = (x - mean) rstd w + b;
+     * writes mean and rstd (C each); when running_mean/var are non-NULL updates them
+     * r = (1 - momentum) r + momentum * stat (variance unbiased: * N*L / (N*L - 1)).
+     * Evaluation (train = false): uses running_mean/var instead and writes mean/rstd from them.
+     * w, b may be NULL (1 and 0). */
+    int (*batch_norm)(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size_t nb, size_t c,
+                      size_t l, double eps, double momentum, const void *x, const void *w,
+                      const void *b, void *running_mean, void *running_var, void *y, void *mean,
+                      void *rstd);
+    /* Backward; train selects batch statistics (gradient through mean and variance) or the
+     * fixed running statistics. gx written (may be NULL); gw, gb accumulate (may be NULL). */
+    int (*batch_norm_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size_t nb,
+                               size_t c, size_t l, const void *x, const void *w, const void *mean,
+                               const void *rstd, const void *gy, void *gx, void *gw, void *gb);
+
+    /* ---- embedding ---- */
+    /* y[i, :] = w[idx[i], :] (dim elements), n indices (int64, already range-checked); rows with
+     * idx == padding_idx are copied like any other (the padding row is learnt as zeros). */
+    int (*embedding)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, size_t dim,
+                     const int64_t *idx, const void *w, void *y);
+    /* gw[idx[i], :] += gy[i, :], skipping idx == padding_idx (padding_idx < 0: none).
+     * Deterministic: indices are applied in order i = 0, 1, ... */
+    int (*embedding_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, size_t dim,
+                              const int64_t *idx, int64_t padding_idx, const void *gy, void *gw);
+
+    /* ---- losses ---- */
+    /* Cross-entropy of each row of logits (rows x n) with int64 targets: loss[i] =
+     * -(1 - ls) * logp[t] - ls / n * sum_j logp[j], 0 and not counted when t == ignore_index.
+     * Writes loss (rows) and logp (rows x n, log-softmax, kept for the backward). */
+    int (*cross_entropy)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
+                         const void *logits, const int64_t *target, int64_t ignore_index,
+                         double label_smoothing, void *loss, void *logp);
+    /* gx[i, :] = gloss[i] * (softmax - (1 - ls) onehot(t) - ls / n); rows with t == ignore_index
+     * get 0. gloss has rows elements. */
+    int (*cross_entropy_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
+                                  const void *logp, const int64_t *target, int64_t ignore_index,
+                                  double label_smoothing, const void *gloss, void *gx);
+
+    /* ---- dropout ---- */
+    /* mask[i] = 1 with probability 1 - p from the Philox stream (seed, stream) starting at
+     * counter `offset` (4 draws per counter, one uniform f32 per draw; keep iff u >= p);
+     * y = x * mask / (1 - p). Bitwise reproducible for the same (seed, stream, offset). */
+    int (*dropout)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double p, uint64_t seed,
+                   uint64_t stream, uint64_t offset, const void *x, void *y, uint8_t *mask);
+
+    /* ---- optimizer updates (in place on param p, f32/f64) ---- */
+    /* SGD as PyTorch: g' = g + wd p; if momentum: buf = first ? g' : momentum buf +
+     * (1 - dampening) g'; g' = nesterov ? g' + momentum buf : buf; p -= lr g'. buf may be NULL
+     * when momentum == 0. */
+    int (*sgd_step)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, const void *g,
+                    void *buf, double lr, double momentum, double dampening, double wd,
+                    bool nesterov, bool first);
+    /* Adam (decoupled = false: g += wd p) or AdamW (decoupled = true: p *= 1 - lr wd), step t
+     * (1-based), bias-corrected, PyTorch's order of operations; amsgrad uses vmax (else NULL). */
+    int (*adam_step)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, const void *g,
+                     void *m, void *v, void *vmax, double lr, double beta1, double beta2,
+                     double eps, double wd, bool decoupled, bool amsgrad, int64_t t);
+};
+
+struct fsdp_device {
+    const struct fsdp_dev_ops *ops;
+    fsdp_ctx_t *ctx;
+    fsdp_device_kind_t kind;
+    int ordinal;
+    int num_threads;
+    char name[32];
+    void *impl; /* backend state */
+    _Atomic size_t live_allocs;
+};
+
+/* The CPU device's vtable (src/device/cpu*.c). */
+extern const struct fsdp_dev_ops fsdp__cpu_dev_ops;
+
+/* Threads a CPU device uses by default for world_size ranks in this process: FSDP_NUM_THREADS
+ * when set, else max(1, online cores / world_size). */
+int fsdp__cpu_default_threads(int world_size);
+
+#endif /* FSDP_DEVICE_IMPL_H */
