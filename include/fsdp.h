@@ -16,5 +16,7 @@
 #include <fsdp/pg.h>
 #include <fsdp/sim.h>
 #include <fsdp/device.h>
+#include <fsdp/tensor.h>
+#include <fsdp/autograd.h>
 
 #endif /* FSDP_H */
