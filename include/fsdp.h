@@ -18,5 +18,8 @@
 #include <fsdp/device.h>
 #include <fsdp/tensor.h>
 #include <fsdp/autograd.h>
+#include <fsdp/nn.h>
+#include <fsdp/transformer.h>
+#include <fsdp/optim.h>
 
 #endif /* FSDP_H */

@@ -155,7 +155,8 @@ FSDP_EXTERN int fsdp_detach(fsdp_tensor_t *t, fsdp_tensor_t **out);
 /* Marks a leaf as requiring (or not) a gradient. Refused for a non-leaf. */
 FSDP_EXTERN int fsdp_tensor_set_requires_grad(fsdp_tensor_t *t, bool requires_grad);
 FSDP_EXTERN bool fsdp_tensor_requires_grad(const fsdp_tensor_t *t);
-/* Whether t was produced by a recorded operation (false for leaves and constants). */
+/* Whether t is a leaf: true for tensors no recorded operation produced (user tensors,
+ * parameters, constants), false for the outputs of recorded operations. */
 FSDP_EXTERN bool fsdp_tensor_is_leaf(const fsdp_tensor_t *t);
 /* The accumulated gradient (borrowed), or NULL ("none"). */
 FSDP_EXTERN fsdp_tensor_t *fsdp_tensor_grad(const fsdp_tensor_t *t);
