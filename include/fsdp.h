@@ -21,5 +21,6 @@
 #include <fsdp/nn.h>
 #include <fsdp/transformer.h>
 #include <fsdp/optim.h>
+#include <fsdp/fsdp.h>
 
 #endif /* FSDP_H */

@@ -55,6 +55,8 @@ struct fsdp_ctx {
     void (*dev_destroy)(struct fsdp_device *dev);
     struct fsdp_tape *tape;          /* autograd tape of this rank */
     void (*tape_destroy)(struct fsdp_tape *tape);
+    struct fsdp__rank *fsdp;         /* FSDP units of this rank (src/fsdp) */
+    void (*fsdp_destroy)(struct fsdp__rank *state);
     char err[FSDP_ERR_LEN];
 };
 

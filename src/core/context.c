@@ -82,6 +82,7 @@ void fsdp_ctx_destroy(fsdp_ctx_t *ctx) {
     if (!ctx) return;
     fsdp__ctx_destroy_groups(ctx, "context destroyed");
     /* The tape holds tensors, which hold device memory: it goes before the device. */
+    if (ctx->fsdp && ctx->fsdp_destroy) ctx->fsdp_destroy(ctx->fsdp);
     if (ctx->tape && ctx->tape_destroy) ctx->tape_destroy(ctx->tape);
     ctx->tape = NULL;
     if (ctx->dev_owned && ctx->dev_destroy) ctx->dev_destroy(ctx->dev_owned);

@@ -631,6 +631,23 @@ int fsdp_tensor_storage_resize(fsdp_tensor_t *t, size_t bytes) {
 
 /* ---- gradients ------------------------------------------------------------------------------ */
 
+int fsdp__tensor_set_data(fsdp_tensor_t *t, fsdp_tensor_t *src) {
+    if (t->dt != src->dt || t->dev != src->dev || t->ctx != src->ctx)
+        return fsdp__op_err(t, FSDP_EINVAL, "set_data",
+                            "'%s' and its new data differ in dtype, device or context",
+                            fsdp_tensor_name(t));
+    if (t->st != src->st) {
+        atomic_fetch_add(&src->st->refs, 1);
+        storage_release(t->st);
+        t->st = src->st;
+    }
+    t->offset = src->offset;
+    t->ndim = src->ndim;
+    memcpy(t->shape, src->shape, sizeof t->shape);
+    memcpy(t->stride, src->stride, sizeof t->stride);
+    return FSDP_OK;
+}
+
 int fsdp_tensor_set_requires_grad(fsdp_tensor_t *t, bool requires_grad) {
     if (!t) return FSDP_EINVAL;
     if (t->slot >= 0 && !requires_grad)

@@ -63,6 +63,9 @@ int fsdp__tensor_new(fsdp_ctx_t *ctx, fsdp_device_t *dev, fsdp_dtype_t dt, int n
 /* A new tensor header viewing t's storage with the given geometry (no autograd state). */
 int fsdp__tensor_view(fsdp_tensor_t *t, int64_t offset, int ndim, const int64_t *shape,
                       const int64_t *stride, fsdp_tensor_t **out);
+/* Points t at src's elements (storage, offset, shape, strides), keeping t's identity, name,
+ * autograd state and gradient: PyTorch's `t.data = src`. dtype, device and context must match. */
+int fsdp__tensor_set_data(fsdp_tensor_t *t, fsdp_tensor_t *src);
 /* Contiguous strides of shape into stride. */
 void fsdp__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 int64_t fsdp__shape_numel(int ndim, const int64_t *shape);

@@ -1,0 +1,232 @@
+/*
+ * fsdp/fsdp.h: Fully Sharded Data Parallel units.
+ *
+ * fsdp_wrap() makes a module an FSDP unit over a process group. The unit takes every parameter
+ * of the module's subtree that no nested unit owns and is not ignored, flattens them into one
+ * flat parameter (shared parameters once), pads it to a multiple of the group size and keeps
+ * this rank's contiguous 1/N shard. The module tree itself is not changed: the unit attaches
+ * forward and backward hooks to the module, so the module is run as before
+ * (fsdp_module_forward) and every fully qualified name stays the module's own, with no wrapper
+ * prefix.
+ *
+ * Runtime, per unit and iteration (sharding strategy FULL_SHARD):
+ *   forward   all-gather the shard into the unsharded flat parameter (or wait for the prefetched
+ *             one), point the module's parameter slots at views into it, run, point the slots
+ *             back, free the unsharded flat parameter unless the unit is the root;
+ *   backward  when backward reaches the unit's outputs (the exit mark on the tape): all-gather
+ *             again, maybe prefetch the next unit; the gradients accumulate straight into an
+ *             unsharded flat gradient; when backward has passed the unit's first invocation
+ *             (its entry mark): free the parameters and reduce-scatter the gradient (pre- and
+ *             post-divided as PyTorch does) into the sharded gradient, asynchronously;
+ *   end       a final callback waits for every reduction and stores each unit's sharded
+ *             gradient in the flat parameter's .grad (and, with use_orig_params, per-parameter
+ *             gradient views).
+ * The optimizer then steps over fsdp_named_params() of the root: the flat parameters, or with
+ * use_orig_params the original parameters, which are views into the local shard.
+ *
+ * Parameters outside forward and backward. Every original parameter tensor stays the object the
+ * module registered; the unit re-points it at its part of the local shard as a 1-D view
+ * (numel_in_shard elements, possibly 0). Writing into it (or into the flat parameter) changes
+ * what the next forward gathers.
+ *
+ * Nesting. Wrap inner modules first (by hand, or with a policy in fsdp_options_t), then the
+ * root; a unit wrapped later over a subtree that contains units adopts them. The root (the
+ * unit without a parent) owns its descendants: fsdp_destroy() on it frees them all.
+ *
+ * Collectives. Every unit operation that communicates is collective over the unit's process
+ * group: all ranks must run the same units in the same order. With check_exec_order (on by
+ * default in tests) a rank that runs another unit than rank 0 at the same point gets an error
+ * naming both units and ranks instead of a hang or a wrong result.
+ *
+ * Thread-safety: units belong to one rank (one context) and are used by its thread only.
+ */
+#ifndef FSDP_FSDP_H
+#define FSDP_FSDP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp/context.h>
+#include <fsdp/export.h>
+#include <fsdp/nn.h>
+#include <fsdp/pg.h>
+#include <fsdp/tensor.h>
+
+FSDP_BEGIN_DECLS
+
+typedef struct fsdp_unit fsdp_unit_t;
+
+/* PyTorch's ShardingStrategy. */
+typedef enum fsdp_sharding_strategy {
+    FSDP_FULL_SHARD = 0,      /* ZeRO-3: params, grads, optimizer state sharded; params freed
+                                 after forward (except the root's) */
+    FSDP_SHARD_GRAD_OP,       /* ZeRO-2: params kept unsharded from forward to backward */
+    FSDP_NO_SHARD,            /* DDP-like: everything replicated, gradients all-reduced */
+    FSDP_HYBRID_SHARD,        /* FULL_SHARD inside the group, all-reduce across groups */
+    FSDP_HYBRID_SHARD_ZERO2,  /* SHARD_GRAD_OP inside the group, all-reduce across groups */
+    FSDP_SHARDING_COUNT
+} fsdp_sharding_strategy_t;
+
+FSDP_EXTERN const char *fsdp_sharding_strategy_name(fsdp_sharding_strategy_t s);
+
+/* PyTorch's BackwardPrefetch. */
+typedef enum fsdp_backward_prefetch {
+    FSDP_BACKWARD_PREFETCH_NONE = 0,
+    FSDP_BACKWARD_PRE,  /* prefetch the next unit before the current unit's gradient computation */
+    FSDP_BACKWARD_POST, /* prefetch it after the current unit's gradients are computed */
+    FSDP_BACKWARD_PREFETCH_COUNT
+} fsdp_backward_prefetch_t;
+
+FSDP_EXTERN const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p);
+
+/* An auto-wrap policy: returns whether module m (fully qualified name fqn relative to the
+ * module being wrapped) becomes a unit of its own. Called bottom-up (children first) on every
+ * module of the subtree except the root of the wrap, with nonwrapped_numel the number of
+ * parameter elements of m's subtree not yet owned by a unit. */
+typedef bool (*fsdp_wrap_policy_fn)(fsdp_module_t *m, const char *fqn, int64_t nonwrapped_numel,
+                                    void *arg);
+
+typedef struct fsdp_options {
+    /* The group the unit shards over (for the hybrid strategies: the shard group). NULL: the
+     * context's world group. */
+    fsdp_pg_t *pg;
+    /* Hybrid strategies only: the replicate group (same local shard on every rank of it). */
+    fsdp_pg_t *replicate_pg;
+    fsdp_sharding_strategy_t strategy;          /* default FULL_SHARD */
+    fsdp_backward_prefetch_t backward_prefetch; /* default BACKWARD_PRE */
+    bool forward_prefetch;                      /* default false */
+    /* At most this many all-gathers issued and not yet consumed (PyTorch's limit_all_gathers
+     * with its limit of 2); 0 = no limit. Default 2. */
+    int limit_all_gathers;
+    bool use_orig_params;                       /* default false */
+    /* Broadcast rank 0's parameters and buffers of the subtree at wrap time. Default false. */
+    bool sync_module_states;
+    /* Check that every rank runs the units in the same order (one small all-gather per unit
+     * invocation while the order is being recorded). Default false; tests turn it on. */
+    bool check_exec_order;
+    /* Modules whose subtrees the unit leaves alone (not flattened, not sharded). */
+    fsdp_module_t *const *ignored_modules;
+    size_t num_ignored_modules;
+    /* Auto-wrap. wrap_types: module type names (fsdp_module_type) that become units
+     * (PyTorch's ModuleWrapPolicy), NULL-terminated; policy: any predicate (tried when
+     * wrap_types does not match). Children that a policy wraps get these same options. */
+    const char *const *wrap_types;
+    fsdp_wrap_policy_fn policy;
+    void *policy_arg;
+} fsdp_options_t;
+
+/* Defaults as listed above. */
+FSDP_EXTERN void fsdp_options_init(fsdp_options_t *o);
+
+/*
+ * Makes m (and, with a policy, modules below it) FSDP units. Collective over the group (it may
+ * broadcast, and every rank must flatten the same parameters). On success *out is the unit of
+ * m; m's parameters are now sharded. Errors name the parameter, the module and the sizes:
+ * parameters of mixed dtypes or a non-float dtype, a parameter shared with a module outside the
+ * subtree or owned by two units, a module that is already a unit.
+ */
+FSDP_EXTERN int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out);
+
+/* Frees a root unit and every unit below it, removing their hooks. The module must not be run
+ * again afterwards (its parameters are left as views of freed shards); release it. A non-root
+ * unit is an error (destroy its root). NULL is accepted. */
+FSDP_EXTERN int fsdp_destroy(fsdp_unit_t *root);
+
+/* ---- navigation ------------------------------------------------------------------------------ */
+
+FSDP_EXTERN fsdp_module_t *fsdp_unit_module(const fsdp_unit_t *u);
+/* The unit of module m, or NULL when m is not a unit. */
+FSDP_EXTERN fsdp_unit_t *fsdp_unit_of(const fsdp_module_t *m);
+FSDP_EXTERN fsdp_unit_t *fsdp_unit_parent(const fsdp_unit_t *u);
+FSDP_EXTERN bool fsdp_unit_is_root(const fsdp_unit_t *u);
+/* Fully qualified name of the unit's module under the root's module ("" for the root). */
+FSDP_EXTERN const char *fsdp_unit_fqn(const fsdp_unit_t *u);
+/* Every unit of root's tree in pre-order (root first). *units is malloc'ed; free() it. */
+FSDP_EXTERN int fsdp_units(const fsdp_unit_t *root, fsdp_unit_t ***units, size_t *n);
+FSDP_EXTERN fsdp_sharding_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u);
+
+/* ---- parameters -------------------------------------------------------------------------------- */
+
+/* The flat parameter: a 1-D leaf over the local shard (padded; shard_numel elements). NULL for
+ * a unit that manages no parameters. Its .grad is the sharded gradient after backward. */
+FSDP_EXTERN fsdp_tensor_t *fsdp_unit_flat_param(const fsdp_unit_t *u);
+/* The unsharded flat parameter (padded_numel elements); its storage has bytes only while the
+ * unit is unsharded. NULL for a unit without parameters. */
+FSDP_EXTERN fsdp_tensor_t *fsdp_unit_full_param(const fsdp_unit_t *u);
+FSDP_EXTERN bool fsdp_unit_is_unsharded(const fsdp_unit_t *u);
+
+/* One managed parameter of a unit and its place in the flat layout (PyTorch's
+ * _ShardParamInfo). */
+typedef struct fsdp_param_info {
+    const char *fqn;          /* under the unit's module */
+    fsdp_tensor_t *param;     /* the original parameter object (borrowed) */
+    int ndim;
+    const int64_t *shape;     /* its shape as registered */
+    int64_t numel;
+    int64_t offset;           /* first element in the unsharded flat parameter */
+    bool in_shard;            /* whether any of it is in this rank's shard */
+    int64_t offset_in_shard;  /* where that part starts in the shard */
+    int64_t numel_in_shard;
+    int64_t intra_start;      /* first element of the parameter that the shard holds */
+} fsdp_param_info_t;
+
+FSDP_EXTERN size_t fsdp_unit_num_params(const fsdp_unit_t *u);
+FSDP_EXTERN int fsdp_unit_param_info(const fsdp_unit_t *u, size_t i, fsdp_param_info_t *out);
+
+/* Sizes of the flat layout in elements. */
+typedef struct fsdp_flat_sizes {
+    int64_t unpadded_numel; /* parameters plus alignment padding */
+    int64_t padded_numel;   /* rounded up to shard_numel * group size */
+    int64_t shard_numel;
+    int world;              /* the group size the unit shards over */
+} fsdp_flat_sizes_t;
+FSDP_EXTERN void fsdp_unit_flat_sizes(const fsdp_unit_t *u, fsdp_flat_sizes_t *out);
+
+/*
+ * What an optimizer steps over, as (name, tensor) in pre-order: without use_orig_params the
+ * flat parameter of every unit, named "<unit fqn>._flat_param" ("_flat_param" for the root),
+ * plus any parameter no unit manages (ignored modules); with use_orig_params the original
+ * parameters under their own names (1-D views into the local shard, possibly empty). The list
+ * holds references (owned).
+ */
+FSDP_EXTERN int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *out);
+
+/* ---- running outside forward ----------------------------------------------------------------- */
+
+/*
+ * Gathers the full parameters of u (and, with recurse, of every unit below it) and points the
+ * modules' parameter slots at them, so fsdp_module_named_params() / fsdp_module_state_dict()
+ * of the module show full tensors until fsdp_summon_end(). With writeback, changes made to them
+ * are copied back into the local shards at the end (only this rank's part persists, as in
+ * PyTorch). Collective. Not allowed during forward or backward.
+ */
+FSDP_EXTERN int fsdp_summon_begin(fsdp_unit_t *u, bool recurse, bool writeback);
+FSDP_EXTERN int fsdp_summon_end(fsdp_unit_t *u);
+
+/* ---- introspection for tests ----------------------------------------------------------------- */
+
+typedef enum fsdp_training_state {
+    FSDP_STATE_IDLE = 0,
+    FSDP_STATE_FORWARD,
+    FSDP_STATE_BACKWARD_PRE,
+    FSDP_STATE_BACKWARD_POST,
+    FSDP_STATE_SUMMON
+} fsdp_training_state_t;
+FSDP_EXTERN fsdp_training_state_t fsdp_unit_state(const fsdp_unit_t *u);
+
+typedef struct fsdp_unit_stats {
+    uint64_t all_gathers;      /* all-gathers this unit issued (prefetched ones included) */
+    uint64_t prefetches;       /* of which issued as prefetch */
+    uint64_t reduce_scatters;  /* gradient reduce-scatters */
+    uint64_t all_reduces;      /* gradient all-reduces (NO_SHARD, hybrid) */
+    uint64_t pre_backward_hooks;  /* pre-backward hooks run */
+    uint64_t post_backward_hooks; /* post-backward reductions run */
+    uint64_t n_pre_bwd_registered;  /* pre-backward hook registrations (CORE-H03) */
+    uint64_t n_post_bwd_registered; /* post-backward hook registrations (CORE-H03) */
+} fsdp_unit_stats_t;
+FSDP_EXTERN void fsdp_unit_get_stats(const fsdp_unit_t *u, fsdp_unit_stats_t *out);
+
+FSDP_END_DECLS
+
+#endif /* FSDP_FSDP_H */

@@ -1,0 +1,1267 @@
+/*
+ * fsdp.c: FSDP units: wrapping, the forward/backward runtime, summoning, listings.
+ *
+ * See include/fsdp/fsdp.h for the behaviour and fsdp_impl.h for the objects of a unit. The
+ * runtime is driven by the module's hooks:
+ *   forward pre-hook   (root: lazy init, new iteration) unshard, slots -> compute views,
+ *                      forward prefetch
+ *   forward hook       slots -> original objects, reshard unless kept, record the order
+ *   backward pre-hook  (the exit mark: the outputs' gradients are ready) queue the final
+ *                      callback, unshard, BACKWARD_PRE prefetch, point the compute views'
+ *                      gradients into a zeroed unsharded flat gradient
+ *   backward hook      (the entry mark of the unit's first invocation) reshard,
+ *                      BACKWARD_POST prefetch, start the gradient reduction
+ *   final callback     catch-all reshard, wait for every reduction, store sharded gradients
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp/fsdp_impl.h"
+#include "nn/nn_impl.h"
+#include "tensor/tensor_impl.h"
+
+static const char *const strategy_names[FSDP_SHARDING_COUNT] = {
+    "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"};
+static const char *const prefetch_names[FSDP_BACKWARD_PREFETCH_COUNT] = {"NONE", "BACKWARD_PRE",
+                                                                         "BACKWARD_POST"};
+
+const char *fsdp_sharding_strategy_name(fsdp_sharding_strategy_t s) {
+    return (int)s >= 0 && s < FSDP_SHARDING_COUNT ? strategy_names[s] : "?";
+}
+
+const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p) {
+    return (int)p >= 0 && p < FSDP_BACKWARD_PREFETCH_COUNT ? prefetch_names[p] : "?";
+}
+
+void fsdp_options_init(fsdp_options_t *o) {
+    if (!o) return;
+    *o = (fsdp_options_t){0};
+    o->strategy = FSDP_FULL_SHARD;
+    o->backward_prefetch = FSDP_BACKWARD_PRE;
+    o->limit_all_gathers = 2;
+}
+
+static bool is_sharded(fsdp_sharding_strategy_t s) { return s != FSDP_NO_SHARD; }
+
+static bool is_hybrid(fsdp_sharding_strategy_t s) {
+    return s == FSDP_HYBRID_SHARD || s == FSDP_HYBRID_SHARD_ZERO2;
+}
+
+static bool reshard_after_forward(fsdp_sharding_strategy_t s) {
+    return s == FSDP_FULL_SHARD || s == FSDP_HYBRID_SHARD;
+}
+
+static int unit_err(const fsdp_unit_t *u, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+static int unit_err(const fsdp_unit_t *u, int rc, const char *fmt, ...) {
+    char msg[FSDP_ERR_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return fsdp__ctx_err(u->ctx, rc, "FSDP unit '%s' (rank %d): %s", u->fqn[0] ? u->fqn : "<root>",
+                         u->ctx->rank, msg);
+}
+
+/* ---- per-rank registry ------------------------------------------------------------------------ */
+
+static void unit_free(fsdp_unit_t *u);
+
+static void registry_destroy(struct fsdp__rank *r) {
+    if (!r) return;
+    /* Units the user did not destroy: free them without communicating (their groups are gone).
+     * Children first, so no unit outlives a pointer to it. */
+    for (size_t i = r->n; i-- > 0;)
+        if (r->units[i].u) unit_free(r->units[i].u);
+    free(r->units);
+    free(r);
+}
+
+static struct fsdp__rank *registry(fsdp_ctx_t *ctx) {
+    if (!ctx->fsdp) {
+        ctx->fsdp = calloc(1, sizeof *ctx->fsdp);
+        ctx->fsdp_destroy = registry_destroy;
+    }
+    return ctx->fsdp;
+}
+
+fsdp_unit_t *fsdp_unit_of(const fsdp_module_t *m) {
+    if (!m || !m->ctx || !m->ctx->fsdp) return NULL;
+    struct fsdp__rank *r = m->ctx->fsdp;
+    for (size_t i = 0; i < r->n; i++)
+        if (r->units[i].m == m) return r->units[i].u;
+    return NULL;
+}
+
+static int registry_add(fsdp_unit_t *u) {
+    struct fsdp__rank *r = registry(u->ctx);
+    if (!r) return unit_err(u, FSDP_ENOMEM, "out of memory");
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 16;
+        struct fsdp__entry *ne = realloc(r->units, cap * sizeof *ne);
+        if (!ne) return unit_err(u, FSDP_ENOMEM, "out of memory");
+        r->units = ne;
+        r->cap = cap;
+    }
+    r->units[r->n++] = (struct fsdp__entry){u->module, u};
+    return FSDP_OK;
+}
+
+static void registry_remove(fsdp_unit_t *u) {
+    struct fsdp__rank *r = u->ctx->fsdp;
+    if (!r) return;
+    for (size_t i = 0; i < r->n; i++)
+        if (r->units[i].u == u) {
+            memmove(&r->units[i], &r->units[i + 1], (r->n - i - 1) * sizeof r->units[0]);
+            r->n--;
+            return;
+        }
+}
+
+/* The unit that manages tensor t as an original parameter, or NULL. */
+static fsdp_unit_t *owner_of_param(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, int *index) {
+    struct fsdp__rank *r = ctx->fsdp;
+    for (size_t i = 0; r && i < r->n; i++) {
+        fsdp_unit_t *u = r->units[i].u;
+        for (int p = 0; p < u->nparams; p++)
+            if (u->params[p].orig == t) {
+                if (index) *index = p;
+                return u;
+            }
+    }
+    return NULL;
+}
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+static fsdp_unit_t *root_of(fsdp_unit_t *u) {
+    while (u->parent) u = u->parent;
+    return u;
+}
+
+static char *join_name(const char *prefix, const char *name) {
+    size_t a = strlen(prefix), b = strlen(name);
+    char *s = malloc(a + b + 2);
+    if (!s) return NULL;
+    if (a) {
+        memcpy(s, prefix, a);
+        s[a] = '.';
+        memcpy(s + a + 1, name, b + 1);
+    } else {
+        memcpy(s, name, b + 1);
+    }
+    return s;
+}
+
+/* t /= v in place (a contiguous float tensor), as PyTorch's div_ rounds. */
+static int div_inplace(fsdp_tensor_t *t, double v) {
+    if (v == 1.0 || fsdp_tensor_numel(t) == 0) return FSDP_OK;
+    fsdp_tensor_t *s = NULL;
+    int rc = fsdp__tensor_new(t->ctx, t->dev, t->dt, 0, NULL, FSDP_MEM_OTHER, &s);
+    if (rc == 0) rc = fsdp_tensor_fill_(s, v);
+    if (rc == 0) {
+        const int64_t shape[1] = {fsdp_tensor_numel(t)}, one[1] = {1}, zero[1] = {0};
+        rc = t->dev->ops->binary(t->dev, t->dt, FSDP_BINARY_DIV, 1, shape, fsdp_tensor_data(t),
+                                 fsdp_tensor_data(t), one, fsdp_tensor_data(s), zero);
+    }
+    fsdp_tensor_release(s);
+    return rc;
+}
+
+/* A 1-D view of n elements of base starting at element off (relative to base's offset). */
+static int view1d(fsdp_tensor_t *base, int64_t off, int64_t n, fsdp_tensor_t **out) {
+    const int64_t shape[1] = {n}, stride[1] = {1};
+    return fsdp__tensor_view(base, base->offset + off, 1, shape, stride, out);
+}
+
+/* ---- slots ----------------------------------------------------------------------------------- */
+
+/* Points every module slot of u's parameters at the compute views (to_cv) or back at the
+ * original objects. */
+static void swap_slots(fsdp_unit_t *u, bool to_cv) {
+    if (u->slots_swapped == to_cv) return;
+    for (size_t i = 0; i < u->nslots; i++) {
+        struct fsdp__slotref *s = &u->slots[i];
+        struct fsdp__param *p = &u->params[s->param];
+        fsdp_tensor_t *want = to_cv ? p->cv : p->orig;
+        struct fsdp__slot *slot = &s->m->params[s->slot];
+        if (slot->t == want) continue;
+        fsdp_tensor_retain(want);
+        fsdp_tensor_release(slot->t);
+        slot->t = want;
+    }
+    u->slots_swapped = to_cv;
+}
+
+/* ---- unshard and reshard ------------------------------------------------------------------- */
+
+static size_t full_bytes(const fsdp_unit_t *u) {
+    return (size_t)u->layout.padded_numel * fsdp_dtype_size(u->dt);
+}
+
+/* Removes u from the root's queue of outstanding all-gathers. */
+static void ag_queue_remove(fsdp_unit_t *root, fsdp_unit_t *u) {
+    for (size_t i = 0; i < root->nag; i++)
+        if (root->ag_queue[i] == u) {
+            memmove(&root->ag_queue[i], &root->ag_queue[i + 1],
+                    (root->nag - i - 1) * sizeof root->ag_queue[0]);
+            root->nag--;
+            return;
+        }
+}
+
+/* Waits for u's outstanding all-gather, if any. */
+static int unshard_wait(fsdp_unit_t *u) {
+    if (!u->ag_work) return FSDP_OK;
+    int rc = fsdp_work_wait(u->ag_work, -1);
+    fsdp_work_release(u->ag_work);
+    u->ag_work = NULL;
+    ag_queue_remove(root_of(u), u);
+    if (rc < 0) {
+        u->unsharded = false;
+        fsdp_tensor_storage_resize(u->full, 0);
+        return unit_err(u, rc, "all-gather of the flat parameter failed: %s",
+                        fsdp_ctx_last_error(u->ctx));
+    }
+    return FSDP_OK;
+}
+
+/* Starts gathering u's parameters (asynchronously); a no-op when they are unsharded or on their
+ * way. Respects the limit on outstanding all-gathers. */
+static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
+    if (u->nparams == 0 || u->unsharded) return FSDP_OK;
+    if (!is_sharded(u->opt.strategy)) {
+        u->unsharded = true; /* full and flat share the storage */
+        return FSDP_OK;
+    }
+    fsdp_unit_t *root = root_of(u);
+    int limit = u->opt.limit_all_gathers;
+    while (limit > 0 && root->nag >= (size_t)limit) {
+        int rc = unshard_wait(root->ag_queue[0]);
+        if (rc < 0) return rc;
+    }
+    int rc = fsdp_tensor_storage_resize(u->full, full_bytes(u));
+    if (rc < 0) return unit_err(u, rc, "cannot allocate the unsharded parameter (%zu bytes)",
+                                full_bytes(u));
+    rc = fsdp_pg_all_gather(u->pg, fsdp_tensor_data(u->flat), fsdp_tensor_data(u->full),
+                            (size_t)u->layout.shard_numel, u->dt, &u->ag_work);
+    if (rc < 0) {
+        fsdp_tensor_storage_resize(u->full, 0);
+        return unit_err(u, rc, "all-gather of the flat parameter failed: %s",
+                        fsdp_pg_last_error(u->pg));
+    }
+    if (root->nag == root->capag) {
+        size_t cap = root->capag ? 2 * root->capag : 8;
+        fsdp_unit_t **nq = realloc(root->ag_queue, cap * sizeof *nq);
+        if (!nq) {
+            unshard_wait(u);
+            return unit_err(u, FSDP_ENOMEM, "out of memory");
+        }
+        root->ag_queue = nq;
+        root->capag = cap;
+    }
+    root->ag_queue[root->nag++] = u;
+    u->unsharded = true;
+    u->stats.all_gathers++;
+    if (prefetch) u->stats.prefetches++;
+    return FSDP_OK;
+}
+
+static int unshard(fsdp_unit_t *u) {
+    int rc = unshard_issue(u, false);
+    if (rc == 0) rc = unshard_wait(u);
+    return rc;
+}
+
+static int reshard(fsdp_unit_t *u) {
+    if (u->nparams == 0 || !u->unsharded) return FSDP_OK;
+    int rc = unshard_wait(u);
+    if (is_sharded(u->opt.strategy)) {
+        int rc2 = fsdp_tensor_storage_resize(u->full, 0);
+        if (rc == 0) rc = rc2;
+    }
+    u->unsharded = false;
+    return rc;
+}
+
+/* ---- gradients -------------------------------------------------------------------------------- */
+
+static bool any_requires_grad(const fsdp_unit_t *u) {
+    return u->flat && u->flat->requires_grad;
+}
+
+/* Before the unit's backward: a zeroed unsharded flat gradient, and each compute view's .grad a
+ * view into it, so backward accumulates straight into the flat gradient. */
+static int prepare_grads(fsdp_unit_t *u) {
+    if (u->nparams == 0 || !any_requires_grad(u) || u->full_grad) return FSDP_OK;
+    const int64_t n[1] = {u->layout.padded_numel};
+    int rc = fsdp_tensor_zeros(u->ctx, u->dt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
+    if (rc < 0) return unit_err(u, rc, "cannot allocate the unsharded gradient");
+    for (int i = 0; i < u->nparams; i++) {
+        struct fsdp__param *p = &u->params[i];
+        if (!p->cv->requires_grad) continue;
+        fsdp_tensor_t *g = NULL;
+        rc = fsdp__tensor_view(u->full_grad, u->layout.offset[i], p->ndim, p->shape, NULL, &g);
+        if (rc < 0) return rc;
+        fsdp__contiguous_strides(p->ndim, p->shape, g->stride);
+        fsdp_tensor_release(p->cv->grad);
+        p->cv->grad = g;
+    }
+    return FSDP_OK;
+}
+
+static void drop_cv_grads(fsdp_unit_t *u) {
+    for (int i = 0; i < u->nparams; i++) {
+        fsdp_tensor_release(u->params[i].cv->grad);
+        u->params[i].cv->grad = NULL;
+    }
+}
+
+/* Starts the reduction of u's unsharded gradient (asynchronous). */
+static int reduce_grad(fsdp_unit_t *u) {
+    fsdp_tensor_t *g = u->full_grad;
+    u->full_grad = NULL;
+    drop_cv_grads(u);
+    if (!g) return FSDP_OK;
+    double pre, post;
+    int world = u->world * (u->replicate_pg ? fsdp_pg_size(u->replicate_pg) : 1);
+    fsdp__divide_factors(world, &pre, &post);
+    int rc = div_inplace(g, pre);
+    if (rc < 0) goto fail;
+    if (is_sharded(u->opt.strategy)) {
+        const int64_t n[1] = {u->layout.shard_numel};
+        FSDP_TRY(rc, fail, fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, n, FSDP_MEM_GRADS,
+                                            &u->rs_out));
+        rc = fsdp_pg_reduce_scatter(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(u->rs_out),
+                                    (size_t)u->layout.shard_numel, u->dt, FSDP_REDOP_SUM,
+                                    &u->rs_work);
+        if (rc < 0) {
+            rc = unit_err(u, rc, "gradient reduce-scatter failed: %s", fsdp_pg_last_error(u->pg));
+            goto fail;
+        }
+        u->stats.reduce_scatters++;
+        if (u->replicate_pg && fsdp_pg_size(u->replicate_pg) > 1) {
+            /* A rank runs its collectives in issue order, so this reads the finished shard. */
+            rc = fsdp_pg_all_reduce(u->replicate_pg, fsdp_tensor_data(u->rs_out),
+                                    fsdp_tensor_data(u->rs_out), (size_t)u->layout.shard_numel,
+                                    u->dt, FSDP_REDOP_SUM, &u->ar_work);
+            if (rc < 0) {
+                rc = unit_err(u, rc, "gradient all-reduce across replicas failed: %s",
+                              fsdp_pg_last_error(u->replicate_pg));
+                goto fail;
+            }
+            u->stats.all_reduces++;
+        }
+    } else {
+        u->rs_out = fsdp_tensor_retain(g);
+        if (u->world > 1) {
+            rc = fsdp_pg_all_reduce(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(g),
+                                    (size_t)u->layout.padded_numel, u->dt, FSDP_REDOP_SUM,
+                                    &u->ar_work);
+            if (rc < 0) {
+                rc = unit_err(u, rc, "gradient all-reduce failed: %s", fsdp_pg_last_error(u->pg));
+                goto fail;
+            }
+            u->stats.all_reduces++;
+        }
+    }
+    u->rs_in = g;
+    u->post_divide = post;
+    return FSDP_OK;
+fail:
+    fsdp_tensor_release(g);
+    return rc;
+}
+
+/* Waits for u's reduction and adds the result into the flat parameter's gradient. */
+static int finish_reduction(fsdp_unit_t *u) {
+    if (!u->rs_in) return FSDP_OK;
+    int rc = FSDP_OK;
+    if (u->rs_work) {
+        int r = fsdp_work_wait(u->rs_work, -1);
+        if (r < 0 && rc == 0) rc = unit_err(u, r, "gradient reduce-scatter failed: %s",
+                                            fsdp_work_error(u->rs_work));
+        fsdp_work_release(u->rs_work);
+        u->rs_work = NULL;
+    }
+    if (u->ar_work) {
+        int r = fsdp_work_wait(u->ar_work, -1);
+        if (r < 0 && rc == 0) rc = unit_err(u, r, "gradient all-reduce failed: %s",
+                                            fsdp_work_error(u->ar_work));
+        fsdp_work_release(u->ar_work);
+        u->ar_work = NULL;
+    }
+    fsdp_tensor_t *out = u->rs_out;
+    u->rs_out = NULL;
+    fsdp_tensor_release(u->rs_in);
+    u->rs_in = NULL;
+    if (rc == 0) rc = div_inplace(out, u->post_divide);
+    if (rc == 0) {
+        /* NO_SHARD reduced the unpadded flat gradient: its numel is the flat's. */
+        if (!u->flat->grad) {
+            u->flat->grad = fsdp_tensor_retain(out);
+        } else {
+            rc = u->dev->ops->axpy(u->dev, u->dt, (size_t)fsdp_tensor_numel(out), 1.0,
+                                   fsdp_tensor_data(out), fsdp_tensor_data(u->flat->grad));
+        }
+    }
+    fsdp_tensor_release(out);
+    if (rc == 0 && u->opt.use_orig_params) {
+        for (int i = 0; i < u->nparams && rc == 0; i++) {
+            struct fsdp__param *p = &u->params[i];
+            if (!p->orig->requires_grad) continue;
+            fsdp_tensor_t *g = NULL;
+            rc = view1d(u->flat->grad, p->sh.offset_in_shard, p->sh.numel_in_shard, &g);
+            if (rc == 0) {
+                fsdp_tensor_release(p->orig->grad);
+                p->orig->grad = g;
+            }
+        }
+    }
+    return rc;
+}
+
+/* ---- the runtime ------------------------------------------------------------------------------ */
+
+static int push_unit(fsdp_unit_t ***arr, size_t *n, size_t *cap, fsdp_unit_t *u) {
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 8;
+        fsdp_unit_t **na = realloc(*arr, c * sizeof *na);
+        if (!na) return FSDP_ENOMEM;
+        *arr = na;
+        *cap = c;
+    }
+    (*arr)[(*n)++] = u;
+    return FSDP_OK;
+}
+
+/* Pre-order list of the units of root's tree (root->all, rebuilt at lazy init). */
+static int collect_units(fsdp_unit_t *u, fsdp_unit_t ***arr, size_t *n, size_t *cap) {
+    int rc = push_unit(arr, n, cap, u);
+    for (size_t i = 0; i < u->nchildren && rc == 0; i++)
+        rc = collect_units(u->children[i], arr, n, cap);
+    return rc;
+}
+
+static int lazy_init(fsdp_unit_t *root) {
+    if (root->initialized) return FSDP_OK;
+    root->nall = 0;
+    int rc = collect_units(root, &root->all, &root->nall, &root->capall);
+    if (rc < 0) return unit_err(root, FSDP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < root->nall; i++) {
+        fsdp_unit_t *u = root->all[i];
+        u->is_root = u == root;
+        if (u != root && u->opt.use_orig_params != root->opt.use_orig_params)
+            return unit_err(u, FSDP_EINVAL,
+                            "use_orig_params is %s here but %s at the root; every unit of a "
+                            "tree must use the same setting",
+                            u->opt.use_orig_params ? "on" : "off",
+                            root->opt.use_orig_params ? "on" : "off");
+    }
+    root->initialized = true;
+    return FSDP_OK;
+}
+
+/* A new iteration begins at the root's forward: undo what a failed forward may have left,
+ * and with use_orig_params drop flat gradients whose original gradients were all set to none. */
+static int root_pre_forward(fsdp_unit_t *root) {
+    int rc = lazy_init(root);
+    if (rc < 0) return rc;
+    for (size_t i = 0; i < root->nall; i++) {
+        fsdp_unit_t *u = root->all[i];
+        if (u->state == FSDP_STATE_SUMMON)
+            return unit_err(u, FSDP_EINVAL, "forward inside fsdp_summon_begin/end");
+        if (u->state != FSDP_STATE_IDLE && !fsdp_in_backward(u->ctx)) {
+            swap_slots(u, false);
+            u->state = FSDP_STATE_IDLE;
+        }
+        if (u->opt.use_orig_params && u->flat && u->flat->grad) {
+            bool all_none = true;
+            for (int p = 0; p < u->nparams && all_none; p++)
+                if (u->params[p].orig->grad) all_none = false;
+            if (all_none) {
+                fsdp_tensor_release(u->flat->grad);
+                u->flat->grad = NULL;
+            }
+        }
+    }
+    root->npost = 0;
+    return FSDP_OK;
+}
+
+static fsdp_unit_t *next_in_forward_order(fsdp_unit_t *root, fsdp_unit_t *u) {
+    if (!root->fwd_order_done) return NULL;
+    for (size_t i = 0; i + 1 < root->nfwd; i++)
+        if (root->fwd_order[i] == u) return root->fwd_order[i + 1];
+    return NULL;
+}
+
+static int forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t **in) {
+    (void)m, (void)nin, (void)in;
+    fsdp_unit_t *u = arg;
+    fsdp_unit_t *root = root_of(u);
+    int rc;
+    if (u == root && (rc = root_pre_forward(root)) < 0) return rc;
+    if (fsdp_in_backward(u->ctx)) return FSDP_OK; /* a recompute region re-running the module */
+    if (u->state == FSDP_STATE_SUMMON)
+        return unit_err(u, FSDP_EINVAL, "forward inside fsdp_summon_begin/end");
+    u->state = FSDP_STATE_FORWARD;
+    if (!root->fwd_order_done && push_unit(&root->fwd_order, &root->nfwd, &root->capfwd, u) < 0)
+        return unit_err(u, FSDP_ENOMEM, "out of memory");
+    if ((rc = unshard(u)) < 0) return rc;
+    swap_slots(u, true);
+    if (u->opt.forward_prefetch) {
+        fsdp_unit_t *next = next_in_forward_order(root, u);
+        if (next && !next->unsharded && (rc = unshard_issue(next, true)) < 0) return rc;
+    }
+    if (fsdp_is_grad_enabled(u->ctx) && u->nparams >= 0) {
+        u->fwd_invocations++;
+        u->needs_pre_backward = true;
+        if (u->fwd_invocations == 1) {
+            u->stats.n_pre_bwd_registered++;
+            if (any_requires_grad(u)) u->stats.n_post_bwd_registered++;
+        }
+    }
+    return FSDP_OK;
+}
+
+static int forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *const *in, int nout,
+                        fsdp_tensor_t **out) {
+    (void)m, (void)nin, (void)in, (void)nout, (void)out;
+    fsdp_unit_t *u = arg;
+    fsdp_unit_t *root = root_of(u);
+    if (fsdp_in_backward(u->ctx)) return FSDP_OK;
+    swap_slots(u, false);
+    if (u == root) root->fwd_order_done = true;
+    if (push_unit(&root->post_order, &root->npost, &root->cappost, u) < 0)
+        return unit_err(u, FSDP_ENOMEM, "out of memory");
+    bool grad = fsdp_is_grad_enabled(u->ctx);
+    int rc = FSDP_OK;
+    if (!grad || (u != root && reshard_after_forward(u->opt.strategy))) rc = reshard(u);
+    u->state = FSDP_STATE_IDLE;
+    return rc;
+}
+
+static int final_callback(fsdp_ctx_t *ctx, void *arg);
+
+/* The unit run just before u in the last forward (the backward prefetch target). */
+static fsdp_unit_t *backward_prefetch_target(fsdp_unit_t *root, fsdp_unit_t *u) {
+    for (size_t i = root->npost; i-- > 1;)
+        if (root->post_order[i] == u) {
+            for (size_t j = i; j-- > 0;) {
+                fsdp_unit_t *t = root->post_order[j];
+                if (t != u && t->needs_pre_backward && t->bwd_pending == 0) return t;
+            }
+            return NULL;
+        }
+    return NULL;
+}
+
+static int prefetch_backward(fsdp_unit_t *u) {
+    fsdp_unit_t *t = backward_prefetch_target(root_of(u), u);
+    if (!t || t->unsharded) return FSDP_OK;
+    return unshard_issue(t, true);
+}
+
+static int backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad) {
+    (void)m;
+    fsdp_unit_t *u = arg;
+    fsdp_unit_t *root = root_of(u);
+    int rc;
+    if (!root->cb_queued) {
+        if ((rc = fsdp_queue_callback(u->ctx, final_callback, root)) < 0) return rc;
+        root->cb_queued = true;
+    }
+    if (!has_grad || !u->needs_pre_backward) return FSDP_OK;
+    if (u->state != FSDP_STATE_BACKWARD_PRE) {
+        u->state = FSDP_STATE_BACKWARD_PRE;
+        u->bwd_pending = u->fwd_invocations;
+        u->stats.pre_backward_hooks++;
+    }
+    if ((rc = unshard(u)) < 0) return rc;
+    if (u->opt.backward_prefetch == FSDP_BACKWARD_PRE && (rc = prefetch_backward(u)) < 0)
+        return rc;
+    return prepare_grads(u);
+}
+
+static int post_backward(fsdp_unit_t *u) {
+    u->state = FSDP_STATE_BACKWARD_POST;
+    u->needs_pre_backward = false;
+    u->bwd_pending = 0;
+    int rc = FSDP_OK;
+    if (is_sharded(u->opt.strategy)) rc = reshard(u);
+    if (rc == 0 && u->opt.backward_prefetch == FSDP_BACKWARD_POST) rc = prefetch_backward(u);
+    if (rc == 0) rc = reduce_grad(u);
+    u->stats.post_backward_hooks++;
+    return rc;
+}
+
+static int backward_hook(fsdp_module_t *m, void *arg, bool has_grad) {
+    (void)m, (void)has_grad;
+    fsdp_unit_t *u = arg;
+    if (u->state != FSDP_STATE_BACKWARD_PRE) return FSDP_OK;
+    if (--u->bwd_pending > 0) return FSDP_OK;
+    return post_backward(u);
+}
+
+static int final_callback(fsdp_ctx_t *ctx, void *arg) {
+    (void)ctx;
+    fsdp_unit_t *root = arg;
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < root->nall; i++) {
+        fsdp_unit_t *u = root->all[i];
+        int r = FSDP_OK;
+        if (u->state == FSDP_STATE_BACKWARD_PRE) {
+            r = post_backward(u); /* an entry mark that never came (should not happen) */
+        } else if (u->state != FSDP_STATE_BACKWARD_POST && u->unsharded &&
+                   is_sharded(u->opt.strategy)) {
+            r = reshard(u); /* ran forward, but its outputs were not part of the loss */
+        }
+        if (rc == 0) rc = r;
+    }
+    for (size_t i = 0; i < root->nall; i++) {
+        fsdp_unit_t *u = root->all[i];
+        int r = finish_reduction(u);
+        if (rc == 0) rc = r;
+        u->state = FSDP_STATE_IDLE;
+        u->fwd_invocations = 0;
+        u->bwd_pending = 0;
+        u->needs_pre_backward = false;
+        drop_cv_grads(u);
+        fsdp_tensor_release(u->full_grad);
+        u->full_grad = NULL;
+    }
+    root->cb_queued = false;
+    return rc;
+}
+
+/* ---- wrapping -------------------------------------------------------------------------------- */
+
+struct collect {
+    fsdp_unit_t *u;
+    const fsdp_options_t *o;
+    size_t capparams, capslots;
+    int rc;
+};
+
+static bool is_ignored(const fsdp_options_t *o, const fsdp_module_t *m) {
+    for (size_t i = 0; i < o->num_ignored_modules; i++)
+        if (o->ignored_modules[i] == m) return true;
+    return false;
+}
+
+static int add_child_unit(fsdp_unit_t *u, fsdp_unit_t *c) {
+    if (u->nchildren == u->capchildren) {
+        size_t cap = u->capchildren ? 2 * u->capchildren : 4;
+        fsdp_unit_t **nc = realloc(u->children, cap * sizeof *nc);
+        if (!nc) return FSDP_ENOMEM;
+        u->children = nc;
+        u->capchildren = cap;
+    }
+    u->children[u->nchildren++] = c;
+    return FSDP_OK;
+}
+
+/* Walks m's subtree in pre-order, collecting the parameters u manages and every slot that holds
+ * one; adopts the units met on the way (their subtrees are theirs). */
+static int collect(struct collect *c, fsdp_module_t *m, const char *prefix) {
+    fsdp_unit_t *u = c->u;
+    if (m != u->module) {
+        fsdp_unit_t *other = fsdp_unit_of(m);
+        if (other) {
+            if (other->parent && other->parent != u)
+                return unit_err(u, FSDP_EINVAL, "module '%s' is already a unit inside another "
+                                "tree", prefix);
+            if (!other->parent) {
+                /* Adopt it (once, even if the module appears twice). */
+                bool have = false;
+                for (size_t i = 0; i < u->nchildren; i++) have |= u->children[i] == other;
+                if (!have && add_child_unit(u, other) < 0)
+                    return unit_err(u, FSDP_ENOMEM, "out of memory");
+            }
+            return FSDP_OK;
+        }
+        if (is_ignored(c->o, m)) return FSDP_OK;
+    }
+    for (size_t i = 0; i < m->nparams; i++) {
+        fsdp_tensor_t *t = m->params[i].t;
+        int idx = -1;
+        for (int p = 0; p < u->nparams; p++)
+            if (u->params[p].orig == t) idx = p;
+        char *fqn = join_name(prefix, m->params[i].name);
+        if (!fqn) return unit_err(u, FSDP_ENOMEM, "out of memory");
+        if (idx < 0) {
+            int oi = 0;
+            fsdp_unit_t *owner = owner_of_param(u->ctx, t, &oi);
+            if (owner) {
+                int rc = unit_err(u, FSDP_EINVAL,
+                                  "parameter '%s' is shared with parameter '%s' of the unit at "
+                                  "'%s'; a shared parameter must belong to one unit: wrap the "
+                                  "modules that share it in one unit",
+                                  fqn, owner->params[oi].fqn,
+                                  owner->module == u->module ? "" : fsdp_module_type(owner->module));
+                free(fqn);
+                return rc;
+            }
+            if (!fsdp_dtype_is_float(t->dt)) {
+                int rc = unit_err(u, FSDP_EINVAL, "cannot flatten parameter '%s' of dtype %s: "
+                                  "FSDP flattens floating-point parameters only",
+                                  fqn, fsdp_dtype_name(t->dt));
+                free(fqn);
+                return rc;
+            }
+            if ((size_t)u->nparams == c->capparams) {
+                size_t cap = c->capparams ? 2 * c->capparams : 8;
+                struct fsdp__param *np = realloc(u->params, cap * sizeof *np);
+                if (!np) {
+                    free(fqn);
+                    return unit_err(u, FSDP_ENOMEM, "out of memory");
+                }
+                u->params = np;
+                c->capparams = cap;
+            }
+            struct fsdp__param *p = &u->params[u->nparams];
+            *p = (struct fsdp__param){0};
+            p->fqn = fqn;
+            fqn = NULL;
+            p->orig = fsdp_tensor_retain(t);
+            p->ndim = t->ndim;
+            memcpy(p->shape, t->shape, sizeof p->shape);
+            idx = u->nparams++;
+        }
+        free(fqn);
+        if (u->nslots == c->capslots) {
+            size_t cap = c->capslots ? 2 * c->capslots : 8;
+            struct fsdp__slotref *ns = realloc(u->slots, cap * sizeof *ns);
+            if (!ns) return unit_err(u, FSDP_ENOMEM, "out of memory");
+            u->slots = ns;
+            c->capslots = cap;
+        }
+        u->slots[u->nslots++] = (struct fsdp__slotref){m, i, idx};
+    }
+    for (size_t i = 0; i < m->nchildren; i++) {
+        char *name = join_name(prefix, m->children[i].name);
+        if (!name) return unit_err(u, FSDP_ENOMEM, "out of memory");
+        int rc = collect(c, m->children[i].m, name);
+        free(name);
+        if (rc < 0) return rc;
+    }
+    return FSDP_OK;
+}
+
+/* Checks what PyTorch's _validate_tensors_to_flatten checks. */
+static int validate_params(fsdp_unit_t *u) {
+    for (int i = 1; i < u->nparams; i++) {
+        struct fsdp__param *a = &u->params[0], *b = &u->params[i];
+        if (b->orig->dt != a->orig->dt)
+            return unit_err(u, FSDP_EINVAL,
+                            "parameters must have one dtype to be flattened: '%s' is %s but "
+                            "'%s' is %s",
+                            a->fqn, fsdp_dtype_name(a->orig->dt), b->fqn,
+                            fsdp_dtype_name(b->orig->dt));
+        if (b->orig->dev != a->orig->dev)
+            return unit_err(u, FSDP_EINVAL, "parameters '%s' and '%s' are on different devices",
+                            a->fqn, b->fqn);
+        if (!u->opt.use_orig_params && b->orig->requires_grad != a->orig->requires_grad)
+            return unit_err(u, FSDP_EINVAL,
+                            "parameters must have uniform requires_grad when use_orig_params "
+                            "is off: '%s' has %s but '%s' has %s",
+                            a->fqn, a->orig->requires_grad ? "true" : "false", b->fqn,
+                            b->orig->requires_grad ? "true" : "false");
+    }
+    return FSDP_OK;
+}
+
+/* sync_module_states: rank 0's values of every managed parameter and every buffer of the
+ * subtree (outside nested units and ignored modules). */
+static int sync_states(fsdp_unit_t *u, fsdp_module_t *m, bool top) {
+    if (!top && (fsdp_unit_of(m) || is_ignored(&u->opt, m))) return FSDP_OK;
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < m->nbuffers && rc == 0; i++) {
+        fsdp_tensor_t *b = m->buffers[i].t;
+        if (!fsdp_tensor_is_contiguous(b)) continue;
+        rc = fsdp_pg_broadcast(u->pg, fsdp_tensor_data(b), fsdp_tensor_data(b),
+                               (size_t)fsdp_tensor_numel(b), b->dt, 0, NULL);
+    }
+    for (size_t i = 0; i < m->nchildren && rc == 0; i++)
+        rc = sync_states(u, m->children[i].m, false);
+    return rc;
+}
+
+/* Builds the flat parameter and its views from the collected parameters. */
+static int flatten(fsdp_unit_t *u) {
+    int rc = validate_params(u);
+    if (rc < 0) return rc;
+    u->dt = u->params[0].orig->dt;
+    u->dev = u->params[0].orig->dev;
+    int64_t *numel = calloc((size_t)u->nparams, sizeof *numel);
+    if (!numel) return unit_err(u, FSDP_ENOMEM, "out of memory");
+    for (int i = 0; i < u->nparams; i++) numel[i] = fsdp_tensor_numel(u->params[i].orig);
+    int align = u->opt.use_orig_params ? (int)(16 / fsdp_dtype_size(u->dt)) : 1;
+    int world = is_sharded(u->opt.strategy) ? u->world : 1;
+    rc = fsdp__layout_build(u->nparams, numel, align, world, &u->layout);
+    free(numel);
+    if (rc < 0) return unit_err(u, rc, "out of memory");
+    int shard_rank = is_sharded(u->opt.strategy) ? u->rank : 0;
+
+    /* The unsharded flat parameter, filled from the parameters (padding zero). */
+    const int64_t full_n[1] = {u->layout.padded_numel};
+    FSDP_TRY(rc, out, fsdp_tensor_zeros(u->ctx, u->dt, 1, full_n, FSDP_MEM_PARAMS, &u->full));
+    if (u->opt.sync_module_states)
+        for (int i = 0; i < u->nparams && rc == 0; i++) {
+            fsdp_tensor_t *t = u->params[i].orig;
+            fsdp_tensor_t *c = NULL;
+            FSDP_TRY(rc, out, fsdp_contiguous(t, &c));
+            rc = fsdp_pg_broadcast(u->pg, fsdp_tensor_data(c), fsdp_tensor_data(c),
+                                   (size_t)fsdp_tensor_numel(c), u->dt, 0, NULL);
+            if (rc == 0 && c != t) rc = fsdp_tensor_copy_(t, c);
+            fsdp_tensor_release(c);
+            if (rc < 0) goto out;
+        }
+    for (int i = 0; i < u->nparams; i++) {
+        struct fsdp__param *p = &u->params[i];
+        fsdp_tensor_t *dst = NULL;
+        FSDP_TRY(rc, out, fsdp__tensor_view(u->full, u->layout.offset[i], p->ndim, p->shape, NULL,
+                                            &dst));
+        fsdp__contiguous_strides(p->ndim, p->shape, dst->stride);
+        rc = fsdp_tensor_copy_(dst, p->orig);
+        if (rc == 0) {
+            p->cv = dst; /* the compute view */
+            p->cv->requires_grad = p->orig->requires_grad;
+            rc = fsdp_tensor_set_name(p->cv, p->fqn);
+        } else {
+            fsdp_tensor_release(dst);
+        }
+        if (rc < 0) goto out;
+        fsdp__layout_shard_info(&u->layout, i, shard_rank, &p->sh);
+    }
+
+    /* The local shard. */
+    const int64_t shard_n[1] = {u->layout.shard_numel};
+    if (is_sharded(u->opt.strategy)) {
+        FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, shard_n, FSDP_MEM_PARAMS,
+                                           &u->flat));
+        fsdp_tensor_t *src = NULL;
+        FSDP_TRY(rc, out, view1d(u->full, (int64_t)u->rank * u->layout.shard_numel,
+                                 u->layout.shard_numel, &src));
+        rc = fsdp_tensor_copy_(u->flat, src);
+        fsdp_tensor_release(src);
+        if (rc < 0) goto out;
+        FSDP_TRY(rc, out, fsdp_tensor_storage_resize(u->full, 0));
+        u->unsharded = false;
+    } else {
+        FSDP_TRY(rc, out, view1d(u->full, 0, u->layout.shard_numel, &u->flat));
+        u->unsharded = true;
+    }
+    bool rg = false;
+    for (int i = 0; i < u->nparams; i++) rg |= u->params[i].orig->requires_grad;
+    u->flat->requires_grad = rg;
+    FSDP_TRY(rc, out, fsdp_tensor_set_name(u->flat, "_flat_param"));
+
+    /* The original objects become views of their part of the shard. */
+    for (int i = 0; i < u->nparams; i++) {
+        struct fsdp__param *p = &u->params[i];
+        fsdp_tensor_t *v = NULL;
+        FSDP_TRY(rc, out, view1d(u->flat, p->sh.in_shard ? p->sh.offset_in_shard : 0,
+                                 p->sh.numel_in_shard, &v));
+        fsdp_tensor_release(p->orig->grad);
+        p->orig->grad = NULL;
+        rc = fsdp__tensor_set_data(p->orig, v);
+        fsdp_tensor_release(v);
+        if (rc < 0) goto out;
+    }
+out:
+    return rc;
+}
+
+static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, const char *fqn,
+                    fsdp_unit_t **out);
+
+struct policy_walk {
+    const fsdp_options_t *o;
+    fsdp_pg_t *pg;
+    int rc;
+};
+
+static bool policy_matches(const fsdp_options_t *o, fsdp_module_t *m, const char *fqn,
+                           int64_t nonwrapped) {
+    if (o->wrap_types)
+        for (const char *const *t = o->wrap_types; *t; t++)
+            if (strcmp(*t, fsdp_module_type(m)) == 0) return true;
+    return o->policy && o->policy(m, fqn, nonwrapped, o->policy_arg);
+}
+
+/* Parameter elements of m's subtree that no unit manages yet (shared tensors once). */
+static int64_t nonwrapped_numel(fsdp_module_t *m) {
+    fsdp_named_list_t l = {0};
+    if (fsdp_module_named_params(m, false, &l) < 0) return 0;
+    int64_t n = 0;
+    for (size_t i = 0; i < l.n; i++)
+        if (!owner_of_param(m->ctx, l.tensors[i], NULL)) n += fsdp_tensor_numel(l.tensors[i]);
+    fsdp_named_list_free(&l);
+    return n;
+}
+
+/* Post-order: children first, then m itself (unless it is the top of the wrap). */
+static int auto_wrap(struct policy_walk *w, fsdp_module_t *m, const char *fqn, bool top) {
+    if (fsdp_unit_of(m) || is_ignored(w->o, m)) return FSDP_OK;
+    for (size_t i = 0; i < m->nchildren; i++) {
+        char *name = join_name(fqn, m->children[i].name);
+        if (!name) return fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
+        int rc = auto_wrap(w, m->children[i].m, name, false);
+        free(name);
+        if (rc < 0) return rc;
+    }
+    if (top) return FSDP_OK;
+    if (!policy_matches(w->o, m, fqn, nonwrapped_numel(m))) return FSDP_OK;
+    fsdp_unit_t *u = NULL;
+    return wrap_one(m, w->o, w->pg, fqn, &u);
+}
+
+static void unit_free(fsdp_unit_t *u) {
+    if (!u) return;
+    fsdp_work_release(u->ag_work);
+    fsdp_work_release(u->rs_work);
+    fsdp_work_release(u->ar_work);
+    if (u->module) {
+        swap_slots(u, false);
+        for (int k = 0; k < 4; k++)
+            if (u->hook_handles[k] > 0) fsdp_module_remove_hook(u->module, u->hook_handles[k]);
+    }
+    registry_remove(u);
+    for (int i = 0; i < u->nparams; i++) {
+        fsdp_tensor_release(u->params[i].orig);
+        fsdp_tensor_release(u->params[i].cv);
+        free(u->params[i].fqn);
+    }
+    free(u->params);
+    free(u->slots);
+    fsdp__layout_free(&u->layout);
+    fsdp_tensor_release(u->flat);
+    fsdp_tensor_release(u->full);
+    fsdp_tensor_release(u->full_grad);
+    fsdp_tensor_release(u->rs_in);
+    fsdp_tensor_release(u->rs_out);
+    free(u->children);
+    free(u->all);
+    free(u->fwd_order);
+    free(u->post_order);
+    free(u->ag_queue);
+    free(u->fqn);
+    fsdp_module_release(u->module);
+    free(u);
+}
+
+static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, const char *fqn,
+                    fsdp_unit_t **out) {
+    *out = NULL;
+    fsdp_unit_t *u = calloc(1, sizeof *u);
+    if (!u) return fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
+    u->ctx = m->ctx;
+    u->module = fsdp_module_retain(m);
+    u->fqn = strdup(fqn ? fqn : "");
+    u->opt = *o;
+    u->opt.ignored_modules = NULL; /* not kept: the caller's array */
+    u->opt.num_ignored_modules = 0;
+    u->opt.wrap_types = NULL;
+    u->opt.policy = NULL;
+    u->pg = pg;
+    u->rank = fsdp_pg_rank(pg);
+    u->world = fsdp_pg_size(pg);
+    u->replicate_pg = is_hybrid(o->strategy) ? o->replicate_pg : NULL;
+    u->dev = fsdp_ctx_device(m->ctx);
+    int rc = FSDP_OK;
+    if (!u->fqn) {
+        rc = fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
+        goto fail;
+    }
+    if (u->world == 1 && o->strategy != FSDP_NO_SHARD && !u->replicate_pg) {
+        /* PyTorch forces NO_SHARD on a group of one. */
+        u->opt.strategy = FSDP_NO_SHARD;
+    }
+    struct collect c = {u, o, 0, 0, 0};
+    FSDP_TRY(rc, fail, collect(&c, m, ""));
+    if (o->sync_module_states) {
+        rc = sync_states(u, m, true);
+        if (rc < 0) {
+            rc = unit_err(u, rc, "sync_module_states: broadcast failed: %s",
+                          fsdp_pg_last_error(pg));
+            goto fail;
+        }
+    }
+    if (u->nparams > 0) FSDP_TRY(rc, fail, flatten(u));
+    FSDP_TRY(rc, fail, fsdp_module_add_forward_pre_hook(m, forward_pre_hook, u,
+                                                        &u->hook_handles[0]));
+    FSDP_TRY(rc, fail, fsdp_module_add_forward_hook(m, forward_hook, u, &u->hook_handles[1]));
+    FSDP_TRY(rc, fail, fsdp_module_add_backward_pre_hook(m, backward_pre_hook, u,
+                                                         &u->hook_handles[2]));
+    FSDP_TRY(rc, fail, fsdp_module_add_backward_hook(m, backward_hook, u, &u->hook_handles[3]));
+    FSDP_TRY(rc, fail, registry_add(u));
+    for (size_t i = 0; i < u->nchildren; i++) u->children[i]->parent = u;
+    *out = u;
+    return FSDP_OK;
+fail:
+    /* Parameters already re-pointed cannot be restored; before flatten() they are untouched. */
+    u->nchildren = 0;
+    unit_free(u);
+    return rc;
+}
+
+int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
+    if (out) *out = NULL;
+    if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_wrap: module is NULL");
+    if (!out) return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: out is NULL");
+    fsdp_options_t def;
+    if (!o) {
+        fsdp_options_init(&def);
+        o = &def;
+    }
+    if ((int)o->strategy < 0 || o->strategy >= FSDP_SHARDING_COUNT)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: sharding strategy %d is not one",
+                             (int)o->strategy);
+    if ((int)o->backward_prefetch < 0 || o->backward_prefetch >= FSDP_BACKWARD_PREFETCH_COUNT)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: backward prefetch %d is not one",
+                             (int)o->backward_prefetch);
+    if (o->limit_all_gathers < 0)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: limit_all_gathers is %d; it must be >= 0",
+                             o->limit_all_gathers);
+    if (o->num_ignored_modules > 0 && !o->ignored_modules)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: %zu ignored modules but the array is NULL",
+                             o->num_ignored_modules);
+    fsdp_pg_t *pg = o->pg ? o->pg : m->ctx->pg;
+    if (!pg)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: no process group (options.pg is NULL and the context "
+                             "has no world group)");
+    if (is_hybrid(o->strategy) && !o->replicate_pg)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: %s needs options.replicate_pg (the group across "
+                             "which shards are replicated)",
+                             fsdp_sharding_strategy_name(o->strategy));
+    if (fsdp_unit_of(m))
+        return fsdp__module_err(m, FSDP_EINVAL, "fsdp_wrap: the module is already an FSDP unit");
+    if (m->ctx->fsdp)
+        for (size_t i = 0; i < m->ctx->fsdp->n; i++) {
+            fsdp_unit_t *r = m->ctx->fsdp->units[i].u;
+            if (r->initialized)
+                for (size_t j = 0; j < r->nall; j++)
+                    if (r->all[j] == r && r->state != FSDP_STATE_IDLE)
+                        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                                             "fsdp_wrap: a unit is running forward or backward");
+        }
+    if (o->wrap_types || o->policy) {
+        struct policy_walk w = {o, pg, 0};
+        int rc = auto_wrap(&w, m, "", true);
+        if (rc < 0) return rc;
+    }
+    return wrap_one(m, o, pg, "", out);
+}
+
+/* Sets fqn of every unit under u (relative to the root's module). */
+static int set_fqns(fsdp_unit_t *u, fsdp_module_t *m, const char *prefix) {
+    fsdp_unit_t *mu = fsdp_unit_of(m);
+    if (mu && mu != u && mu->parent) {
+        char *s = strdup(prefix);
+        if (!s) return FSDP_ENOMEM;
+        free(mu->fqn);
+        mu->fqn = s;
+    }
+    for (size_t i = 0; i < m->nchildren; i++) {
+        char *name = join_name(prefix, m->children[i].name);
+        if (!name) return FSDP_ENOMEM;
+        int rc = set_fqns(u, m->children[i].m, name);
+        free(name);
+        if (rc < 0) return rc;
+    }
+    return FSDP_OK;
+}
+
+int fsdp_destroy(fsdp_unit_t *root) {
+    if (!root) return FSDP_OK;
+    if (root->parent)
+        return unit_err(root, FSDP_EINVAL, "fsdp_destroy: not a root unit (destroy its root)");
+    fsdp_unit_t **all = NULL;
+    size_t n = 0, cap = 0;
+    if (collect_units(root, &all, &n, &cap) < 0) {
+        free(all);
+        return unit_err(root, FSDP_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        fsdp_unit_t *u = all[i];
+        if (u->ag_work) fsdp_work_wait(u->ag_work, -1);
+        if (u->rs_work) fsdp_work_wait(u->rs_work, -1);
+        if (u->ar_work) fsdp_work_wait(u->ar_work, -1);
+    }
+    for (size_t i = n; i-- > 0;) unit_free(all[i]);
+    free(all);
+    return FSDP_OK;
+}
+
+/* ---- navigation and listings ---------------------------------------------------------------- */
+
+fsdp_module_t *fsdp_unit_module(const fsdp_unit_t *u) { return u ? u->module : NULL; }
+fsdp_unit_t *fsdp_unit_parent(const fsdp_unit_t *u) { return u ? u->parent : NULL; }
+bool fsdp_unit_is_root(const fsdp_unit_t *u) { return u && !u->parent; }
+const char *fsdp_unit_fqn(const fsdp_unit_t *u) { return u ? u->fqn : ""; }
+fsdp_sharding_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u) {
+    return u ? u->opt.strategy : FSDP_FULL_SHARD;
+}
+fsdp_tensor_t *fsdp_unit_flat_param(const fsdp_unit_t *u) { return u ? u->flat : NULL; }
+fsdp_tensor_t *fsdp_unit_full_param(const fsdp_unit_t *u) { return u ? u->full : NULL; }
+bool fsdp_unit_is_unsharded(const fsdp_unit_t *u) { return u && u->unsharded; }
+size_t fsdp_unit_num_params(const fsdp_unit_t *u) { return u ? (size_t)u->nparams : 0; }
+fsdp_training_state_t fsdp_unit_state(const fsdp_unit_t *u) {
+    return u ? u->state : FSDP_STATE_IDLE;
+}
+
+void fsdp_unit_get_stats(const fsdp_unit_t *u, fsdp_unit_stats_t *out) {
+    if (!out) return;
+    *out = u ? u->stats : (fsdp_unit_stats_t){0};
+}
+
+void fsdp_unit_flat_sizes(const fsdp_unit_t *u, fsdp_flat_sizes_t *out) {
+    if (!out) return;
+    *out = (fsdp_flat_sizes_t){0};
+    if (!u) return;
+    out->unpadded_numel = u->layout.unpadded_numel;
+    out->padded_numel = u->layout.padded_numel;
+    out->shard_numel = u->layout.shard_numel;
+    out->world = u->layout.world;
+}
+
+int fsdp_unit_param_info(const fsdp_unit_t *u, size_t i, fsdp_param_info_t *out) {
+    if (!u || !out) return fsdp__ctx_err(u ? u->ctx : NULL, FSDP_EINVAL,
+                                         "fsdp_unit_param_info: NULL argument");
+    if (i >= (size_t)u->nparams)
+        return unit_err(u, FSDP_EINVAL, "fsdp_unit_param_info: index %zu, but the unit has %d "
+                        "parameters", i, u->nparams);
+    const struct fsdp__param *p = &u->params[i];
+    *out = (fsdp_param_info_t){p->fqn,
+                               p->orig,
+                               p->ndim,
+                               p->shape,
+                               u->layout.numel[i],
+                               u->layout.offset[i],
+                               p->sh.in_shard,
+                               p->sh.offset_in_shard,
+                               p->sh.numel_in_shard,
+                               p->sh.intra_start};
+    return FSDP_OK;
+}
+
+int fsdp_units(const fsdp_unit_t *root, fsdp_unit_t ***units, size_t *n) {
+    if (!root || !units || !n)
+        return fsdp__ctx_err(root ? root->ctx : NULL, FSDP_EINVAL, "fsdp_units: NULL argument");
+    *units = NULL;
+    *n = 0;
+    size_t cap = 0;
+    int rc = collect_units((fsdp_unit_t *)root, units, n, &cap);
+    if (rc < 0) {
+        free(*units);
+        *units = NULL;
+        *n = 0;
+        return unit_err(root, FSDP_ENOMEM, "out of memory");
+    }
+    return FSDP_OK;
+}
+
+int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *out) {
+    if (!root || !out)
+        return fsdp__ctx_err(root ? root->ctx : NULL, FSDP_EINVAL,
+                             "fsdp_named_params: NULL argument");
+    *out = (fsdp_named_list_t){0};
+    int rc = set_fqns((fsdp_unit_t *)root, root->module, "");
+    if (rc < 0) return unit_err(root, rc, "out of memory");
+    fsdp_named_list_t all = {0};
+    rc = fsdp_module_named_params(root->module, false, &all);
+    if (rc < 0) return rc;
+    out->owned = true;
+    size_t cap = 0;
+    if (root->opt.use_orig_params) {
+        for (size_t i = 0; i < all.n && rc == 0; i++)
+            rc = fsdp__list_push(out, &cap, all.names[i], all.tensors[i], all.modules[i]);
+    } else {
+        fsdp_unit_t **units = NULL;
+        size_t nu = 0;
+        rc = fsdp_units(root, &units, &nu);
+        for (size_t i = 0; i < nu && rc == 0; i++) {
+            if (!units[i]->flat) continue;
+            char *name = join_name(units[i]->fqn, "_flat_param");
+            if (!name) {
+                rc = unit_err(root, FSDP_ENOMEM, "out of memory");
+                break;
+            }
+            rc = fsdp__list_push(out, &cap, name, units[i]->flat, units[i]->module);
+            free(name);
+        }
+        free(units);
+        /* Parameters no unit manages (ignored modules). */
+        for (size_t i = 0; i < all.n && rc == 0; i++)
+            if (!owner_of_param(root->ctx, all.tensors[i], NULL))
+                rc = fsdp__list_push(out, &cap, all.names[i], all.tensors[i], all.modules[i]);
+    }
+    fsdp_named_list_free(&all);
+    if (rc < 0) fsdp_named_list_free(out);
+    return rc;
+}
+
+/* ---- summon ---------------------------------------------------------------------------------- */
+
+static int summon_one(fsdp_unit_t *u, bool writeback) {
+    if (u->state != FSDP_STATE_IDLE)
+        return unit_err(u, FSDP_EINVAL, "fsdp_summon_begin: the unit is %s",
+                        u->state == FSDP_STATE_SUMMON ? "already summoned"
+                                                      : "in forward or backward");
+    u->was_unsharded = u->unsharded;
+    int rc = unshard(u);
+    if (rc < 0) return rc;
+    swap_slots(u, true);
+    u->summon_writeback = writeback;
+    u->state = FSDP_STATE_SUMMON;
+    return FSDP_OK;
+}
+
+static int summon_rec(fsdp_unit_t *u, bool recurse, bool writeback, bool begin) {
+    int rc = FSDP_OK;
+    if (begin) {
+        rc = summon_one(u, writeback);
+    } else if (u->state == FSDP_STATE_SUMMON) {
+        swap_slots(u, false);
+        if (u->nparams > 0 && u->summon_writeback && is_sharded(u->opt.strategy)) {
+            fsdp_tensor_t *src = NULL;
+            rc = view1d(u->full, (int64_t)u->rank * u->layout.shard_numel,
+                        u->layout.shard_numel, &src);
+            if (rc == 0) rc = fsdp_tensor_copy_(u->flat, src);
+            fsdp_tensor_release(src);
+        }
+        if (!u->was_unsharded) {
+            int r = reshard(u);
+            if (rc == 0) rc = r;
+        }
+        u->state = FSDP_STATE_IDLE;
+    }
+    if (recurse)
+        for (size_t i = 0; i < u->nchildren && rc == 0; i++)
+            rc = summon_rec(u->children[i], true, writeback, begin);
+    return rc;
+}
+
+int fsdp_summon_begin(fsdp_unit_t *u, bool recurse, bool writeback) {
+    if (!u) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_summon_begin: unit is NULL");
+    if (fsdp_in_backward(u->ctx))
+        return unit_err(u, FSDP_EINVAL, "fsdp_summon_begin: not allowed during backward");
+    u->summon_recurse = recurse;
+    int rc = summon_rec(u, recurse, writeback, true);
+    if (rc < 0) summon_rec(u, recurse, false, false);
+    return rc;
+}
+
+int fsdp_summon_end(fsdp_unit_t *u) {
+    if (!u) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_summon_end: unit is NULL");
+    if (u->state != FSDP_STATE_SUMMON)
+        return unit_err(u, FSDP_EINVAL, "fsdp_summon_end without fsdp_summon_begin");
+    return summon_rec(u, u->summon_recurse, false, false);
+}

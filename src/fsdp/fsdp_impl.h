@@ -1,0 +1,149 @@
+/*
+ * fsdp_impl.h: FSDP units inside: the flat layout and the unit structure.
+ *
+ * Objects of one unit:
+ *   flat   1-D leaf over the local shard storage (shard_numel elements, padded); the optimizer's
+ *          tensor without use_orig_params; .grad is the sharded gradient.
+ *   full   1-D tensor over the unsharded storage (padded_numel elements); the storage is freed
+ *          (resized to 0) while the unit is sharded. For NO_SHARD, full and flat share the
+ *          storage and nothing is ever gathered.
+ *   cv[i]  compute views: leaves with the original shapes at their offsets in full. The
+ *          module's parameter slots point at them while the unit runs, so autograd saves and
+ *          differentiates them; their .grad are views into the unsharded flat gradient.
+ *   orig   the user's parameter objects, re-pointed at 1-D views of their part of the shard.
+ *
+ * Invariants: a module slot holds cv[i] exactly while the unit is in forward (or summoned),
+ * orig[i] otherwise; full has bytes iff `unsharded`; an outstanding all-gather (`ag_work`)
+ * writes into full, so full is not read before it completed.
+ */
+#ifndef FSDP_FSDP_IMPL_H
+#define FSDP_FSDP_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include <fsdp/fsdp.h>
+
+/* ---- the flat layout (flat_param.c) ----------------------------------------------------------- */
+
+typedef struct fsdp__layout {
+    int n;                  /* parameters */
+    int64_t *numel;         /* per parameter */
+    int64_t *offset;        /* first element in the unsharded flat parameter */
+    int64_t unpadded_numel; /* with alignment padding (and, aligned, the world padding) */
+    int64_t padded_numel;   /* shard_numel * world */
+    int64_t shard_numel;    /* ceil(unpadded_numel / world) */
+    int world;
+} fsdp__layout_t;
+
+/* PyTorch's flat layout: parameters in order; with align_numel > 1 each parameter starts at a
+ * multiple of align_numel and the total is padded to a multiple of world. Returns FSDP_ENOMEM
+ * or FSDP_OK; free with fsdp__layout_free. */
+int fsdp__layout_build(int n, const int64_t *numel, int align_numel, int world,
+                       fsdp__layout_t *out);
+void fsdp__layout_free(fsdp__layout_t *l);
+
+/* The part of parameter i that rank holds (PyTorch's _ShardParamInfo). */
+typedef struct fsdp__shard_info {
+    bool in_shard;
+    int64_t offset_in_shard;
+    int64_t numel_in_shard;
+    int64_t intra_start;
+} fsdp__shard_info_t;
+void fsdp__layout_shard_info(const fsdp__layout_t *l, int i, int rank, fsdp__shard_info_t *out);
+
+/* PyTorch's split of the world size into gradient pre- and post-divide factors. */
+void fsdp__divide_factors(int world, double *pre, double *post);
+
+/* ---- units (fsdp.c) --------------------------------------------------------------------------- */
+
+struct fsdp__param {
+    char *fqn;             /* under the unit's module */
+    fsdp_tensor_t *orig;   /* the user's object (reference) */
+    fsdp_tensor_t *cv;     /* compute view into full (reference) */
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    fsdp__shard_info_t sh;
+};
+
+/* A module slot that holds a managed parameter. */
+struct fsdp__slotref {
+    fsdp_module_t *m; /* borrowed: the tree holds it */
+    size_t slot;
+    int param;        /* index into params */
+};
+
+struct fsdp_unit {
+    fsdp_ctx_t *ctx;
+    fsdp_module_t *module;       /* reference */
+    char *fqn;                   /* under the root's module ("" for the root) */
+    fsdp_options_t opt;          /* copied (ignored list and wrap types not kept) */
+    fsdp_pg_t *pg;               /* borrowed */
+    fsdp_pg_t *replicate_pg;     /* hybrid strategies: borrowed; else NULL */
+    fsdp_device_t *dev;
+    int rank, world;
+    struct fsdp_unit *parent;    /* NULL for the root */
+    struct fsdp_unit **children; /* direct child units, in pre-order */
+    size_t nchildren, capchildren;
+    int hook_handles[4];         /* forward pre, forward, backward pre, backward */
+
+    /* flat parameter (absent when nparams == 0) */
+    int nparams;
+    struct fsdp__param *params;
+    struct fsdp__slotref *slots;
+    size_t nslots;
+    fsdp__layout_t layout;
+    fsdp_dtype_t dt;
+    fsdp_tensor_t *flat;         /* local shard leaf */
+    fsdp_tensor_t *full;         /* unsharded flat parameter */
+    fsdp_tensor_t *full_grad;    /* unsharded flat gradient while backward runs, else NULL */
+    bool unsharded;
+    fsdp_work_t *ag_work;        /* outstanding all-gather into full */
+    bool prefetched;
+
+    /* runtime state */
+    fsdp_training_state_t state;
+    bool is_root;
+    bool slots_swapped;          /* module slots hold the compute views */
+    int fwd_invocations;         /* forward invocations recorded on the tape this iteration */
+    int bwd_pending;             /* entry marks still to come in this backward */
+    bool needs_pre_backward;     /* ran forward with grad; pre-backward not yet done */
+    bool post_backward_done;
+    bool summon_writeback;
+    bool summon_recurse;
+    bool was_unsharded;          /* before the summon */
+    /* outstanding gradient reduction */
+    fsdp_work_t *rs_work;
+    fsdp_tensor_t *rs_in;        /* what the reduction reads (the padded flat gradient) */
+    fsdp_tensor_t *rs_out;       /* where it writes (the new shard) */
+    fsdp_work_t *ar_work;        /* all-reduce (NO_SHARD, or across replicas) */
+    double post_divide;
+
+    /* root only */
+    bool initialized;            /* lazy init done */
+    struct fsdp_unit **all;      /* every unit of the tree, pre-order */
+    size_t nall, capall;
+    struct fsdp_unit **fwd_order; /* pre-forward order of the first iteration */
+    size_t nfwd, capfwd;
+    bool fwd_order_done;
+    struct fsdp_unit **post_order; /* post-forward order of this iteration */
+    size_t npost, cappost;
+    bool cb_queued;              /* final callback queued in this backward */
+    struct fsdp_unit **ag_queue; /* units with an outstanding all-gather, oldest first */
+    size_t nag, capag;
+
+    fsdp_unit_stats_t stats;
+};
+
+/* Per-rank FSDP state hung on the context: units by module, the root's iteration state. */
+struct fsdp__rank {
+    struct fsdp__entry {
+        fsdp_module_t *m;
+        fsdp_unit_t *u;
+    } *units;
+    size_t n, cap;
+};
+
+#endif /* FSDP_FSDP_IMPL_H */
