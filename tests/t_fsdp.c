@@ -11,14 +11,21 @@
  * round trip (summon with writeback, zero, restore); at the end the full parameters gathered
  * with fsdp_summon_begin must equal the reference's.
  *
- * Alongside, per step: the number of all-gathers, reduce-scatters and all-reduces on the group
- * equals the closed form of the strategy, and after forward FULL_SHARD has freed every
- * non-root unit's unsharded parameters while SHARD_GRAD_OP still holds them.
+ * MixtureOfExperts (CORE-P07/P08) cannot be emulated without collectives (each rank's expert
+ * differs); its reference is upstream's: DummyDDP plus the model's own all-reduce of the
+ * non-expert gradients over the same group (tm_moe_run_backward).
+ *
+ * Alongside, per step: the number of all-gathers, reduce-scatters and all-reduces on every group
+ * equals the closed form of each unit's strategy, and after forward FULL_SHARD has freed every
+ * non-root unit's unsharded parameters while SHARD_GRAD_OP still holds them. Variants add
+ * gradient clipping (both norms must agree and clipping must bite), hybrid sharding over 2x2
+ * groups, and injected delays (CORE-P05, P06, P08) that must not change a single bit.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <fsdp.h>
 
@@ -29,11 +36,26 @@
 #define ATOL 1e-5
 #define MAX_ITERS 4
 
-typedef enum { M_NESTED = 0, M_ALWAYS, M_TRANSFORMER, M_COUNT } model_kind_t;
-static const char *const model_names[M_COUNT] = {"NestedWrappedModule",
-                                                 "AlwaysWrapNestedWrappedModule",
-                                                 "TransformerWithSharedParams"};
-static const char *const model_ids[M_COUNT] = {"CORE-P01", "CORE-P03", "CORE-P04"};
+typedef enum {
+    M_NESTED = 0,
+    M_ALWAYS,
+    M_TRANSFORMER,
+    M_DELAY_LOSS,   /* NestedWrappedModuleWithDelay(delay_after_loss_ms) */
+    M_DELAY_REDUCE, /* NestedWrappedModuleWithDelay(delay_before_reduction_ms) */
+    M_MOE,
+    M_MOE_DELAY,    /* MixtureOfExperts(delay_before_free_ms) */
+    M_COUNT
+} model_kind_t;
+static const char *const model_names[M_COUNT] = {
+    "NestedWrappedModule",          "AlwaysWrapNestedWrappedModule",
+    "TransformerWithSharedParams",  "NestedWrappedModuleWithDelay(after loss)",
+    "NestedWrappedModuleWithDelay(before reduction)", "MixtureOfExperts",
+    "MixtureOfExperts(delay before free)"};
+static const char *const model_ids[M_COUNT] = {"CORE-P01", "CORE-P03", "CORE-P04", "CORE-P05",
+                                               "CORE-P06", "CORE-P07", "CORE-P08"};
+#define DELAY_MS 3
+
+static bool is_moe(model_kind_t k) { return k == M_MOE || k == M_MOE_DELAY; }
 
 typedef struct cfg {
     model_kind_t model;
@@ -44,12 +66,17 @@ typedef struct cfg {
     int world;
     int iters;
     bool save_model;
+    bool hybrid;      /* HYBRID strategies over (rank / 2, rank % 2) groups of a world of 4 */
+    double clip;      /* 0: none; else the norm type (INFINITY for the max norm) */
+    bool offload;     /* CPU offload of parameters (and so gradients) */
 } cfg_t;
+
+#define CLIP_MAX_NORM 0.05
 
 typedef struct rank_out {
     char err[768];
     double ref_loss[MAX_ITERS], fsdp_loss[MAX_ITERS];
-    double worst_loss;  /* |a - b| / (atol + rtol |b|), worst over steps */
+    double worst_loss;  /* |a - b| / (atol + rtol |b|), worst over steps (norms included) */
     double worst_param; /* same over every parameter element */
     uint64_t checksum;  /* bits of the final parameters, for determinism */
 } rank_out_t;
@@ -63,6 +90,7 @@ typedef struct run {
 
 static int build(fsdp_ctx_t *ctx, model_kind_t k, fsdp_module_t **m) {
     if (k == M_TRANSFORMER) return tm_transformer_create(ctx, true, true, m);
+    if (is_moe(k)) return tm_moe_create(ctx, true, m);
     return tm_nested_wrapped_create(ctx, true, m);
 }
 
@@ -103,29 +131,52 @@ static int depth(const char *fqn) {
     return d;
 }
 
+typedef struct groups {
+    fsdp_pg_t *shard, *rep; /* hybrid */
+    fsdp_pg_t *self;        /* MixtureOfExperts: this rank alone */
+} groups_t;
+
+/* Hand nesting: the listed units, innermost first, each over pg_of(name). */
+static int wrap_listed(fsdp_module_t *m, const char *const *units, fsdp_options_t *o,
+                       fsdp_pg_t *expert_pg) {
+    int n = 0;
+    while (units[n]) n++;
+    for (int d = 8; d >= 0; d--)
+        for (int i = 0; i < n; i++) {
+            if (depth(units[i]) != d) continue;
+            fsdp_options_t uo = *o;
+            if (expert_pg && strcmp(units[i], "module.2") == 0) uo.pg = expert_pg;
+            fsdp_unit_t *u = NULL;
+            int rc = fsdp_wrap(fsdp_module_child(m, units[i]), &uo, &u);
+            if (rc < 0) return rc;
+        }
+    return FSDP_OK;
+}
+
 /* Wraps m as upstream's RECURSIVE init does, then the root. */
-static int wrap(fsdp_ctx_t *ctx, const cfg_t *c, fsdp_module_t *m, fsdp_unit_t **root) {
+static int wrap(const cfg_t *c, const groups_t *g, fsdp_module_t *m, fsdp_unit_t **root) {
     fsdp_options_t o;
     fsdp_options_init(&o);
     o.strategy = c->strategy;
     o.backward_prefetch = c->bp;
     o.forward_prefetch = c->fwd_prefetch;
     o.use_orig_params = c->orig;
-    (void)ctx;
+    o.check_exec_order = true;
+    o.cpu_offload = c->offload;
+    if (c->hybrid) {
+        o.pg = g->shard;
+        o.replicate_pg = g->rep;
+    }
+    if (c->model == M_DELAY_REDUCE) o.delay_before_reduce_ms = DELAY_MS;
+    if (c->model == M_MOE_DELAY) o.delay_before_free_ms = DELAY_MS;
     static const char *const layer_types[] = {"TransformerEncoderLayer",
                                               "TransformerDecoderLayer", NULL};
-    if (c->model == M_NESTED) {
-        /* Hand nesting, innermost first. */
-        const char *const *units = tm_nested_wrapped_units();
-        int n = 0;
-        while (units[n]) n++;
-        for (int d = 8; d >= 0; d--)
-            for (int i = 0; i < n; i++) {
-                if (depth(units[i]) != d) continue;
-                fsdp_unit_t *u = NULL;
-                int rc = fsdp_wrap(fsdp_module_child(m, units[i]), &o, &u);
-                if (rc < 0) return rc;
-            }
+    if (c->model == M_NESTED || c->model == M_DELAY_LOSS || c->model == M_DELAY_REDUCE) {
+        int rc = wrap_listed(m, tm_nested_wrapped_units(), &o, NULL);
+        if (rc < 0) return rc;
+    } else if (is_moe(c->model)) {
+        int rc = wrap_listed(m, tm_moe_units(), &o, g->self);
+        if (rc < 0) return rc;
     } else if (c->model == M_ALWAYS) {
         o.policy = always;
     } else {
@@ -141,6 +192,11 @@ static int fail(rank_out_t *out, fsdp_ctx_t *ctx, const char *what, int rc) {
         snprintf(out->err, sizeof out->err, "rank %d: %s: %s (%s)", fsdp_ctx_rank(ctx), what,
                  fsdp_strerror(rc), fsdp_ctx_last_error(ctx));
     return rc < 0 ? rc : FSDP_EINTERNAL;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 static double closeness(double a, double b) { return fabs(a - b) / (ATOL + RTOL * fabs(b)); }
@@ -224,15 +280,32 @@ static int round_trip(fsdp_unit_t *root) {
     return rc;
 }
 
-static int count_param_units(fsdp_unit_t *root, bool *root_has) {
-    fsdp_unit_t **units = NULL;
-    size_t n = 0;
-    fsdp_units(root, &units, &n);
-    int k = 0;
-    for (size_t i = 0; i < n; i++) k += fsdp_unit_num_params(units[i]) > 0;
-    *root_has = fsdp_unit_num_params(root) > 0;
-    free(units);
-    return k;
+/* The collectives one training step must issue, from each unit's strategy and group. */
+static void expected_collectives(fsdp_unit_t *const *units, size_t n, bool clip, uint64_t *ag,
+                                 uint64_t *rs, uint64_t *ar) {
+    *ag = *rs = *ar = 0;
+    for (size_t i = 0; i < n; i++) {
+        fsdp_unit_t *u = units[i];
+        if (fsdp_unit_num_params(u) == 0 || fsdp_pg_size(fsdp_unit_pg(u)) == 1) continue;
+        switch (fsdp_unit_strategy(u)) {
+        case FSDP_NO_SHARD: *ar += 1; break;
+        case FSDP_FULL_SHARD: *ag += fsdp_unit_is_root(u) ? 1 : 2; *rs += 1; break;
+        case FSDP_HYBRID_SHARD: *ag += fsdp_unit_is_root(u) ? 1 : 2; *rs += 1; *ar += 1; break;
+        case FSDP_SHARD_GRAD_OP: *ag += 1; *rs += 1; break;
+        case FSDP_HYBRID_SHARD_ZERO2: *ag += 1; *rs += 1; *ar += 1; break;
+        default: break;
+        }
+    }
+    if (clip && fsdp_pg_size(fsdp_unit_pg(units[0])) > 1) *ar += 1;
+}
+
+static void counters_add(fsdp_pg_t *pg, uint64_t *ag, uint64_t *rs, uint64_t *ar) {
+    if (!pg) return;
+    fsdp_pg_counters_t pc;
+    fsdp_pg_get_counters(pg, &pc);
+    *ag += pc.calls[FSDP_COLL_ALL_GATHER];
+    *rs += pc.calls[FSDP_COLL_REDUCE_SCATTER];
+    *ar += pc.calls[FSDP_COLL_ALL_REDUCE];
 }
 
 /* ---- the parity run -------------------------------------------------------------------------- */
@@ -247,12 +320,31 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_optim_t *ref_opt = NULL, *opt = NULL;
     fsdp_named_list_t ref_params = {0}, params = {0}, full = {0};
     fsdp_tensor_t *in[2] = {NULL, NULL}, *loss = NULL;
+    fsdp_unit_t **units = NULL;
+    size_t nall = 0;
     double *a = NULL, *b = NULL;
+    groups_t g = {0};
+    fsdp_pg_t *world = fsdp_ctx_pg(ctx);
     int rc;
 
-    if ((rc = build(ctx, c->model, &ref)) < 0) return fail(out, ctx, "building the reference", rc);
-    if ((rc = build(ctx, c->model, &m)) < 0) return fail(out, ctx, "building the model", rc);
-    if ((rc = wrap(ctx, c, m, &root)) < 0) {
+    if (c->hybrid && ((rc = fsdp_pg_split(world, rank / 2, rank, &g.shard)) < 0 ||
+                      (rc = fsdp_pg_split(world, rank % 2, rank, &g.rep)) < 0)) {
+        fail(out, ctx, "hybrid groups", rc);
+        goto done;
+    }
+    if (is_moe(c->model) && (rc = fsdp_pg_split(world, rank, 0, &g.self)) < 0) {
+        fail(out, ctx, "expert group", rc);
+        goto done;
+    }
+    if ((rc = build(ctx, c->model, &ref)) < 0) {
+        fail(out, ctx, "building the reference", rc);
+        goto done;
+    }
+    if ((rc = build(ctx, c->model, &m)) < 0) {
+        fail(out, ctx, "building the model", rc);
+        goto done;
+    }
+    if ((rc = wrap(c, &g, m, &root)) < 0) {
         fail(out, ctx, "wrapping", rc);
         goto done;
     }
@@ -265,42 +357,81 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
         fail(out, ctx, "FSDP optimizer", rc);
         goto done;
     }
-    bool root_has = false;
-    int nunits = count_param_units(root, &root_has);
-    fsdp_unit_t **units = NULL;
-    size_t nall = 0;
     fsdp_units(root, &units, &nall);
+    /* CPU offload: the shards, and after backward their gradients, are all the host memory. */
+    size_t shard_bytes = 0;
+    for (size_t i = 0; i < nall; i++) {
+        fsdp_flat_sizes_t fs;
+        fsdp_unit_flat_sizes(units[i], &fs);
+        shard_bytes += (size_t)fs.shard_numel * sizeof(float);
+    }
+    fsdp_mem_stats_t ms;
+    fsdp_mem_get_stats(ctx, &ms);
+    if (ms.current[FSDP_MEM_OFFLOAD] != (c->offload ? shard_bytes : 0))
+        snprintf(out->err, sizeof out->err, "rank %d: %zu bytes of offloaded memory after "
+                 "wrapping; want %zu", rank, ms.current[FSDP_MEM_OFFLOAD],
+                 c->offload ? shard_bytes : (size_t)0);
 
     for (int it = 0; it < c->iters && !out->err[0]; it++) {
-        /* Reference: every rank's input through the replica, gradients averaged. */
         fsdp_optim_zero_grad(ref_opt, true);
-        for (int r = 0; r < c->world; r++) {
-            if ((rc = input_for(ctx, c->model, r, in)) < 0 ||
+        if (is_moe(c->model)) {
+            /* DummyDDP: own input, the model averages its shared gradients itself. */
+            if ((rc = input_for(ctx, c->model, rank, in)) < 0 ||
                 (rc = forward_loss(c->model, ref, in, &loss)) < 0) {
                 fail(out, ctx, "reference forward", rc);
                 break;
             }
-            if (r == rank) fsdp_tensor_item(loss, 0, &out->ref_loss[it]);
-            rc = fsdp_backward(loss, NULL);
+            fsdp_tensor_item(loss, 0, &out->ref_loss[it]);
+            rc = tm_moe_run_backward(ref, loss, world);
             fsdp_tensor_release(loss);
             fsdp_tensor_release(in[0]);
-            fsdp_tensor_release(in[1]);
-            loss = in[0] = in[1] = NULL;
+            loss = in[0] = NULL;
             if (rc < 0) {
                 fail(out, ctx, "reference backward", rc);
                 break;
             }
+        } else {
+            /* Every rank's input through the replica, gradients averaged. */
+            for (int r = 0; r < c->world; r++) {
+                if ((rc = input_for(ctx, c->model, r, in)) < 0 ||
+                    (rc = forward_loss(c->model, ref, in, &loss)) < 0) {
+                    fail(out, ctx, "reference forward", rc);
+                    break;
+                }
+                if (r == rank) fsdp_tensor_item(loss, 0, &out->ref_loss[it]);
+                rc = fsdp_backward(loss, NULL);
+                fsdp_tensor_release(loss);
+                fsdp_tensor_release(in[0]);
+                fsdp_tensor_release(in[1]);
+                loss = in[0] = in[1] = NULL;
+                if (rc < 0) {
+                    fail(out, ctx, "reference backward", rc);
+                    break;
+                }
+            }
+            if (out->err[0]) break;
+            if ((rc = average_grads(&ref_params, c->world)) < 0) {
+                fail(out, ctx, "reference averaging", rc);
+                break;
+            }
         }
-        if (out->err[0]) break;
-        if ((rc = average_grads(&ref_params, c->world)) < 0 ||
-            (rc = fsdp_optim_step(ref_opt)) < 0) {
+        double ref_norm = 0, fsdp_norm = 0;
+        if (c->clip != 0 &&
+            (rc = fsdp_clip_grad_norm(ctx, ref_params.n, ref_params.tensors, CLIP_MAX_NORM,
+                                      c->clip, &ref_norm)) < 0) {
+            fail(out, ctx, "reference clip", rc);
+            break;
+        }
+        if ((rc = fsdp_optim_step(ref_opt)) < 0) {
             fail(out, ctx, "reference step", rc);
             break;
         }
 
         /* FSDP: this rank's input only. */
-        fsdp_pg_t *pg = fsdp_ctx_pg(ctx);
-        fsdp_pg_reset_counters(pg);
+        fsdp_pg_reset_counters(world);
+        if (g.shard) fsdp_pg_reset_counters(g.shard);
+        if (g.rep) fsdp_pg_reset_counters(g.rep);
+        if (g.self) fsdp_pg_reset_counters(g.self);
         fsdp_optim_zero_grad(opt, true);
         if ((rc = input_for(ctx, c->model, rank, in)) < 0 ||
             (rc = forward_loss(c->model, m, in, &loss)) < 0) {
@@ -308,16 +439,18 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
             break;
         }
         fsdp_tensor_item(loss, 0, &out->fsdp_loss[it]);
+        if (c->model == M_DELAY_LOSS && rank == 0) sleep_ms(DELAY_MS);
         /* Memory after forward: FULL_SHARD freed every non-root unit, SHARD_GRAD_OP did not. */
         for (size_t i = 1; i < nall && !out->err[0]; i++) {
             if (fsdp_unit_num_params(units[i]) == 0) continue;
+            fsdp_sharding_strategy_t st = fsdp_unit_strategy(units[i]);
             bool held = fsdp_unit_is_unsharded(units[i]);
-            bool want = c->strategy != FSDP_FULL_SHARD || c->world == 1;
+            bool want = !(st == FSDP_FULL_SHARD || st == FSDP_HYBRID_SHARD);
             if (held != want)
                 snprintf(out->err, sizeof out->err,
                          "rank %d: after forward unit '%s' is %s under %s", rank,
                          fsdp_unit_fqn(units[i]), held ? "unsharded" : "sharded",
-                         fsdp_sharding_strategy_name(c->strategy));
+                         fsdp_sharding_strategy_name(st));
         }
         rc = fsdp_backward(loss, NULL);
         fsdp_tensor_release(loss);
@@ -328,38 +461,46 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
             fail(out, ctx, "FSDP backward", rc);
             break;
         }
+        fsdp_mem_get_stats(ctx, &ms);
+        if (ms.current[FSDP_MEM_OFFLOAD] != (c->offload ? 2 * shard_bytes : 0) && !out->err[0])
+            snprintf(out->err, sizeof out->err, "rank %d: %zu bytes of offloaded memory after "
+                     "backward; want %zu (shards and their gradients)", rank,
+                     ms.current[FSDP_MEM_OFFLOAD], c->offload ? 2 * shard_bytes : (size_t)0);
         for (size_t i = 0; i < nall; i++)
             if (fsdp_unit_state(units[i]) != FSDP_STATE_IDLE && !out->err[0])
                 snprintf(out->err, sizeof out->err, "rank %d: unit '%s' not IDLE after backward",
                          rank, fsdp_unit_fqn(units[i]));
+        if (c->clip != 0) {
+            if ((rc = fsdp_unit_clip_grad_norm(root, CLIP_MAX_NORM, c->clip, &fsdp_norm)) < 0) {
+                fail(out, ctx, "FSDP clip", rc);
+                break;
+            }
+            double cl = closeness(fsdp_norm, ref_norm);
+            if (cl > out->worst_loss) out->worst_loss = cl;
+            if (!(ref_norm > CLIP_MAX_NORM) && !out->err[0])
+                snprintf(out->err, sizeof out->err, "rank %d: the gradient norm %g does not "
+                         "exceed %g: clipping is not exercised", rank, ref_norm, CLIP_MAX_NORM);
+        }
         if ((rc = fsdp_optim_step(opt)) < 0) {
             fail(out, ctx, "FSDP step", rc);
             break;
         }
         /* Collectives of the step, in closed form. */
-        fsdp_pg_counters_t pc;
-        fsdp_pg_get_counters(pg, &pc);
-        uint64_t ag = 0, rs = 0, ar = 0;
-        if (c->world == 1) {
-            /* one rank: nothing to communicate */
-        } else if (c->strategy == FSDP_NO_SHARD) {
-            ar = (uint64_t)nunits;
-        } else if (c->strategy == FSDP_FULL_SHARD) {
-            ag = (uint64_t)(2 * nunits - (root_has ? 1 : 0));
-            rs = (uint64_t)nunits;
-        } else {
-            ag = rs = (uint64_t)nunits;
-        }
-        if (!out->err[0] && (pc.calls[FSDP_COLL_ALL_GATHER] != ag ||
-                             pc.calls[FSDP_COLL_REDUCE_SCATTER] != rs ||
-                             pc.calls[FSDP_COLL_ALL_REDUCE] != ar))
+        uint64_t ag = 0, rs = 0, ar = 0, wag, wrs, war;
+        counters_add(world, &ag, &rs, &ar);
+        counters_add(g.shard, &ag, &rs, &ar);
+        counters_add(g.rep, &ag, &rs, &ar);
+        counters_add(g.self, &ag, &rs, &ar);
+        expected_collectives(units, nall, c->clip != 0, &wag, &wrs, &war);
+        /* check_exec_order: one small all-gather per unit in the first iteration */
+        if (it == 0 && fsdp_pg_size(fsdp_unit_pg(root)) > 1) wag += nall;
+        if (!out->err[0] && (ag != wag || rs != wrs || ar != war))
             snprintf(out->err, sizeof out->err,
                      "rank %d step %d: collectives all-gather %llu, reduce-scatter %llu, "
-                     "all-reduce %llu; want %llu, %llu, %llu (%d units with parameters)",
-                     rank, it, (unsigned long long)pc.calls[FSDP_COLL_ALL_GATHER],
-                     (unsigned long long)pc.calls[FSDP_COLL_REDUCE_SCATTER],
-                     (unsigned long long)pc.calls[FSDP_COLL_ALL_REDUCE], (unsigned long long)ag,
-                     (unsigned long long)rs, (unsigned long long)ar, nunits);
+                     "all-reduce %llu; want %llu, %llu, %llu",
+                     rank, it, (unsigned long long)ag, (unsigned long long)rs,
+                     (unsigned long long)ar, (unsigned long long)wag, (unsigned long long)wrs,
+                     (unsigned long long)war);
         if (c->save_model && !out->err[0] && (rc = round_trip(root)) < 0) {
             fail(out, ctx, "state round trip", rc);
             break;
@@ -367,7 +508,6 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
         double cl = closeness(out->fsdp_loss[it], out->ref_loss[it]);
         if (cl > out->worst_loss) out->worst_loss = cl;
     }
-    free(units);
 
     /* Full parameters against the reference. */
     if (!out->err[0]) {
@@ -408,6 +548,7 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
         out->checksum = h;
     }
 done:
+    free(units);
     free(a);
     free(b);
     fsdp_named_list_free(&full);
@@ -418,14 +559,20 @@ done:
     fsdp_destroy(root);
     fsdp_module_release(m);
     fsdp_module_release(ref);
+    fsdp_pg_destroy(g.shard);
+    fsdp_pg_destroy(g.rep);
+    fsdp_pg_destroy(g.self);
     return out->err[0] ? FSDP_EINTERNAL : FSDP_OK;
 }
 
 static void describe(const cfg_t *c, char *buf, size_t len) {
-    snprintf(buf, len, "%s %s W=%d %s bwd_prefetch=%s fwd_prefetch=%d use_orig_params=%d",
-             model_ids[c->model], model_names[c->model], c->world,
-             fsdp_sharding_strategy_name(c->strategy), fsdp_backward_prefetch_name(c->bp),
-             c->fwd_prefetch, c->orig);
+    char clip[32] = "";
+    if (c->clip != 0) snprintf(clip, sizeof clip, " clip_grad_norm(%g)", c->clip);
+    snprintf(buf, len,
+             "%s %s W=%d%s %s offload=%d bwd_prefetch=%s fwd_prefetch=%d use_orig_params=%d%s",
+             model_ids[c->model], model_names[c->model], c->world, c->hybrid ? " (2x2)" : "",
+             fsdp_sharding_strategy_name(c->strategy), c->offload,
+             fsdp_backward_prefetch_name(c->bp), c->fwd_prefetch, c->orig, clip);
 }
 
 /* Runs one configuration and reports it; returns the run (caller frees). */
@@ -460,6 +607,118 @@ static run_t *parity(const cfg_t *c) {
     return run;
 }
 
+/* ---- execution order ------------------------------------------------------------------------- */
+
+/* A module that runs its children "a" and "b" in an order that the test chooses per rank and
+ * per iteration: order[rank] is 0 for a-then-b, 1 for b-then-a. */
+typedef struct swap_impl {
+    int order;
+} swap_impl_t;
+
+static int swap_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                        fsdp_tensor_t **out) {
+    (void)nin, (void)nout;
+    swap_impl_t *impl = fsdp_module_impl(m);
+    fsdp_module_t *first = fsdp_module_child(m, impl->order ? "b" : "a");
+    fsdp_module_t *second = fsdp_module_child(m, impl->order ? "a" : "b");
+    fsdp_tensor_t *h = NULL;
+    int rc = fsdp_module_forward1(first, in[0], &h);
+    if (rc == 0) rc = fsdp_module_forward1(second, h, &out[0]);
+    fsdp_tensor_release(h);
+    return rc;
+}
+
+static void swap_destroy(void *impl) { free(impl); }
+
+static const fsdp_module_ops_t swap_ops = {"Swap", swap_forward, swap_destroy};
+
+typedef struct order_case {
+    bool per_rank;      /* rank 1 runs b first in the first iteration */
+    bool change_later;  /* every rank runs b first in the second iteration */
+    bool fwd_prefetch;
+    int rc[8];
+    char msg[8][512];
+} order_case_t;
+
+static int order_rank(fsdp_ctx_t *ctx, void *arg) {
+    order_case_t *oc = arg;
+    int rank = fsdp_ctx_rank(ctx);
+    swap_impl_t *impl = calloc(1, sizeof *impl);
+    fsdp_module_t *m = NULL, *a = NULL, *b = NULL;
+    fsdp_unit_t *root = NULL, *ua = NULL, *ub = NULL;
+    fsdp_tensor_t *x = NULL, *y = NULL;
+    const int64_t shape[2] = {2, 4};
+    tm_manual_seed(ctx, 3);
+    int rc = impl ? fsdp_module_create(ctx, &swap_ops, impl, &m) : FSDP_ENOMEM;
+    if (rc < 0) free(impl);
+    if (rc == 0) rc = fsdp_linear_create(ctx, 4, 4, true, &a);
+    if (rc == 0) rc = fsdp_linear_create(ctx, 4, 4, true, &b);
+    if (rc == 0) rc = fsdp_module_add_child(m, "a", a);
+    if (rc == 0) rc = fsdp_module_add_child(m, "b", b);
+    fsdp_options_t o;
+    fsdp_options_init(&o);
+    o.check_exec_order = true;
+    o.forward_prefetch = oc->fwd_prefetch;
+    if (rc == 0) rc = fsdp_wrap(a, &o, &ua);
+    if (rc == 0) rc = fsdp_wrap(b, &o, &ub);
+    if (rc == 0) rc = fsdp_wrap(m, &o, &root);
+    if (rc == 0) rc = fsdp_tensor_full(ctx, FSDP_DTYPE_F32, 2, shape, 0.5, FSDP_MEM_OTHER, &x);
+    for (int it = 0; it < 2 && rc == 0; it++) {
+        impl->order = it == 0 ? (oc->per_rank && rank == 1) : oc->change_later;
+        fsdp_tensor_t *loss = NULL;
+        rc = fsdp_module_forward1(m, x, &y);
+        if (rc == 0) rc = tm_sum_loss(y, &loss);
+        if (rc == 0) rc = fsdp_backward(loss, NULL);
+        fsdp_tensor_release(loss);
+        fsdp_tensor_release(y);
+        y = NULL;
+    }
+    oc->rc[rank] = rc;
+    snprintf(oc->msg[rank], sizeof oc->msg[rank], "%s", rc < 0 ? fsdp_ctx_last_error(ctx) : "");
+    fsdp_tape_clear(ctx);
+    fsdp_tensor_release(x);
+    fsdp_destroy(root);
+    if (!root) {
+        fsdp_destroy(ua);
+        fsdp_destroy(ub);
+    }
+    fsdp_module_release(a);
+    fsdp_module_release(b);
+    fsdp_module_release(m);
+    return FSDP_OK;
+}
+
+static void exec_order_tests(void) {
+    fsdp_sim_options_t so;
+    fsdp_sim_options_init(&so);
+    so.world_size = 2;
+    so.timeout_ms = 20000;
+    order_case_t oc = {.per_rank = true};
+    fsdp_sim_run(&so, order_rank, &oc, NULL);
+    bool named = true;
+    for (int r = 0; r < 2; r++)
+        named &= oc.rc[r] == FSDP_EINVAL && strstr(oc.msg[r], "different orders") &&
+                 strstr(oc.msg[r], "'a'") && strstr(oc.msg[r], "'b'") &&
+                 strstr(oc.msg[r], "rank 1");
+    if (!named) tap_diag("rank 0: %d %s\nrank 1: %d %s", oc.rc[0], oc.msg[0], oc.rc[1], oc.msg[1]);
+    tap_ok(named, "execution order: ranks running units in different orders both get an error "
+           "naming the units and the rank (no hang, no silent exchange of shards)");
+
+    order_case_t ch = {.change_later = true, .fwd_prefetch = true};
+    fsdp_sim_run(&so, order_rank, &ch, NULL);
+    bool err = ch.rc[0] == FSDP_EINVAL && strstr(ch.msg[0], "forward order changed") &&
+               strstr(ch.msg[0], "forward prefetch");
+    if (!err) tap_diag("rank 0: %d %s", ch.rc[0], ch.msg[0]);
+    tap_ok(err, "execution order: a forward order that changes while forward prefetch relies on "
+           "it is an error");
+
+    order_case_t ok = {.change_later = true, .fwd_prefetch = false};
+    fsdp_sim_run(&so, order_rank, &ok, NULL);
+    tap_ok(ok.rc[0] == 0 && ok.rc[1] == 0,
+           "execution order: without forward prefetch a changed order only warns (rc %d, %d: %s)",
+           ok.rc[0], ok.rc[1], ok.msg[0]);
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     tap_plan_lazy();
@@ -470,32 +729,63 @@ int main(int argc, char **argv) {
     /* The seed-000 matrix at world sizes 2 and 3. */
     for (int model = 0; model < M_COUNT; model++)
         for (int w = 2; w <= 3; w++)
-            for (int s = 0; s < 3; s++)
-                for (int b = 0; b < 3; b++)
-                    for (int fp = 0; fp < 2; fp++)
-                        for (int orig = 0; orig < 2; orig++) {
-                            cfg_t c = {(model_kind_t)model, strategies[s], bps[b], fp, orig, w,
-                                       2, true};
-                            free(parity(&c));
-                        }
+            for (int off = 0; off < 2; off++)
+                for (int s = 0; s < 3; s++)
+                    for (int b = 0; b < 3; b++)
+                        for (int fp = 0; fp < 2; fp++)
+                            for (int orig = 0; orig < 2; orig++) {
+                                cfg_t c = {(model_kind_t)model, strategies[s], bps[b], fp, orig,
+                                           w, 2, true, false, 0, off};
+                                free(parity(&c));
+                            }
     /* A subset at 4 and 8 ranks. */
     for (int model = 0; model < M_COUNT; model++)
         for (int s = 0; s < 3; s++) {
             cfg_t c = {(model_kind_t)model, strategies[s], FSDP_BACKWARD_PRE, true, s != 1, 4, 2,
-                       true};
+                       true, false, 0, s == 0};
             free(parity(&c));
         }
     {
-        cfg_t c = {M_NESTED, FSDP_FULL_SHARD, FSDP_BACKWARD_POST, false, true, 8, 2, true};
+        cfg_t c = {M_NESTED, FSDP_FULL_SHARD, FSDP_BACKWARD_POST, false, true, 8, 2, true, false,
+                   0, true};
         free(parity(&c));
         c.model = M_TRANSFORMER;
         c.orig = false;
         free(parity(&c));
     }
+    /* Hybrid sharding at 4 = 2 x 2. */
+    const fsdp_sharding_strategy_t hybrids[] = {FSDP_HYBRID_SHARD, FSDP_HYBRID_SHARD_ZERO2};
+    const model_kind_t hmodels[] = {M_NESTED, M_ALWAYS, M_TRANSFORMER};
+    for (int mi = 0; mi < 3; mi++)
+        for (int s = 0; s < 2; s++)
+            for (int b = 0; b < 3; b++)
+                for (int orig = 0; orig < 2; orig++) {
+                    cfg_t c = {hmodels[mi], hybrids[s], bps[b], b == 1, orig, 4, 2, true, true,
+                               0, b == 2};
+                    free(parity(&c));
+                }
+    /* clip_grad_norm over shards, 2-norm and max norm. Not MixtureOfExperts: there each rank's
+     * norm includes its own expert, so ranks clip the shared shards by different factors (as in
+     * PyTorch) and no per-rank replica reproduces that. */
+    const double norms[] = {2.0, INFINITY};
+    const model_kind_t cmodels[] = {M_NESTED, M_TRANSFORMER, M_ALWAYS};
+    for (int mi = 0; mi < 3; mi++)
+        for (int ni = 0; ni < 2; ni++)
+            for (int s = 0; s < 3; s++)
+                for (int w = 2; w <= 3; w++) {
+                    cfg_t c = {cmodels[mi], strategies[s], FSDP_BACKWARD_PRE, false, s == 0, w, 2,
+                               false, false, norms[ni], ni == 1};
+                    free(parity(&c));
+                }
+    for (int ni = 0; ni < 2; ni++) {
+        cfg_t c = {M_TRANSFORMER, FSDP_HYBRID_SHARD, FSDP_BACKWARD_PRE, false, true, 4, 2, false,
+                   true, norms[ni], false};
+        free(parity(&c));
+    }
     /* Bitwise determinism: the same configuration twice. */
     for (int model = 0; model < M_COUNT; model++) {
         cfg_t c = {(model_kind_t)model, FSDP_FULL_SHARD, FSDP_BACKWARD_PRE, true, true, 3, 3,
-                   false};
+                   false, false, 0, model % 2 == 1};
         run_t *x = parity(&c), *y = parity(&c);
         bool same = true;
         for (int r = 0; r < c.world; r++) {
@@ -507,5 +797,6 @@ int main(int argc, char **argv) {
         free(x);
         free(y);
     }
+    exec_order_tests();
     return tap_done();
 }

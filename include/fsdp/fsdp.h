@@ -94,6 +94,11 @@ typedef struct fsdp_options {
     /* Hybrid strategies only: the replicate group (same local shard on every rank of it). */
     fsdp_pg_t *replicate_pg;
     fsdp_sharding_strategy_t strategy;          /* default FULL_SHARD */
+    /* PyTorch's CPUOffload(offload_params=True): the local shard and the sharded gradient live in
+     * host memory (category FSDP_MEM_OFFLOAD) and the optimizer steps there; the shard is copied
+     * to the device before each all-gather, the reduced gradient back after each reduction.
+     * The module's parameters must be in host memory when it is wrapped. Default false. */
+    bool cpu_offload;
     fsdp_backward_prefetch_t backward_prefetch; /* default BACKWARD_PRE */
     bool forward_prefetch;                      /* default false */
     /* At most this many all-gathers issued and not yet consumed (PyTorch's limit_all_gathers
@@ -114,6 +119,11 @@ typedef struct fsdp_options {
     const char *const *wrap_types;
     fsdp_wrap_policy_fn policy;
     void *policy_arg;
+    /* Fault injection for tests (PyTorch's ModuleWithDelay and MixtureOfExperts delays): sleep
+     * this many milliseconds before starting each gradient reduction, and before freeing the
+     * unsharded parameters. 0 (the default) for none. */
+    int delay_before_reduce_ms;
+    int delay_before_free_ms;
 } fsdp_options_t;
 
 /* Defaults as listed above. */
@@ -144,7 +154,10 @@ FSDP_EXTERN bool fsdp_unit_is_root(const fsdp_unit_t *u);
 FSDP_EXTERN const char *fsdp_unit_fqn(const fsdp_unit_t *u);
 /* Every unit of root's tree in pre-order (root first). *units is malloc'ed; free() it. */
 FSDP_EXTERN int fsdp_units(const fsdp_unit_t *root, fsdp_unit_t ***units, size_t *n);
+/* The strategy in effect (NO_SHARD for a unit over a group of one). */
 FSDP_EXTERN fsdp_sharding_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u);
+/* The group the unit shards (or, for NO_SHARD, reduces) over. */
+FSDP_EXTERN fsdp_pg_t *fsdp_unit_pg(const fsdp_unit_t *u);
 
 /* ---- parameters -------------------------------------------------------------------------------- */
 
@@ -203,6 +216,19 @@ FSDP_EXTERN int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *ou
  */
 FSDP_EXTERN int fsdp_summon_begin(fsdp_unit_t *u, bool recurse, bool writeback);
 FSDP_EXTERN int fsdp_summon_end(fsdp_unit_t *u);
+
+/* ---- gradients ------------------------------------------------------------------------------ */
+
+/*
+ * PyTorch's FSDP.clip_grad_norm_ on a root: the norm (norm_type > 0, or INFINITY) of every
+ * gradient of the tree as if the parameters were unsharded, then every gradient times
+ * max_norm / (norm + 1e-6) when that is below 1. Sharded units contribute their shards (summed,
+ * or for INFINITY maxed, over the root's group); NO_SHARD units and parameters no unit manages
+ * are counted once, locally. Collective over the root's group; call it on every rank after
+ * backward. *total_norm (may be NULL) receives the norm before clipping.
+ */
+FSDP_EXTERN int fsdp_unit_clip_grad_norm(fsdp_unit_t *root, double max_norm, double norm_type,
+                                         double *total_norm);
 
 /* ---- introspection for tests ----------------------------------------------------------------- */
 

@@ -24,6 +24,7 @@ typedef enum fsdp_mem_cat {
     FSDP_MEM_ACTIVATIONS,  /* activations saved for backward */
     FSDP_MEM_COMM,         /* communication buffers */
     FSDP_MEM_OTHER,        /* everything else */
+    FSDP_MEM_OFFLOAD,      /* host memory of offloaded parameters and gradients (CPU offload) */
     FSDP_MEM_NCAT
 } fsdp_mem_cat_t;
 

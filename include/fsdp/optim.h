@@ -185,6 +185,15 @@ FSDP_EXTERN int fsdp_optim_step(fsdp_optim_t *opt);
  * set_to_none = false. */
 FSDP_EXTERN int fsdp_optim_zero_grad(fsdp_optim_t *opt, bool set_to_none);
 
+/*
+ * torch.nn.utils.clip_grad_norm_: the norm (norm_type > 0, INFINITY for the max norm) of the
+ * gradients of params taken together (parameters without a gradient are skipped); when it
+ * exceeds max_norm every gradient is multiplied by max_norm / (norm + 1e-6). *total_norm (may be
+ * NULL) receives the norm before clipping. For FSDP units use fsdp_unit_clip_grad_norm (fsdp.h).
+ */
+FSDP_EXTERN int fsdp_clip_grad_norm(fsdp_ctx_t *ctx, size_t n, fsdp_tensor_t *const *params,
+                                    double max_norm, double norm_type, double *total_norm);
+
 /* Bytes of optimizer state held now (what FSDP_MEM_OPTIM counts for this optimizer). */
 FSDP_EXTERN size_t fsdp_optim_state_bytes(const fsdp_optim_t *opt);
 

@@ -20,8 +20,8 @@ struct header {
     uint32_t magic;
 };
 
-static const char *const cat_names[FSDP_MEM_NCAT] = {"params", "grads",  "optim",
-                                                     "activations", "comm", "other"};
+static const char *const cat_names[FSDP_MEM_NCAT] = {
+    "params", "grads", "optim", "activations", "comm", "other", "offload"};
 
 const char *fsdp_mem_cat_name(fsdp_mem_cat_t cat) {
     if ((int)cat < 0 || cat >= FSDP_MEM_NCAT) return "invalid";

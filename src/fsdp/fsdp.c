@@ -13,6 +13,7 @@
  *                      BACKWARD_POST prefetch, start the gradient reduction
  *   final callback     catch-all reshard, wait for every reduction, store sharded gradients
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,8 @@
 
 #include "fsdp/fsdp_impl.h"
 #include "nn/nn_impl.h"
+#include "core/timeutil.h"
+#include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 
 static const char *const strategy_names[FSDP_SHARDING_COUNT] = {
@@ -44,6 +47,11 @@ void fsdp_options_init(fsdp_options_t *o) {
 }
 
 static bool is_sharded(fsdp_sharding_strategy_t s) { return s != FSDP_NO_SHARD; }
+
+/* Whether the unsharded flat parameter has storage of its own (gathered, then freed). */
+static bool separate_full(const fsdp_unit_t *u) {
+    return is_sharded(u->opt.strategy) || u->opt.cpu_offload;
+}
 
 static bool is_hybrid(fsdp_sharding_strategy_t s) {
     return s == FSDP_HYBRID_SHARD || s == FSDP_HYBRID_SHARD_ZERO2;
@@ -217,6 +225,8 @@ static int unshard_wait(fsdp_unit_t *u) {
     int rc = fsdp_work_wait(u->ag_work, -1);
     fsdp_work_release(u->ag_work);
     u->ag_work = NULL;
+    fsdp_tensor_release(u->staging);
+    u->staging = NULL;
     ag_queue_remove(root_of(u), u);
     if (rc < 0) {
         u->unsharded = false;
@@ -231,7 +241,7 @@ static int unshard_wait(fsdp_unit_t *u) {
  * way. Respects the limit on outstanding all-gathers. */
 static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
     if (u->nparams == 0 || u->unsharded) return FSDP_OK;
-    if (!is_sharded(u->opt.strategy)) {
+    if (!separate_full(u)) {
         u->unsharded = true; /* full and flat share the storage */
         return FSDP_OK;
     }
@@ -244,9 +254,34 @@ static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
     int rc = fsdp_tensor_storage_resize(u->full, full_bytes(u));
     if (rc < 0) return unit_err(u, rc, "cannot allocate the unsharded parameter (%zu bytes)",
                                 full_bytes(u));
-    rc = fsdp_pg_all_gather(u->pg, fsdp_tensor_data(u->flat), fsdp_tensor_data(u->full),
+    const void *src = fsdp_tensor_data(u->flat);
+    if (u->opt.cpu_offload) {
+        /* The host shard goes to the device first (PyTorch's pre-unshard H2D copy). */
+        if (!is_sharded(u->opt.strategy)) {
+            rc = fsdp_tensor_copy_(u->full, u->flat);
+            if (rc < 0) {
+                fsdp_tensor_storage_resize(u->full, 0);
+                return unit_err(u, rc, "copying the offloaded parameters to the device failed");
+            }
+            u->unsharded = true;
+            return FSDP_OK;
+        }
+        const int64_t n[1] = {u->layout.shard_numel};
+        rc = fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, n, FSDP_MEM_PARAMS, &u->staging);
+        if (rc == 0) rc = fsdp_tensor_copy_(u->staging, u->flat);
+        if (rc < 0) {
+            fsdp_tensor_release(u->staging);
+            u->staging = NULL;
+            fsdp_tensor_storage_resize(u->full, 0);
+            return unit_err(u, rc, "copying the offloaded shard to the device failed");
+        }
+        src = fsdp_tensor_data(u->staging);
+    }
+    rc = fsdp_pg_all_gather(u->pg, src, fsdp_tensor_data(u->full),
                             (size_t)u->layout.shard_numel, u->dt, &u->ag_work);
     if (rc < 0) {
+        fsdp_tensor_release(u->staging);
+        u->staging = NULL;
         fsdp_tensor_storage_resize(u->full, 0);
         return unit_err(u, rc, "all-gather of the flat parameter failed: %s",
                         fsdp_pg_last_error(u->pg));
@@ -277,7 +312,8 @@ static int unshard(fsdp_unit_t *u) {
 static int reshard(fsdp_unit_t *u) {
     if (u->nparams == 0 || !u->unsharded) return FSDP_OK;
     int rc = unshard_wait(u);
-    if (is_sharded(u->opt.strategy)) {
+    if (separate_full(u)) {
+        if (u->opt.delay_before_free_ms > 0) fsdp__sleep_ms(u->opt.delay_before_free_ms);
         int rc2 = fsdp_tensor_storage_resize(u->full, 0);
         if (rc == 0) rc = rc2;
     }
@@ -329,6 +365,7 @@ static int reduce_grad(fsdp_unit_t *u) {
     fsdp__divide_factors(world, &pre, &post);
     int rc = div_inplace(g, pre);
     if (rc < 0) goto fail;
+    if (u->opt.delay_before_reduce_ms > 0) fsdp__sleep_ms(u->opt.delay_before_reduce_ms);
     if (is_sharded(u->opt.strategy)) {
         const int64_t n[1] = {u->layout.shard_numel};
         FSDP_TRY(rc, fail, fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, n, FSDP_MEM_GRADS,
@@ -397,13 +434,23 @@ static int finish_reduction(fsdp_unit_t *u) {
     fsdp_tensor_release(u->rs_in);
     u->rs_in = NULL;
     if (rc == 0) rc = div_inplace(out, u->post_divide);
+    if (rc == 0 && u->opt.cpu_offload) {
+        /* The reduced gradient goes to the host, where the optimizer runs. */
+        fsdp_tensor_t *h = NULL;
+        const int64_t n[1] = {fsdp_tensor_numel(out)};
+        rc = fsdp__tensor_new(u->ctx, u->host_dev, u->dt, 1, n, FSDP_MEM_OFFLOAD, &h);
+        if (rc == 0) rc = fsdp_tensor_copy_(h, out);
+        fsdp_tensor_release(out);
+        out = h;
+    }
     if (rc == 0) {
         /* NO_SHARD reduced the unpadded flat gradient: its numel is the flat's. */
         if (!u->flat->grad) {
             u->flat->grad = fsdp_tensor_retain(out);
         } else {
-            rc = u->dev->ops->axpy(u->dev, u->dt, (size_t)fsdp_tensor_numel(out), 1.0,
-                                   fsdp_tensor_data(out), fsdp_tensor_data(u->flat->grad));
+            fsdp_device_t *d = u->flat->grad->dev;
+            rc = d->ops->axpy(d, u->dt, (size_t)fsdp_tensor_numel(out), 1.0,
+                              fsdp_tensor_data(out), fsdp_tensor_data(u->flat->grad));
         }
     }
     fsdp_tensor_release(out);
@@ -487,7 +534,80 @@ static int root_pre_forward(fsdp_unit_t *root) {
         }
     }
     root->npost = 0;
+    root->fwd_pos = 0;
     return FSDP_OK;
+}
+
+static size_t unit_index(const fsdp_unit_t *root, const fsdp_unit_t *u) {
+    for (size_t i = 0; i < root->nall; i++)
+        if (root->all[i] == u) return i;
+    return root->nall;
+}
+
+static const char *unit_label(const fsdp_unit_t *u) { return u->fqn[0] ? u->fqn : "<root>"; }
+
+/*
+ * Execution-order check. In the first iteration every rank tells the others which unit it is
+ * about to run (one all-gather of an index over the root's group), so ranks that diverge get an
+ * error naming the units instead of all-gathering each other's shards. Afterwards the order is
+ * compared locally with the first iteration's: forward prefetch relies on it.
+ */
+static int check_order(fsdp_unit_t *root, fsdp_unit_t *u) {
+    size_t k = root->fwd_pos++;
+    if (root->fwd_order_done) {
+        fsdp_unit_t *want = k < root->nfwd ? root->fwd_order[k] : NULL;
+        if (want == u) return FSDP_OK;
+        if (u->opt.forward_prefetch)
+            return unit_err(u, FSDP_EINVAL,
+                            "the forward order changed: unit #%zu of this iteration is '%s' but "
+                            "it was '%s' in the first iteration, and forward prefetch relies on "
+                            "that order (turn forward_prefetch off for dynamic graphs)",
+                            k, unit_label(u), want ? unit_label(want) : "(none)");
+        if (!root->order_warned)
+            fsdp_log(u->ctx, FSDP_LOG_WARN,
+                     "FSDP: the forward order changed after the first iteration (unit #%zu is "
+                     "'%s', was '%s')",
+                     k, unit_label(u), want ? unit_label(want) : "(none)");
+        root->order_warned = true;
+        return FSDP_OK;
+    }
+    if (!root->opt.check_exec_order || root->world < 2) return FSDP_OK;
+    int w = root->world;
+    fsdp_tensor_t *t = NULL;
+    const int64_t n[1] = {w};
+    int rc = fsdp__tensor_new(u->ctx, root->dev, FSDP_DTYPE_I64, 1, n, FSDP_MEM_COMM, &t);
+    if (rc < 0) return rc;
+    int64_t mine = (int64_t)unit_index(root, u), *all = calloc((size_t)w, sizeof *all);
+    if (!all) rc = unit_err(u, FSDP_ENOMEM, "out of memory");
+    if (rc == 0) {
+        fsdp_tensor_t *slot = NULL;
+        rc = view1d(t, root->rank, 1, &slot);
+        if (rc == 0) rc = fsdp_tensor_copy_from_host(slot, &mine, sizeof mine);
+        fsdp_tensor_release(slot);
+    }
+    if (rc == 0) {
+        char *base = fsdp_tensor_data(t);
+        rc = fsdp_pg_all_gather(root->pg, base + (size_t)root->rank * sizeof(int64_t), base, 1,
+                                FSDP_DTYPE_I64, NULL);
+        if (rc < 0)
+            rc = unit_err(u, rc, "execution-order check: all-gather failed: %s",
+                          fsdp_pg_last_error(root->pg));
+    }
+    if (rc == 0) rc = fsdp_tensor_to_host(t, all, (size_t)w * sizeof *all);
+    for (int r = 0; r < w && rc == 0; r++) {
+        if (all[r] == all[0]) continue;
+        const char *a = all[0] >= 0 && (size_t)all[0] < root->nall ? unit_label(root->all[all[0]])
+                                                                    : "?";
+        const char *b = all[r] >= 0 && (size_t)all[r] < root->nall ? unit_label(root->all[all[r]])
+                                                                    : "?";
+        rc = unit_err(u, FSDP_EINVAL,
+                      "ranks run FSDP units in different orders: as unit #%zu of the forward, "
+                      "rank 0 runs '%s' but rank %d runs '%s'",
+                      k, a, r, b);
+    }
+    free(all);
+    fsdp_tensor_release(t);
+    return rc;
 }
 
 static fsdp_unit_t *next_in_forward_order(fsdp_unit_t *root, fsdp_unit_t *u) {
@@ -507,6 +627,7 @@ static int forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t 
     if (u->state == FSDP_STATE_SUMMON)
         return unit_err(u, FSDP_EINVAL, "forward inside fsdp_summon_begin/end");
     u->state = FSDP_STATE_FORWARD;
+    if ((rc = check_order(root, u)) < 0) return rc;
     if (!root->fwd_order_done && push_unit(&root->fwd_order, &root->nfwd, &root->capfwd, u) < 0)
         return unit_err(u, FSDP_ENOMEM, "out of memory");
     if ((rc = unshard(u)) < 0) return rc;
@@ -590,7 +711,7 @@ static int post_backward(fsdp_unit_t *u) {
     u->needs_pre_backward = false;
     u->bwd_pending = 0;
     int rc = FSDP_OK;
-    if (is_sharded(u->opt.strategy)) rc = reshard(u);
+    if (separate_full(u)) rc = reshard(u);
     if (rc == 0 && u->opt.backward_prefetch == FSDP_BACKWARD_POST) rc = prefetch_backward(u);
     if (rc == 0) rc = reduce_grad(u);
     u->stats.post_backward_hooks++;
@@ -614,8 +735,7 @@ static int final_callback(fsdp_ctx_t *ctx, void *arg) {
         int r = FSDP_OK;
         if (u->state == FSDP_STATE_BACKWARD_PRE) {
             r = post_backward(u); /* an entry mark that never came (should not happen) */
-        } else if (u->state != FSDP_STATE_BACKWARD_POST && u->unsharded &&
-                   is_sharded(u->opt.strategy)) {
+        } else if (u->state != FSDP_STATE_BACKWARD_POST && u->unsharded && separate_full(u)) {
             r = reshard(u); /* ran forward, but its outputs were not part of the loss */
         }
         if (rc == 0) rc = r;
@@ -795,6 +915,16 @@ static int flatten(fsdp_unit_t *u) {
     if (rc < 0) return rc;
     u->dt = u->params[0].orig->dt;
     u->dev = u->params[0].orig->dev;
+    if (u->opt.cpu_offload) {
+        if (fsdp_device_kind(u->dev) != FSDP_DEVICE_CPU)
+            return unit_err(u, FSDP_EINVAL,
+                            "an FSDP-managed module with parameter CPU offloading enabled has "
+                            "parameters on %s ('%s'); keep the module on the host until it is "
+                            "wrapped",
+                            fsdp_device_name(u->dev), u->params[0].fqn);
+        /* On a CPU-only build the host is the compute device; the category tells them apart. */
+        u->host_dev = u->dev;
+    }
     int64_t *numel = calloc((size_t)u->nparams, sizeof *numel);
     if (!numel) return unit_err(u, FSDP_ENOMEM, "out of memory");
     for (int i = 0; i < u->nparams; i++) numel[i] = fsdp_tensor_numel(u->params[i].orig);
@@ -839,11 +969,14 @@ static int flatten(fsdp_unit_t *u) {
 
     /* The local shard. */
     const int64_t shard_n[1] = {u->layout.shard_numel};
-    if (is_sharded(u->opt.strategy)) {
-        FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, shard_n, FSDP_MEM_PARAMS,
+    if (separate_full(u)) {
+        fsdp_device_t *where = u->opt.cpu_offload ? u->host_dev : u->dev;
+        FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, where, u->dt, 1, shard_n,
+                                           u->opt.cpu_offload ? FSDP_MEM_OFFLOAD
+                                                              : FSDP_MEM_PARAMS,
                                            &u->flat));
         fsdp_tensor_t *src = NULL;
-        FSDP_TRY(rc, out, view1d(u->full, (int64_t)u->rank * u->layout.shard_numel,
+        FSDP_TRY(rc, out, view1d(u->full, (int64_t)shard_rank * u->layout.shard_numel,
                                  u->layout.shard_numel, &src));
         rc = fsdp_tensor_copy_(u->flat, src);
         fsdp_tensor_release(src);
@@ -877,6 +1010,7 @@ out:
 
 static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, const char *fqn,
                     fsdp_unit_t **out);
+static int set_fqns(fsdp_unit_t *u, fsdp_module_t *m, const char *prefix);
 
 struct policy_walk {
     const fsdp_options_t *o;
@@ -941,6 +1075,7 @@ static void unit_free(fsdp_unit_t *u) {
     fsdp_tensor_release(u->flat);
     fsdp_tensor_release(u->full);
     fsdp_tensor_release(u->full_grad);
+    fsdp_tensor_release(u->staging);
     fsdp_tensor_release(u->rs_in);
     fsdp_tensor_release(u->rs_out);
     free(u->children);
@@ -999,10 +1134,17 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
     FSDP_TRY(rc, fail, fsdp_module_add_backward_hook(m, backward_hook, u, &u->hook_handles[3]));
     FSDP_TRY(rc, fail, registry_add(u));
     for (size_t i = 0; i < u->nchildren; i++) u->children[i]->parent = u;
+    /* Names of the adopted units, now relative to this module. */
+    if (u->nchildren > 0 && (rc = set_fqns(u, m, "")) < 0) {
+        rc = unit_err(u, rc, "out of memory");
+        goto fail;
+    }
     *out = u;
     return FSDP_OK;
 fail:
     /* Parameters already re-pointed cannot be restored; before flatten() they are untouched. */
+    for (size_t i = 0; i < u->nchildren; i++)
+        if (u->children[i]->parent == u) u->children[i]->parent = NULL;
     u->nchildren = 0;
     unit_free(u);
     return rc;
@@ -1027,6 +1169,11 @@ int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
         return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
                              "fsdp_wrap: limit_all_gathers is %d; it must be >= 0",
                              o->limit_all_gathers);
+    if (o->delay_before_reduce_ms < 0 || o->delay_before_free_ms < 0)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: delays must be >= 0 (delay_before_reduce_ms %d, "
+                             "delay_before_free_ms %d)",
+                             o->delay_before_reduce_ms, o->delay_before_free_ms);
     if (o->num_ignored_modules > 0 && !o->ignored_modules)
         return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
                              "fsdp_wrap: %zu ignored modules but the array is NULL",
@@ -1109,6 +1256,7 @@ const char *fsdp_unit_fqn(const fsdp_unit_t *u) { return u ? u->fqn : ""; }
 fsdp_sharding_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u) {
     return u ? u->opt.strategy : FSDP_FULL_SHARD;
 }
+fsdp_pg_t *fsdp_unit_pg(const fsdp_unit_t *u) { return u ? u->pg : NULL; }
 fsdp_tensor_t *fsdp_unit_flat_param(const fsdp_unit_t *u) { return u ? u->flat : NULL; }
 fsdp_tensor_t *fsdp_unit_full_param(const fsdp_unit_t *u) { return u ? u->full : NULL; }
 bool fsdp_unit_is_unsharded(const fsdp_unit_t *u) { return u && u->unsharded; }
@@ -1173,10 +1321,8 @@ int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *out) {
         return fsdp__ctx_err(root ? root->ctx : NULL, FSDP_EINVAL,
                              "fsdp_named_params: NULL argument");
     *out = (fsdp_named_list_t){0};
-    int rc = set_fqns((fsdp_unit_t *)root, root->module, "");
-    if (rc < 0) return unit_err(root, rc, "out of memory");
     fsdp_named_list_t all = {0};
-    rc = fsdp_module_named_params(root->module, false, &all);
+    int rc = fsdp_module_named_params(root->module, false, &all);
     if (rc < 0) return rc;
     out->owned = true;
     size_t cap = 0;
@@ -1230,9 +1376,10 @@ static int summon_rec(fsdp_unit_t *u, bool recurse, bool writeback, bool begin) 
         rc = summon_one(u, writeback);
     } else if (u->state == FSDP_STATE_SUMMON) {
         swap_slots(u, false);
-        if (u->nparams > 0 && u->summon_writeback && is_sharded(u->opt.strategy)) {
+        if (u->nparams > 0 && u->summon_writeback && separate_full(u)) {
             fsdp_tensor_t *src = NULL;
-            rc = view1d(u->full, (int64_t)u->rank * u->layout.shard_numel,
+            int shard_rank = is_sharded(u->opt.strategy) ? u->rank : 0;
+            rc = view1d(u->full, (int64_t)shard_rank * u->layout.shard_numel,
                         u->layout.shard_numel, &src);
             if (rc == 0) rc = fsdp_tensor_copy_(u->flat, src);
             fsdp_tensor_release(src);
@@ -1264,4 +1411,74 @@ int fsdp_summon_end(fsdp_unit_t *u) {
     if (u->state != FSDP_STATE_SUMMON)
         return unit_err(u, FSDP_EINVAL, "fsdp_summon_end without fsdp_summon_begin");
     return summon_rec(u, u->summon_recurse, false, false);
+}
+
+/* ---- clip_grad_norm ------------------------------------------------------------------------- */
+
+/* All-reduces one f64 over u's group through a device buffer (the group may be NCCL). */
+static int all_reduce_scalar(fsdp_unit_t *u, double *v, fsdp_redop_t op) {
+    fsdp_tensor_t *t = NULL;
+    const int64_t one[1] = {1};
+    int rc = fsdp__tensor_new(u->ctx, u->dev, FSDP_DTYPE_F64, 1, one, FSDP_MEM_COMM, &t);
+    if (rc == 0) rc = fsdp_tensor_fill_(t, *v);
+    if (rc == 0) {
+        rc = fsdp_pg_all_reduce(u->pg, fsdp_tensor_data(t), fsdp_tensor_data(t), 1,
+                                FSDP_DTYPE_F64, op, NULL);
+        if (rc < 0)
+            rc = unit_err(u, rc, "all-reduce of a scalar failed: %s", fsdp_pg_last_error(u->pg));
+    }
+    if (rc == 0) rc = fsdp_tensor_item(t, 0, v);
+    fsdp_tensor_release(t);
+    return rc;
+}
+
+int fsdp_unit_clip_grad_norm(fsdp_unit_t *root, double max_norm, double norm_type,
+                             double *total_norm) {
+    if (total_norm) *total_norm = 0.0;
+    if (!root) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_unit_clip_grad_norm: root is NULL");
+    if (root->parent)
+        return unit_err(root, FSDP_EINVAL, "fsdp_unit_clip_grad_norm: only on the root unit");
+    if (!(max_norm >= 0.0) || !(norm_type > 0.0))
+        return unit_err(root, FSDP_EINVAL,
+                        "fsdp_unit_clip_grad_norm: max_norm %g must be >= 0 and norm_type %g > 0",
+                        max_norm, norm_type);
+    bool inf = isinf(norm_type);
+    fsdp_unit_t **units = NULL;
+    size_t nu = 0;
+    fsdp_named_list_t all = {0};
+    int rc = fsdp_units(root, &units, &nu);
+    if (rc == 0) rc = fsdp_module_named_params(root->module, false, &all);
+    double sharded = 0.0, local = 0.0;
+    for (size_t i = 0; i < nu && rc == 0; i++) {
+        fsdp_unit_t *u = units[i];
+        if (!u->flat || !u->flat->grad) continue;
+        double part = 0.0;
+        rc = fsdp__grad_norm_part(u->flat->grad, norm_type, &part);
+        bool shard = is_sharded(u->opt.strategy) && u->world > 1;
+        double *acc = shard ? &sharded : &local;
+        *acc = inf ? fmax(*acc, part) : *acc + part;
+    }
+    for (size_t i = 0; i < all.n && rc == 0; i++) {
+        fsdp_tensor_t *g = fsdp_tensor_grad(all.tensors[i]);
+        if (!g || owner_of_param(root->ctx, all.tensors[i], NULL)) continue;
+        double part = 0.0;
+        rc = fsdp__grad_norm_part(g, norm_type, &part);
+        local = inf ? fmax(local, part) : local + part;
+    }
+    if (rc == 0 && root->world > 1)
+        rc = all_reduce_scalar(root, &sharded, inf ? FSDP_REDOP_MAX : FSDP_REDOP_SUM);
+    double total = fsdp__grad_norm_finish(inf ? fmax(sharded, local) : sharded + local,
+                                          norm_type);
+    double coef = fsdp__clip_coef(max_norm, total);
+    for (size_t i = 0; i < nu && rc == 0 && coef < 1.0; i++)
+        if (units[i]->flat && units[i]->flat->grad)
+            rc = fsdp__grad_scale(units[i]->flat->grad, coef);
+    for (size_t i = 0; i < all.n && rc == 0 && coef < 1.0; i++) {
+        fsdp_tensor_t *g = fsdp_tensor_grad(all.tensors[i]);
+        if (g && !owner_of_param(root->ctx, all.tensors[i], NULL)) rc = fsdp__grad_scale(g, coef);
+    }
+    free(units);
+    fsdp_named_list_free(&all);
+    if (rc == 0 && total_norm) *total_norm = total;
+    return rc;
 }

@@ -5,8 +5,9 @@
  *   flat   1-D leaf over the local shard storage (shard_numel elements, padded); the optimizer's
  *          tensor without use_orig_params; .grad is the sharded gradient.
  *   full   1-D tensor over the unsharded storage (padded_numel elements); the storage is freed
- *          (resized to 0) while the unit is sharded. For NO_SHARD, full and flat share the
- *          storage and nothing is ever gathered.
+ *          (resized to 0) while the unit is sharded. For NO_SHARD without CPU offload, full and
+ *          flat share the storage and nothing is ever gathered. With CPU offload, flat and its
+ *          gradient are in host memory (FSDP_MEM_OFFLOAD) and full is always separate.
  *   cv[i]  compute views: leaves with the original shapes at their offsets in full. The
  *          module's parameter slots point at them while the unit runs, so autograd saves and
  *          differentiates them; their .grad are views into the unsharded flat gradient.
@@ -101,6 +102,9 @@ struct fsdp_unit {
     fsdp_tensor_t *full_grad;    /* unsharded flat gradient while backward runs, else NULL */
     bool unsharded;
     fsdp_work_t *ag_work;        /* outstanding all-gather into full */
+    fsdp_tensor_t *staging;      /* CPU offload: the shard on the device while it is gathered */
+    fsdp_device_t *host_dev;     /* CPU offload: where flat and its gradient live */
+    bool host_dev_owned;
     bool prefetched;
 
     /* runtime state */
@@ -128,6 +132,8 @@ struct fsdp_unit {
     struct fsdp_unit **fwd_order; /* pre-forward order of the first iteration */
     size_t nfwd, capfwd;
     bool fwd_order_done;
+    size_t fwd_pos;              /* units pre-forwarded in this iteration */
+    bool order_warned;
     struct fsdp_unit **post_order; /* post-forward order of this iteration */
     size_t npost, cappost;
     bool cb_queued;              /* final callback queued in this backward */
