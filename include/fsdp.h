@@ -21,6 +21,7 @@
 #include <fsdp/nn.h>
 #include <fsdp/transformer.h>
 #include <fsdp/optim.h>
+#include <fsdp/ddp.h>
 #include <fsdp/fsdp.h>
 
 #endif /* FSDP_H */

@@ -3,10 +3,13 @@
  * runtime properties the seed-000 matrix relies on).
  *
  * The parity recipe (spec section 2.3, _test_fsdp_parity): every sim rank builds the model
- * twice from the same seed. The reference is trained without FSDP and without any collective:
- * each step it runs the inputs of all W ranks through its own replica one after the other,
- * averages the gradients (what DDP computes) and takes an SGD step (lr 0.01, momentum 0.9).
- * The FSDP model runs only this rank's input. Each step the losses must agree (fp32 tolerance:
+ * three times from the same seed and trains each with SGD (lr 0.01, momentum 0.9):
+ *   - DDP over the same group (fsdp_ddp_create), as upstream;
+ *   - a replica trained without any collective, which each step runs the inputs of all W
+ *     ranks one after the other and averages the gradients (what DDP computes), so a bug
+ *     shared by the communication layer cannot hide;
+ *   - the FSDP model, on this rank's input only.
+ * FSDP is compared with both references. Each step the losses must agree (fp32 tolerance:
  * rtol 1.3e-6, atol 1e-5), the units must be IDLE, and the parameters go through a full
  * round trip (summon with writeback, zero, restore); at the end the full parameters gathered
  * with fsdp_summon_begin must equal the reference's.
@@ -75,7 +78,7 @@ typedef struct cfg {
 
 typedef struct rank_out {
     char err[768];
-    double ref_loss[MAX_ITERS], fsdp_loss[MAX_ITERS];
+    double ref_loss[MAX_ITERS], fsdp_loss[MAX_ITERS], ddp_loss[MAX_ITERS];
     double worst_loss;  /* |a - b| / (atol + rtol |b|), worst over steps (norms included) */
     double worst_param; /* same over every parameter element */
     uint64_t checksum;  /* bits of the final parameters, for determinism */
@@ -116,6 +119,17 @@ static int forward_loss(model_kind_t k, fsdp_module_t *m, fsdp_tensor_t *in[2],
         rc = fsdp_module_forward1(m, in[0], &out);
         if (rc == 0) rc = tm_sum_loss(out, loss);
     }
+    fsdp_tensor_release(out);
+    return rc;
+}
+
+/* The same through DDP (or DummyDDP). */
+static int forward_loss_ddp(model_kind_t k, fsdp_ddp_t *d, fsdp_tensor_t *in[2],
+                            fsdp_tensor_t **loss) {
+    fsdp_tensor_t *out = NULL;
+    int rc = fsdp_ddp_forward(d, k == M_TRANSFORMER ? 2 : 1, in, 1, &out);
+    if (rc == 0)
+        rc = k == M_TRANSFORMER ? tm_transformer_loss(in[1], out, loss) : tm_sum_loss(out, loss);
     fsdp_tensor_release(out);
     return rc;
 }
@@ -315,10 +329,12 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     const cfg_t *c = &run->c;
     int rank = fsdp_ctx_rank(ctx);
     rank_out_t *out = &run->r[rank];
-    fsdp_module_t *ref = NULL, *m = NULL;
+    fsdp_module_t *ref = NULL, *m = NULL, *dm = NULL;
     fsdp_unit_t *root = NULL;
-    fsdp_optim_t *ref_opt = NULL, *opt = NULL;
-    fsdp_named_list_t ref_params = {0}, params = {0}, full = {0};
+    fsdp_ddp_t *ddp = NULL;
+    fsdp_optim_t *ref_opt = NULL, *opt = NULL, *ddp_opt = NULL;
+    fsdp_named_list_t ref_params = {0}, params = {0}, full = {0}, ddp_params = {0};
+    double *d = NULL;
     fsdp_tensor_t *in[2] = {NULL, NULL}, *loss = NULL;
     fsdp_unit_t **units = NULL;
     size_t nall = 0;
@@ -342,6 +358,16 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     }
     if ((rc = build(ctx, c->model, &m)) < 0) {
         fail(out, ctx, "building the model", rc);
+        goto done;
+    }
+    /* The DDP reference over the same group (DummyDDP for the mixture of experts). */
+    fsdp_ddp_options_t dopt;
+    fsdp_ddp_options_init(&dopt);
+    dopt.dummy = is_moe(c->model);
+    if ((rc = build(ctx, c->model, &dm)) < 0 || (rc = fsdp_ddp_create(dm, world, &dopt, &ddp)) < 0 ||
+        (rc = fsdp_module_named_params(dm, false, &ddp_params)) < 0 ||
+        (rc = make_sgd(ctx, &ddp_params, &ddp_opt)) < 0) {
+        fail(out, ctx, "building the DDP reference", rc);
         goto done;
     }
     if ((rc = wrap(c, &g, m, &root)) < 0) {
@@ -427,6 +453,29 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
             break;
         }
 
+        /* DDP: this rank's input, gradients averaged by DDP (or by the model under DummyDDP). */
+        fsdp_optim_zero_grad(ddp_opt, true);
+        if ((rc = input_for(ctx, c->model, rank, in)) < 0 ||
+            (rc = forward_loss_ddp(c->model, ddp, in, &loss)) < 0) {
+            fail(out, ctx, "DDP forward", rc);
+            break;
+        }
+        fsdp_tensor_item(loss, 0, &out->ddp_loss[it]);
+        rc = is_moe(c->model) ? tm_moe_run_backward(dm, loss, world) : fsdp_backward(loss, NULL);
+        fsdp_tensor_release(loss);
+        fsdp_tensor_release(in[0]);
+        fsdp_tensor_release(in[1]);
+        loss = in[0] = in[1] = NULL;
+        double ddp_norm = 0;
+        if (rc == 0 && c->clip != 0)
+            rc = fsdp_clip_grad_norm(ctx, ddp_params.n, ddp_params.tensors, CLIP_MAX_NORM,
+                                     c->clip, &ddp_norm);
+        if (rc == 0) rc = fsdp_optim_step(ddp_opt);
+        if (rc < 0) {
+            fail(out, ctx, "DDP step", rc);
+            break;
+        }
+
         /* FSDP: this rank's input only. */
         fsdp_pg_reset_counters(world);
         if (g.shard) fsdp_pg_reset_counters(g.shard);
@@ -507,6 +556,8 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
         }
         double cl = closeness(out->fsdp_loss[it], out->ref_loss[it]);
         if (cl > out->worst_loss) out->worst_loss = cl;
+        cl = closeness(out->fsdp_loss[it], out->ddp_loss[it]);
+        if (cl > out->worst_loss) out->worst_loss = cl;
     }
 
     /* Full parameters against the reference. */
@@ -519,6 +570,9 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
         rc = fsdp_module_named_params(m, false, &full);
         if (rc == 0) rc = values(&full, &a, &na);
         if (rc == 0) rc = values(&ref_params, &b, &nb);
+        size_t nd = 0;
+        if (rc == 0) rc = values(&ddp_params, &d, &nd);
+        if (rc == 0 && nd != nb) rc = FSDP_EINTERNAL;
         int rc2 = fsdp_summon_end(root);
         if (rc == 0) rc = rc2;
         if (rc < 0) {
@@ -538,7 +592,7 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
             }
         uint64_t h = 1469598103934665603ull;
         for (size_t i = 0; i < na; i++) {
-            double cl = closeness(a[i], b[i]);
+            double cl = fmax(closeness(a[i], b[i]), closeness(a[i], d[i]));
             if (cl > out->worst_param || isnan(cl)) out->worst_param = isnan(cl) ? INFINITY : cl;
             float f = (float)a[i];
             uint32_t bits;
@@ -551,6 +605,11 @@ done:
     free(units);
     free(a);
     free(b);
+    free(d);
+    fsdp_named_list_free(&ddp_params);
+    fsdp_optim_destroy(ddp_opt);
+    fsdp_ddp_destroy(ddp);
+    fsdp_module_release(dm);
     fsdp_named_list_free(&full);
     fsdp_named_list_free(&params);
     fsdp_named_list_free(&ref_params);

@@ -717,6 +717,29 @@ int fsdp_tensor_add_grad_hook(fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn, void *a
 
 /* ---- broadcasting ------------------------------------------------------------------------- */
 
+int fsdp_tensor_remove_grad_hook(fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn, void *arg) {
+    if (!leaf) return 0;
+    int n = 0;
+    struct fsdp_grad_hook **h = &leaf->hooks;
+    while (*h) {
+        if ((*h)->fn == fn && (*h)->arg == arg) {
+            struct fsdp_grad_hook *dead = *h;
+            *h = dead->next;
+            free(dead);
+            n++;
+        } else {
+            h = &(*h)->next;
+        }
+    }
+    return n;
+}
+
+bool fsdp_tensor_has_grad_hook(const fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn) {
+    for (const struct fsdp_grad_hook *h = leaf ? leaf->hooks : NULL; h; h = h->next)
+        if (h->fn == fn) return true;
+    return false;
+}
+
 int fsdp__broadcast_shape(const fsdp_tensor_t *a, const fsdp_tensor_t *b, const char *op,
                           int *ndim, int64_t *shape) {
     int nd = FSDP_MAX(a->ndim, b->ndim);
