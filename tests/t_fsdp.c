@@ -18,9 +18,10 @@
  * differs); its reference is upstream's: DummyDDP plus the model's own all-reduce of the
  * non-expert gradients over the same group (tm_moe_run_backward).
  *
- * Alongside, per step: the number of all-gathers, reduce-scatters and all-reduces on every group
- * equals the closed form of each unit's strategy, and after forward FULL_SHARD has freed every
- * non-root unit's unsharded parameters while SHARD_GRAD_OP still holds them. Variants add
+ * Alongside, per step: the all-gathers, reduce-scatters and all-reduces on every group (calls
+ * and bytes) equal the closed form of each unit's strategy and flat sizes, and after forward
+ * FULL_SHARD has freed every non-root unit's unsharded parameters while SHARD_GRAD_OP still
+ * holds them. Variants add
  * gradient clipping (both norms must agree and clipping must bite), hybrid sharding over 2x2
  * groups, and injected delays (CORE-P05, P06, P08) that must not change a single bit.
  */
@@ -265,7 +266,7 @@ static int values(const fsdp_named_list_t *l, double **out, size_t *n) {
 static int round_trip(fsdp_unit_t *root) {
     fsdp_module_t *m = fsdp_unit_module(root);
     fsdp_named_list_t sd = {0}, saved = {0};
-    int rc = fsdp_summon_begin(root, true, true);
+    int rc = fsdp_summon_begin(root, NULL);
     if (rc < 0) return rc;
     rc = fsdp_module_state_dict(m, &sd);
     saved.owned = true;
@@ -284,7 +285,7 @@ static int round_trip(fsdp_unit_t *root) {
     int rc2 = fsdp_summon_end(root);
     if (rc == 0) rc = rc2;
     fsdp_named_list_free(&sd);
-    if (rc == 0) rc = fsdp_summon_begin(root, true, true);
+    if (rc == 0) rc = fsdp_summon_begin(root, NULL);
     if (rc == 0) {
         rc = fsdp_module_load_state_dict(m, &saved, true);
         rc2 = fsdp_summon_end(root);
@@ -294,32 +295,51 @@ static int round_trip(fsdp_unit_t *root) {
     return rc;
 }
 
-/* The collectives one training step must issue, from each unit's strategy and group. */
-static void expected_collectives(fsdp_unit_t *const *units, size_t n, bool clip, uint64_t *ag,
-                                 uint64_t *rs, uint64_t *ar) {
-    *ag = *rs = *ar = 0;
+/* The collectives (calls and bytes, as the group counters count them) one training step must
+ * issue, in closed form from each unit's strategy, group and flat sizes. */
+typedef struct coll {
+    uint64_t ag, rs, ar;       /* calls */
+    uint64_t agb, rsb, arb;    /* bytes */
+} coll_t;
+
+static void expected_collectives(fsdp_unit_t *const *units, size_t n, bool clip, coll_t *e) {
+    *e = (coll_t){0};
     for (size_t i = 0; i < n; i++) {
         fsdp_unit_t *u = units[i];
         if (fsdp_unit_num_params(u) == 0 || fsdp_pg_size(fsdp_unit_pg(u)) == 1) continue;
+        fsdp_flat_sizes_t fs;
+        fsdp_unit_flat_sizes(u, &fs);
+        uint64_t full = (uint64_t)fs.padded_numel * 4, shard = (uint64_t)fs.shard_numel * 4;
+        uint64_t gathers = fsdp_unit_is_root(u) ? 1 : 2;
         switch (fsdp_unit_strategy(u)) {
-        case FSDP_NO_SHARD: *ar += 1; break;
-        case FSDP_FULL_SHARD: *ag += fsdp_unit_is_root(u) ? 1 : 2; *rs += 1; break;
-        case FSDP_HYBRID_SHARD: *ag += fsdp_unit_is_root(u) ? 1 : 2; *rs += 1; *ar += 1; break;
-        case FSDP_SHARD_GRAD_OP: *ag += 1; *rs += 1; break;
-        case FSDP_HYBRID_SHARD_ZERO2: *ag += 1; *rs += 1; *ar += 1; break;
+        case FSDP_NO_SHARD: e->ar += 1, e->arb += full; break;
+        case FSDP_FULL_SHARD:
+            e->ag += gathers, e->agb += gathers * full, e->rs += 1, e->rsb += full;
+            break;
+        case FSDP_HYBRID_SHARD:
+            e->ag += gathers, e->agb += gathers * full, e->rs += 1, e->rsb += full;
+            e->ar += 1, e->arb += shard;
+            break;
+        case FSDP_SHARD_GRAD_OP: e->ag += 1, e->agb += full, e->rs += 1, e->rsb += full; break;
+        case FSDP_HYBRID_SHARD_ZERO2:
+            e->ag += 1, e->agb += full, e->rs += 1, e->rsb += full, e->ar += 1, e->arb += shard;
+            break;
         default: break;
         }
     }
-    if (clip && fsdp_pg_size(fsdp_unit_pg(units[0])) > 1) *ar += 1;
+    if (clip && fsdp_pg_size(fsdp_unit_pg(units[0])) > 1) e->ar += 1, e->arb += 8;
 }
 
-static void counters_add(fsdp_pg_t *pg, uint64_t *ag, uint64_t *rs, uint64_t *ar) {
+static void counters_add(fsdp_pg_t *pg, coll_t *c) {
     if (!pg) return;
     fsdp_pg_counters_t pc;
     fsdp_pg_get_counters(pg, &pc);
-    *ag += pc.calls[FSDP_COLL_ALL_GATHER];
-    *rs += pc.calls[FSDP_COLL_REDUCE_SCATTER];
-    *ar += pc.calls[FSDP_COLL_ALL_REDUCE];
+    c->ag += pc.calls[FSDP_COLL_ALL_GATHER];
+    c->rs += pc.calls[FSDP_COLL_REDUCE_SCATTER];
+    c->ar += pc.calls[FSDP_COLL_ALL_REDUCE];
+    c->agb += pc.bytes[FSDP_COLL_ALL_GATHER];
+    c->rsb += pc.bytes[FSDP_COLL_REDUCE_SCATTER];
+    c->arb += pc.bytes[FSDP_COLL_ALL_REDUCE];
 }
 
 /* ---- the parity run -------------------------------------------------------------------------- */
@@ -535,21 +555,26 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
             break;
         }
         /* Collectives of the step, in closed form. */
-        uint64_t ag = 0, rs = 0, ar = 0, wag, wrs, war;
-        counters_add(world, &ag, &rs, &ar);
-        counters_add(g.shard, &ag, &rs, &ar);
-        counters_add(g.rep, &ag, &rs, &ar);
-        counters_add(g.self, &ag, &rs, &ar);
-        expected_collectives(units, nall, c->clip != 0, &wag, &wrs, &war);
-        /* check_exec_order: one small all-gather per unit in the first iteration */
-        if (it == 0 && fsdp_pg_size(fsdp_unit_pg(root)) > 1) wag += nall;
-        if (!out->err[0] && (ag != wag || rs != wrs || ar != war))
+        coll_t got = {0}, want;
+        counters_add(world, &got);
+        counters_add(g.shard, &got);
+        counters_add(g.rep, &got);
+        counters_add(g.self, &got);
+        expected_collectives(units, nall, c->clip != 0, &want);
+        /* check_exec_order: one all-gather of an index per unit in the first iteration */
+        int rw = fsdp_pg_size(fsdp_unit_pg(root));
+        if (it == 0 && rw > 1) want.ag += nall, want.agb += nall * 8 * (uint64_t)rw;
+        if (!out->err[0] && memcmp(&got, &want, sizeof got) != 0)
             snprintf(out->err, sizeof out->err,
-                     "rank %d step %d: collectives all-gather %llu, reduce-scatter %llu, "
-                     "all-reduce %llu; want %llu, %llu, %llu",
-                     rank, it, (unsigned long long)ag, (unsigned long long)rs,
-                     (unsigned long long)ar, (unsigned long long)wag, (unsigned long long)wrs,
-                     (unsigned long long)war);
+                     "rank %d step %d: collectives all-gather %llu (%llu B), reduce-scatter %llu "
+                     "(%llu B), all-reduce %llu (%llu B); want %llu (%llu B), %llu (%llu B), %llu "
+                     "(%llu B)",
+                     rank, it, (unsigned long long)got.ag, (unsigned long long)got.agb,
+                     (unsigned long long)got.rs, (unsigned long long)got.rsb,
+                     (unsigned long long)got.ar, (unsigned long long)got.arb,
+                     (unsigned long long)want.ag, (unsigned long long)want.agb,
+                     (unsigned long long)want.rs, (unsigned long long)want.rsb,
+                     (unsigned long long)want.ar, (unsigned long long)want.arb);
         if (c->save_model && !out->err[0] && (rc = round_trip(root)) < 0) {
             fail(out, ctx, "state round trip", rc);
             break;
@@ -563,7 +588,10 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     /* Full parameters against the reference. */
     if (!out->err[0]) {
         size_t na = 0, nb = 0;
-        if ((rc = fsdp_summon_begin(root, true, false)) < 0) {
+        fsdp_summon_options_t so;
+        fsdp_summon_options_init(&so);
+        so.writeback = false;
+        if ((rc = fsdp_summon_begin(root, &so)) < 0) {
             fail(out, ctx, "summon", rc);
             goto done;
         }

@@ -133,8 +133,11 @@ FSDP_EXTERN void fsdp_options_init(fsdp_options_t *o);
  * Makes m (and, with a policy, modules below it) FSDP units. Collective over the group (it may
  * broadcast, and every rank must flatten the same parameters). On success *out is the unit of
  * m; m's parameters are now sharded. Errors name the parameter, the module and the sizes:
- * parameters of mixed dtypes or a non-float dtype, a parameter shared with a module outside the
- * subtree or owned by two units, a module that is already a unit.
+ * parameters of mixed dtypes or a non-float dtype, a parameter that another unit already
+ * manages, a module that is already a unit. (A parameter shared with a module outside every
+ * unit's subtree cannot be detected here: modules have no parent pointers; such a module fails
+ * at its forward, when it meets the sharded view.) With a policy, the units the policy made
+ * before a failure at m itself stay units; fsdp_destroy() each of them.
  */
 FSDP_EXTERN int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out);
 
@@ -207,15 +210,42 @@ FSDP_EXTERN int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *ou
 
 /* ---- running outside forward ----------------------------------------------------------------- */
 
+/* PyTorch's summon_full_params arguments. */
+typedef struct fsdp_summon_options {
+    bool recurse;        /* also every unit below (default true) */
+    bool writeback;      /* changes persist: this rank's part is copied back into its shard at
+                            the end (default true) */
+    bool rank0_only;     /* only rank 0's modules show the full parameters (others gather, then
+                            free at once); not with writeback */
+    bool offload_to_cpu; /* the full parameters shown are a copy in host memory
+                            (FSDP_MEM_OFFLOAD), the device copy is freed */
+    bool with_grads;     /* also gather the gradients (zeros where a rank has none), shown as
+                            the parameters' .grad; needs use_orig_params, not with
+                            offload_to_cpu */
+} fsdp_summon_options_t;
+
+/* recurse and writeback on, the rest off. */
+FSDP_EXTERN void fsdp_summon_options_init(fsdp_summon_options_t *o);
+
 /*
  * Gathers the full parameters of u (and, with recurse, of every unit below it) and points the
  * modules' parameter slots at them, so fsdp_module_named_params() / fsdp_module_state_dict()
- * of the module show full tensors until fsdp_summon_end(). With writeback, changes made to them
- * are copied back into the local shards at the end (only this rank's part persists, as in
- * PyTorch). Collective. Not allowed during forward or backward.
+ * of the module show full tensors until fsdp_summon_end(). Collective over each unit's group.
+ * Not allowed during forward or backward, and forward is refused while summoned. o may be NULL
+ * (defaults). Errors: rank0_only with writeback, with_grads without use_orig_params or with
+ * offload_to_cpu, a unit already summoned or running.
  */
-FSDP_EXTERN int fsdp_summon_begin(fsdp_unit_t *u, bool recurse, bool writeback);
+FSDP_EXTERN int fsdp_summon_begin(fsdp_unit_t *u, const fsdp_summon_options_t *o);
 FSDP_EXTERN int fsdp_summon_end(fsdp_unit_t *u);
+
+/*
+ * Unshards one unit outside forward (collective over its group), so a submodule of it can be
+ * run directly, e.g. a head used only for evaluation: the module's parameter slots hold full
+ * parameters until fsdp_unit_reshard(), which writes this rank's part back into the shard.
+ * Running the unit's own module (which would unshard it again) is refused in between.
+ */
+FSDP_EXTERN int fsdp_unit_unshard(fsdp_unit_t *u);
+FSDP_EXTERN int fsdp_unit_reshard(fsdp_unit_t *u);
 
 /* ---- gradients ------------------------------------------------------------------------------ */
 

@@ -515,10 +515,19 @@ static int lazy_init(fsdp_unit_t *root) {
 static int root_pre_forward(fsdp_unit_t *root) {
     int rc = lazy_init(root);
     if (rc < 0) return rc;
+    /* With an empty tape no earlier forward of this iteration can still be differentiated (its
+     * graph was dropped, e.g. a validation forward): start counting invocations afresh. */
+    bool fresh = fsdp_tape_size(root->ctx) == 0;
+    if (fresh) root->cb_queued = false;
     for (size_t i = 0; i < root->nall; i++) {
         fsdp_unit_t *u = root->all[i];
         if (u->state == FSDP_STATE_SUMMON)
             return unit_err(u, FSDP_EINVAL, "forward inside fsdp_summon_begin/end");
+        if (fresh) {
+            u->fwd_invocations = 0;
+            u->needs_pre_backward = false;
+            u->bwd_pending = 0;
+        }
         if (u->state != FSDP_STATE_IDLE && !fsdp_in_backward(u->ctx)) {
             swap_slots(u, false);
             u->state = FSDP_STATE_IDLE;
@@ -1053,6 +1062,8 @@ static int auto_wrap(struct policy_walk *w, fsdp_module_t *m, const char *fqn, b
     return wrap_one(m, w->o, w->pg, fqn, &u);
 }
 
+static void drop_summon_views(fsdp_unit_t *u);
+
 static void unit_free(fsdp_unit_t *u) {
     if (!u) return;
     fsdp_work_release(u->ag_work);
@@ -1076,6 +1087,8 @@ static void unit_free(fsdp_unit_t *u) {
     fsdp_tensor_release(u->full);
     fsdp_tensor_release(u->full_grad);
     fsdp_tensor_release(u->staging);
+    fsdp_tensor_release(u->summon_host);
+    drop_summon_views(u);
     fsdp_tensor_release(u->rs_in);
     fsdp_tensor_release(u->rs_out);
     free(u->children);
@@ -1354,55 +1367,179 @@ int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *out) {
     return rc;
 }
 
-/* ---- summon ---------------------------------------------------------------------------------- */
+/* ---- summon and explicit unshard ------------------------------------------------------------ */
 
-static int summon_one(fsdp_unit_t *u, bool writeback) {
-    if (u->state != FSDP_STATE_IDLE)
-        return unit_err(u, FSDP_EINVAL, "fsdp_summon_begin: the unit is %s",
-                        u->state == FSDP_STATE_SUMMON ? "already summoned"
-                                                      : "in forward or backward");
-    u->was_unsharded = u->unsharded;
-    int rc = unshard(u);
-    if (rc < 0) return rc;
-    swap_slots(u, true);
-    u->summon_writeback = writeback;
-    u->state = FSDP_STATE_SUMMON;
+void fsdp_summon_options_init(fsdp_summon_options_t *o) {
+    if (!o) return;
+    *o = (fsdp_summon_options_t){0};
+    o->recurse = true;
+    o->writeback = true;
+}
+
+/* Points u's module slots at views of `base` (a full flat tensor) with the parameters' shapes;
+ * the views are kept in u->summon_views so that the end of the summon can drop them. */
+static int slots_to_views_of(fsdp_unit_t *u, fsdp_tensor_t *base) {
+    u->summon_views = calloc((size_t)u->nparams, sizeof *u->summon_views);
+    if (!u->summon_views) return unit_err(u, FSDP_ENOMEM, "out of memory");
+    for (int i = 0; i < u->nparams; i++) {
+        struct fsdp__param *p = &u->params[i];
+        int rc = fsdp__tensor_view(base, u->layout.offset[i], p->ndim, p->shape, NULL,
+                                   &u->summon_views[i]);
+        if (rc < 0) return rc;
+        fsdp__contiguous_strides(p->ndim, p->shape, u->summon_views[i]->stride);
+        fsdp_tensor_set_name(u->summon_views[i], p->fqn);
+    }
+    for (size_t i = 0; i < u->nslots; i++) {
+        struct fsdp__slotref *sr = &u->slots[i];
+        struct fsdp__slot *slot = &sr->m->params[sr->slot];
+        fsdp_tensor_t *want = u->summon_views[sr->param];
+        fsdp_tensor_retain(want);
+        fsdp_tensor_release(slot->t);
+        slot->t = want;
+    }
+    u->slots_swapped = true;
     return FSDP_OK;
 }
 
-static int summon_rec(fsdp_unit_t *u, bool recurse, bool writeback, bool begin) {
-    int rc = FSDP_OK;
-    if (begin) {
-        rc = summon_one(u, writeback);
-    } else if (u->state == FSDP_STATE_SUMMON) {
-        swap_slots(u, false);
-        if (u->nparams > 0 && u->summon_writeback && separate_full(u)) {
-            fsdp_tensor_t *src = NULL;
-            int shard_rank = is_sharded(u->opt.strategy) ? u->rank : 0;
-            rc = view1d(u->full, (int64_t)shard_rank * u->layout.shard_numel,
-                        u->layout.shard_numel, &src);
-            if (rc == 0) rc = fsdp_tensor_copy_(u->flat, src);
-            fsdp_tensor_release(src);
+static void drop_summon_views(fsdp_unit_t *u) {
+    if (!u->summon_views) return;
+    for (int i = 0; i < u->nparams; i++) fsdp_tensor_release(u->summon_views[i]);
+    free(u->summon_views);
+    u->summon_views = NULL;
+}
+
+/* with_grads: the unsharded gradient (zeros where a rank has none), as the compute views'
+ * .grad. */
+static int summon_grads(fsdp_unit_t *u) {
+    if (u->nparams == 0 || !any_requires_grad(u)) return FSDP_OK;
+    const int64_t n[1] = {u->layout.padded_numel};
+    int rc = fsdp_tensor_zeros(u->ctx, u->dt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
+    if (rc < 0) return rc;
+    fsdp_tensor_t *g = u->flat->grad, *staged = NULL;
+    const int64_t sn[1] = {u->layout.shard_numel};
+    if (!g || g->dev != u->dev) {
+        rc = fsdp_tensor_zeros(u->ctx, u->dt, 1, sn, FSDP_MEM_COMM, &staged);
+        if (rc == 0 && g) rc = fsdp_tensor_copy_(staged, g);
+        if (rc < 0) {
+            fsdp_tensor_release(staged);
+            return rc;
         }
-        if (!u->was_unsharded) {
-            int r = reshard(u);
-            if (rc == 0) rc = r;
-        }
-        u->state = FSDP_STATE_IDLE;
+        g = staged;
     }
-    if (recurse)
-        for (size_t i = 0; i < u->nchildren && rc == 0; i++)
-            rc = summon_rec(u->children[i], true, writeback, begin);
+    if (is_sharded(u->opt.strategy)) {
+        rc = fsdp_pg_all_gather(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(u->full_grad),
+                                (size_t)u->layout.shard_numel, u->dt, NULL);
+    } else {
+        rc = fsdp_tensor_copy_(u->full_grad, g); /* NO_SHARD: the gradient is already full */
+    }
+    fsdp_tensor_release(staged);
+    if (rc < 0) return unit_err(u, rc, "gathering the gradients failed: %s",
+                                fsdp_ctx_last_error(u->ctx));
+    for (int i = 0; i < u->nparams && rc == 0; i++) {
+        struct fsdp__param *p = &u->params[i];
+        if (!p->orig->requires_grad) continue;
+        fsdp_tensor_t *v = NULL;
+        rc = fsdp__tensor_view(u->full_grad, u->layout.offset[i], p->ndim, p->shape, NULL, &v);
+        if (rc < 0) break;
+        fsdp__contiguous_strides(p->ndim, p->shape, v->stride);
+        fsdp_tensor_release(p->cv->grad);
+        p->cv->grad = v;
+    }
     return rc;
 }
 
-int fsdp_summon_begin(fsdp_unit_t *u, bool recurse, bool writeback) {
+static int summon_one(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool explicit_unshard) {
+    if (u->state != FSDP_STATE_IDLE)
+        return unit_err(u, FSDP_EINVAL, "%s: the unit is %s",
+                        explicit_unshard ? "fsdp_unit_unshard" : "fsdp_summon_begin",
+                        u->state == FSDP_STATE_SUMMON ? "already unsharded by the caller"
+                                                      : "in forward or backward");
+    u->was_unsharded = u->unsharded;
+    u->summon = *o;
+    int rc = unshard(u);
+    if (rc < 0) return rc;
+    u->state = FSDP_STATE_SUMMON;
+    if (o->with_grads && (rc = summon_grads(u)) < 0) return rc;
+    bool show = !o->rank0_only || u->rank == 0;
+    if (u->nparams > 0 && show && o->offload_to_cpu) {
+        /* A host copy of the full parameters; the device buffer goes back to its state. */
+        const int64_t n[1] = {u->layout.padded_numel};
+        fsdp_device_t *host = u->host_dev ? u->host_dev : u->dev;
+        rc = fsdp__tensor_new(u->ctx, host, u->dt, 1, n, FSDP_MEM_OFFLOAD, &u->summon_host);
+        if (rc == 0) rc = fsdp_tensor_copy_(u->summon_host, u->full);
+        if (rc == 0) rc = slots_to_views_of(u, u->summon_host);
+        if (rc == 0 && !u->was_unsharded && separate_full(u)) rc = reshard(u);
+        return rc;
+    }
+    if (show) swap_slots(u, true);
+    else if (!u->was_unsharded && separate_full(u)) rc = reshard(u); /* rank0_only elsewhere */
+    return rc;
+}
+
+static int summon_end_one(fsdp_unit_t *u) {
+    if (u->state != FSDP_STATE_SUMMON) return FSDP_OK;
+    int rc = FSDP_OK;
+    bool offloaded = u->summon_host != NULL;
+    swap_slots(u, false);
+    drop_summon_views(u);
+    if (u->nparams > 0 && u->summon.writeback && (separate_full(u) || offloaded)) {
+        /* Only this rank's part of the full parameters persists, as in PyTorch. */
+        int shard_rank = is_sharded(u->opt.strategy) ? u->rank : 0;
+        fsdp_tensor_t *src = NULL;
+        rc = view1d(offloaded ? u->summon_host : u->full,
+                    (int64_t)shard_rank * u->layout.shard_numel, u->layout.shard_numel, &src);
+        if (rc == 0) rc = fsdp_tensor_copy_(u->flat, src);
+        fsdp_tensor_release(src);
+    }
+    fsdp_tensor_release(u->summon_host);
+    u->summon_host = NULL;
+    drop_cv_grads(u);
+    fsdp_tensor_release(u->full_grad);
+    u->full_grad = NULL;
+    if (!u->was_unsharded && u->unsharded) {
+        int r = reshard(u);
+        if (rc == 0) rc = r;
+    }
+    u->state = FSDP_STATE_IDLE;
+    return rc;
+}
+
+static int summon_rec(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool begin) {
+    int rc = begin ? summon_one(u, o, false) : summon_end_one(u);
+    if (o->recurse)
+        for (size_t i = 0; i < u->nchildren; i++) {
+            int r = summon_rec(u->children[i], o, begin);
+            if (rc == 0) rc = r;
+            if (begin && rc < 0) break;
+        }
+    return rc;
+}
+
+int fsdp_summon_begin(fsdp_unit_t *u, const fsdp_summon_options_t *o) {
     if (!u) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_summon_begin: unit is NULL");
+    fsdp_summon_options_t def;
+    if (!o) {
+        fsdp_summon_options_init(&def);
+        o = &def;
+    }
     if (fsdp_in_backward(u->ctx))
         return unit_err(u, FSDP_EINVAL, "fsdp_summon_begin: not allowed during backward");
-    u->summon_recurse = recurse;
-    int rc = summon_rec(u, recurse, writeback, true);
-    if (rc < 0) summon_rec(u, recurse, false, false);
+    if (o->rank0_only && o->writeback)
+        return unit_err(u, FSDP_EINVAL,
+                        "fsdp_summon_begin: rank0_only with writeback is not supported (the "
+                        "other ranks would have nothing to write back)");
+    if (o->with_grads && !u->opt.use_orig_params)
+        return unit_err(u, FSDP_EINVAL,
+                        "fsdp_summon_begin: with_grads needs use_orig_params");
+    if (o->with_grads && o->offload_to_cpu)
+        return unit_err(u, FSDP_EINVAL,
+                        "fsdp_summon_begin: with_grads cannot be combined with offload_to_cpu");
+    int rc = summon_rec(u, o, true);
+    if (rc < 0) {
+        fsdp_summon_options_t end = *o;
+        end.writeback = false;
+        summon_rec(u, &end, false);
+    }
     return rc;
 }
 
@@ -1410,7 +1547,24 @@ int fsdp_summon_end(fsdp_unit_t *u) {
     if (!u) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_summon_end: unit is NULL");
     if (u->state != FSDP_STATE_SUMMON)
         return unit_err(u, FSDP_EINVAL, "fsdp_summon_end without fsdp_summon_begin");
-    return summon_rec(u, u->summon_recurse, false, false);
+    fsdp_summon_options_t o = u->summon;
+    return summon_rec(u, &o, false);
+}
+
+int fsdp_unit_unshard(fsdp_unit_t *u) {
+    if (!u) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_unit_unshard: unit is NULL");
+    fsdp_summon_options_t o;
+    fsdp_summon_options_init(&o);
+    o.recurse = false;
+    o.writeback = true;
+    return summon_one(u, &o, true);
+}
+
+int fsdp_unit_reshard(fsdp_unit_t *u) {
+    if (!u) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_unit_reshard: unit is NULL");
+    if (u->state != FSDP_STATE_SUMMON)
+        return unit_err(u, FSDP_EINVAL, "fsdp_unit_reshard without fsdp_unit_unshard");
+    return summon_end_one(u);
 }
 
 /* ---- clip_grad_norm ------------------------------------------------------------------------- */

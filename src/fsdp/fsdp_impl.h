@@ -115,9 +115,10 @@ struct fsdp_unit {
     int bwd_pending;             /* entry marks still to come in this backward */
     bool needs_pre_backward;     /* ran forward with grad; pre-backward not yet done */
     bool post_backward_done;
-    bool summon_writeback;
-    bool summon_recurse;
+    fsdp_summon_options_t summon; /* of the summon in progress */
     bool was_unsharded;          /* before the summon */
+    fsdp_tensor_t *summon_host;  /* offload_to_cpu: host copy of the full parameters */
+    fsdp_tensor_t **summon_views; /* per parameter, views the slots hold (offload_to_cpu) */
     /* outstanding gradient reduction */
     fsdp_work_t *rs_work;
     fsdp_tensor_t *rs_in;        /* what the reduction reads (the padded flat gradient) */
