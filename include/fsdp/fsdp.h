@@ -87,6 +87,23 @@ FSDP_EXTERN const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p);
 typedef bool (*fsdp_wrap_policy_fn)(fsdp_module_t *m, const char *fqn, int64_t nonwrapped_numel,
                                     void *arg);
 
+/* PyTorch's MixedPrecision. A dtype left at FSDP_MP_UNSET means "as the parameters". */
+#define FSDP_MP_UNSET ((fsdp_dtype_t)-1)
+typedef struct fsdp_mixed_precision {
+    bool enabled;              /* false (the default): no casts at all */
+    fsdp_dtype_t param_dtype;  /* compute dtype: the shard is cast to it and all-gathered in it;
+                                  the full-precision shard stays for the optimizer */
+    fsdp_dtype_t reduce_dtype; /* gradients are reduced in it (unset: param_dtype) and then
+                                  stored in the parameters' dtype */
+    fsdp_dtype_t buffer_dtype; /* the root casts every floating buffer of the tree to it once */
+    bool cast_root_forward_inputs; /* the root casts floating inputs to param_dtype (default
+                                      true) */
+    bool cast_forward_inputs;      /* every unit does (default false) */
+} fsdp_mixed_precision_t;
+
+/* enabled false, dtypes unset, cast_root_forward_inputs true. */
+FSDP_EXTERN void fsdp_mixed_precision_init(fsdp_mixed_precision_t *mp);
+
 typedef struct fsdp_options {
     /* The group the unit shards over (for the hybrid strategies: the shard group). NULL: the
      * context's world group. */
@@ -105,6 +122,7 @@ typedef struct fsdp_options {
      * with its limit of 2); 0 = no limit. Default 2. */
     int limit_all_gathers;
     bool use_orig_params;                       /* default false */
+    fsdp_mixed_precision_t mixed_precision;     /* default off */
     /* Broadcast rank 0's parameters and buffers of the subtree at wrap time. Default false. */
     bool sync_module_states;
     /* Check that every rank runs the units in the same order (one small all-gather per unit

@@ -38,9 +38,17 @@ const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p) {
     return (int)p >= 0 && p < FSDP_BACKWARD_PREFETCH_COUNT ? prefetch_names[p] : "?";
 }
 
+void fsdp_mixed_precision_init(fsdp_mixed_precision_t *mp) {
+    if (!mp) return;
+    *mp = (fsdp_mixed_precision_t){0};
+    mp->param_dtype = mp->reduce_dtype = mp->buffer_dtype = FSDP_MP_UNSET;
+    mp->cast_root_forward_inputs = true;
+}
+
 void fsdp_options_init(fsdp_options_t *o) {
     if (!o) return;
     *o = (fsdp_options_t){0};
+    fsdp_mixed_precision_init(&o->mixed_precision);
     o->strategy = FSDP_FULL_SHARD;
     o->backward_prefetch = FSDP_BACKWARD_PRE;
     o->limit_all_gathers = 2;
@@ -50,7 +58,7 @@ static bool is_sharded(fsdp_sharding_strategy_t s) { return s != FSDP_NO_SHARD; 
 
 /* Whether the unsharded flat parameter has storage of its own (gathered, then freed). */
 static bool separate_full(const fsdp_unit_t *u) {
-    return is_sharded(u->opt.strategy) || u->opt.cpu_offload;
+    return is_sharded(u->opt.strategy) || u->opt.cpu_offload || u->cdt != u->dt;
 }
 
 static bool is_hybrid(fsdp_sharding_strategy_t s) {
@@ -162,17 +170,25 @@ static char *join_name(const char *prefix, const char *name) {
     return s;
 }
 
-/* t /= v in place (a contiguous float tensor), as PyTorch's div_ rounds. */
+/* t /= v in place (a contiguous float tensor), as PyTorch's div_ rounds: 16-bit floats are
+ * divided in f32 and rounded once. */
 static int div_inplace(fsdp_tensor_t *t, double v) {
     if (v == 1.0 || fsdp_tensor_numel(t) == 0) return FSDP_OK;
-    fsdp_tensor_t *s = NULL;
-    int rc = fsdp__tensor_new(t->ctx, t->dev, t->dt, 0, NULL, FSDP_MEM_OTHER, &s);
+    int cdt = fsdp__compute_dtype(t->dt);
+    if (cdt < 0) return fsdp__ctx_err(t->ctx, FSDP_EINVAL, "cannot divide a %s tensor",
+                                     fsdp_dtype_name(t->dt));
+    fsdp_tensor_t *s = NULL, *x = t;
+    int rc = FSDP_OK;
+    if ((fsdp_dtype_t)cdt != t->dt) rc = fsdp__as_contig(t, (fsdp_dtype_t)cdt, &x);
+    if (rc == 0) rc = fsdp__tensor_new(t->ctx, t->dev, x->dt, 0, NULL, FSDP_MEM_OTHER, &s);
     if (rc == 0) rc = fsdp_tensor_fill_(s, v);
     if (rc == 0) {
         const int64_t shape[1] = {fsdp_tensor_numel(t)}, one[1] = {1}, zero[1] = {0};
-        rc = t->dev->ops->binary(t->dev, t->dt, FSDP_BINARY_DIV, 1, shape, fsdp_tensor_data(t),
-                                 fsdp_tensor_data(t), one, fsdp_tensor_data(s), zero);
+        rc = t->dev->ops->binary(t->dev, x->dt, FSDP_BINARY_DIV, 1, shape, fsdp_tensor_data(x),
+                                 fsdp_tensor_data(x), one, fsdp_tensor_data(s), zero);
     }
+    if (rc == 0 && x != t) rc = fsdp_tensor_copy_(t, x);
+    if (x != t) fsdp_tensor_release(x);
     fsdp_tensor_release(s);
     return rc;
 }
@@ -205,7 +221,7 @@ static void swap_slots(fsdp_unit_t *u, bool to_cv) {
 /* ---- unshard and reshard ------------------------------------------------------------------- */
 
 static size_t full_bytes(const fsdp_unit_t *u) {
-    return (size_t)u->layout.padded_numel * fsdp_dtype_size(u->dt);
+    return (size_t)u->layout.padded_numel * fsdp_dtype_size(u->cdt);
 }
 
 /* Removes u from the root's queue of outstanding all-gathers. */
@@ -255,30 +271,31 @@ static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
     if (rc < 0) return unit_err(u, rc, "cannot allocate the unsharded parameter (%zu bytes)",
                                 full_bytes(u));
     const void *src = fsdp_tensor_data(u->flat);
-    if (u->opt.cpu_offload) {
-        /* The host shard goes to the device first (PyTorch's pre-unshard H2D copy). */
+    if (u->opt.cpu_offload || u->cdt != u->dt) {
+        /* The shard goes to the device and/or to the compute dtype first (PyTorch's
+         * pre-unshard: the H2D copy of an offloaded shard, the low-precision shard). */
         if (!is_sharded(u->opt.strategy)) {
             rc = fsdp_tensor_copy_(u->full, u->flat);
             if (rc < 0) {
                 fsdp_tensor_storage_resize(u->full, 0);
-                return unit_err(u, rc, "copying the offloaded parameters to the device failed");
+                return unit_err(u, rc, "preparing the unsharded parameters failed");
             }
             u->unsharded = true;
             return FSDP_OK;
         }
         const int64_t n[1] = {u->layout.shard_numel};
-        rc = fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, n, FSDP_MEM_PARAMS, &u->staging);
+        rc = fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &u->staging);
         if (rc == 0) rc = fsdp_tensor_copy_(u->staging, u->flat);
         if (rc < 0) {
             fsdp_tensor_release(u->staging);
             u->staging = NULL;
             fsdp_tensor_storage_resize(u->full, 0);
-            return unit_err(u, rc, "copying the offloaded shard to the device failed");
+            return unit_err(u, rc, "preparing the shard for the all-gather failed");
         }
         src = fsdp_tensor_data(u->staging);
     }
     rc = fsdp_pg_all_gather(u->pg, src, fsdp_tensor_data(u->full),
-                            (size_t)u->layout.shard_numel, u->dt, &u->ag_work);
+                            (size_t)u->layout.shard_numel, u->cdt, &u->ag_work);
     if (rc < 0) {
         fsdp_tensor_release(u->staging);
         u->staging = NULL;
@@ -332,7 +349,7 @@ static bool any_requires_grad(const fsdp_unit_t *u) {
 static int prepare_grads(fsdp_unit_t *u) {
     if (u->nparams == 0 || !any_requires_grad(u) || u->full_grad) return FSDP_OK;
     const int64_t n[1] = {u->layout.padded_numel};
-    int rc = fsdp_tensor_zeros(u->ctx, u->dt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
+    int rc = fsdp_tensor_zeros(u->ctx, u->cdt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
     if (rc < 0) return unit_err(u, rc, "cannot allocate the unsharded gradient");
     for (int i = 0; i < u->nparams; i++) {
         struct fsdp__param *p = &u->params[i];
@@ -363,15 +380,23 @@ static int reduce_grad(fsdp_unit_t *u) {
     double pre, post;
     int world = u->world * (u->replicate_pg ? fsdp_pg_size(u->replicate_pg) : 1);
     fsdp__divide_factors(world, &pre, &post);
-    int rc = div_inplace(g, pre);
+    int rc = FSDP_OK;
+    if (g->dt != u->rdt) {
+        fsdp_tensor_t *c = NULL;
+        rc = fsdp_to_dtype(g, u->rdt, &c);
+        fsdp_tensor_release(g);
+        if (rc < 0) return rc;
+        g = c;
+    }
+    rc = div_inplace(g, pre);
     if (rc < 0) goto fail;
     if (u->opt.delay_before_reduce_ms > 0) fsdp__sleep_ms(u->opt.delay_before_reduce_ms);
     if (is_sharded(u->opt.strategy)) {
         const int64_t n[1] = {u->layout.shard_numel};
-        FSDP_TRY(rc, fail, fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, n, FSDP_MEM_GRADS,
+        FSDP_TRY(rc, fail, fsdp__tensor_new(u->ctx, u->dev, u->rdt, 1, n, FSDP_MEM_GRADS,
                                             &u->rs_out));
         rc = fsdp_pg_reduce_scatter(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(u->rs_out),
-                                    (size_t)u->layout.shard_numel, u->dt, FSDP_REDOP_SUM,
+                                    (size_t)u->layout.shard_numel, u->rdt, FSDP_REDOP_SUM,
                                     &u->rs_work);
         if (rc < 0) {
             rc = unit_err(u, rc, "gradient reduce-scatter failed: %s", fsdp_pg_last_error(u->pg));
@@ -382,7 +407,7 @@ static int reduce_grad(fsdp_unit_t *u) {
             /* A rank runs its collectives in issue order, so this reads the finished shard. */
             rc = fsdp_pg_all_reduce(u->replicate_pg, fsdp_tensor_data(u->rs_out),
                                     fsdp_tensor_data(u->rs_out), (size_t)u->layout.shard_numel,
-                                    u->dt, FSDP_REDOP_SUM, &u->ar_work);
+                                    u->rdt, FSDP_REDOP_SUM, &u->ar_work);
             if (rc < 0) {
                 rc = unit_err(u, rc, "gradient all-reduce across replicas failed: %s",
                               fsdp_pg_last_error(u->replicate_pg));
@@ -394,7 +419,7 @@ static int reduce_grad(fsdp_unit_t *u) {
         u->rs_out = fsdp_tensor_retain(g);
         if (u->world > 1) {
             rc = fsdp_pg_all_reduce(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(g),
-                                    (size_t)u->layout.padded_numel, u->dt, FSDP_REDOP_SUM,
+                                    (size_t)u->layout.padded_numel, u->rdt, FSDP_REDOP_SUM,
                                     &u->ar_work);
             if (rc < 0) {
                 rc = unit_err(u, rc, "gradient all-reduce failed: %s", fsdp_pg_last_error(u->pg));
@@ -434,11 +459,13 @@ static int finish_reduction(fsdp_unit_t *u) {
     fsdp_tensor_release(u->rs_in);
     u->rs_in = NULL;
     if (rc == 0) rc = div_inplace(out, u->post_divide);
-    if (rc == 0 && u->opt.cpu_offload) {
-        /* The reduced gradient goes to the host, where the optimizer runs. */
+    if (rc == 0 && (u->opt.cpu_offload || out->dt != u->dt)) {
+        /* The reduced gradient goes to the parameters' dtype, and to the host with offload,
+         * where the optimizer runs. */
         fsdp_tensor_t *h = NULL;
         const int64_t n[1] = {fsdp_tensor_numel(out)};
-        rc = fsdp__tensor_new(u->ctx, u->host_dev, u->dt, 1, n, FSDP_MEM_OFFLOAD, &h);
+        rc = fsdp__tensor_new(u->ctx, u->opt.cpu_offload ? u->host_dev : u->dev, u->dt, 1, n,
+                              u->opt.cpu_offload ? FSDP_MEM_OFFLOAD : FSDP_MEM_GRADS, &h);
         if (rc == 0) rc = fsdp_tensor_copy_(h, out);
         fsdp_tensor_release(out);
         out = h;
@@ -491,6 +518,32 @@ static int collect_units(fsdp_unit_t *u, fsdp_unit_t ***arr, size_t *n, size_t *
     return rc;
 }
 
+/* Casts the floating buffers of the modules u manages (its subtree outside nested units and
+ * ignored modules) to its buffer_dtype, replacing the tensors in the module slots. */
+static int cast_buffers(fsdp_unit_t *u, fsdp_module_t *m, bool top) {
+    const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
+    if (!mp->enabled || mp->buffer_dtype == FSDP_MP_UNSET) return FSDP_OK;
+    if (!top && fsdp_unit_of(m)) return FSDP_OK;
+    for (size_t i = 0; i < u->nignored; i++)
+        if (u->ignored[i] == m) return FSDP_OK;
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < m->nbuffers && rc == 0; i++) {
+        fsdp_tensor_t *b = m->buffers[i].t, *c = NULL;
+        if (!fsdp_dtype_is_float(b->dt) || b->dt == mp->buffer_dtype) continue;
+        rc = fsdp_to_dtype(b, mp->buffer_dtype, &c);
+        if (rc == 0) rc = fsdp_tensor_set_name(c, fsdp_tensor_name(b));
+        if (rc < 0) {
+            fsdp_tensor_release(c);
+            break;
+        }
+        fsdp_tensor_release(b);
+        m->buffers[i].t = c;
+    }
+    for (size_t i = 0; i < m->nchildren && rc == 0; i++)
+        rc = cast_buffers(u, m->children[i].m, false);
+    return rc;
+}
+
 static int lazy_init(fsdp_unit_t *root) {
     if (root->initialized) return FSDP_OK;
     root->nall = 0;
@@ -505,6 +558,12 @@ static int lazy_init(fsdp_unit_t *root) {
                             "tree must use the same setting",
                             u->opt.use_orig_params ? "on" : "off",
                             root->opt.use_orig_params ? "on" : "off");
+    }
+    for (size_t i = 0; i < root->nall; i++) {
+        fsdp_unit_t *u = root->all[i];
+        int rc2 = cast_buffers(u, u->module, true);
+        if (rc2 < 0) return unit_err(u, rc2, "casting buffers to the mixed-precision buffer dtype "
+                                     "failed: %s", fsdp_ctx_last_error(u->ctx));
     }
     root->initialized = true;
     return FSDP_OK;
@@ -627,7 +686,7 @@ static fsdp_unit_t *next_in_forward_order(fsdp_unit_t *root, fsdp_unit_t *u) {
 }
 
 static int forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t **in) {
-    (void)m, (void)nin, (void)in;
+    (void)m;
     fsdp_unit_t *u = arg;
     fsdp_unit_t *root = root_of(u);
     int rc;
@@ -637,6 +696,17 @@ static int forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t 
         return unit_err(u, FSDP_EINVAL, "forward inside fsdp_summon_begin/end");
     u->state = FSDP_STATE_FORWARD;
     if ((rc = check_order(root, u)) < 0) return rc;
+    const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
+    if (mp->enabled && mp->param_dtype != FSDP_MP_UNSET &&
+        ((u == root && mp->cast_root_forward_inputs) || mp->cast_forward_inputs))
+        for (int i = 0; i < nin; i++) {
+            if (!in[i] || !fsdp_dtype_is_float(in[i]->dt) || in[i]->dt == mp->param_dtype)
+                continue;
+            fsdp_tensor_t *c = NULL;
+            if ((rc = fsdp_to_dtype(in[i], mp->param_dtype, &c)) < 0) return rc;
+            fsdp_tensor_release(in[i]);
+            in[i] = c;
+        }
     if (!root->fwd_order_done && push_unit(&root->fwd_order, &root->nfwd, &root->capfwd, u) < 0)
         return unit_err(u, FSDP_ENOMEM, "out of memory");
     if ((rc = unshard(u)) < 0) return rc;
@@ -924,6 +994,9 @@ static int flatten(fsdp_unit_t *u) {
     if (rc < 0) return rc;
     u->dt = u->params[0].orig->dt;
     u->dev = u->params[0].orig->dev;
+    const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
+    u->cdt = mp->enabled && mp->param_dtype != FSDP_MP_UNSET ? mp->param_dtype : u->dt;
+    u->rdt = mp->enabled && mp->reduce_dtype != FSDP_MP_UNSET ? mp->reduce_dtype : u->cdt;
     if (u->opt.cpu_offload) {
         if (fsdp_device_kind(u->dev) != FSDP_DEVICE_CPU)
             return unit_err(u, FSDP_EINVAL,
@@ -965,13 +1038,7 @@ static int flatten(fsdp_unit_t *u) {
                                             &dst));
         fsdp__contiguous_strides(p->ndim, p->shape, dst->stride);
         rc = fsdp_tensor_copy_(dst, p->orig);
-        if (rc == 0) {
-            p->cv = dst; /* the compute view */
-            p->cv->requires_grad = p->orig->requires_grad;
-            rc = fsdp_tensor_set_name(p->cv, p->fqn);
-        } else {
-            fsdp_tensor_release(dst);
-        }
+        fsdp_tensor_release(dst);
         if (rc < 0) goto out;
         fsdp__layout_shard_info(&u->layout, i, shard_rank, &p->sh);
     }
@@ -990,11 +1057,27 @@ static int flatten(fsdp_unit_t *u) {
         rc = fsdp_tensor_copy_(u->flat, src);
         fsdp_tensor_release(src);
         if (rc < 0) goto out;
+        if (u->cdt != u->dt) {
+            /* Mixed precision: the unsharded parameter is gathered in the compute dtype. */
+            fsdp_tensor_release(u->full);
+            u->full = NULL;
+            FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, full_n,
+                                               FSDP_MEM_PARAMS, &u->full));
+        }
         FSDP_TRY(rc, out, fsdp_tensor_storage_resize(u->full, 0));
         u->unsharded = false;
     } else {
         FSDP_TRY(rc, out, view1d(u->full, 0, u->layout.shard_numel, &u->flat));
         u->unsharded = true;
+    }
+    /* The compute views: the original shapes at their offsets in the unsharded parameter. */
+    for (int i = 0; i < u->nparams; i++) {
+        struct fsdp__param *p = &u->params[i];
+        FSDP_TRY(rc, out, fsdp__tensor_view(u->full, u->layout.offset[i], p->ndim, p->shape, NULL,
+                                            &p->cv));
+        fsdp__contiguous_strides(p->ndim, p->shape, p->cv->stride);
+        p->cv->requires_grad = p->orig->requires_grad;
+        FSDP_TRY(rc, out, fsdp_tensor_set_name(p->cv, p->fqn));
     }
     bool rg = false;
     for (int i = 0; i < u->nparams; i++) rg |= u->params[i].orig->requires_grad;
@@ -1092,6 +1175,7 @@ static void unit_free(fsdp_unit_t *u) {
     fsdp_tensor_release(u->rs_in);
     fsdp_tensor_release(u->rs_out);
     free(u->children);
+    free(u->ignored);
     free(u->all);
     free(u->fwd_order);
     free(u->post_order);
@@ -1110,8 +1194,19 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
     u->module = fsdp_module_retain(m);
     u->fqn = strdup(fqn ? fqn : "");
     u->opt = *o;
-    u->opt.ignored_modules = NULL; /* not kept: the caller's array */
+    u->opt.ignored_modules = NULL; /* the caller's array: copied below */
     u->opt.num_ignored_modules = 0;
+    if (o->num_ignored_modules > 0) {
+        u->ignored = malloc(o->num_ignored_modules * sizeof *u->ignored);
+        if (!u->ignored) {
+            free(u->fqn);
+            fsdp_module_release(u->module);
+            free(u);
+            return fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
+        }
+        memcpy(u->ignored, o->ignored_modules, o->num_ignored_modules * sizeof *u->ignored);
+        u->nignored = o->num_ignored_modules;
+    }
     u->opt.wrap_types = NULL;
     u->opt.policy = NULL;
     u->pg = pg;
@@ -1408,9 +1503,31 @@ static void drop_summon_views(fsdp_unit_t *u) {
     u->summon_views = NULL;
 }
 
-/* with_grads: the unsharded gradient (zeros where a rank has none), as the compute views'
- * .grad. */
-static int summon_grads(fsdp_unit_t *u) {
+/* Gathers the full flat parameter in the parameters' own dtype into a new tensor on dev (for
+ * summons that must not show the compute-dtype copy). Collective for sharded units. */
+static int gather_full_precision(fsdp_unit_t *u, fsdp_device_t *dev, fsdp_mem_cat_t cat,
+                                 fsdp_tensor_t **out) {
+    const int64_t n[1] = {u->layout.padded_numel};
+    int rc = fsdp__tensor_new(u->ctx, dev, u->dt, 1, n, cat, out);
+    if (rc < 0) return rc;
+    if (is_sharded(u->opt.strategy)) {
+        rc = fsdp_pg_all_gather(u->pg, fsdp_tensor_data(u->flat), fsdp_tensor_data(*out),
+                                (size_t)u->layout.shard_numel, u->dt, NULL);
+        if (rc < 0) rc = unit_err(u, rc, "all-gather of the full parameters failed: %s",
+                                  fsdp_pg_last_error(u->pg));
+    } else {
+        rc = fsdp_tensor_copy_(*out, u->flat);
+    }
+    if (rc < 0) {
+        fsdp_tensor_release(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* with_grads: the unsharded gradient (zeros where a rank has none), as the .grad of the tensors
+ * the module slots show (views[i], or the compute views when views is NULL). */
+static int summon_grads(fsdp_unit_t *u, fsdp_tensor_t **views) {
     if (u->nparams == 0 || !any_requires_grad(u)) return FSDP_OK;
     const int64_t n[1] = {u->layout.padded_numel};
     int rc = fsdp_tensor_zeros(u->ctx, u->dt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
@@ -1438,12 +1555,12 @@ static int summon_grads(fsdp_unit_t *u) {
     for (int i = 0; i < u->nparams && rc == 0; i++) {
         struct fsdp__param *p = &u->params[i];
         if (!p->orig->requires_grad) continue;
-        fsdp_tensor_t *v = NULL;
+        fsdp_tensor_t *v = NULL, *shown = views ? views[i] : p->cv;
         rc = fsdp__tensor_view(u->full_grad, u->layout.offset[i], p->ndim, p->shape, NULL, &v);
         if (rc < 0) break;
         fsdp__contiguous_strides(p->ndim, p->shape, v->stride);
-        fsdp_tensor_release(p->cv->grad);
-        p->cv->grad = v;
+        fsdp_tensor_release(shown->grad);
+        shown->grad = v;
     }
     return rc;
 }
@@ -1456,21 +1573,28 @@ static int summon_one(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool expli
                                                       : "in forward or backward");
     u->was_unsharded = u->unsharded;
     u->summon = *o;
-    int rc = unshard(u);
-    if (rc < 0) return rc;
-    u->state = FSDP_STATE_SUMMON;
-    if (o->with_grads && (rc = summon_grads(u)) < 0) return rc;
     bool show = !o->rank0_only || u->rank == 0;
-    if (u->nparams > 0 && show && o->offload_to_cpu) {
-        /* A host copy of the full parameters; the device buffer goes back to its state. */
-        const int64_t n[1] = {u->layout.padded_numel};
-        fsdp_device_t *host = u->host_dev ? u->host_dev : u->dev;
-        rc = fsdp__tensor_new(u->ctx, host, u->dt, 1, n, FSDP_MEM_OFFLOAD, &u->summon_host);
-        if (rc == 0) rc = fsdp_tensor_copy_(u->summon_host, u->full);
-        if (rc == 0) rc = slots_to_views_of(u, u->summon_host);
-        if (rc == 0 && !u->was_unsharded && separate_full(u)) rc = reshard(u);
+    int rc = FSDP_OK;
+    if (u->nparams > 0 && (o->offload_to_cpu || u->cdt != u->dt)) {
+        /* A full-precision copy (PyTorch forces full precision here), on the host with
+         * offload_to_cpu; the compute-dtype buffer is left alone. */
+        fsdp_device_t *where = o->offload_to_cpu && u->host_dev ? u->host_dev : u->dev;
+        rc = gather_full_precision(u, where,
+                                   o->offload_to_cpu ? FSDP_MEM_OFFLOAD : FSDP_MEM_PARAMS,
+                                   &u->summon_host);
+        u->state = FSDP_STATE_SUMMON;
+        if (rc == 0 && show) rc = slots_to_views_of(u, u->summon_host);
+        if (rc == 0 && o->with_grads) rc = summon_grads(u, show ? u->summon_views : NULL);
+        if (rc == 0 && !show) {
+            fsdp_tensor_release(u->summon_host);
+            u->summon_host = NULL;
+        }
         return rc;
     }
+    rc = unshard(u);
+    if (rc < 0) return rc;
+    u->state = FSDP_STATE_SUMMON;
+    if (o->with_grads && (rc = summon_grads(u, NULL)) < 0) return rc;
     if (show) swap_slots(u, true);
     else if (!u->was_unsharded && separate_full(u)) rc = reshard(u); /* rank0_only elsewhere */
     return rc;

@@ -89,6 +89,8 @@ struct fsdp_unit {
     struct fsdp_unit **children; /* direct child units, in pre-order */
     size_t nchildren, capchildren;
     int hook_handles[4];         /* forward pre, forward, backward pre, backward */
+    fsdp_module_t **ignored;     /* ignored modules (borrowed: inside the tree) */
+    size_t nignored;
 
     /* flat parameter (absent when nparams == 0) */
     int nparams;
@@ -96,7 +98,9 @@ struct fsdp_unit {
     struct fsdp__slotref *slots;
     size_t nslots;
     fsdp__layout_t layout;
-    fsdp_dtype_t dt;
+    fsdp_dtype_t dt;             /* the parameters' (and the flat shard's) dtype */
+    fsdp_dtype_t cdt;            /* compute dtype: of full, the compute views and their grads */
+    fsdp_dtype_t rdt;            /* reduction dtype */
     fsdp_tensor_t *flat;         /* local shard leaf */
     fsdp_tensor_t *full;         /* unsharded flat parameter */
     fsdp_tensor_t *full_grad;    /* unsharded flat gradient while backward runs, else NULL */
