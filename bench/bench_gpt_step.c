@@ -27,55 +27,25 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <fsdp/autograd.h>
-#include <fsdp/context.h>
 #include <fsdp/device.h>
-#include <fsdp/errno.h>
 #include <fsdp/mem.h>
-#include <fsdp/nn.h>
-#include <fsdp/optim.h>
-#include <fsdp/tensor.h>
-#include <fsdp/transformer.h>
 
-/* The phases of a step, timed separately. */
-enum { PH_ZERO = 0, PH_FWD, PH_BWD, PH_OPT, PH_STEP, PH_COUNT };
+#include "bench_util.h"
+
+#define PROG "bench_gpt_step"
+
 static const char *const phase_name[PH_COUNT] = {"zero_grad", "forward+loss", "backward",
                                                  "optimizer", "step"};
 
 typedef struct options {
-    int64_t layers, d, heads, seq, batch, vocab;
+    bench_gpt_shape_t m;
     int steps, warmup, threads;
     uint64_t seed;
-    double lr, beta1, beta2, eps, wd;
+    bench_adamw_t adamw;
 } options_t;
 
 /* ---------------------------------------------------------------------------------------- */
 /* Helpers */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* splitmix64 (Steele, Lea and Flood); gpt_step_torch.py implements the same function. */
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median of v[0..n) (sorts v). */
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int default_threads(void) {
     const char *env = getenv("FSDP_NUM_THREADS");
@@ -90,12 +60,7 @@ static int default_threads(void) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: bench_gpt_step [options]\n"
-            "  --layers N    transformer blocks (default 6)\n"
-            "  --d N         model width d_model (default 384)\n"
-            "  --heads N     attention heads, divides d (default 6)\n"
-            "  --seq N       sequence length T (default 128)\n"
-            "  --batch N     sequences per batch B (default 8)\n"
-            "  --vocab N     vocabulary size (default 8192)\n"
+            BENCH_GPT_SHAPE_USAGE
             "  --steps N     timed steps (default 10)\n"
             "  --warmup N    untimed steps before them (default 2)\n"
             "  --threads N   compute threads (default FSDP_NUM_THREADS, else all cores)\n"
@@ -107,36 +72,14 @@ static void usage(FILE *f) {
             "  --help        this text\n");
 }
 
-/* Parses a positive integer option value; returns 0 on success. */
-static int parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end = NULL;
-    long long v = s ? strtoll(s, &end, 10) : 0;
-    if (!s || end == s || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "bench_gpt_step: %s needs an integer in [%lld, %lld], got '%s'\n", opt,
-                (long long)lo, (long long)hi, s ? s : "");
-        return -1;
-    }
-    *out = (int64_t)v;
-    return 0;
-}
-
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
 static int parse_options(int argc, char **argv, options_t *o) {
-    *o = (options_t){.layers = 6,
-                     .d = 384,
-                     .heads = 6,
-                     .seq = 128,
-                     .batch = 8,
-                     .vocab = 8192,
+    *o = (options_t){.m = bench_gpt_default,
                      .steps = 10,
                      .warmup = 2,
                      .threads = default_threads(),
                      .seed = 1234,
-                     .lr = 1e-3,
-                     .beta1 = 0.9,
-                     .beta2 = 0.95,
-                     .eps = 1e-8,
-                     .wd = 0.1};
+                     .adamw = bench_adamw_default};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -146,50 +89,35 @@ static int parse_options(int argc, char **argv, options_t *o) {
             usage(stdout);
             return 1;
         } else if (strcmp(a, "--quick") == 0) {
-            o->layers = 2, o->d = 64, o->heads = 4, o->seq = 32, o->batch = 2, o->vocab = 256;
+            o->m = bench_gpt_quick;
             o->steps = 2, o->warmup = 1;
             continue;
         } else if (strcmp(a, "--lr") == 0) {
             char *end = NULL;
             double x = val ? strtod(val, &end) : -1.0;
             if (!val || end == val || *end != '\0' || !(x >= 0.0)) {
-                fprintf(stderr, "bench_gpt_step: --lr needs a number >= 0\n");
+                fprintf(stderr, PROG ": --lr needs a number >= 0\n");
                 return -1;
             }
-            o->lr = x;
-        } else if (strcmp(a, "--layers") == 0) {
-            if ((rc = parse_i64(a, val, 0, 1000, &v)) == 0) o->layers = v;
-        } else if (strcmp(a, "--d") == 0) {
-            if ((rc = parse_i64(a, val, 1, 65536, &v)) == 0) o->d = v;
-        } else if (strcmp(a, "--heads") == 0) {
-            if ((rc = parse_i64(a, val, 1, 4096, &v)) == 0) o->heads = v;
-        } else if (strcmp(a, "--seq") == 0) {
-            if ((rc = parse_i64(a, val, 1, 1 << 20, &v)) == 0) o->seq = v;
-        } else if (strcmp(a, "--batch") == 0) {
-            if ((rc = parse_i64(a, val, 1, 1 << 20, &v)) == 0) o->batch = v;
-        } else if (strcmp(a, "--vocab") == 0) {
-            if ((rc = parse_i64(a, val, 1, INT64_C(1) << 31, &v)) == 0) o->vocab = v;
+            o->adamw.lr = x;
+        } else if ((rc = bench_shape_option(PROG, a, val, &o->m)) != 0) {
+            if (rc > 0) rc = 0;
         } else if (strcmp(a, "--steps") == 0) {
-            if ((rc = parse_i64(a, val, 1, 1000000, &v)) == 0) o->steps = (int)v;
+            if ((rc = bench_parse_i64(PROG, a, val, 1, 1000000, &v)) == 0) o->steps = (int)v;
         } else if (strcmp(a, "--warmup") == 0) {
-            if ((rc = parse_i64(a, val, 0, 1000000, &v)) == 0) o->warmup = (int)v;
+            if ((rc = bench_parse_i64(PROG, a, val, 0, 1000000, &v)) == 0) o->warmup = (int)v;
         } else if (strcmp(a, "--threads") == 0) {
-            if ((rc = parse_i64(a, val, 1, 4096, &v)) == 0) o->threads = (int)v;
+            if ((rc = bench_parse_i64(PROG, a, val, 1, 4096, &v)) == 0) o->threads = (int)v;
         } else if (strcmp(a, "--seed") == 0) {
-            if ((rc = parse_i64(a, val, 0, INT64_MAX, &v)) == 0) o->seed = (uint64_t)v;
+            if ((rc = bench_parse_i64(PROG, a, val, 0, INT64_MAX, &v)) == 0) o->seed = (uint64_t)v;
         } else {
-            fprintf(stderr, "bench_gpt_step: unknown option '%s' (try --help)\n", a);
+            fprintf(stderr, PROG ": unknown option '%s' (try --help)\n", a);
             return -1;
         }
         if (rc < 0) return -1;
         i++; /* the option's value */
     }
-    if (o->d % o->heads != 0) {
-        fprintf(stderr, "bench_gpt_step: --heads %lld must divide --d %lld\n",
-                (long long)o->heads, (long long)o->d);
-        return -1;
-    }
-    return 0;
+    return bench_shape_check(PROG, &o->m);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -204,38 +132,8 @@ typedef struct run {
 } run_t;
 
 static int fail_msg(const run_t *r, const char *what, int rc) {
-    fprintf(stderr, "bench_gpt_step: %s failed: %s (%s)\n", what, fsdp_strerror(rc),
+    fprintf(stderr, PROG ": %s failed: %s (%s)\n", what, fsdp_strerror(rc),
             r->ctx ? fsdp_ctx_last_error(r->ctx) : "");
-    return rc;
-}
-
-/* The batch: B sequences of T + 1 tokens from splitmix64(seed); inputs are the first T of each,
- * targets the last T. */
-static int make_batch(run_t *r, const options_t *o) {
-    int64_t b = o->batch, t = o->seq;
-    size_t n = (size_t)(b * t);
-    int64_t *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg);
-    int rc = FSDP_ENOMEM;
-    if (in && tg) {
-        uint64_t state = o->seed;
-        for (int64_t i = 0; i < b; i++) {
-            int64_t prev = (int64_t)(splitmix64(&state) % (uint64_t)o->vocab);
-            for (int64_t j = 0; j < t; j++) {
-                int64_t next = (int64_t)(splitmix64(&state) % (uint64_t)o->vocab);
-                in[i * t + j] = prev;
-                tg[i * t + j] = next;
-                prev = next;
-            }
-        }
-        const int64_t shape[2] = {b, t};
-        rc = fsdp_tensor_from_host(r->ctx, FSDP_DTYPE_I64, 2, shape, in, FSDP_MEM_OTHER,
-                                   &r->tokens);
-        if (rc == 0)
-            rc = fsdp_tensor_from_host(r->ctx, FSDP_DTYPE_I64, 2, shape, tg, FSDP_MEM_OTHER,
-                                       &r->targets);
-    }
-    free(in);
-    free(tg);
     return rc;
 }
 
@@ -253,38 +151,18 @@ static int setup(run_t *r, const options_t *o) {
         return fail_msg(r, "fsdp_device_create", rc);
     if ((rc = fsdp_ctx_set_device(r->ctx, r->dev)) < 0)
         return fail_msg(r, "fsdp_ctx_set_device", rc);
-
-    fsdp_gpt_config_t cfg;
-    fsdp_gpt_config_init(&cfg);
-    cfg.vocab = o->vocab;
-    cfg.max_seq = o->seq;
-    cfg.n_layer = o->layers;
-    cfg.n_head = o->heads;
-    cfg.d_model = o->d;
-    cfg.d_ff = 4 * o->d;
-    cfg.dropout = 0.0;
-    if ((rc = fsdp_gpt_create(r->ctx, &cfg, &r->model)) < 0)
+    if ((rc = bench_gpt_create(r->ctx, &o->m, &r->model)) < 0)
         return fail_msg(r, "fsdp_gpt_create", rc);
-    fsdp_module_train(r->model, true);
 
-    fsdp_adam_options_t aopts;
-    fsdp_adamw_options_init(&aopts);
-    aopts.lr = o->lr;
-    aopts.beta1 = o->beta1;
-    aopts.beta2 = o->beta2;
-    aopts.eps = o->eps;
-    aopts.weight_decay = o->wd;
-    if ((rc = fsdp_optim_adam_create(r->ctx, &aopts, true, &r->opt)) < 0)
-        return fail_msg(r, "fsdp_optim_adam_create", rc);
     fsdp_named_list_t params = {0};
     if ((rc = fsdp_module_named_params(r->model, false, &params)) < 0)
         return fail_msg(r, "fsdp_module_named_params", rc);
-    rc = fsdp_optim_add_group(r->opt, params.n, params.tensors,
-                              (const char *const *)params.names, NULL, NULL);
+    rc = bench_adamw_create(r->ctx, &o->adamw, &params, &r->opt);
     fsdp_named_list_free(&params);
-    if (rc < 0) return fail_msg(r, "fsdp_optim_add_group", rc);
+    if (rc < 0) return fail_msg(r, "creating the optimizer", rc);
 
-    if ((rc = make_batch(r, o)) < 0) return fail_msg(r, "making the batch", rc);
+    if ((rc = bench_make_batch(r->ctx, &o->m, o->seed, &r->tokens, &r->targets)) < 0)
+        return fail_msg(r, "making the batch", rc);
     return 0;
 }
 
@@ -298,29 +176,16 @@ static void teardown(run_t *r) {
     fsdp_ctx_destroy(r->ctx);
 }
 
+static int gpt_loss(void *arg, fsdp_tensor_t **loss) {
+    run_t *r = arg;
+    return fsdp_gpt_forward_loss(r->model, r->tokens, r->targets, loss, NULL);
+}
+
 /* One training step; ph[] receives the seconds of each phase, *loss the loss. */
 static int train_step(run_t *r, double ph[PH_COUNT], double *loss) {
-    fsdp_tensor_t *l = NULL;
-    int rc;
-    double t0 = now_s();
-    if ((rc = fsdp_optim_zero_grad(r->opt, true)) < 0) return fail_msg(r, "zero_grad", rc);
-    double t1 = now_s();
-    if ((rc = fsdp_gpt_forward_loss(r->model, r->tokens, r->targets, &l, NULL)) < 0)
-        return fail_msg(r, "forward", rc);
-    rc = fsdp_tensor_item(l, 0, loss);
-    double t2 = now_s();
-    if (rc == 0) rc = fsdp_backward(l, NULL);
-    fsdp_tensor_release(l);
-    if (rc < 0) return fail_msg(r, "backward", rc);
-    double t3 = now_s();
-    if ((rc = fsdp_optim_step(r->opt)) < 0) return fail_msg(r, "optimizer step", rc);
-    double t4 = now_s();
-    ph[PH_ZERO] = t1 - t0;
-    ph[PH_FWD] = t2 - t1;
-    ph[PH_BWD] = t3 - t2;
-    ph[PH_OPT] = t4 - t3;
-    ph[PH_STEP] = t4 - t0;
-    return 0;
+    const char *failed = NULL;
+    int rc = bench_train_step(r->opt, gpt_loss, r, ph, loss, &failed);
+    return rc < 0 ? fail_msg(r, failed, rc) : 0;
 }
 
 int main(int argc, char **argv) {
@@ -340,15 +205,16 @@ int main(int argc, char **argv) {
         if (!(times[p] = calloc((size_t)o.steps, sizeof(double)))) goto out;
 
     int64_t nparams = fsdp_module_num_params(r.model);
-    double tokens = (double)(o.batch * o.seq);
+    double tokens = (double)(o.m.batch * o.m.seq);
     printf("# bench_gpt_step: libfsdp, GPT %lld layers, d %lld, %lld heads, seq %lld, batch %lld, "
            "vocab %lld, f32, %d threads\n",
-           (long long)o.layers, (long long)o.d, (long long)o.heads, (long long)o.seq,
-           (long long)o.batch, (long long)o.vocab, o.threads);
+           (long long)o.m.layers, (long long)o.m.d, (long long)o.m.heads, (long long)o.m.seq,
+           (long long)o.m.batch, (long long)o.m.vocab, o.threads);
     printf("# params %lld\n", (long long)nparams);
     printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
            "timed steps\n",
-           o.lr, o.beta1, o.beta2, o.eps, o.wd, (unsigned long long)o.seed, o.warmup, o.steps);
+           o.adamw.lr, o.adamw.beta1, o.adamw.beta2, o.adamw.eps, o.adamw.wd,
+           (unsigned long long)o.seed, o.warmup, o.steps);
     fflush(stdout);
 
     size_t allocs_sum = 0;
@@ -370,7 +236,7 @@ int main(int argc, char **argv) {
                ph[PH_STEP] * 1e3);
         fflush(stdout);
         if (!isfinite(loss)) {
-            fprintf(stderr, "bench_gpt_step: the loss is not finite\n");
+            fprintf(stderr, PROG ": the loss is not finite\n");
             goto out;
         }
     }
@@ -382,7 +248,7 @@ int main(int argc, char **argv) {
     }
     double med[PH_COUNT];
     for (int p = 0; p < PH_COUNT; p++)
-        med[p] = median(times[p], o.steps);
+        med[p] = bench_median(times[p], o.steps);
     printf("phases median ms:");
     for (int p = 0; p < PH_STEP; p++)
         printf(" %s %.1f", phase_name[p], med[p] * 1e3);

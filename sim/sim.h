@@ -62,6 +62,7 @@ struct sim_world {
     int size;
     const fsdp_sim_fault_t *faults;
     size_t nfaults;
+    int64_t latency_ns;     /* simulated latency slept before every collective; 0: none */
     int spin;               /* barriers spin briefly before sleeping: ranks <= online CPUs */
     pthread_mutex_t reg_mu; /* guards the registry and every group's refs/attached */
     sim_group_t *groups;

@@ -12,10 +12,15 @@
  * depart barrier never times out, because once every rank has arrived nobody waits for anything
  * but memory copies. Only the arrive barrier can time out or see a dead peer, and a failure there
  * marks the group broken before anybody has touched a buffer.
+ *
+ * The simulated latency (fsdp_sim_options_t.comm_latency_us) is a sleep at the start of
+ * execute(), on whichever thread executes the collective, before the arrive barrier: it delays
+ * when the rank joins, never what is moved.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/reduce.h"
 #include "core/timeutil.h"
@@ -302,6 +307,17 @@ static const fsdp_sim_fault_t *find_fault(const sim_world_t *w, int rank, uint64
     return NULL;
 }
 
+/* Sleeps ns nanoseconds on CLOCK_MONOTONIC. An absolute deadline makes a sleep interrupted by
+ * a signal resume for the rest of the time only, and never return early. */
+static void sleep_ns(int64_t ns) {
+    int64_t end = fsdp__now_ns() + ns;
+    struct timespec ts = {.tv_sec = (time_t)(end / 1000000000),
+                          .tv_nsec = (long)(end % 1000000000)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
+        if (fsdp__now_ns() >= end) break; /* only EINTR is possible here; be safe anyway */
+    }
+}
+
 static void execute(sim_rank_t *self, fsdp_work_t *work) {
     sim_pg_t *sp = (sim_pg_t *)work->pg;
     sim_world_t *w = sp->world;
@@ -312,6 +328,8 @@ static void execute(sim_rank_t *self, fsdp_work_t *work) {
     char msg[FSDP_ERR_LEN], d[160];
     const fsdp_sim_fault_t *f;
 
+    /* The simulated latency comes first, so that it delays every collective, failing ones too. */
+    if (w->latency_ns > 0) sleep_ns(w->latency_ns);
     if ((f = find_fault(w, self->index, call, FSDP_SIM_DELAY_BEFORE)))
         fsdp__sleep_ms(f->delay_ms);
     if (find_fault(w, self->index, call, FSDP_SIM_FAIL)) {

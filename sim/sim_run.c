@@ -48,6 +48,13 @@ static int check_options(const fsdp_sim_options_t *o, fsdp_sim_fn fn) {
                  (long long)o->timeout_ms);
         return FSDP_EINVAL;
     }
+    /* The upper bound keeps the conversion to nanoseconds from overflowing (about an hour). */
+    if (o->comm_latency_us < 0 || o->comm_latency_us > INT64_C(3600000000)) {
+        fsdp_log(NULL, FSDP_LOG_ERROR,
+                 "fsdp_sim_run: comm_latency_us %lld is outside [0, 3600000000]",
+                 (long long)o->comm_latency_us);
+        return FSDP_EINVAL;
+    }
     if (o->nfaults > 0 && !o->faults) {
         fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_sim_run: faults is NULL with nfaults %zu",
                  o->nfaults);
@@ -76,6 +83,7 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
     w.size = n;
     w.faults = opts->faults;
     w.nfaults = opts->nfaults;
+    w.latency_ns = opts->comm_latency_us * 1000;
     w.fn = fn;
     w.arg = arg;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -7,6 +7,15 @@
  * deterministic. Each rank has a communication thread that executes its collectives in issue
  * order, so a caller can overlap compute with outstanding works.
  *
+ * A network latency can be simulated: with comm_latency_us > 0 every collective (any kind, on
+ * any group, on every rank) takes at least that long, because the rank waits that long before
+ * executing it. The wait happens where the collective executes: on the rank's communication
+ * thread, so a caller that issued it asynchronously keeps computing meanwhile (which is what
+ * lets prefetching be measured), or, for a blocking call with nothing else outstanding, on the
+ * caller's thread, which blocks as usual. A rank's collectives execute one after the other, so
+ * k collectives issued back to back take at least k times the latency. The latency changes
+ * timing only: results stay bitwise the same.
+ *
  * Faults can be injected to test error paths: a rank can be delayed before or after its k-th
  * collective, or its k-th collective can fail. A rank whose fn returns stops taking part: peers
  * waiting for it get FSDP_EREMOTE at once, and nothing hangs.
@@ -41,9 +50,13 @@ typedef struct fsdp_sim_options {
     uint64_t seed;                  /* seed of every rank's context */
     const fsdp_sim_fault_t *faults; /* may be NULL */
     size_t nfaults;
+    /* Simulated latency of every collective, in microseconds (>= 0; 0: none). Applied before
+     * the collective starts, on each rank, so every collective takes at least this long. Keep
+     * it well below timeout_ms: the latency of a peer counts against the collective's timeout. */
+    int64_t comm_latency_us;
 } fsdp_sim_options_t;
 
-/* Fills opts with world size 1, the default timeout, seed 0 and no faults. */
+/* Fills opts with world size 1, the default timeout, seed 0, no faults and no latency. */
 FSDP_EXTERN void fsdp_sim_options_init(fsdp_sim_options_t *opts);
 
 /* What each rank runs. Return FSDP_OK or a negative status. */
@@ -52,7 +65,9 @@ typedef int (*fsdp_sim_fn)(fsdp_ctx_t *ctx, void *arg);
 /*
  * Runs fn on world_size threads and waits for all of them. rank_status (may be NULL) receives
  * each rank's return value. Returns FSDP_OK when every rank returned FSDP_OK, the status of the
- * lowest failing rank otherwise, or FSDP_EINVAL / FSDP_ENOMEM when the run could not start.
+ * lowest failing rank otherwise, or FSDP_EINVAL / FSDP_ENOMEM when the run could not start
+ * (FSDP_EINVAL, logged with the name of the field, for a world_size out of range, a negative
+ * timeout_ms or comm_latency_us, or a bad fault).
  * Groups a rank created and did not destroy are destroyed when its fn returns.
  */
 FSDP_EXTERN int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg,
