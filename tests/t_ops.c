@@ -1,13 +1,12 @@
 /*
- * t_ops.c: the element-wise operations, reductions, cat and split.
+ * t_ops.c: the element-wise operations, reductions, cat and split: forward values and errors.
  *
  * Forward values are compared with naive references computed here in double (broadcasting by
  * index arithmetic, reductions by accumulation into the kept index), on small shapes that cover
  * broadcasting, scalars (ndim 0) and transposed (non-contiguous) operands. f16/bf16 results are
- * compared with the f32 computation rounded once to the 16-bit type. Every differentiable
- * operation is gradient-checked in f64 against central differences (gradcheck.c). Then come
- * gradient accumulation, grad mode, error cases, and a check that every byte allocated by the
- * tests has been given back.
+ * compared with the f32 computation rounded once to the 16-bit type. Then come error cases, and
+ * a check that every byte allocated by the tests has been given back. The gradients of the same
+ * operations are checked in t_ops_grad.c; the helpers both use are in ops_util.c.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -17,109 +16,10 @@
 
 #include <fsdp.h>
 
-#include "gradcheck.h"
+#include "ops_util.h"
 #include "tap.h"
 
-/* The largest tensor these tests build. */
-#define MAXN 256
-
-static fsdp_ctx_t *ctx;
-
 /* ---- helpers ------------------------------------------------------------------------------ */
-
-static int64_t numel_of(int nd, const int64_t *shape) {
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++)
-        n *= shape[i];
-    return n;
-}
-
-static char *shape_str(int nd, const int64_t *shape, char *buf, size_t len) {
-    size_t at = (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < nd && at < len; i++)
-        at += (size_t)snprintf(buf + at, len - at, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (at < len) snprintf(buf + at, len - at, "]");
-    return buf;
-}
-
-/* v rounded to dt (once, as the library's conversions do) and read back. */
-static double rnd(fsdp_dtype_t dt, double v) {
-    unsigned char buf[8];
-    double r = 0;
-    fsdp_dtype_convert(buf, dt, &v, FSDP_DTYPE_F64, 1);
-    fsdp_dtype_convert(&r, FSDP_DTYPE_F64, buf, dt, 1);
-    return r;
-}
-
-/* Deterministic values in [lo, hi) (a 64-bit LCG, top 53 bits). */
-static void fill_vals(double *v, int64_t n, double lo, double hi, unsigned seed) {
-    uint64_t s = (uint64_t)seed * 2654435761u + 12345;
-    for (int64_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = lo + (hi - lo) * ((double)(s >> 11) / 9007199254740992.0);
-    }
-}
-
-/* A contiguous tensor of dtype dt holding v (converted). */
-static fsdp_tensor_t *mk(fsdp_dtype_t dt, int nd, const int64_t *shape, const double *v) {
-    int64_t n = numel_of(nd, shape);
-    void *buf = malloc((size_t)(n > 0 ? n : 1) * 8);
-    fsdp_tensor_t *t = NULL;
-    if (buf && fsdp_dtype_convert(buf, dt, v, FSDP_DTYPE_F64, (size_t)n) == 0)
-        fsdp_tensor_from_host(ctx, dt, nd, shape, buf, FSDP_MEM_OTHER, &t);
-    free(buf);
-    return t;
-}
-
-/* Random values rounded to dt (vals receives exactly what the tensor holds; may be NULL). */
-static fsdp_tensor_t *mk_rand(fsdp_dtype_t dt, int nd, const int64_t *shape, double lo, double hi,
-                              unsigned seed, double *vals) {
-    double tmp[MAXN];
-    double *v = vals ? vals : tmp;
-    int64_t n = numel_of(nd, shape);
-    if (n > MAXN) return NULL;
-    fill_vals(v, n, lo, hi, seed);
-    for (int64_t i = 0; i < n; i++)
-        v[i] = rnd(dt, v[i]);
-    return mk(dt, nd, shape, v);
-}
-
-/* One TAP line: t exists, has dtype dt and shape (nd, shape), and every value is within
- * atol + rtol |want| of want (equal infinities and NaNs match). */
-static int check_vals(const fsdp_tensor_t *t, fsdp_dtype_t dt, int nd, const int64_t *shape,
-                      const double *want, double rtol, double atol, const char *fmt, ...) {
-    char detail[600] = "", g[200], w[200];
-    int pass = 1;
-    if (!t) {
-        pass = 0;
-        snprintf(detail, sizeof detail, "no tensor; last error: %s", fsdp_ctx_last_error(ctx));
-    } else if (fsdp_tensor_dtype(t) != dt || fsdp_tensor_ndim(t) != nd ||
-               (nd > 0 && memcmp(fsdp_tensor_shape(t), shape, sizeof(int64_t) * (size_t)nd))) {
-        pass = 0;
-        snprintf(detail, sizeof detail, "got %s, want %s%s", fsdp_tensor_describe(t, g, sizeof g),
-                 fsdp_dtype_name(dt), shape_str(nd, shape, w, sizeof w));
-    } else {
-        int64_t n = fsdp_tensor_numel(t);
-        for (int64_t i = 0; i < n; i++) {
-            double got = NAN;
-            fsdp_tensor_item(t, i, &got);
-            int ok = got == want[i] || (isnan(got) && isnan(want[i])) ||
-                     fabs(got - want[i]) <= atol + rtol * fabs(want[i]);
-            if (!ok) {
-                pass = 0;
-                snprintf(detail, sizeof detail,
-                         "element %lld of %lld: got %.17g, want %.17g (rtol %g, atol %g)",
-                         (long long)i, (long long)n, got, want[i], rtol, atol);
-                break;
-            }
-        }
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    int r = tap_report(pass, detail[0] ? detail : NULL, fmt, ap);
-    va_end(ap);
-    return r;
-}
 
 /* Index into an operand of shape (ond, oshape) broadcast to (nd, shape), for the output's
  * row-major index i. */
@@ -167,37 +67,7 @@ static fsdp_tensor_t *transposed(fsdp_tensor_t *t, int d0, int d1) {
     return v;
 }
 
-static void release_all(int n, fsdp_tensor_t **ts) {
-    for (int i = 0; i < n; i++) {
-        fsdp_tensor_release(ts[i]);
-        ts[i] = NULL;
-    }
-}
-
-static int gc_tol(const char *name, gc_fn fn, void *arg, int nin, fsdp_tensor_t *const *in,
-                  const bool *wrt, double h, double rtol, double atol) {
-    return gc_check(ctx, name, fn, arg, nin, in, wrt, h, rtol, atol);
-}
-
-static int gc(const char *name, gc_fn fn, void *arg, int nin, fsdp_tensor_t *const *in,
-              const bool *wrt) {
-    return gc_tol(name, fn, arg, nin, in, wrt, 1e-6, 1e-5, 1e-7);
-}
-
-/* ---- operation tables ------------------------------------------------------------------------ */
-
-typedef int (*binop_fn)(fsdp_tensor_t *a, fsdp_tensor_t *b, fsdp_tensor_t **out);
-typedef int (*unop_fn)(fsdp_tensor_t *x, fsdp_tensor_t **out);
-
-struct binop {
-    const char *name;
-    binop_fn fn;
-    char sym;
-};
-
-static const struct binop binops[4] = {
-    {"add", fsdp_add, '+'}, {"sub", fsdp_sub, '-'}, {"mul", fsdp_mul, '*'}, {"div", fsdp_div, '/'}};
-
+/* The reference of a binary operation, in double and in float. */
 static double ref_bin(char sym, double a, double b) {
     switch (sym) {
     case '+':
@@ -224,75 +94,7 @@ static float ref_bin_f(char sym, float a, float b) {
     }
 }
 
-static int op_gelu_erf(fsdp_tensor_t *x, fsdp_tensor_t **out) {
-    return fsdp_gelu(x, FSDP_GELU_ERF, out);
-}
-static int op_gelu_tanh(fsdp_tensor_t *x, fsdp_tensor_t **out) {
-    return fsdp_gelu(x, FSDP_GELU_TANH, out);
-}
-static int op_scale(fsdp_tensor_t *x, fsdp_tensor_t **out) {
-    return fsdp_scale(x, 2.5, out);
-}
-static int op_add_scalar(fsdp_tensor_t *x, fsdp_tensor_t **out) {
-    return fsdp_add_scalar(x, -1.5, out);
-}
-
-static double r_relu(double v) {
-    return v > 0 ? v : 0;
-}
-static double r_gelu_erf(double v) {
-    return 0.5 * v * (1 + erf(v / sqrt(2.0)));
-}
-static double r_gelu_tanh(double v) {
-    return 0.5 * v * (1 + tanh(sqrt(2.0 / 3.14159265358979323846) * (v + 0.044715 * v * v * v)));
-}
-static double r_sigmoid(double v) {
-    return 1 / (1 + exp(-v));
-}
-static double r_scale(double v) {
-    return 2.5 * v;
-}
-static double r_add_scalar(double v) {
-    return v - 1.5;
-}
-
-struct unop {
-    const char *name;
-    unop_fn fn;
-    double (*ref)(double);
-    double lo, hi; /* input range: the function is smooth there */
-};
-
-static const struct unop unops[9] = {
-    {"relu", fsdp_relu, r_relu, -2, 2},
-    {"gelu(erf)", op_gelu_erf, r_gelu_erf, -3, 3},
-    {"gelu(tanh)", op_gelu_tanh, r_gelu_tanh, -3, 3},
-    {"tanh", fsdp_tanh, tanh, -2, 2},
-    {"sigmoid", fsdp_sigmoid, r_sigmoid, -4, 4},
-    {"exp", fsdp_exp, exp, -2, 2},
-    {"ln", fsdp_ln, log, 0.25, 3},
-    {"scale(2.5)", op_scale, r_scale, -2, 2},
-    {"add_scalar(-1.5)", op_add_scalar, r_add_scalar, -2, 2},
-};
-
 /* ---- binary forward -------------------------------------------------------------------------- */
-
-struct pattern {
-    int an;
-    int64_t as[3];
-    int bn;
-    int64_t bs[3];
-    int on;
-    int64_t os[3];
-    const char *what;
-};
-
-static const struct pattern patterns[4] = {
-    {3, {2, 3, 4}, 1, {4}, 3, {2, 3, 4}, "(2,3,4) with (4)"},
-    {3, {2, 1, 4}, 2, {3, 1}, 3, {2, 3, 4}, "(2,1,4) with (3,1)"},
-    {0, {0}, 2, {2, 3}, 2, {2, 3}, "scalar with (2,3)"},
-    {2, {2, 3}, 0, {0}, 2, {2, 3}, "(2,3) with scalar"},
-};
 
 static void test_binary_forward(void) {
     double av[MAXN], bv[MAXN], want[MAXN];
@@ -493,12 +295,12 @@ static void test_where_mask(void) {
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
             cm[i * 4 + j] = j > i ? -INFINITY : 0;
-    fsdp_causal_mask(ctx, 4, &y);
+    fsdp_causal_mask(ops_ctx, 4, &y);
     check_vals(y, FSDP_DTYPE_F32, 2, (const int64_t[]){4, 4}, cm, 0, 0,
                "causal_mask(4): 0 on and below the diagonal, -inf above");
     tap_ok(y && !fsdp_tensor_requires_grad(y), "causal_mask needs no gradient");
     fsdp_tensor_release(y);
-    fsdp_causal_mask(ctx, 0, &y);
+    fsdp_causal_mask(ops_ctx, 0, &y);
     check_vals(y, FSDP_DTYPE_F32, 2, (const int64_t[]){0, 0}, cm, 0, 0,
                "causal_mask(0) is an empty (0,0) tensor");
     fsdp_tensor_release(y);
@@ -528,7 +330,7 @@ static void test_to_dtype(void) {
     tap_ok(y && !fsdp_tensor_requires_grad(y), "an integer conversion carries no gradient");
     fsdp_tensor_release(y);
     fsdp_tensor_release(x);
-    fsdp_tape_clear(ctx);
+    fsdp_tape_clear(ops_ctx);
 
     x = mk_rand(FSDP_DTYPE_F64, 2, s43, -3, 3, 101, v);
     fsdp_tensor_t *tx = transposed(x, 0, 1);
@@ -614,17 +416,6 @@ static void ref_reduce(int nd, const int64_t *shape, const double *v, unsigned m
         for (int64_t j = 0; j < on; j++)
             out[j] /= (double)count;
 }
-
-struct red_case {
-    bool mean;
-    int ndims;
-    int dims[3];
-    bool keepdim;
-    int on;
-    int64_t os[3];
-    unsigned mask;
-    const char *what;
-};
 
 static void test_reduce(void) {
     double v[24], vt[24], want[24];
@@ -822,327 +613,6 @@ static void test_cat_split(void) {
     release_all(2, l5);
 }
 
-/* ---- gradient checks ---------------------------------------------------------------------------
- */
-
-static int gfn_bin(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)nin;
-    return ((const struct binop *)arg)->fn(in[0], in[1], out);
-}
-
-static int gfn_un(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)nin;
-    return ((const struct unop *)arg)->fn(in[0], out);
-}
-
-static int gfn_where(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)arg;
-    (void)nin;
-    return fsdp_where(in[0], in[1], in[2], out);
-}
-
-static int gfn_masked_fill(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)arg;
-    (void)nin;
-    return fsdp_masked_fill(in[0], in[1], -7.0, out);
-}
-
-/* x -> to_dtype(x, *arg) -> back to f64 (f64 itself: one same-dtype conversion). */
-static int gfn_to_dtype(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)nin;
-    fsdp_dtype_t dt = *(const fsdp_dtype_t *)arg;
-    fsdp_tensor_t *t = NULL;
-    int rc = fsdp_to_dtype(in[0], dt, &t);
-    if (rc < 0) return rc;
-    rc = fsdp_to_dtype(t, FSDP_DTYPE_F64, out);
-    fsdp_tensor_release(t);
-    return rc;
-}
-
-static int gfn_mse(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)nin;
-    return fsdp_mse_loss(in[0], in[1], *(const fsdp_reduction_t *)arg, out);
-}
-
-static int gfn_reduce(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)nin;
-    const struct red_case *c = arg;
-    return (c->mean ? fsdp_mean : fsdp_sum)(in[0], c->ndims, c->dims, c->keepdim, out);
-}
-
-static int gfn_cat(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    return fsdp_cat(in, nin, *(const int *)arg, out);
-}
-
-/* Split (2,6) into 2 + 1 + 3 along dim 1 and return cat(piece 2, piece 0): piece 1 gets no
- * gradient, so zeros stand in for it. */
-static int gfn_split_cat(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)arg;
-    (void)nin;
-    fsdp_tensor_t *p[3] = {0};
-    int rc = fsdp_split(in[0], (const int64_t[]){2, 1, 3}, 3, 1, p);
-    if (rc == 0) rc = fsdp_cat((fsdp_tensor_t *[]){p[2], p[0]}, 2, 1, out);
-    release_all(3, p);
-    return rc;
-}
-
-/* Split (4,3) into 2 + 2 along dim 0 and multiply the halves. */
-static int gfn_split_mul(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)arg;
-    (void)nin;
-    fsdp_tensor_t *p[2] = {0};
-    int rc = fsdp_split(in[0], (const int64_t[]){2, 2}, 2, 0, p);
-    if (rc == 0) rc = fsdp_mul(p[0], p[1], out);
-    release_all(2, p);
-    return rc;
-}
-
-/* Operations on a transposed view of the first input. */
-static int gfn_transposed(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    int which = *(const int *)arg;
-    fsdp_tensor_t *t = NULL;
-    int rc = fsdp_transpose(in[0], 0, 1, &t);
-    if (rc < 0) return rc;
-    if (which == 0)
-        rc = fsdp_exp(t, out);
-    else if (which == 1)
-        rc = fsdp_add(t, in[1], out);
-    else if (which == 2)
-        rc = fsdp_sum(t, 1, (const int[]){0}, false, out);
-    else
-        rc = fsdp_mul(t, in[nin - 1], out);
-    fsdp_tensor_release(t);
-    return rc;
-}
-
-/* x used twice in one graph: tanh(x) * x, and x + x. */
-static int gfn_reuse(void *arg, int nin, fsdp_tensor_t *const *in, fsdp_tensor_t **out) {
-    (void)nin;
-    if (*(const int *)arg == 1) return fsdp_add(in[0], in[0], out);
-    fsdp_tensor_t *t = NULL;
-    int rc = fsdp_tanh(in[0], &t);
-    if (rc == 0) rc = fsdp_mul(t, in[0], out);
-    fsdp_tensor_release(t);
-    return rc;
-}
-
-static fsdp_tensor_t *rnd64(int nd, const int64_t *shape, double lo, double hi, unsigned seed) {
-    return gc_rand(ctx, nd, shape, lo, hi, seed);
-}
-
-static void test_grad_binary(void) {
-    char name[128];
-    for (int o = 0; o < 4; o++) {
-        const struct binop *op = &binops[o];
-        for (int p = 0; p < 4; p++) {
-            const struct pattern *pt = &patterns[p];
-            fsdp_tensor_t *in[2] = {rnd64(pt->an, pt->as, -2, 2, 200 + p),
-                                    rnd64(pt->bn, pt->bs, 0.5, 2, 210 + p)};
-            snprintf(name, sizeof name, "%s %s (broadcast gradients summed back)", op->name,
-                     pt->what);
-            gc(name, gfn_bin, (void *)op, 2, in, NULL);
-            release_all(2, in);
-        }
-    }
-    /* The broadcast operand first: (3) op (2,3). */
-    for (int o = 0; o < 4; o++) {
-        fsdp_tensor_t *in[2] = {rnd64(1, (const int64_t[]){3}, 0.5, 2, 220),
-                                rnd64(2, (const int64_t[]){2, 3}, 0.5, 2, 221)};
-        snprintf(name, sizeof name, "%s (3) with (2,3)", binops[o].name);
-        gc(name, gfn_bin, (void *)&binops[o], 2, in, NULL);
-        release_all(2, in);
-    }
-}
-
-static void test_grad_unary(void) {
-    char name[128];
-    for (int u = 0; u < 9; u++) {
-        fsdp_tensor_t *in[1] = {
-            rnd64(2, (const int64_t[]){3, 4}, unops[u].lo, unops[u].hi, 230 + u)};
-        snprintf(name, sizeof name, "%s of (3,4)", unops[u].name);
-        gc(name, gfn_un, (void *)&unops[u], 1, in, NULL);
-        release_all(1, in);
-    }
-}
-
-static void test_grad_misc(void) {
-    const int64_t s34[2] = {3, 4};
-    /* where: the gradient goes to a where cond is set, to b elsewhere. */
-    fsdp_tensor_t *w[3] = {mk(FSDP_DTYPE_U8, 2, (const int64_t[]){3, 1}, (const double[]){0, 1, 1}),
-                           rnd64(2, s34, -1, 1, 240), rnd64(2, s34, -1, 1, 241)};
-    gc("where (cond (3,1)): gradient to a where set, to b elsewhere", gfn_where, NULL, 3, w, NULL);
-    release_all(3, w);
-    /* masked_fill: no gradient where the mask is set. */
-    fsdp_tensor_t *m[2] = {
-        rnd64(3, (const int64_t[]){2, 3, 4}, -1, 1, 242),
-        mk(FSDP_DTYPE_BOOL, 2, (const int64_t[]){3, 1}, (const double[]){1, 0, 1})};
-    gc("masked_fill: zero gradient where masked", gfn_masked_fill, NULL, 2, m, NULL);
-    release_all(2, m);
-    /* to_dtype: same dtype exactly; through f32 with a step large enough for f32 rounding. */
-    fsdp_tensor_t *t[1] = {rnd64(2, s34, -2, 2, 243)};
-    fsdp_dtype_t f64 = FSDP_DTYPE_F64, f32 = FSDP_DTYPE_F32;
-    gc("to_dtype f64 -> f64 -> f64", gfn_to_dtype, &f64, 1, t, NULL);
-    gc_tol("to_dtype f64 -> f32 -> f64 (gradient converted back)", gfn_to_dtype, &f32, 1, t, NULL,
-           1e-2, 1e-4, 1e-4);
-    release_all(1, t);
-    /* mse_loss, each reduction. */
-    const fsdp_reduction_t reds[3] = {FSDP_REDUCTION_MEAN, FSDP_REDUCTION_SUM, FSDP_REDUCTION_NONE};
-    const char *rn[3] = {"mean", "sum", "none"};
-    for (int r = 0; r < 3; r++) {
-        fsdp_tensor_t *in[2] = {rnd64(2, (const int64_t[]){2, 3}, -2, 2, 250 + r),
-                                rnd64(2, (const int64_t[]){2, 3}, -2, 2, 260 + r)};
-        char name[64];
-        snprintf(name, sizeof name, "mse_loss (%s)", rn[r]);
-        gc(name, gfn_mse, (void *)&reds[r], 2, in, NULL);
-        release_all(2, in);
-    }
-}
-
-static void test_grad_reduce(void) {
-    const struct red_case cases[] = {
-        {false, 1, {1}, false, 0, {0}, 0, "sum over dim 1"},
-        {false, 2, {0, 2}, true, 0, {0}, 0, "sum over dims {0, 2} keepdim"},
-        {false, 0, {0}, false, 0, {0}, 0, "sum over everything"},
-        {true, 1, {-1}, false, 0, {0}, 0, "mean over dim -1"},
-        {true, 0, {0}, true, 0, {0}, 0, "mean over everything keepdim"},
-        {true, 2, {1, 0}, false, 0, {0}, 0, "mean over dims {1, 0}"},
-    };
-    char name[96];
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        fsdp_tensor_t *in[1] = {rnd64(3, (const int64_t[]){2, 3, 4}, -2, 2, 270 + (unsigned)k)};
-        snprintf(name, sizeof name, "%s of (2,3,4)", cases[k].what);
-        gc(name, gfn_reduce, (void *)&cases[k], 1, in, NULL);
-        release_all(1, in);
-    }
-    fsdp_tensor_t *s[1] = {rnd64(0, NULL, -2, 2, 279)};
-    gc("sum of a scalar", gfn_reduce, (void *)&cases[2], 1, s, NULL);
-    release_all(1, s);
-}
-
-static void test_grad_cat_split(void) {
-    int d1 = 1, d0 = 0;
-    fsdp_tensor_t *c[3] = {rnd64(2, (const int64_t[]){2, 3}, -1, 1, 280),
-                           rnd64(2, (const int64_t[]){2, 1}, -1, 1, 281),
-                           rnd64(2, (const int64_t[]){2, 2}, -1, 1, 282)};
-    gc("cat along dim 1: each input gets its columns", gfn_cat, &d1, 3, c, NULL);
-    release_all(3, c);
-    fsdp_tensor_t *r[2] = {rnd64(3, (const int64_t[]){1, 2, 2}, -1, 1, 283),
-                           rnd64(3, (const int64_t[]){2, 2, 2}, -1, 1, 284)};
-    gc("cat along dim 0 of 3-d", gfn_cat, &d0, 2, r, NULL);
-    /* Only the second input asks for a gradient. */
-    gc("cat with one input not requiring grad", gfn_cat, &d0, 2, r, (const bool[]){false, true});
-    release_all(2, r);
-    /* More inputs than a node keeps shapes for (8): the sizes travel with the node. */
-    fsdp_tensor_t *many[10];
-    bool wrt10[10] = {false};
-    for (int i = 0; i < 10; i++)
-        many[i] = rnd64(2, (const int64_t[]){1 + i % 2, 2}, -1, 1, 290 + (unsigned)i);
-    wrt10[0] = wrt10[8] = wrt10[9] = true;
-    gc("cat of 10 inputs, gradients to inputs 0, 8 and 9", gfn_cat, &d0, 10, many, wrt10);
-    release_all(10, many);
-    fsdp_tensor_t *s[1] = {rnd64(2, (const int64_t[]){2, 6}, -1, 1, 285)};
-    gc("split with an unused piece (zeros stand in)", gfn_split_cat, NULL, 1, s, NULL);
-    release_all(1, s);
-    fsdp_tensor_t *q[1] = {rnd64(2, (const int64_t[]){4, 3}, -1, 1, 286)};
-    gc("split along dim 0, halves multiplied", gfn_split_mul, NULL, 1, q, NULL);
-    release_all(1, q);
-}
-
-static void test_grad_views_and_reuse(void) {
-    int k0 = 0, k1 = 1, k2 = 2, k3 = 3;
-    fsdp_tensor_t *x[2] = {rnd64(2, (const int64_t[]){4, 3}, -1, 1, 290),
-                           rnd64(2, (const int64_t[]){3, 4}, -1, 1, 291)};
-    gc("exp of a transposed view", gfn_transposed, &k0, 1, x, NULL);
-    gc("add of a transposed view and a contiguous tensor", gfn_transposed, &k1, 2, x, NULL);
-    gc("sum over dim 0 of a transposed view", gfn_transposed, &k2, 1, x, NULL);
-    release_all(2, x);
-    fsdp_tensor_t *y[2] = {rnd64(2, (const int64_t[]){4, 3}, -1, 1, 292),
-                           rnd64(1, (const int64_t[]){4}, -1, 1, 293)};
-    gc("mul of a transposed view by a broadcast row", gfn_transposed, &k3, 2, y, NULL);
-    release_all(2, y);
-    fsdp_tensor_t *z[1] = {rnd64(2, (const int64_t[]){2, 3}, -1, 1, 294)};
-    int r0 = 0, r1 = 1;
-    gc("tanh(x) * x: both uses of x accumulate", gfn_reuse, &r0, 1, z, NULL);
-    gc("x + x: both operands are the same tensor", gfn_reuse, &r1, 1, z, NULL);
-    release_all(1, z);
-}
-
-/* ---- accumulation and grad mode ------------------------------------------------------------ */
-
-static void test_accumulation(void) {
-    const int64_t s23[2] = {2, 3};
-    double v[6], want[6];
-    fsdp_tensor_t *x = mk_rand(FSDP_DTYPE_F64, 2, s23, -1, 1, 300, v), *y = NULL, *l = NULL;
-    fsdp_tensor_set_requires_grad(x, true);
-    fsdp_add(x, x, &y);
-    fsdp_sum(y, 0, NULL, false, &l);
-    tap_is_int(fsdp_backward(l, NULL), FSDP_OK, "backward of sum(x + x)");
-    for (int i = 0; i < 6; i++)
-        want[i] = 2;
-    check_vals(fsdp_tensor_grad(x), FSDP_DTYPE_F64, 2, s23, want, 0, 0,
-               "x used twice in add: gradient 2");
-    fsdp_tensor_release(y);
-    fsdp_tensor_release(l);
-    fsdp_add(x, x, &y);
-    fsdp_sum(y, 0, NULL, false, &l);
-    fsdp_backward(l, NULL);
-    for (int i = 0; i < 6; i++)
-        want[i] = 4;
-    check_vals(fsdp_tensor_grad(x), FSDP_DTYPE_F64, 2, s23, want, 0, 0,
-               "a second backward accumulates into the gradient: 4");
-    fsdp_tensor_release(y);
-    fsdp_tensor_release(l);
-    fsdp_tensor_zero_grad(x, true);
-    fsdp_mul(x, x, &y);
-    fsdp_mean(y, 0, NULL, false, &l);
-    fsdp_backward(l, NULL);
-    for (int i = 0; i < 6; i++)
-        want[i] = 2 * v[i] / 6;
-    check_vals(fsdp_tensor_grad(x), FSDP_DTYPE_F64, 2, s23, want, 1e-15, 1e-15,
-               "mean(x * x): gradient 2x / n");
-    fsdp_tensor_release(y);
-    fsdp_tensor_release(l);
-    fsdp_tensor_release(x);
-
-    /* A bf16 leaf: the gradient is computed in f32 and lands as bf16. */
-    x = mk_rand(FSDP_DTYPE_BF16, 2, s23, -1, 1, 301, v);
-    fsdp_tensor_set_requires_grad(x, true);
-    fsdp_mul(x, x, &y);
-    fsdp_sum(y, 0, NULL, false, &l);
-    fsdp_backward(l, NULL);
-    for (int i = 0; i < 6; i++)
-        want[i] = rnd(FSDP_DTYPE_BF16, 2 * v[i]);
-    check_vals(fsdp_tensor_grad(x), FSDP_DTYPE_BF16, 2, s23, want, 0, 0,
-               "bf16 leaf: gradient of sum(x * x) is 2x in bf16");
-    fsdp_tensor_t *all[] = {x, y, l};
-    release_all(3, all);
-}
-
-static void test_grad_mode(void) {
-    const int64_t s23[2] = {2, 3};
-    fsdp_tensor_t *x = mk_rand(FSDP_DTYPE_F32, 2, s23, -1, 1, 310, NULL), *y = NULL;
-    fsdp_tensor_set_requires_grad(x, true);
-    fsdp_tape_clear(ctx);
-    bool was = fsdp_set_grad_enabled(ctx, false);
-    fsdp_mul(x, x, &y);
-    tap_ok(y && !fsdp_tensor_requires_grad(y) && fsdp_tape_size(ctx) == 0,
-           "grad mode off: nothing recorded, output requires no gradient");
-    fsdp_tensor_release(y);
-    fsdp_set_grad_enabled(ctx, was);
-    fsdp_sigmoid(x, &y);
-    tap_ok(y && fsdp_tensor_requires_grad(y) && !fsdp_tensor_is_leaf(y) && fsdp_tape_size(ctx) == 1,
-           "grad mode on: one node recorded, output is a non-leaf requiring grad");
-    fsdp_tensor_release(y);
-    fsdp_tensor_t *z = mk_rand(FSDP_DTYPE_F32, 2, s23, -1, 1, 311, NULL);
-    fsdp_add(z, z, &y);
-    tap_ok(y && !fsdp_tensor_requires_grad(y) && fsdp_tape_size(ctx) == 1,
-           "inputs without grad: nothing recorded");
-    fsdp_tensor_release(y);
-    fsdp_tape_clear(ctx);
-    fsdp_tensor_release(x);
-    fsdp_tensor_release(z);
-}
-
 /* ---- errors -------------------------------------------------------------------------------------
  */
 
@@ -1153,7 +623,8 @@ static char sentinel_byte;
 static void expect_err(int rc, fsdp_tensor_t **out, const char *needle, const char *what) {
     tap_ok(rc == FSDP_EINVAL && *out == NULL, "%s: FSDP_EINVAL and *out NULL (rc %d)", what, rc);
     if (needle)
-        tap_has_str(fsdp_ctx_last_error(ctx), needle, "%s: the message says \"%s\"", what, needle);
+        tap_has_str(fsdp_ctx_last_error(ops_ctx), needle, "%s: the message says \"%s\"", what,
+                    needle);
     /* An unexpected success must not leak into the memory check at the end. */
     if (*out != SENTINEL) fsdp_tensor_release(*out);
     *out = SENTINEL;
@@ -1169,12 +640,13 @@ static void test_errors(void) {
     int rc;
 
     fsdp_tensor_set_requires_grad(a, true);
-    fsdp_tape_clear(ctx);
+    fsdp_tape_clear(ops_ctx);
     rc = fsdp_add(a, b, &y);
     expect_err(rc, &y, "[2, 3]", "add (2,3) + (4)");
-    tap_has_str(fsdp_ctx_last_error(ctx), "[4]", "add (2,3) + (4): the message has both shapes");
-    tap_has_str(fsdp_ctx_last_error(ctx), "fsdp_add", "add (2,3) + (4): the message names add");
-    tap_is_size(fsdp_tape_size(ctx), 0, "a failed operation records nothing");
+    tap_has_str(fsdp_ctx_last_error(ops_ctx), "[4]",
+                "add (2,3) + (4): the message has both shapes");
+    tap_has_str(fsdp_ctx_last_error(ops_ctx), "fsdp_add", "add (2,3) + (4): the message names add");
+    tap_is_size(fsdp_tape_size(ops_ctx), 0, "a failed operation records nothing");
     rc = fsdp_mul(NULL, b, &y);
     expect_err(rc, &y, "'a'", "mul with a NULL");
     rc = fsdp_sub(a, NULL, &y);
@@ -1213,7 +685,7 @@ static void test_errors(void) {
     rc = fsdp_split(a, (const int64_t[]){1, 1}, 2, 1, p);
     tap_ok(rc == FSDP_EINVAL && !p[0] && !p[1], "split sizes 1 + 1 of a dim of 3: FSDP_EINVAL, "
                                                 "outputs NULL");
-    tap_has_str(fsdp_ctx_last_error(ctx), "add up to 2", "split: the message gives the sum");
+    tap_has_str(fsdp_ctx_last_error(ops_ctx), "add up to 2", "split: the message gives the sum");
     rc = fsdp_split(a, (const int64_t[]){4, -1}, 2, 1, p);
     tap_ok(rc == FSDP_EINVAL && !p[0] && !p[1], "split with a negative size: FSDP_EINVAL");
 
@@ -1228,7 +700,7 @@ static void test_errors(void) {
     expect_err(rc, &y, "u8[2]", "masked_fill with a (2) mask over (2,3)");
     rc = fsdp_masked_fill(a, NULL, 0.0, &y);
     expect_err(rc, &y, "'mask'", "masked_fill with mask NULL");
-    rc = fsdp_causal_mask(ctx, -1, &y);
+    rc = fsdp_causal_mask(ops_ctx, -1, &y);
     expect_err(rc, &y, "-1", "causal_mask of length -1");
     rc = fsdp_to_dtype(a, (fsdp_dtype_t)99, &y);
     expect_err(rc, &y, "99", "to_dtype to dtype 99");
@@ -1236,7 +708,7 @@ static void test_errors(void) {
     expect_err(rc, &y, "[3, 2]", "mse_loss of (2,3) and (3,2)");
     rc = fsdp_mse_loss(a, a, (fsdp_reduction_t)9, &y);
     expect_err(rc, &y, "reduction", "mse_loss with reduction 9");
-    tap_is_size(fsdp_tape_size(ctx), 0, "none of the failed operations recorded anything");
+    tap_is_size(fsdp_tape_size(ops_ctx), 0, "none of the failed operations recorded anything");
 
     fsdp_tensor_t *all[] = {a, b, d, i32, u8, e, c1};
     release_all(7, all);
@@ -1246,17 +718,7 @@ static void test_errors(void) {
  * ---------------------------------------------------------------------------------------- */
 
 int main(void) {
-    tap_plan_lazy();
-    fsdp_ctx_options_t o;
-    fsdp_ctx_options_init(&o);
-    if (fsdp_ctx_create(&o, &ctx) < 0) tap_bail("cannot create a context");
-    /* Create the default device before the baseline, so its own allocations do not count. */
-    fsdp_tensor_t *warm = mk(FSDP_DTYPE_F32, 1, (const int64_t[]){1}, (const double[]){0});
-    if (!warm) tap_bail("cannot create a tensor: %s", fsdp_ctx_last_error(ctx));
-    fsdp_tensor_release(warm);
-    fsdp_mem_stats_t before, after;
-    fsdp_mem_get_stats(ctx, &before);
-
+    ops_begin();
     test_binary_forward();
     test_binary_half();
     test_unary_forward();
@@ -1265,24 +727,6 @@ int main(void) {
     test_mse();
     test_reduce();
     test_cat_split();
-    test_grad_binary();
-    test_grad_unary();
-    test_grad_misc();
-    test_grad_reduce();
-    test_grad_cat_split();
-    test_grad_views_and_reuse();
-    test_accumulation();
-    test_grad_mode();
     test_errors();
-
-    fsdp_tape_clear(ctx);
-    fsdp_mem_get_stats(ctx, &after);
-    tap_is_size(after.total_current, before.total_current,
-                "every byte allocated by the operations has been freed");
-    for (int c = 0; c < FSDP_MEM_NCAT; c++)
-        if (after.current[c] != before.current[c])
-            tap_diag("%s: %zu bytes before, %zu after", fsdp_mem_cat_name((fsdp_mem_cat_t)c),
-                     before.current[c], after.current[c]);
-    fsdp_ctx_destroy(ctx);
-    return tap_done();
+    return ops_end();
 }

@@ -496,6 +496,17 @@ static int finish_reduction(fsdp_unit_t *u) {
     return rc;
 }
 
+/* With use_orig_params the user clears gradients through the original parameters: when every
+ * one of them has none (zero_grad with set_to_none), the flat gradient goes too, as in PyTorch,
+ * so that nothing reads a gradient the user dropped. */
+static void drop_cleared_flat_grad(fsdp_unit_t *u) {
+    if (!u->opt.use_orig_params || !u->flat || !u->flat->grad) return;
+    for (int p = 0; p < u->nparams; p++)
+        if (u->params[p].orig->grad) return;
+    fsdp_tensor_release(u->flat->grad);
+    u->flat->grad = NULL;
+}
+
 /* ---- the runtime ------------------------------------------------------------------------------ */
 
 static int push_unit(fsdp_unit_t ***arr, size_t *n, size_t *cap, fsdp_unit_t *u) {
@@ -581,7 +592,8 @@ static int root_pre_forward(fsdp_unit_t *root) {
     for (size_t i = 0; i < root->nall; i++) {
         fsdp_unit_t *u = root->all[i];
         if (u->state == FSDP_STATE_SUMMON)
-            return unit_err(u, FSDP_EINVAL, "forward inside fsdp_summon_begin/end");
+            return unit_err(u, FSDP_EINVAL, "forward while the unit is unsharded by "
+                            "fsdp_summon_begin or fsdp_unit_unshard");
         if (fresh) {
             u->fwd_invocations = 0;
             u->needs_pre_backward = false;
@@ -591,15 +603,7 @@ static int root_pre_forward(fsdp_unit_t *root) {
             swap_slots(u, false);
             u->state = FSDP_STATE_IDLE;
         }
-        if (u->opt.use_orig_params && u->flat && u->flat->grad) {
-            bool all_none = true;
-            for (int p = 0; p < u->nparams && all_none; p++)
-                if (u->params[p].orig->grad) all_none = false;
-            if (all_none) {
-                fsdp_tensor_release(u->flat->grad);
-                u->flat->grad = NULL;
-            }
-        }
+        drop_cleared_flat_grad(u);
     }
     root->npost = 0;
     root->fwd_pos = 0;
@@ -693,7 +697,8 @@ static int forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t 
     if (u == root && (rc = root_pre_forward(root)) < 0) return rc;
     if (fsdp_in_backward(u->ctx)) return FSDP_OK; /* a recompute region re-running the module */
     if (u->state == FSDP_STATE_SUMMON)
-        return unit_err(u, FSDP_EINVAL, "forward inside fsdp_summon_begin/end");
+        return unit_err(u, FSDP_EINVAL, "forward while the unit is unsharded by "
+                        "fsdp_summon_begin or fsdp_unit_unshard");
     u->state = FSDP_STATE_FORWARD;
     if ((rc = check_order(root, u)) < 0) return rc;
     const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
@@ -1529,6 +1534,7 @@ static int gather_full_precision(fsdp_unit_t *u, fsdp_device_t *dev, fsdp_mem_ca
  * the module slots show (views[i], or the compute views when views is NULL). */
 static int summon_grads(fsdp_unit_t *u, fsdp_tensor_t **views) {
     if (u->nparams == 0 || !any_requires_grad(u)) return FSDP_OK;
+    drop_cleared_flat_grad(u);
     const int64_t n[1] = {u->layout.padded_numel};
     int rc = fsdp_tensor_zeros(u->ctx, u->dt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
     if (rc < 0) return rc;
@@ -1573,6 +1579,7 @@ static int summon_one(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool expli
                                                       : "in forward or backward");
     u->was_unsharded = u->unsharded;
     u->summon = *o;
+    u->summon_this_call = true;
     bool show = !o->rank0_only || u->rank == 0;
     int rc = FSDP_OK;
     if (u->nparams > 0 && (o->offload_to_cpu || u->cdt != u->dt)) {
@@ -1639,6 +1646,17 @@ static int summon_rec(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool begin
     return rc;
 }
 
+/* After a begin over u's tree: on failure, ends (without writeback) the summons this call
+ * started, and only those: units a caller summoned before keep their summon. Clears the marks. */
+static void rollback_summon(fsdp_unit_t *u, bool failed) {
+    if (failed && u->summon_this_call) {
+        u->summon.writeback = false;
+        summon_end_one(u);
+    }
+    u->summon_this_call = false;
+    for (size_t i = 0; i < u->nchildren; i++) rollback_summon(u->children[i], failed);
+}
+
 int fsdp_summon_begin(fsdp_unit_t *u, const fsdp_summon_options_t *o) {
     if (!u) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_summon_begin: unit is NULL");
     fsdp_summon_options_t def;
@@ -1659,11 +1677,7 @@ int fsdp_summon_begin(fsdp_unit_t *u, const fsdp_summon_options_t *o) {
         return unit_err(u, FSDP_EINVAL,
                         "fsdp_summon_begin: with_grads cannot be combined with offload_to_cpu");
     int rc = summon_rec(u, o, true);
-    if (rc < 0) {
-        fsdp_summon_options_t end = *o;
-        end.writeback = false;
-        summon_rec(u, &end, false);
-    }
+    rollback_summon(u, rc < 0);
     return rc;
 }
 
@@ -1681,7 +1695,9 @@ int fsdp_unit_unshard(fsdp_unit_t *u) {
     fsdp_summon_options_init(&o);
     o.recurse = false;
     o.writeback = true;
-    return summon_one(u, &o, true);
+    int rc = summon_one(u, &o, true);
+    rollback_summon(u, rc < 0);
+    return rc;
 }
 
 int fsdp_unit_reshard(fsdp_unit_t *u) {

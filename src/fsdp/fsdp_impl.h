@@ -121,6 +121,7 @@ struct fsdp_unit {
     bool post_backward_done;
     fsdp_summon_options_t summon; /* of the summon in progress */
     bool was_unsharded;          /* before the summon */
+    bool summon_this_call;       /* summoned by the fsdp_summon_begin running now */
     fsdp_tensor_t *summon_host;  /* offload_to_cpu: host copy of the full parameters */
     fsdp_tensor_t **summon_views; /* per parameter, views the slots hold (offload_to_cpu) */
     /* outstanding gradient reduction */

@@ -238,20 +238,52 @@ int fsdp_log_softmax(fsdp_tensor_t *x, int dim, fsdp_tensor_t **out) {
     return softmax_impl(x, dim, true, out);
 }
 
-/* ---- layer norm ---- */
+/* ---- norm backward (layer norm and batch norm) ---- */
 
-static int layer_norm_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
-                               fsdp_tensor_t **gin) {
+/* What a norm's backward kernel reads and writes: compute-dtype data of x, w (NULL without one),
+ * the saved mean and rstd and the output gradient; the input gradients gx, gw, gb (NULL when not
+ * wanted; gw and gb start at zero because the kernels accumulate into them). */
+struct norm_grads {
+    fsdp_device_t *dev;
+    fsdp_dtype_t cdt;
+    const void *x, *w, *mean, *rstd, *gy;
+    void *gx, *gw, *gb;
+};
+
+/* The end of a norm's forward: rounds *y to x's dtype and records the node, which keeps i0 in
+ * i[0] and saves (x, w, mean, rstd) for norm_backward(). */
+static int norm_record(const struct fsdp__op_def *def, int64_t i0, fsdp_tensor_t *x,
+                       fsdp_tensor_t *w, fsdp_tensor_t *b, fsdp_tensor_t *mean, fsdp_tensor_t *rstd,
+                       fsdp_tensor_t **y) {
+    struct fsdp__node *node = NULL;
+    int rc = 0;
+    FSDP_TRY(rc, out, fsdp__round_to(y, x->dt));
+    FSDP_TRY(rc, out, fsdp__record(def, 3, (fsdp_tensor_t *[]){x, w, b}, 1, y, &node));
+    if (node) {
+        node->i[0] = i0;
+        FSDP_TRY(rc, out, fsdp__node_save(node, x));
+        FSDP_TRY(rc, out, fsdp__node_save(node, w));
+        FSDP_TRY(rc, out, fsdp__node_save(node, mean));
+        FSDP_TRY(rc, out, fsdp__node_save(node, rstd));
+    }
+out:
+    return rc;
+}
+
+/* Runs one norm's backward kernel over the whole of x (nothing when x is empty). */
+typedef int (*norm_kernel_fn)(const struct fsdp__node *node, const struct norm_grads *a);
+
+/* The backward of a norm whose node saved (x, w, mean, rstd) and whose w and b have the shape
+ * (pnd, pshape): makes the compute-dtype operands and the gradients, then runs kernel. */
+static int norm_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout, fsdp_tensor_t **gin,
+                         int pnd, const int64_t *pshape, norm_kernel_fn kernel) {
     fsdp_tensor_t *x = node->saved[0], *w = node->saved[1];
-    fsdp_tensor_t *mean = node->saved[2], *rstd = node->saved[3];
     fsdp_tensor_t *xc = NULL, *wc = NULL, *gy = NULL;
     fsdp_ctx_t *ctx = x->ctx;
     fsdp_device_t *dev = x->dev;
     fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
     fsdp_mem_cat_t cat = fsdp__op_cat(ctx);
-    int nd = (int)node->i[0];
-    int64_t n = prod(nd, x->shape + x->ndim - nd);
-    int64_t rows = prod(x->ndim - nd, x->shape);
+    int64_t pn = prod(pnd, pshape);
     int rc = 0;
     FSDP_TRY(rc, fail, fsdp__as_contig(x, cdt, &xc));
     if (w) FSDP_TRY(rc, fail, fsdp__as_contig(w, cdt, &wc));
@@ -261,19 +293,22 @@ static int layer_norm_backward(struct fsdp__node *node, fsdp_tensor_t *const *go
     /* The kernel accumulates gw and gb, so they start at zero. */
     for (int i = 1; i < 3; i++) {
         if (i >= node->nin || !node->needs[i]) continue;
-        FSDP_TRY(rc, fail,
-                 fsdp__tensor_new(ctx, dev, cdt, nd, x->shape + x->ndim - nd, cat, &gin[i]));
-        FSDP_TRY(rc, fail, dev->ops->fill(dev, cdt, (size_t)n, 0.0, fsdp_tensor_data(gin[i])));
+        FSDP_TRY(rc, fail, fsdp__tensor_new(ctx, dev, cdt, pnd, pshape, cat, &gin[i]));
+        FSDP_TRY(rc, fail, dev->ops->fill(dev, cdt, (size_t)pn, 0.0, fsdp_tensor_data(gin[i])));
     }
-    if (rows * n > 0)
-        FSDP_TRY(rc, fail,
-                 dev->ops->layer_norm_backward(
-                     dev, cdt, (size_t)rows, (size_t)n, fsdp_tensor_data(xc),
-                     wc ? fsdp_tensor_data(wc) : NULL, fsdp_tensor_data(mean),
-                     fsdp_tensor_data(rstd), fsdp_tensor_data(gy),
-                     gin[0] ? fsdp_tensor_data(gin[0]) : NULL,
-                     node->nin > 1 && gin[1] ? fsdp_tensor_data(gin[1]) : NULL,
-                     node->nin > 2 && gin[2] ? fsdp_tensor_data(gin[2]) : NULL));
+    const struct norm_grads a = {
+        .dev = dev,
+        .cdt = cdt,
+        .x = fsdp_tensor_data(xc),
+        .w = wc ? fsdp_tensor_data(wc) : NULL,
+        .mean = fsdp_tensor_data(node->saved[2]),
+        .rstd = fsdp_tensor_data(node->saved[3]),
+        .gy = fsdp_tensor_data(gy),
+        .gx = gin[0] ? fsdp_tensor_data(gin[0]) : NULL,
+        .gw = node->nin > 1 && gin[1] ? fsdp_tensor_data(gin[1]) : NULL,
+        .gb = node->nin > 2 && gin[2] ? fsdp_tensor_data(gin[2]) : NULL,
+    };
+    FSDP_TRY(rc, fail, kernel(node, &a));
     fsdp_tensor_release(xc);
     fsdp_tensor_release(wc);
     fsdp_tensor_release(gy);
@@ -287,6 +322,26 @@ fail:
         gin[i] = NULL;
     }
     return rc;
+}
+
+/* ---- layer norm ---- */
+
+/* Layer norm's node keeps norm_ndim in i[0]: rows of n elements, normalised one by one. */
+static int layer_norm_kernel(const struct fsdp__node *node, const struct norm_grads *a) {
+    const fsdp_tensor_t *x = node->saved[0];
+    int nd = (int)node->i[0];
+    int64_t n = prod(nd, x->shape + x->ndim - nd);
+    int64_t rows = prod(x->ndim - nd, x->shape);
+    if (rows * n == 0) return 0;
+    return a->dev->ops->layer_norm_backward(a->dev, a->cdt, (size_t)rows, (size_t)n, a->x, a->w,
+                                            a->mean, a->rstd, a->gy, a->gx, a->gw, a->gb);
+}
+
+static int layer_norm_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
+                               fsdp_tensor_t **gin) {
+    const fsdp_tensor_t *x = node->saved[0];
+    int nd = (int)node->i[0];
+    return norm_backward(node, gout, gin, nd, x->shape + x->ndim - nd, layer_norm_kernel);
 }
 
 static const struct fsdp__op_def def_layer_norm = {"layer_norm", layer_norm_backward};
@@ -307,7 +362,6 @@ static int check_norm_shape(const fsdp_tensor_t *x, const fsdp_tensor_t *t, int 
 int fsdp_layer_norm(fsdp_tensor_t *x, int norm_ndim, fsdp_tensor_t *w, fsdp_tensor_t *b, double eps,
                     fsdp_tensor_t **out) {
     fsdp_tensor_t *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *mean = NULL, *rstd = NULL;
-    struct fsdp__node *node = NULL;
     char dx[96];
     int rc = 0;
     if (out) *out = NULL;
@@ -339,16 +393,7 @@ int fsdp_layer_norm(fsdp_tensor_t *x, int norm_ndim, fsdp_tensor_t *w, fsdp_tens
                                       wc ? fsdp_tensor_data(wc) : NULL,
                                       bc ? fsdp_tensor_data(bc) : NULL, fsdp_tensor_data(y),
                                       fsdp_tensor_data(mean), fsdp_tensor_data(rstd)));
-    FSDP_TRY(rc, fail, fsdp__round_to(&y, x->dt));
-    FSDP_TRY(rc, fail,
-             fsdp__record(&def_layer_norm, 3, (fsdp_tensor_t *[]){x, w, b}, 1, &y, &node));
-    if (node) {
-        node->i[0] = norm_ndim;
-        FSDP_TRY(rc, fail, fsdp__node_save(node, x));
-        FSDP_TRY(rc, fail, fsdp__node_save(node, w));
-        FSDP_TRY(rc, fail, fsdp__node_save(node, mean));
-        FSDP_TRY(rc, fail, fsdp__node_save(node, rstd));
-    }
+    FSDP_TRY(rc, fail, norm_record(&def_layer_norm, norm_ndim, x, w, b, mean, rstd, &y));
     *out = y;
     y = NULL;
 fail:
@@ -363,50 +408,19 @@ fail:
 
 /* ---- batch norm ---- */
 
+/* Batch norm's node keeps train in i[0]; x is (N, C, L...) with per-channel statistics. */
+static int batch_norm_kernel(const struct fsdp__node *node, const struct norm_grads *a) {
+    const fsdp_tensor_t *x = node->saved[0];
+    int64_t nb = x->shape[0], c = x->shape[1], l = prod(x->ndim - 2, x->shape + 2);
+    if (nb * c * l == 0) return 0;
+    return a->dev->ops->batch_norm_backward(a->dev, a->cdt, node->i[0] != 0, (size_t)nb, (size_t)c,
+                                            (size_t)l, a->x, a->w, a->mean, a->rstd, a->gy, a->gx,
+                                            a->gw, a->gb);
+}
+
 static int batch_norm_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
                                fsdp_tensor_t **gin) {
-    fsdp_tensor_t *x = node->saved[0], *w = node->saved[1];
-    fsdp_tensor_t *mean = node->saved[2], *rstd = node->saved[3];
-    fsdp_tensor_t *xc = NULL, *wc = NULL, *gy = NULL;
-    fsdp_ctx_t *ctx = x->ctx;
-    fsdp_device_t *dev = x->dev;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
-    fsdp_mem_cat_t cat = fsdp__op_cat(ctx);
-    int64_t nb = x->shape[0], c = x->shape[1], l = prod(x->ndim - 2, x->shape + 2);
-    int rc = 0;
-    FSDP_TRY(rc, fail, fsdp__as_contig(x, cdt, &xc));
-    if (w) FSDP_TRY(rc, fail, fsdp__as_contig(w, cdt, &wc));
-    FSDP_TRY(rc, fail, fsdp__as_contig(gout[0], cdt, &gy));
-    if (node->needs[0])
-        FSDP_TRY(rc, fail, fsdp__tensor_new(ctx, dev, cdt, x->ndim, x->shape, cat, &gin[0]));
-    /* The kernel accumulates gw and gb, so they start at zero. */
-    for (int i = 1; i < 3; i++) {
-        if (i >= node->nin || !node->needs[i]) continue;
-        FSDP_TRY(rc, fail, fsdp__tensor_new(ctx, dev, cdt, 1, &c, cat, &gin[i]));
-        FSDP_TRY(rc, fail, dev->ops->fill(dev, cdt, (size_t)c, 0.0, fsdp_tensor_data(gin[i])));
-    }
-    if (nb * c * l > 0)
-        FSDP_TRY(rc, fail,
-                 dev->ops->batch_norm_backward(
-                     dev, cdt, node->i[0] != 0, (size_t)nb, (size_t)c, (size_t)l,
-                     fsdp_tensor_data(xc), wc ? fsdp_tensor_data(wc) : NULL, fsdp_tensor_data(mean),
-                     fsdp_tensor_data(rstd), fsdp_tensor_data(gy),
-                     gin[0] ? fsdp_tensor_data(gin[0]) : NULL,
-                     node->nin > 1 && gin[1] ? fsdp_tensor_data(gin[1]) : NULL,
-                     node->nin > 2 && gin[2] ? fsdp_tensor_data(gin[2]) : NULL));
-    fsdp_tensor_release(xc);
-    fsdp_tensor_release(wc);
-    fsdp_tensor_release(gy);
-    return 0;
-fail:
-    fsdp_tensor_release(xc);
-    fsdp_tensor_release(wc);
-    fsdp_tensor_release(gy);
-    for (int i = 0; i < node->nin; i++) {
-        fsdp_tensor_release(gin[i]);
-        gin[i] = NULL;
-    }
-    return rc;
+    return norm_backward(node, gout, gin, 1, node->saved[0]->shape + 1, batch_norm_kernel);
 }
 
 static const struct fsdp__op_def def_batch_norm = {"batch_norm", batch_norm_backward};
@@ -425,7 +439,6 @@ int fsdp_batch_norm(fsdp_tensor_t *x, fsdp_tensor_t *w, fsdp_tensor_t *b,
                     double momentum, double eps, fsdp_tensor_t **out) {
     fsdp_tensor_t *xc = NULL, *wc = NULL, *bc = NULL, *rm = NULL, *rv = NULL;
     fsdp_tensor_t *y = NULL, *mean = NULL, *rstd = NULL;
-    struct fsdp__node *node = NULL;
     char dx[96];
     int rc = 0;
     if (out) *out = NULL;
@@ -474,16 +487,7 @@ int fsdp_batch_norm(fsdp_tensor_t *x, fsdp_tensor_t *w, fsdp_tensor_t *b,
                                  fsdp_tensor_data(mean), fsdp_tensor_data(rstd)));
     if (train && rm && rm != running_mean) FSDP_TRY(rc, fail, fsdp_tensor_copy_(running_mean, rm));
     if (train && rv && rv != running_var) FSDP_TRY(rc, fail, fsdp_tensor_copy_(running_var, rv));
-    FSDP_TRY(rc, fail, fsdp__round_to(&y, x->dt));
-    FSDP_TRY(rc, fail,
-             fsdp__record(&def_batch_norm, 3, (fsdp_tensor_t *[]){x, w, b}, 1, &y, &node));
-    if (node) {
-        node->i[0] = train;
-        FSDP_TRY(rc, fail, fsdp__node_save(node, x));
-        FSDP_TRY(rc, fail, fsdp__node_save(node, w));
-        FSDP_TRY(rc, fail, fsdp__node_save(node, mean));
-        FSDP_TRY(rc, fail, fsdp__node_save(node, rstd));
-    }
+    FSDP_TRY(rc, fail, norm_record(&def_batch_norm, train, x, w, b, mean, rstd, &y));
     *out = y;
     y = NULL;
 fail:
