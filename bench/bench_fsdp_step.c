@@ -58,12 +58,10 @@ static const fsdp_mem_cat_t mem_cats[] = {FSDP_MEM_PARAMS,      FSDP_MEM_GRADS, 
 #define NMEMCATS ((int)(sizeof mem_cats / sizeof mem_cats[0]))
 
 typedef struct options {
-    bench_gpt_shape_t m;
-    int steps, warmup, world;
+    bench_common_t c; /* the shape's batch is per rank */
+    int world;
     int64_t latency_us;
     unsigned sections; /* SECTION_* */
-    uint64_t seed;
-    bench_adamw_t adamw;
 } options_t;
 
 enum { SECTION_MAIN = 1, SECTION_PREFETCH = 2 };
@@ -122,74 +120,56 @@ static double mib(size_t bytes) { return (double)bytes / 1048576.0; }
 static void usage(FILE *f) {
     fprintf(f,
             "usage: " PROG " [options]\n"
+            BENCH_COMMON_USAGE
             "  --world N       ranks of the sim world (default 2)\n"
-            BENCH_GPT_SHAPE_USAGE
-            "  --steps N       timed steps per configuration (default 10)\n"
-            "  --warmup N      untimed steps before them (default 2)\n"
             "  --latency-us N  simulated latency of every collective in the prefetch section\n"
             "                  (default 5000; 0 for none)\n"
             "  --only S        run one section only: main (DDP and the strategies) or\n"
             "                  prefetch (prefetching under latency)\n"
-            "  --seed N        seed of the batches and of the initialisation (default 1234)\n"
-            "  --quick         tiny model (2 blocks, d 64, 4 heads, T 32, B 2, vocab 256),\n"
-            "                  1 warm-up and 2 timed steps: a smoke test; later options override\n"
             "  --help          this text\n"
             "Compute threads per rank: FSDP_NUM_THREADS, else the online cores / world size.\n");
 }
 
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
 static int parse_options(int argc, char **argv, options_t *o) {
-    *o = (options_t){.m = bench_gpt_default,
-                     .steps = 10,
-                     .warmup = 2,
+    *o = (options_t){.c = bench_common_default(),
                      .world = 2,
                      .latency_us = 5000,
-                     .sections = SECTION_MAIN | SECTION_PREFETCH,
-                     .seed = 1234,
-                     .adamw = bench_adamw_default};
+                     .sections = SECTION_MAIN | SECTION_PREFETCH};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t v = 0;
-        int rc = 0;
+        int rc = bench_common_option(PROG, a, val, INT64_MAX - MAX_WORLD, &o->c);
+        if (rc < 0) return -1;
+        if (rc == 2) continue;
+        if (rc == 1) {
+            i++;
+            continue;
+        }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 1;
-        } else if (strcmp(a, "--quick") == 0) {
-            o->m = bench_gpt_quick;
-            o->steps = 2, o->warmup = 1;
-            continue;
         } else if (strcmp(a, "--world") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 1, MAX_WORLD, &v)) == 0) o->world = (int)v;
-        } else if ((rc = bench_shape_option(PROG, a, val, &o->m)) != 0) {
-            if (rc > 0) rc = 0;
-        } else if (strcmp(a, "--steps") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 1, 1000000, &v)) == 0) o->steps = (int)v;
-        } else if (strcmp(a, "--warmup") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 0, 1000000, &v)) == 0) o->warmup = (int)v;
+            if (bench_parse_i64(PROG, a, val, 1, MAX_WORLD, &v) < 0) return -1;
+            o->world = (int)v;
         } else if (strcmp(a, "--latency-us") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 0, 10000000, &v)) == 0) o->latency_us = v;
+            if (bench_parse_i64(PROG, a, val, 0, 10000000, &v) < 0) return -1;
+            o->latency_us = v;
+        } else if (strcmp(a, "--only") == 0 && val && strcmp(val, "main") == 0) {
+            o->sections = SECTION_MAIN;
+        } else if (strcmp(a, "--only") == 0 && val && strcmp(val, "prefetch") == 0) {
+            o->sections = SECTION_PREFETCH;
         } else if (strcmp(a, "--only") == 0) {
-            if (val && strcmp(val, "main") == 0) {
-                o->sections = SECTION_MAIN;
-            } else if (val && strcmp(val, "prefetch") == 0) {
-                o->sections = SECTION_PREFETCH;
-            } else {
-                fprintf(stderr, PROG ": --only needs main or prefetch, got '%s'\n",
-                        val ? val : "");
-                return -1;
-            }
-        } else if (strcmp(a, "--seed") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 0, INT64_MAX - MAX_WORLD, &v)) == 0)
-                o->seed = (uint64_t)v;
+            fprintf(stderr, PROG ": --only needs main or prefetch, got '%s'\n", val ? val : "");
+            return -1;
         } else {
             fprintf(stderr, PROG ": unknown option '%s' (try --help)\n", a);
             return -1;
         }
-        if (rc < 0) return -1;
         i++; /* the option's value */
     }
-    return bench_shape_check(PROG, &o->m);
+    return bench_shape_check(PROG, &o->c.m);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -218,7 +198,7 @@ static int setup(job_t *j, rank_state_t *s) {
     int r = fsdp_ctx_rank(s->ctx), rc;
 
     /* The same initial weights on every rank and in every configuration. */
-    fsdp_rng_init(fsdp_ctx_rng(s->ctx), o->seed, 0);
+    fsdp_rng_init(fsdp_ctx_rng(s->ctx), o->c.seed, 0);
     if ((rc = bench_gpt_create(s->ctx, m, &s->model)) < 0)
         return rank_fail(j, s, "fsdp_gpt_create", rc);
     if (r == 0) j->nparams = fsdp_module_num_params(s->model);
@@ -253,11 +233,11 @@ static int setup(job_t *j, rank_state_t *s) {
             return rank_fail(j, s, "fsdp_named_params", rc);
     }
 
-    rc = bench_adamw_create(s->ctx, &o->adamw, &params, &s->opt);
+    rc = bench_adamw_create(s->ctx, &o->c.adamw, &params, &s->opt);
     fsdp_named_list_free(&params);
     if (rc < 0) return rank_fail(j, s, "creating the optimizer", rc);
     /* Rank r trains on its own batch, drawn from splitmix64(seed + r). */
-    rc = bench_make_batch(s->ctx, m, o->seed + (uint64_t)r, &s->tokens, &s->targets);
+    rc = bench_make_batch(s->ctx, m, o->c.seed + (uint64_t)r, &s->tokens, &s->targets);
     if (rc < 0) return rank_fail(j, s, "making the batch", rc);
     return FSDP_OK;
 }
@@ -297,7 +277,7 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     fsdp_pg_t *world = fsdp_ctx_pg(ctx);
     int rc = setup(j, &s);
     for (int k = 0; rc == FSDP_OK && k < j->nsteps; k++) {
-        if (k == j->o->warmup) fsdp_mem_reset_peaks(ctx);
+        if (k == j->o->c.warmup) fsdp_mem_reset_peaks(ctx);
         /* Every step starts together, so the slowest rank's time is the step's. */
         if ((rc = fsdp_pg_barrier(world, NULL)) < 0) {
             rank_fail(j, &s, "barrier", rc);
@@ -331,7 +311,7 @@ static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const c
     j->o = o;
     j->m = m;
     j->cfg = *cfg;
-    j->nsteps = o->warmup + o->steps;
+    j->nsteps = o->c.warmup + o->c.steps;
     j->t = calloc((size_t)o->world * (size_t)j->nsteps * PH_COUNT, sizeof *j->t);
     j->loss = calloc((size_t)o->world * (size_t)j->nsteps, sizeof *j->loss);
     if (!j->t || !j->loss) {
@@ -342,7 +322,7 @@ static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const c
     fsdp_sim_options_t so;
     fsdp_sim_options_init(&so);
     so.world_size = o->world;
-    so.seed = o->seed;
+    so.seed = o->c.seed;
     so.comm_latency_us = cfg->latency_us;
     printf("== %s\n", cfg->name);
     fflush(stdout);
@@ -362,7 +342,8 @@ static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const c
             if (t > tmax) tmax = t;
             lsum += j->loss[(size_t)r * (size_t)j->nsteps + (size_t)k];
         }
-        printf("step %3d%s loss %.6f  ms %.1f\n", k + 1, k >= o->warmup ? "        " : " (warmup)",
+        printf("step %3d%s loss %.6f  ms %.1f\n", k + 1,
+               k >= o->c.warmup ? "        " : " (warmup)",
                lsum / o->world, tmax * 1e3);
     }
     fflush(stdout);
@@ -380,24 +361,24 @@ static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const c
 static void summarise(const job_t *j, summary_t *sm) {
     const options_t *o = j->o;
     memset(sm, 0, sizeof *sm);
-    double *v = malloc((size_t)o->steps * sizeof *v);
+    double *v = malloc((size_t)o->c.steps * sizeof *v);
     for (int p = 0; p < PH_COUNT && v; p++) {
-        for (int k = 0; k < o->steps; k++) {
+        for (int k = 0; k < o->c.steps; k++) {
             double tmax = 0;
             for (int r = 0; r < o->world; r++) {
-                size_t i = ((size_t)r * (size_t)j->nsteps + (size_t)(o->warmup + k)) * PH_COUNT;
+                size_t i = ((size_t)r * (size_t)j->nsteps + (size_t)(o->c.warmup + k)) * PH_COUNT;
                 if (j->t[i + (size_t)p] > tmax) tmax = j->t[i + (size_t)p];
             }
             v[k] = tmax;
         }
         if (p == PH_STEP) {
             sm->step_min = sm->step_max = v[0];
-            for (int k = 1; k < o->steps; k++) {
+            for (int k = 1; k < o->c.steps; k++) {
                 if (v[k] < sm->step_min) sm->step_min = v[k];
                 if (v[k] > sm->step_max) sm->step_max = v[k];
             }
         }
-        sm->med[p] = bench_median(v, o->steps);
+        sm->med[p] = bench_median(v, o->c.steps);
     }
     free(v);
     for (int r = 0; r < o->world; r++) {
@@ -464,11 +445,11 @@ static int main_section(const options_t *o) {
            "limit_all_gathers 2\n");
     fflush(stdout);
     for (int i = 0; i < NMAIN; i++) {
-        if (!(jobs[i] = run_config(o, &o->m, &cfgs[i]))) goto out;
+        if (!(jobs[i] = run_config(o, &o->c.m, &cfgs[i]))) goto out;
         summarise(jobs[i], &sm[i]);
-        if (jobs[i]->nparams != bench_gpt_params(&o->m)) {
+        if (jobs[i]->nparams != bench_gpt_params(&o->c.m)) {
             fprintf(stderr, PROG ": the model has %lld parameters, the header said %lld\n",
-                    (long long)jobs[i]->nparams, (long long)bench_gpt_params(&o->m));
+                    (long long)jobs[i]->nparams, (long long)bench_gpt_params(&o->c.m));
             goto out;
         }
     }
@@ -529,10 +510,10 @@ static int prefetch_section(const options_t *o) {
         {.name = "both, no latency (ref.)", .bp = FSDP_BACKWARD_PRE, .fwd_prefetch = true},
     };
     bench_gpt_shape_t pm = {.layers = 4, .d = 256, .heads = 4, .seq = 64, .batch = 4,
-                            .vocab = o->m.vocab};
-    if (o->m.layers * o->m.d * o->m.d * o->m.seq * o->m.batch <=
+                            .vocab = o->c.m.vocab};
+    if (o->c.m.layers * o->c.m.d * o->c.m.d * o->c.m.seq * o->c.m.batch <=
         pm.layers * pm.d * pm.d * pm.seq * pm.batch)
-        pm = o->m;
+        pm = o->c.m;
     job_t *jobs[NPF] = {NULL};
     summary_t sm[NPF];
     int status = 1;
@@ -580,14 +561,14 @@ int main(int argc, char **argv) {
 
     printf("# " PROG ": libfsdp, sim backend, world %d, GPT %lld layers, d %lld, %lld heads, "
            "seq %lld, batch %lld per rank, vocab %lld, f32, %d compute thread(s) per rank\n",
-           o.world, (long long)o.m.layers, (long long)o.m.d, (long long)o.m.heads,
-           (long long)o.m.seq, (long long)o.m.batch, (long long)o.m.vocab,
+           o.world, (long long)o.c.m.layers, (long long)o.c.m.d, (long long)o.c.m.heads,
+           (long long)o.c.m.seq, (long long)o.c.m.batch, (long long)o.c.m.vocab,
            threads_per_rank(o.world));
-    printf("# params %lld\n", (long long)bench_gpt_params(&o.m));
+    printf("# params %lld\n", (long long)bench_gpt_params(&o.c.m));
     printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
            "timed steps per configuration\n",
-           o.adamw.lr, o.adamw.beta1, o.adamw.beta2, o.adamw.eps, o.adamw.wd,
-           (unsigned long long)o.seed, o.warmup, o.steps);
+           o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.wd,
+           (unsigned long long)o.c.seed, o.c.warmup, o.c.steps);
     double t0 = bench_now_s();
     int status = 0;
     if (o.sections & SECTION_MAIN) status |= main_section(&o);

@@ -38,10 +38,8 @@ static const char *const phase_name[PH_COUNT] = {"zero_grad", "forward+loss", "b
                                                  "optimizer", "step"};
 
 typedef struct options {
-    bench_gpt_shape_t m;
-    int steps, warmup, threads;
-    uint64_t seed;
-    bench_adamw_t adamw;
+    bench_common_t c;
+    int threads;
 } options_t;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -59,65 +57,37 @@ static int default_threads(void) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: bench_gpt_step [options]\n"
-            BENCH_GPT_SHAPE_USAGE
-            "  --steps N     timed steps (default 10)\n"
-            "  --warmup N    untimed steps before them (default 2)\n"
-            "  --threads N   compute threads (default FSDP_NUM_THREADS, else all cores)\n"
-            "  --seed N      seed of the batch and of the initialisation (default 1234)\n"
-            "  --lr X        AdamW learning rate (default 1e-3; betas 0.9, 0.95, eps 1e-8,\n"
-            "                weight decay 0.1 on every parameter)\n"
-            "  --quick       tiny model (2 blocks, d 64, 4 heads, T 32, B 2, vocab 256),\n"
-            "                1 warm-up and 2 timed steps: a smoke test; later options override\n"
-            "  --help        this text\n");
+            "usage: " PROG " [options]\n"
+            BENCH_COMMON_USAGE
+            "  --threads N     compute threads (default FSDP_NUM_THREADS, else all cores)\n"
+            "  --help          this text\n");
 }
 
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
 static int parse_options(int argc, char **argv, options_t *o) {
-    *o = (options_t){.m = bench_gpt_default,
-                     .steps = 10,
-                     .warmup = 2,
-                     .threads = default_threads(),
-                     .seed = 1234,
-                     .adamw = bench_adamw_default};
+    *o = (options_t){.c = bench_common_default(), .threads = default_threads()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t v = 0;
-        int rc = 0;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        int rc = bench_common_option(PROG, a, val, INT64_MAX, &o->c);
+        if (rc < 0) return -1;
+        if (rc == 2) continue;
+        if (rc == 1) {
+            i++;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 1;
-        } else if (strcmp(a, "--quick") == 0) {
-            o->m = bench_gpt_quick;
-            o->steps = 2, o->warmup = 1;
-            continue;
-        } else if (strcmp(a, "--lr") == 0) {
-            char *end = NULL;
-            double x = val ? strtod(val, &end) : -1.0;
-            if (!val || end == val || *end != '\0' || !(x >= 0.0)) {
-                fprintf(stderr, PROG ": --lr needs a number >= 0\n");
-                return -1;
-            }
-            o->adamw.lr = x;
-        } else if ((rc = bench_shape_option(PROG, a, val, &o->m)) != 0) {
-            if (rc > 0) rc = 0;
-        } else if (strcmp(a, "--steps") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 1, 1000000, &v)) == 0) o->steps = (int)v;
-        } else if (strcmp(a, "--warmup") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 0, 1000000, &v)) == 0) o->warmup = (int)v;
         } else if (strcmp(a, "--threads") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 1, 4096, &v)) == 0) o->threads = (int)v;
-        } else if (strcmp(a, "--seed") == 0) {
-            if ((rc = bench_parse_i64(PROG, a, val, 0, INT64_MAX, &v)) == 0) o->seed = (uint64_t)v;
+            if (bench_parse_i64(PROG, a, val, 1, 4096, &v) < 0) return -1;
+            o->threads = (int)v;
+            i++;
         } else {
             fprintf(stderr, PROG ": unknown option '%s' (try --help)\n", a);
             return -1;
         }
-        if (rc < 0) return -1;
-        i++; /* the option's value */
     }
-    return bench_shape_check(PROG, &o->m);
+    return bench_shape_check(PROG, &o->c.m);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -140,7 +110,7 @@ static int fail_msg(const run_t *r, const char *what, int rc) {
 static int setup(run_t *r, const options_t *o) {
     fsdp_ctx_options_t copts;
     fsdp_ctx_options_init(&copts);
-    copts.seed = o->seed;
+    copts.seed = o->c.seed;
     int rc = fsdp_ctx_create(&copts, &r->ctx);
     if (rc < 0) return fail_msg(r, "fsdp_ctx_create", rc);
 
@@ -151,17 +121,17 @@ static int setup(run_t *r, const options_t *o) {
         return fail_msg(r, "fsdp_device_create", rc);
     if ((rc = fsdp_ctx_set_device(r->ctx, r->dev)) < 0)
         return fail_msg(r, "fsdp_ctx_set_device", rc);
-    if ((rc = bench_gpt_create(r->ctx, &o->m, &r->model)) < 0)
+    if ((rc = bench_gpt_create(r->ctx, &o->c.m, &r->model)) < 0)
         return fail_msg(r, "fsdp_gpt_create", rc);
 
     fsdp_named_list_t params = {0};
     if ((rc = fsdp_module_named_params(r->model, false, &params)) < 0)
         return fail_msg(r, "fsdp_module_named_params", rc);
-    rc = bench_adamw_create(r->ctx, &o->adamw, &params, &r->opt);
+    rc = bench_adamw_create(r->ctx, &o->c.adamw, &params, &r->opt);
     fsdp_named_list_free(&params);
     if (rc < 0) return fail_msg(r, "creating the optimizer", rc);
 
-    if ((rc = bench_make_batch(r->ctx, &o->m, o->seed, &r->tokens, &r->targets)) < 0)
+    if ((rc = bench_make_batch(r->ctx, &o->c.m, o->c.seed, &r->tokens, &r->targets)) < 0)
         return fail_msg(r, "making the batch", rc);
     return 0;
 }
@@ -202,34 +172,35 @@ int main(int argc, char **argv) {
     int status = 1;
     if (setup(&r, &o) < 0) goto out;
     for (int p = 0; p < PH_COUNT; p++)
-        if (!(times[p] = calloc((size_t)o.steps, sizeof(double)))) goto out;
+        if (!(times[p] = calloc((size_t)o.c.steps, sizeof(double)))) goto out;
 
     int64_t nparams = fsdp_module_num_params(r.model);
-    double tokens = (double)(o.m.batch * o.m.seq);
+    double tokens = (double)(o.c.m.batch * o.c.m.seq);
     printf("# bench_gpt_step: libfsdp, GPT %lld layers, d %lld, %lld heads, seq %lld, batch %lld, "
            "vocab %lld, f32, %d threads\n",
-           (long long)o.m.layers, (long long)o.m.d, (long long)o.m.heads, (long long)o.m.seq,
-           (long long)o.m.batch, (long long)o.m.vocab, o.threads);
+           (long long)o.c.m.layers, (long long)o.c.m.d, (long long)o.c.m.heads,
+           (long long)o.c.m.seq,
+           (long long)o.c.m.batch, (long long)o.c.m.vocab, o.threads);
     printf("# params %lld\n", (long long)nparams);
     printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
            "timed steps\n",
-           o.adamw.lr, o.adamw.beta1, o.adamw.beta2, o.adamw.eps, o.adamw.wd,
-           (unsigned long long)o.seed, o.warmup, o.steps);
+           o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.wd,
+           (unsigned long long)o.c.seed, o.c.warmup, o.c.steps);
     fflush(stdout);
 
     size_t allocs_sum = 0;
     fsdp_mem_stats_t ms;
     fsdp_mem_reset_peaks(r.ctx);
-    for (int s = 0; s < o.warmup + o.steps; s++) {
+    for (int s = 0; s < o.c.warmup + o.c.steps; s++) {
         double ph[PH_COUNT], loss = NAN;
         fsdp_mem_get_stats(r.ctx, &ms);
         size_t a0 = ms.allocs;
         if (train_step(&r, ph, &loss) < 0) goto out;
         fsdp_mem_get_stats(r.ctx, &ms);
-        bool timed = s >= o.warmup;
+        bool timed = s >= o.c.warmup;
         if (timed) {
             for (int p = 0; p < PH_COUNT; p++)
-                times[p][s - o.warmup] = ph[p];
+                times[p][s - o.c.warmup] = ph[p];
             allocs_sum += ms.allocs - a0;
         }
         printf("step %3d%s loss %.6f  ms %.1f\n", s + 1, timed ? "        " : " (warmup)", loss,
@@ -242,13 +213,13 @@ int main(int argc, char **argv) {
     }
 
     double step_min = times[PH_STEP][0], step_max = times[PH_STEP][0];
-    for (int i = 1; i < o.steps; i++) {
+    for (int i = 1; i < o.c.steps; i++) {
         if (times[PH_STEP][i] < step_min) step_min = times[PH_STEP][i];
         if (times[PH_STEP][i] > step_max) step_max = times[PH_STEP][i];
     }
     double med[PH_COUNT];
     for (int p = 0; p < PH_COUNT; p++)
-        med[p] = bench_median(times[p], o.steps);
+        med[p] = bench_median(times[p], o.c.steps);
     printf("phases median ms:");
     for (int p = 0; p < PH_STEP; p++)
         printf(" %s %.1f", phase_name[p], med[p] * 1e3);
@@ -256,13 +227,13 @@ int main(int argc, char **argv) {
     fsdp_mem_get_stats(r.ctx, &ms);
     printf("memory: %.1f allocations/step, peak %.1f MiB (params %.1f, grads %.1f, optim %.1f, "
            "activations %.1f)\n",
-           (double)allocs_sum / o.steps, (double)ms.total_peak / 1048576.0,
+           (double)allocs_sum / o.c.steps, (double)ms.total_peak / 1048576.0,
            (double)ms.peak[FSDP_MEM_PARAMS] / 1048576.0,
            (double)ms.peak[FSDP_MEM_GRADS] / 1048576.0,
            (double)ms.peak[FSDP_MEM_OPTIM] / 1048576.0,
            (double)ms.peak[FSDP_MEM_ACTIVATIONS] / 1048576.0);
     printf("ms/step median %.2f (min %.2f, max %.2f) over %d steps\n", med[PH_STEP] * 1e3,
-           step_min * 1e3, step_max * 1e3, o.steps);
+           step_min * 1e3, step_max * 1e3, o.c.steps);
     printf("tokens/s %.0f\n", tokens / med[PH_STEP]);
     status = 0;
 out:

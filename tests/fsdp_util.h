@@ -1,0 +1,201 @@
+/*
+ * fsdp_util.h: helpers shared by the FSDP unit tests (t_fsdp.c, t_fsdp_core.c, t_fsdp_hooks.c,
+ * t_fsdp_mp.c).
+ *
+ * Per-rank check lists. A test that checks many properties per rank runs as a fu_job_t: every
+ * rank of the sim run records each check with fu_ck() into its own list, all ranks in the same
+ * order; fu_run_job() then prints one TAP line per check, passing only when every rank passed
+ * it (each failing rank's detail as comments), and a last line saying whether every rank ran to
+ * its end without a library error. A library call that fails where it must not is recorded with
+ * fu_fatal(), which makes that rank's list diverge and so fails the run visibly.
+ *
+ * The rest are small pieces of upstream's harness used by more than one test program:
+ * assert_close tolerances, closeness and bitwise comparison of tensors, SGD over what FSDP
+ * hands the optimizer, the save_model state round trip, RECURSIVE-style hand nesting and the
+ * TransformerWithSharedParams wrap and forward, and the backward-hook counters and watches of
+ * CORE-H01/H03.
+ *
+ * Ownership as in the library: what a helper returns new (tensors, malloc'ed buffers, jobs)
+ * says so; every argument is borrowed. Thread-safety: a job's list for rank r is written only by
+ * rank r's thread; fu_run_job() runs on the main thread once the ranks have finished.
+ */
+#ifndef FSDP_TEST_FSDP_UTIL_H
+#define FSDP_TEST_FSDP_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp.h>
+
+/* torch.testing.assert_close's default tolerances (spec section 0): |actual - expected| <=
+ * atol + rtol |expected|. */
+#define FU_F32_RTOL 1.3e-6
+#define FU_F32_ATOL 1e-5
+#define FU_F16_RTOL 1e-3
+#define FU_F16_ATOL 1e-5
+
+/* The seed-000 subtest axes in upstream's order: sharding strategy {FULL_SHARD (upstream's
+ * None), SHARD_GRAD_OP, NO_SHARD} and backward prefetch {None, BACKWARD_PRE, BACKWARD_POST}. */
+extern const fsdp_sharding_strategy_t fu_strategies[3];
+extern const fsdp_backward_prefetch_t fu_bwd_prefetches[3];
+
+/* ---- per-rank check lists -------------------------------------------------------------------- */
+
+#define FU_MAXR 3  /* largest world a job runs at */
+#define FU_MAXC 96 /* checks one rank may record in one job */
+
+typedef struct fu_rec {
+    char name[200]; /* the TAP description (without the job's prefix) */
+    bool ok;
+    char why[800]; /* detail, only when the check failed */
+} fu_rec_t;
+
+typedef struct fu_res {
+    int n;
+    fu_rec_t c[FU_MAXC];
+} fu_res_t;
+
+/* One sim run of one rank function and its configuration. */
+typedef struct fu_job {
+    char prefix[160]; /* starts every TAP line of the job; names the test ID */
+    int world;        /* 1..FU_MAXR */
+    fsdp_sharding_strategy_t strategy;
+    fsdp_backward_prefetch_t bp;
+    bool fwd_prefetch;
+    bool orig;                 /* use_orig_params */
+    bool offload;              /* cpu_offload */
+    fsdp_mixed_precision_t mp; /* off unless a test sets it */
+    fu_res_t r[FU_MAXR];       /* per rank */
+} fu_job_t;
+
+/* A new job (calloc'ed; free() it) with backward prefetch PRE, no forward prefetch, no offload
+ * and no mixed precision. Bails out of the test program when out of memory. */
+fu_job_t *fu_job_new(const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig);
+
+/* fsdp_options_t as the job asks, with check_exec_order on (as every test here runs). */
+void fu_job_options(const fu_job_t *j, fsdp_options_t *o);
+
+/* The calling rank's list. */
+fu_res_t *fu_res_of(fu_job_t *j, fsdp_ctx_t *ctx);
+
+/* Records check `name` on this rank; fmt is the detail shown when it failed. Returns ok. */
+bool fu_ck(fu_res_t *r, bool ok, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* A library call failed where it must not: recorded as a failed check named `what`, with the
+ * error's name, text and the context's last error. Returns rc (FSDP_EINTERNAL if rc >= 0). */
+int fu_fatal(fu_res_t *r, fsdp_ctx_t *ctx, const char *what, int rc);
+
+/* Runs fn on j->world sim ranks (fn gets j as its argument) and prints the job's TAP lines:
+ * "<prefix> W=<world>: <check>". */
+void fu_run_job(fu_job_t *j, fsdp_sim_fn fn);
+
+/* Appends to a diagnostic, separated by "; " (what no longer fits is dropped). */
+void fu_add_why(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- comparing values ------------------------------------------------------------------------ */
+
+/* |actual - expected| / (atol + rtol |expected|): <= 1 is close under assert_close's rule. */
+double fu_closeness(double actual, double expected, double rtol, double atol);
+
+/* A float tensor's values (any float dtype, widened exactly) as a malloc'ed f32 array of *n
+ * elements; NULL on failure. */
+float *fu_host_f32(const fsdp_tensor_t *t, int64_t *n);
+
+/* 1: same dtype, same number of elements and bitwise the same values; 0: not; -1: could not
+ * compare. */
+int fu_same_bits(const fsdp_tensor_t *a, const fsdp_tensor_t *b);
+
+/* The largest fu_closeness() over the elements (> 1: not close); -1 when the tensors cannot be
+ * compared (different sizes, or a read failed). A NaN counts as INFINITY. */
+double fu_tensor_closeness(const fsdp_tensor_t *actual, const fsdp_tensor_t *expected, double rtol,
+                           double atol);
+
+/* ---- harness pieces -------------------------------------------------------------------------- */
+
+/* SGD (lr, momentum) over the tensors of l, one group. */
+int fu_make_sgd(fsdp_ctx_t *ctx, const fsdp_named_list_t *l, double lr, double momentum,
+                fsdp_optim_t **opt);
+
+/* The same over fsdp_named_params(root): what FSDP hands the optimizer. */
+int fu_make_fsdp_sgd(fsdp_ctx_t *ctx, fsdp_unit_t *root, double lr, double momentum,
+                     fsdp_optim_t **opt);
+
+/* summon_full_params(recurse=True, writeback=False); end it with fsdp_summon_end(). */
+int fu_summon_nowb(fsdp_unit_t *root);
+
+/* PyTorch's save_model step: under summon, clone the full state dict, zero every floating
+ * entry (after cloning all of them: tied parameters appear under several names), end the
+ * summon; then load the clone back under a second summon. Collective. */
+int fu_state_round_trip(fsdp_unit_t *root);
+
+/* Hand nesting as upstream's RECURSIVE init does it: wraps the listed submodules of m
+ * (NULL-terminated fully qualified names), deepest first, each with options o; the one named
+ * `expert` (may be NULL) over expert_pg instead (MixtureOfExperts' expert unit). Not the root:
+ * the caller wraps m itself afterwards. */
+int fu_wrap_listed(fsdp_module_t *m, const char *const *units, const fsdp_options_t *o,
+                   const char *expert, fsdp_pg_t *expert_pg);
+
+/* TransformerWithSharedParams as upstream's RECURSIVE init wraps it: the encoder and decoder
+ * layers, then the root (5 units), with options o (its wrap_types is replaced) ... */
+int fu_wrap_transformer_opts(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **root);
+/* ... or with the job's options. */
+int fu_wrap_transformer(fsdp_module_t *m, const fu_job_t *j, fsdp_unit_t **root);
+
+/* The common start of the TransformerWithSharedParams tests: the model (deterministic, or with
+ * dropout active in training and seeded alike on every rank), wrapped with the job's options
+ * (5 units), its units in *u (*n of them; free()) and SGD(lr 0.01, momentum 0.9) over what FSDP
+ * hands the optimizer. What was built is returned even on failure, for the caller's cleanup; a
+ * failure is recorded with fu_fatal() and returned. */
+int fu_transformer_setup(fu_res_t *r, fsdp_ctx_t *ctx, const fu_job_t *j, bool deterministic,
+                         fsdp_module_t **m, fsdp_unit_t **root, fsdp_unit_t ***u, size_t *n,
+                         fsdp_optim_t **opt);
+
+/* TransformerWithSharedParams' get_input and forward; *tgt_out (may be NULL) receives the
+ * target ids for the loss (a new reference). */
+int fu_transformer_forward(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_tensor_t **out,
+                           fsdp_tensor_t **tgt_out);
+
+/* The same under no_grad (grad mode restored afterwards). */
+int fu_no_grad_forward(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_tensor_t **out);
+
+/* CORE-PI-01's change after init on a wrapped TransformerWithSharedParams m: draws normal(0, 1)
+ * values (after tm_manual_seed(ctx, seed), so twins get the same change) into the local shard
+ * of root's unit: into the flat parameter, or with use_orig_params into the tied embedding
+ * weight's shard view, whose layout is checked first. Records its checks on r. Returns 0 when
+ * the shard was changed, 1 when a check failed (the caller stops), or a library error (recorded
+ * with fu_fatal). */
+int fu_change_root_shard(fu_res_t *r, fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_unit_t *root,
+                         bool orig, uint64_t seed);
+
+/* ---- unit state and hooks -------------------------------------------------------------------- */
+
+/* Every unit IDLE; otherwise false with the first offender in why. */
+bool fu_all_idle(fsdp_unit_t *const *u, size_t n, char *why, size_t len);
+
+/* No unit holds its unsharded parameters (root included); otherwise false with the first
+ * offender in why. */
+bool fu_none_unsharded(fsdp_unit_t *const *u, size_t n, char *why, size_t len);
+
+/* CORE-H03's registration counters: every unit's n_pre_bwd_registered == k and
+ * n_post_bwd_registered == k * post_mult[i]; otherwise false with the offenders in why. */
+bool fu_counters_are(fsdp_unit_t *const *u, size_t n, const int *post_mult, uint64_t k, char *why,
+                     size_t len);
+
+/* A backward hook on a unit's module, added after wrapping (so it runs after FSDP's): counts
+ * the unit's backward passes and how many of them left its parameters unsharded. */
+typedef struct fu_bwd_watch {
+    fsdp_unit_t *u;
+    int calls;
+    int unsharded_after;
+} fu_bwd_watch_t;
+
+/* Watches each of the n units (w has n entries and must outlive the module's hooks). */
+int fu_watch_units(fsdp_unit_t *const *u, size_t n, fu_bwd_watch_t *w);
+
+/* Each watched unit went through backward `calls` times in all and was resharded every time;
+ * otherwise false with the offenders in why. */
+bool fu_watched(const fu_bwd_watch_t *w, size_t n, int calls, char *why, size_t len);
+
+#endif /* FSDP_TEST_FSDP_UTIL_H */
