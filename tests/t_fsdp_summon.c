@@ -1,5 +1,5 @@
 /*
- * t_fsdp_summon.c: FSDP units outside forward and backward, and what a rank keeps in memory.
+ * t_fsdp_summon.c: FSDP units outside forward and backward.
  *
  *   F25 summon      the unwrapped model's full parameters; with writeback each element keeps
  *                   the value written by the rank whose shard holds it; without, changes are
@@ -11,20 +11,17 @@
  *   unshard/reshard a submodule runs as unwrapped; the unit's own module is refused; reshard
  *                   keeps this rank's part of a change;
  *   sync_module_states  ranks built differently end up with rank 0's parameters and buffers;
- *   F14 ignored     the ignored Linear is in no unit, full size everywhere, trains locally;
- *   F05/F06 memory  FULL_SHARD GPT per block, limit_all_gathers 1 and 2: peak unsharded bytes
- *                   (bound derived above memory_rank) and per-rank state against NO_SHARD.
+ *   F19             every unit IDLE after a backward that follows a summon.
  *
- * Ranks are threads of a sim run (world 2, and 3 for uneven padding). Every rank makes the same
- * checks in the same order into its own log; the main thread prints one TAP line per check,
- * passing when every rank passed it, with each failing rank's detail as comments.
+ * Ranks are threads of a sim run (world 2, and 3 for uneven padding). The rank functions record
+ * checks per rank and fu_run_job() prints one TAP line per check (see fsdp_util.h). F05/F06
+ * (memory) and F14 (ignored modules) are in t_fsdp_memory.c.
  *
  * Two regressions are covered: a refused fsdp_summon_begin (the unit already summoned) must
  * leave the summon in progress alone, and with use_orig_params, once every original gradient
  * is set to none, with_grads must not show the old flat gradient.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,116 +29,38 @@
 
 #include <fsdp.h>
 
+#include "fsdp_util.h"
 #include "models/models.h"
 #include "tap.h"
-
-#define MAXR 3
-#define MAXC 24
-#define RTOL 1.3e-6 /* fp32 tolerance (spec section 0) */
-#define ATOL 1e-5
-#define GPT_LAYERS 4 /* tm_gpt_tiny_config has 2; with 4 "all blocks at once" exceeds the bound */
-
-/* ---- per-rank check logs --------------------------------------------------------------------- */
-
-typedef struct check {
-    char name[160];
-    bool ok;
-    char why[600];
-} check_t;
-
-typedef struct ranklog {
-    int n;
-    check_t c[MAXC];
-} ranklog_t;
 
 typedef struct vals {
     double *v;
     size_t n;
 } vals_t;
 
+/* Every job of this file; only sync_module_states uses the value arrays. */
 typedef struct job {
-    const char *title;
-    int world;
-    fsdp_sharding_strategy_t strategy;
-    int limit; /* limit_all_gathers of the memory test */
-    ranklog_t log[MAXR];
-    vals_t params[MAXR], bufs[MAXR]; /* sync_module_states: each rank's values before wrapping */
+    fu_job_t base; /* first: rank functions get &base and cast back */
+    /* sync_module_states: each rank's values before wrapping */
+    vals_t params[FU_MAXR], bufs[FU_MAXR];
 } job_t;
 
-static bool ck(ranklog_t *L, bool ok, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static bool ck(ranklog_t *L, bool ok, const char *name, const char *fmt, ...) {
-    if (L->n >= MAXC) return ok;
-    check_t *c = &L->c[L->n++];
-    snprintf(c->name, sizeof c->name, "%s", name);
-    c->ok = ok;
-    c->why[0] = 0;
-    if (!ok) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->why, sizeof c->why, fmt, ap);
-        va_end(ap);
-    }
-    return ok;
-}
-
-/* Uses the rank function's L, ctx and rc; jumps to `label` when call fails. */
+/* Uses the rank function's r, ctx and rc; jumps to `label` when call fails. */
 #define TRY(label, what, call)                                                                     \
     do {                                                                                           \
         rc = (call);                                                                               \
         if (rc < 0) {                                                                              \
-            ck(L, false, what, "%s failed: %s (%s)", what, fsdp_err_name(rc),                      \
-               fsdp_ctx_last_error(ctx));                                                          \
+            fu_fatal(r, ctx, what, rc);                                                            \
             goto label;                                                                            \
         }                                                                                          \
     } while (0)
 
 /* rc must be FSDP_EINVAL with a message naming `key`. */
-static void ck_einval(ranklog_t *L, fsdp_ctx_t *ctx, int rc, const char *key, const char *name) {
+static void ck_einval(fu_res_t *r, fsdp_ctx_t *ctx, int rc, const char *key, const char *name) {
     const char *msg = fsdp_ctx_last_error(ctx);
-    ck(L, rc == FSDP_EINVAL && msg && strstr(msg, key), name,
-       "rc %s, message \"%s\"; want EINVAL naming \"%s\"", fsdp_err_name(rc), msg ? msg : "", key);
-}
-
-static void run(job_t *j, fsdp_sim_fn fn) {
-    fsdp_sim_options_t so;
-    fsdp_sim_options_init(&so);
-    so.world_size = j->world;
-    so.seed = 11;
-    so.timeout_ms = 60000;
-    int st[MAXR] = {0}, n = 0;
-    int rc = fsdp_sim_run(&so, fn, j, st);
-    for (int r = 0; r < j->world; r++)
-        if (j->log[r].n > n) n = j->log[r].n;
-    for (int i = 0; i < n; i++) {
-        const char *name = "?";
-        bool ok = true;
-        for (int r = j->world - 1; r >= 0; r--) {
-            if (i >= j->log[r].n) {
-                ok = false;
-                continue;
-            }
-            name = j->log[r].c[i].name;
-            ok &= j->log[r].c[i].ok;
-        }
-        for (int r = 0; r < j->world && !ok; r++) {
-            if (i >= j->log[r].n)
-                tap_diag("rank %d did not get to this check", r);
-            else if (!j->log[r].c[i].ok)
-                tap_diag("rank %d: %s", r, j->log[r].c[i].why);
-        }
-        tap_ok(ok, "%s W=%d: %s", j->title, j->world, name);
-    }
-    bool done = rc == 0;
-    for (int r = 0; r < j->world; r++) {
-        if (st[r] != 0) tap_diag("rank %d returned %s", r, fsdp_err_name(st[r]));
-        done &= st[r] == 0;
-    }
-    tap_ok(done, "%s W=%d: every rank ran to the end", j->title, j->world);
-    for (int r = 0; r < MAXR; r++) {
-        free(j->params[r].v);
-        free(j->bufs[r].v);
-    }
+    fu_ck(r, rc == FSDP_EINVAL && msg && strstr(msg, key), name,
+          "rc %s, message \"%s\"; want EINVAL naming \"%s\"", fsdp_err_name(rc), msg ? msg : "",
+          key);
 }
 
 /* ---- values ---------------------------------------------------------------------------------- */
@@ -199,17 +118,19 @@ static int full_values(fsdp_unit_t *root, bool with_grads, vals_t *out) {
 static size_t vdiff(const vals_t *got, const vals_t *want, double rtol, double atol) {
     if (got->n != want->n) return SIZE_MAX;
     size_t d = 0;
-    while (d < got->n && fabs(got->v[d] - want->v[d]) <= atol + rtol * fabs(want->v[d]))
+    while (d < got->n &&
+           (got->v[d] == want->v[d] || fu_closeness(got->v[d], want->v[d], rtol, atol) <= 1))
         d++;
     return d;
 }
 
-static bool ck_close(ranklog_t *L, const vals_t *got, const vals_t *want, double rtol, double atol,
+static bool ck_close(fu_res_t *r, const vals_t *got, const vals_t *want, double rtol, double atol,
                      const char *name) {
     size_t d = vdiff(got, want, rtol, atol);
     bool in = d < got->n;
-    return ck(L, d == got->n, name, "%zu values, want %zu; first difference at %zu: %.9g vs %.9g",
-              got->n, want->n, d, in ? got->v[d] : 0.0, in ? want->v[d] : 0.0);
+    return fu_ck(r, d == got->n, name,
+                 "%zu values, want %zu; first difference at %zu: %.9g vs %.9g", got->n, want->n, d,
+                 in ? got->v[d] : 0.0, in ? want->v[d] : 0.0);
 }
 
 /* The value a rank tagged `tag` writes into element e of parameter p. */
@@ -304,7 +225,7 @@ typedef struct fx {
 
 /* NestedWrappedModule with upstream's units (module.1.0, module.1, module.2, then the root). */
 static int fx_init(fsdp_ctx_t *ctx, fsdp_sharding_strategy_t s, bool orig, fx_t *f) {
-    static const char *const inner[] = {"module.1.0", "module.1", "module.2"};
+    static const char *const inner[] = {"module.1.0", "module.1", "module.2", NULL};
     fsdp_options_t o;
     fsdp_options_init(&o);
     o.strategy = s;
@@ -312,10 +233,7 @@ static int fx_init(fsdp_ctx_t *ctx, fsdp_sharding_strategy_t s, bool orig, fx_t 
     o.check_exec_order = true;
     int rc = tm_nested_wrapped_create(ctx, true, &f->ref);
     if (rc == 0) rc = tm_nested_wrapped_create(ctx, true, &f->m);
-    for (int i = 0; i < 3 && rc == 0; i++) {
-        fsdp_unit_t *u = NULL;
-        rc = fsdp_wrap(fsdp_module_child(f->m, inner[i]), &o, &u);
-    }
+    if (rc == 0) rc = fu_wrap_listed(f->m, inner, &o, NULL, NULL);
     if (rc == 0) rc = fsdp_wrap(f->m, &o, &f->root);
     if (rc == 0) rc = fsdp_module_named_params(f->m, false, &f->l);
     if (rc == 0 && !(f->pl = calloc(f->l.n, sizeof *f->pl))) rc = FSDP_ENOMEM;
@@ -349,13 +267,13 @@ static int fx_run(fsdp_ctx_t *ctx, fsdp_module_t *m, vals_t *y, bool loss) {
 }
 
 /* Loads the wrapped model's full parameters into ref; a no-grad forward of both must agree. */
-static int ck_forward(ranklog_t *L, fsdp_ctx_t *ctx, fx_t *f, const char *name) {
+static int ck_forward(fu_res_t *r, fsdp_ctx_t *ctx, fx_t *f, const char *name) {
     vals_t v = {0}, a = {0}, b = {0};
     int rc = full_values(f->root, false, &v);
     if (rc == 0) rc = store(f->ref, &v, 0);
     if (rc == 0) rc = fx_run(ctx, f->m, &a, false);
     if (rc == 0) rc = fx_run(ctx, f->ref, &b, false);
-    if (rc == 0) ck_close(L, &a, &b, RTOL, ATOL, name);
+    if (rc == 0) ck_close(r, &a, &b, FU_F32_RTOL, FU_F32_ATOL, name);
     vfree(&v);
     vfree(&a);
     vfree(&b);
@@ -365,7 +283,7 @@ static int ck_forward(ranklog_t *L, fsdp_ctx_t *ctx, fx_t *f, const char *name) 
 /* The full parameters must hold, per element, the tag of its owner for sharded units (the last
  * writeback) and self_tag elsewhere; prefix: only parameters whose name starts with it, indexed
  * from 0 among them as store() on that submodule does. */
-static int ck_tags(ranklog_t *L, fx_t *f, const char *prefix, int self_tag, const char *name) {
+static int ck_tags(fu_res_t *r, fx_t *f, const char *prefix, int self_tag, const char *name) {
     vals_t v = {0};
     int rc = full_values(f->root, false, &v);
     char why[300] = "";
@@ -381,7 +299,7 @@ static int ck_tags(ranklog_t *L, fx_t *f, const char *prefix, int self_tag, cons
         }
         q++;
     }
-    if (rc == 0) ck(L, !why[0], name, "%s", why);
+    if (rc == 0) fu_ck(r, !why[0], name, "%s", why);
     vfree(&v);
     return rc;
 }
@@ -391,29 +309,29 @@ static int ck_tags(ranklog_t *L, fx_t *f, const char *prefix, int self_tag, cons
 static int summon_rank(fsdp_ctx_t *ctx, void *arg) {
     job_t *j = arg;
     int rank = fsdp_ctx_rank(ctx), rc = 0;
-    ranklog_t *L = &j->log[rank];
+    fu_res_t *r = fu_res_of(&j->base, ctx);
     fx_t f = {0};
     vals_t v = {0}, rv = {0};
-    bool sharded = j->strategy != FSDP_NO_SHARD;
+    bool sharded = j->base.strategy != FSDP_NO_SHARD;
     fsdp_summon_options_t so;
     fsdp_named_list_t s = {0};
 
-    TRY(out, "wrapping", fx_init(ctx, j->strategy, false, &f));
+    TRY(out, "wrapping", fx_init(ctx, j->base.strategy, false, &f));
     TRY(out, "summon", full_values(f.root, false, &v));
     TRY(out, "reference", module_values(f.ref, false, false, &rv));
-    ck_close(L, &v, &rv, 0, 0, "F25: summoned parameters are the unwrapped model's");
-    ck(L, v.n == TM_NESTED_NUM_PARAMS, "F25: summoned parameters are full size", "%zu", v.n);
+    ck_close(r, &v, &rv, 0, 0, "F25: summoned parameters are the unwrapped model's");
+    fu_ck(r, v.n == TM_NESTED_NUM_PARAMS, "F25: summoned parameters are full size", "%zu", v.n);
 
     /* writeback on: every rank writes its own values and keeps only its part. */
     TRY(out, "summon", fsdp_summon_begin(f.root, NULL));
-    ck(L, units_are(f.root, FSDP_STATE_SUMMON, true),
-       "F25: while summoned every unit is SUMMON and unsharded", "%s", "a unit is not");
+    fu_ck(r, units_are(f.root, FSDP_STATE_SUMMON, true),
+          "F25: while summoned every unit is SUMMON and unsharded", "%s", "a unit is not");
     TRY(out, "writing under summon", store(f.m, NULL, rank));
     TRY(out, "summon end", fsdp_summon_end(f.root));
-    ck(L, all_idle(f.root), "F25: after the end every unit is IDLE and sharded again", "%s",
-       "a unit is still summoned or unsharded");
+    fu_ck(r, all_idle(f.root), "F25: after the end every unit is IDLE and sharded again", "%s",
+          "a unit is still summoned or unsharded");
     TRY(out, "reading back",
-        ck_tags(L, &f, "", rank,
+        ck_tags(r, &f, "", rank,
                 sharded
                     ? "F25 writeback: each element keeps the value of the rank whose shard holds it"
                     : "F25 writeback (NO_SHARD): each rank's whole change persists"));
@@ -425,7 +343,7 @@ static int summon_rank(fsdp_ctx_t *ctx, void *arg) {
     TRY(out, "writing under summon", store(f.m, NULL, 9));
     TRY(out, "summon end", fsdp_summon_end(f.root));
     TRY(out, "reading back",
-        ck_tags(L, &f, "", sharded ? rank : 9,
+        ck_tags(r, &f, "", sharded ? rank : 9,
                 sharded ? "F25 writeback=false: the change is discarded"
                         : "F25 writeback=false (NO_SHARD): the change persists anyway"));
 
@@ -447,32 +365,33 @@ static int summon_rank(fsdp_ctx_t *ctx, void *arg) {
                                      (sharded && fsdp_unit_is_unsharded(u))))
                 snprintf(why, sizeof why, "unit '%s' is summoned or unsharded", fsdp_unit_fqn(u));
         }
-        ck(L,
-           !why[0] && fsdp_unit_is_unsharded(f.root) &&
-               fsdp_unit_state(f.root) == FSDP_STATE_SUMMON,
-           "F25 recurse=false: only the root is summoned; nested units keep their shards", "%s",
-           why[0] ? why : "the root is not summoned");
+        fu_ck(r,
+              !why[0] && fsdp_unit_is_unsharded(f.root) &&
+                  fsdp_unit_state(f.root) == FSDP_STATE_SUMMON,
+              "F25 recurse=false: only the root is summoned; nested units keep their shards", "%s",
+              why[0] ? why : "the root is not summoned");
     }
     TRY(out, "summon end", fsdp_summon_end(f.root));
 
     /* Refusals, then training resumes with the summoned values. */
     so.recurse = true;
     TRY(out, "summon", fsdp_summon_begin(f.root, &so));
-    ck_einval(L, ctx, fx_run(ctx, f.m, NULL, false), "summon",
+    ck_einval(r, ctx, fx_run(ctx, f.m, NULL, false), "summon",
               "F25: forward while summoned is FSDP_EINVAL");
-    ck_einval(L, ctx, fsdp_summon_begin(f.root, &so), "already",
+    ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "already",
               "F25: summoning a summoned unit is FSDP_EINVAL");
-    ck(L, units_are(f.root, FSDP_STATE_SUMMON, true),
-       "F25: the refused second begin leaves the first summon in place", "%s",
-       "the refused begin ended the summon in progress");
+    fu_ck(r, units_are(f.root, FSDP_STATE_SUMMON, true),
+          "F25: the refused second begin leaves the first summon in place", "%s",
+          "the refused begin ended the summon in progress");
     if (fsdp_unit_state(f.root) == FSDP_STATE_SUMMON)
         TRY(out, "summon end", fsdp_summon_end(f.root));
-    ck_einval(L, ctx, fsdp_summon_end(f.root), "without",
+    ck_einval(r, ctx, fsdp_summon_end(f.root), "without",
               "F25: fsdp_summon_end without a begin is FSDP_EINVAL");
     TRY(out, "training after summon", fx_run(ctx, f.m, NULL, true));
-    ck(L, all_idle(f.root), "F19: IDLE after a backward that follows a summon", "%s", "not idle");
+    fu_ck(r, all_idle(f.root), "F19: IDLE after a backward that follows a summon", "%s",
+          "not idle");
     TRY(out, "forward",
-        ck_forward(L, ctx, &f, "F25: forward after summon uses the written values"));
+        ck_forward(r, ctx, &f, "F25: forward after summon uses the written values"));
 out:
     fsdp_named_list_free(&s);
     vfree(&v);
@@ -486,9 +405,9 @@ out:
 static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
     job_t *j = arg;
     int rank = fsdp_ctx_rank(ctx), rc = 0;
-    ranklog_t *L = &j->log[rank];
+    fu_res_t *r = fu_res_of(&j->base, ctx);
     fx_t f = {0};
-    fsdp_named_list_t s = {0}, fl = {0};
+    fsdp_named_list_t s = {0};
     vals_t v = {0}, rv = {0};
     fsdp_optim_t *opt = NULL;
     fsdp_summon_options_t so;
@@ -524,40 +443,35 @@ static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
                          s.tensors[p] == f.l.tensors[p] ? "the shard view" : "a full tensor",
                          (long long)want);
         }
-        ck(L, !why[0] && fsdp_unit_is_unsharded(f.root) == (rank == 0),
-           "rank0_only: rank 0 sees full parameters, other ranks keep their shards", "%s",
-           why[0] ? why : "the root's unsharded state is wrong");
+        fu_ck(r, !why[0] && fsdp_unit_is_unsharded(f.root) == (rank == 0),
+              "rank0_only: rank 0 sees full parameters, other ranks keep their shards", "%s",
+              why[0] ? why : "the root's unsharded state is wrong");
     }
     TRY(out, "reading", list_values(&s, false, &v));
     size_t d = vdiff(&v, &rv, 0, 0);
-    ck(L, rank != 0 || d == v.n, "rank0_only: rank 0's full parameters are the unwrapped model's",
-       "first difference at %zu", d);
+    fu_ck(r, rank != 0 || d == v.n,
+          "rank0_only: rank 0's full parameters are the unwrapped model's",
+          "first difference at %zu", d);
     TRY(out, "summon end", fsdp_summon_end(f.root));
 
     /* rank0_only with writeback is refused and leaves the unit usable. */
     so.writeback = true;
-    ck_einval(L, ctx, fsdp_summon_begin(f.root, &so), "rank0_only",
+    ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "rank0_only",
               "rank0_only with writeback is FSDP_EINVAL naming rank0_only");
-    ck(L, all_idle(f.root), "rank0_only with writeback leaves every unit IDLE and sharded", "%s",
-       "a unit was left summoned or unsharded");
+    fu_ck(r, all_idle(f.root), "rank0_only with writeback leaves every unit IDLE and sharded", "%s",
+          "a unit was left summoned or unsharded");
     TRY(out, "parameters after the refusal", full_values(f.root, false, &v));
-    ck_close(L, &v, &rv, 0, 0, "rank0_only with writeback changes no parameter");
+    ck_close(r, &v, &rv, 0, 0, "rank0_only with writeback changes no parameter");
     TRY(out, "forward after the refusal",
-        ck_forward(L, ctx, &f, "rank0_only with writeback: a later forward is the unwrapped one"));
+        ck_forward(r, ctx, &f, "rank0_only with writeback: a later forward is the unwrapped one"));
     {
-        fsdp_sgd_options_t sg;
-        fsdp_sgd_options_init(&sg);
-        sg.lr = 0.05;
-        TRY(out, "fsdp_named_params", fsdp_named_params(f.root, &fl));
-        TRY(out, "SGD", fsdp_optim_sgd_create(ctx, &sg, &opt));
-        TRY(out, "SGD",
-            fsdp_optim_add_group(opt, fl.n, fl.tensors, (const char *const *)fl.names, NULL, NULL));
+        TRY(out, "SGD", fu_make_fsdp_sgd(ctx, f.root, 0.05, 0.0, &opt));
         TRY(out, "training after the refusal", fx_run(ctx, f.m, NULL, true));
         TRY(out, "step after the refusal", fsdp_optim_step(opt));
         TRY(out, "parameters after the step", full_values(f.root, false, &v));
-        ck(L, vdiff(&v, &rv, 0, 0) < v.n && all_idle(f.root),
-           "rank0_only with writeback: a later step works", "%s",
-           "the step changed nothing or a unit is not IDLE");
+        fu_ck(r, vdiff(&v, &rv, 0, 0) < v.n && all_idle(f.root),
+              "rank0_only with writeback: a later step works", "%s",
+              "the step changed nothing or a unit is not IDLE");
     }
 
     /* offload_to_cpu: the shown copy is host memory; device parameters keep only the shards. */
@@ -573,30 +487,31 @@ static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
         fsdp_mem_get_stats(ctx, &m1);
         size_t want = r0 && rank != 0 ? 0 : all_full;
         size_t off = m1.current[FSDP_MEM_OFFLOAD] - m0.current[FSDP_MEM_OFFLOAD];
-        ck(L, m1.current[FSDP_MEM_OFFLOAD] >= m0.current[FSDP_MEM_OFFLOAD] && off == want,
-           r0 ? "offload_to_cpu+rank0_only: only rank 0 holds the full copy in FSDP_MEM_OFFLOAD"
-              : "offload_to_cpu: the full parameters are counted in FSDP_MEM_OFFLOAD",
-           "%zu offloaded bytes more, want %zu", off, want);
-        ck(L,
-           m1.current[FSDP_MEM_PARAMS] == m0.current[FSDP_MEM_PARAMS] &&
-               m1.peak[FSDP_MEM_PARAMS] <= m0.current[FSDP_MEM_PARAMS] + largest,
-           r0 ? "offload_to_cpu+rank0_only: device parameter bytes do not grow"
-              : "offload_to_cpu: device parameter bytes do not grow by the full size",
-           "params %zu -> %zu (peak %zu), largest unit %zu bytes", m0.current[FSDP_MEM_PARAMS],
-           m1.current[FSDP_MEM_PARAMS], m1.peak[FSDP_MEM_PARAMS], largest);
+        fu_ck(r, m1.current[FSDP_MEM_OFFLOAD] >= m0.current[FSDP_MEM_OFFLOAD] && off == want,
+              r0 ? "offload_to_cpu+rank0_only: only rank 0 holds the full copy in FSDP_MEM_OFFLOAD"
+                 : "offload_to_cpu: the full parameters are counted in FSDP_MEM_OFFLOAD",
+              "%zu offloaded bytes more, want %zu", off, want);
+        fu_ck(r,
+              m1.current[FSDP_MEM_PARAMS] == m0.current[FSDP_MEM_PARAMS] &&
+                  m1.peak[FSDP_MEM_PARAMS] <= m0.current[FSDP_MEM_PARAMS] + largest,
+              r0 ? "offload_to_cpu+rank0_only: device parameter bytes do not grow"
+                 : "offload_to_cpu: device parameter bytes do not grow by the full size",
+              "params %zu -> %zu (peak %zu), largest unit %zu bytes", m0.current[FSDP_MEM_PARAMS],
+              m1.current[FSDP_MEM_PARAMS], m1.peak[FSDP_MEM_PARAMS], largest);
         if (!r0) {
             TRY(out, "reading", module_values(f.m, false, false, &v));
-            ck_close(L, &v, &rv, 0, 0, "offload_to_cpu: the host copy holds the full parameters");
+            ck_close(r, &v, &rv, 0, 0, "offload_to_cpu: the host copy holds the full parameters");
         }
         TRY(out, "summon end", fsdp_summon_end(f.root));
         fsdp_mem_get_stats(ctx, &m1);
-        ck(L,
-           m1.current[FSDP_MEM_OFFLOAD] == m0.current[FSDP_MEM_OFFLOAD] &&
-               m1.current[FSDP_MEM_PARAMS] == m0.current[FSDP_MEM_PARAMS] && all_idle(f.root),
-           r0 ? "offload_to_cpu+rank0_only: memory back to before after the end"
-              : "offload_to_cpu: memory back to before after the end",
-           "offload %zu -> %zu, params %zu -> %zu", m0.current[FSDP_MEM_OFFLOAD],
-           m1.current[FSDP_MEM_OFFLOAD], m0.current[FSDP_MEM_PARAMS], m1.current[FSDP_MEM_PARAMS]);
+        fu_ck(r,
+              m1.current[FSDP_MEM_OFFLOAD] == m0.current[FSDP_MEM_OFFLOAD] &&
+                  m1.current[FSDP_MEM_PARAMS] == m0.current[FSDP_MEM_PARAMS] && all_idle(f.root),
+              r0 ? "offload_to_cpu+rank0_only: memory back to before after the end"
+                 : "offload_to_cpu: memory back to before after the end",
+              "offload %zu -> %zu, params %zu -> %zu", m0.current[FSDP_MEM_OFFLOAD],
+              m1.current[FSDP_MEM_OFFLOAD], m0.current[FSDP_MEM_PARAMS],
+              m1.current[FSDP_MEM_PARAMS]);
     }
     /* offload_to_cpu with writeback: each rank's part of the host copy goes back to its shard. */
     fsdp_summon_options_init(&so);
@@ -605,7 +520,7 @@ static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
     TRY(out, "writing under summon", store(f.m, NULL, rank));
     TRY(out, "summon end", fsdp_summon_end(f.root));
     TRY(out, "reading back",
-        ck_tags(L, &f, "", rank,
+        ck_tags(r, &f, "", rank,
                 "offload_to_cpu writeback: each element keeps the value of the rank whose shard "
                 "holds it"));
 out:
@@ -613,7 +528,6 @@ out:
     vfree(&v);
     vfree(&rv);
     fsdp_named_list_free(&s);
-    fsdp_named_list_free(&fl);
     fsdp_optim_destroy(opt);
     fx_fini(&f);
     return rc < 0 ? rc : 0;
@@ -623,8 +537,8 @@ out:
 
 static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
     job_t *j = arg;
-    int rank = fsdp_ctx_rank(ctx), rc = 0;
-    ranklog_t *L = &j->log[rank];
+    int rc = 0;
+    fu_res_t *r = fu_res_of(&j->base, ctx);
     fx_t f = {0}, nf = {0};
     fsdp_module_t *dm = NULL;
     fsdp_ddp_t *ddp = NULL;
@@ -644,7 +558,8 @@ static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
     TRY(out, "FSDP forward and backward", fx_run(ctx, f.m, NULL, true));
 
     TRY(out, "summon with_grads", full_values(f.root, true, &g));
-    ck_close(L, &g, &dg, RTOL, ATOL, "with_grads: summoned gradients equal DDP's (fp32 tol)");
+    ck_close(r, &g, &dg, FU_F32_RTOL, FU_F32_ATOL,
+             "with_grads: summoned gradients equal DDP's (fp32 tol)");
     {
         /* The original parameters' gradients are views of their part of the sharded gradient. */
         char why[300] = "";
@@ -658,13 +573,14 @@ static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
             for (int64_t e = 0; e < k && !why[0]; e++) {
                 double a = NAN, b = dg.v[base + (size_t)(f.pl[p].intra_start + e)];
                 fsdp_tensor_item(gr, e, &a);
-                if (!(fabs(a - b) <= ATOL + RTOL * fabs(b)))
+                if (!(fu_closeness(a, b, FU_F32_RTOL, FU_F32_ATOL) <= 1))
                     snprintf(why, sizeof why, "'%s'[%lld]: %.9g, DDP %.9g", f.l.names[p],
                              (long long)(f.pl[p].intra_start + e), a, b);
             }
         }
-        ck(L, !why[0], "with_grads: afterwards each rank's gradient views hold its part of DDP's",
-           "%s", why);
+        fu_ck(r, !why[0],
+              "with_grads: afterwards each rank's gradient views hold its part of DDP's", "%s",
+              why);
     }
 
     /* Documented errors. */
@@ -672,13 +588,13 @@ static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
     so.with_grads = true;
     so.writeback = false;
     so.offload_to_cpu = true;
-    ck_einval(L, ctx, fsdp_summon_begin(f.root, &so), "offload_to_cpu",
+    ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "offload_to_cpu",
               "with_grads with offload_to_cpu is FSDP_EINVAL naming offload_to_cpu");
-    ck(L, all_idle(f.root), "with_grads: the refusal leaves every unit IDLE and sharded", "%s",
-       "a unit is not");
+    fu_ck(r, all_idle(f.root), "with_grads: the refusal leaves every unit IDLE and sharded", "%s",
+          "a unit is not");
     so.offload_to_cpu = false;
     TRY(out, "wrapping without use_orig_params", fx_init(ctx, FSDP_FULL_SHARD, false, &nf));
-    ck_einval(L, ctx, fsdp_summon_begin(nf.root, &so), "use_orig_params",
+    ck_einval(r, ctx, fsdp_summon_begin(nf.root, &so), "use_orig_params",
               "with_grads without use_orig_params is FSDP_EINVAL naming use_orig_params");
 
     /* zero_grad(set_to_none) on every original parameter: "zeros where a rank has none". */
@@ -688,8 +604,8 @@ static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
         size_t d = 0;
         while (d < g.n && (g.v[d] == 0.0 || isnan(g.v[d])))
             d++;
-        ck(L, d == g.n, "with_grads after zero_grad(set_to_none) shows no stale gradient",
-           "element %zu of the summoned gradients is %.9g", d, d < g.n ? g.v[d] : 0.0);
+        fu_ck(r, d == g.n, "with_grads after zero_grad(set_to_none) shows no stale gradient",
+              "element %zu of the summoned gradients is %.9g", d, d < g.n ? g.v[d] : 0.0);
     }
 out:
     vfree(&g);
@@ -710,7 +626,7 @@ static int unshard_rank(fsdp_ctx_t *ctx, void *arg) {
     static const int64_t shape[2] = {4, 16};
     job_t *j = arg;
     int rank = fsdp_ctx_rank(ctx), rc = 0;
-    ranklog_t *L = &j->log[rank];
+    fu_res_t *r = fu_res_of(&j->base, ctx);
     fx_t f = {0};
     fsdp_unit_t *u = NULL, *inner = NULL;
     fsdp_tensor_t *x = NULL, *y = NULL;
@@ -720,17 +636,17 @@ static int unshard_rank(fsdp_ctx_t *ctx, void *arg) {
     TRY(out, "wrapping", fx_init(ctx, FSDP_FULL_SHARD, false, &f));
     u = fsdp_unit_of(fsdp_module_child(f.m, "module.1"));
     inner = fsdp_unit_of(fsdp_module_child(f.m, "module.1.0"));
-    if (!ck(L, u && inner, "units module.1 and module.1.0 exist", "%s", "missing")) goto out;
+    if (!fu_ck(r, u && inner, "units module.1 and module.1.0 exist", "%s", "missing")) goto out;
 
-    ck_einval(L, ctx, fsdp_unit_reshard(u), "without",
+    ck_einval(r, ctx, fsdp_unit_reshard(u), "without",
               "fsdp_unit_reshard without fsdp_unit_unshard is FSDP_EINVAL");
     TRY(out, "fsdp_unit_unshard", fsdp_unit_unshard(u));
-    ck(L,
-       fsdp_unit_is_unsharded(u) && !fsdp_unit_is_unsharded(inner) &&
-           !fsdp_unit_is_unsharded(f.root) && fsdp_unit_state(inner) == FSDP_STATE_IDLE,
-       "fsdp_unit_unshard unshards the given unit only", "module.1 %d, module.1.0 %d, root %d",
-       fsdp_unit_is_unsharded(u), fsdp_unit_is_unsharded(inner), fsdp_unit_is_unsharded(f.root));
-    ck_einval(L, ctx, fsdp_unit_unshard(u), "already",
+    fu_ck(r,
+          fsdp_unit_is_unsharded(u) && !fsdp_unit_is_unsharded(inner) &&
+              !fsdp_unit_is_unsharded(f.root) && fsdp_unit_state(inner) == FSDP_STATE_IDLE,
+          "fsdp_unit_unshard unshards the given unit only", "module.1 %d, module.1.0 %d, root %d",
+          fsdp_unit_is_unsharded(u), fsdp_unit_is_unsharded(inner), fsdp_unit_is_unsharded(f.root));
+    ck_einval(r, ctx, fsdp_unit_unshard(u), "already",
               "fsdp_unit_unshard of an unsharded unit is FSDP_EINVAL");
 
     /* module.1.1 (Linear(16, 16)) belongs to unit module.1 but is not its module: it runs. */
@@ -746,24 +662,25 @@ static int unshard_rank(fsdp_ctx_t *ctx, void *arg) {
         y = NULL;
     }
     if (rc == 0)
-        ck_close(L, &a, &b, RTOL, ATOL,
+        ck_close(r, &a, &b, FU_F32_RTOL, FU_F32_ATOL,
                  "a submodule of an unsharded unit equals the unwrapped one");
     rc = fsdp_module_forward1(fsdp_module_child(f.m, "module.1"), x, &y);
-    ck_einval(L, ctx, rc, "module.1",
+    ck_einval(r, ctx, rc, "module.1",
               "running the unsharded unit's own module is FSDP_EINVAL naming the unit");
-    ck_einval(L, ctx, fx_run(ctx, f.m, NULL, false), "module.1",
+    ck_einval(r, ctx, fx_run(ctx, f.m, NULL, false), "module.1",
               "running the root while a unit is unsharded is FSDP_EINVAL naming the unit");
     fsdp_set_grad_enabled(ctx, was);
 
     /* Every rank writes its own values; reshard keeps this rank's part. */
     TRY(out, "writing", store(fsdp_module_child(f.m, "module.1.1"), NULL, rank));
     TRY(out, "fsdp_unit_reshard", fsdp_unit_reshard(u));
-    ck(L, all_idle(f.root), "after fsdp_unit_reshard every unit is IDLE and sharded", "%s", "not");
+    fu_ck(r, all_idle(f.root), "after fsdp_unit_reshard every unit is IDLE and sharded", "%s",
+          "not");
     TRY(out, "reading back",
-        ck_tags(L, &f, "module.1.1.", rank,
+        ck_tags(r, &f, "module.1.1.", rank,
                 "fsdp_unit_reshard writes this rank's part of a change back"));
     TRY(out, "training after reshard", fx_run(ctx, f.m, NULL, true));
-    TRY(out, "forward", ck_forward(L, ctx, &f, "a forward after reshard uses the written values"));
+    TRY(out, "forward", ck_forward(r, ctx, &f, "a forward after reshard uses the written values"));
 out:
     vfree(&a);
     vfree(&b);
@@ -776,11 +693,9 @@ out:
 /* ---- sync_module_states ---------------------------------------------------------------------- */
 
 static int sync_rank(fsdp_ctx_t *ctx, void *arg) {
-    static const char *const layers[] = {"TransformerEncoderLayer", "TransformerDecoderLayer",
-                                         NULL};
     job_t *j = arg;
     int rank = fsdp_ctx_rank(ctx), rc = 0;
-    ranklog_t *L = &j->log[rank];
+    fu_res_t *r = fu_res_of(&j->base, ctx);
     fsdp_module_t *m = NULL;
     fsdp_unit_t *root = NULL;
     fsdp_named_list_t bl = {0};
@@ -798,22 +713,21 @@ static int sync_rank(fsdp_ctx_t *ctx, void *arg) {
     TRY(out, "reading", module_values(m, false, false, &j->params[rank]));
     TRY(out, "reading", module_values(m, true, false, &j->bufs[rank]));
     TRY(out, "barrier", fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL));
-    ck(L,
-       rank == 0 || (vdiff(&j->params[rank], &j->params[0], 0, 0) < j->params[0].n &&
-                     vdiff(&j->bufs[rank], &j->bufs[0], 0, 0) < j->bufs[0].n),
-       "before wrapping the ranks' parameters and buffers differ", "%s",
-       "this rank starts equal to rank 0: the test would prove nothing");
+    fu_ck(r,
+          rank == 0 || (vdiff(&j->params[rank], &j->params[0], 0, 0) < j->params[0].n &&
+                        vdiff(&j->bufs[rank], &j->bufs[0], 0, 0) < j->bufs[0].n),
+          "before wrapping the ranks' parameters and buffers differ", "%s",
+          "this rank starts equal to rank 0: the test would prove nothing");
 
     fsdp_options_t o;
     fsdp_options_init(&o);
     o.sync_module_states = true;
     o.check_exec_order = true;
-    o.wrap_types = layers;
-    TRY(out, "wrapping with sync_module_states", fsdp_wrap(m, &o, &root));
+    TRY(out, "wrapping with sync_module_states", fu_wrap_transformer_opts(m, &o, &root));
     TRY(out, "reading full parameters", full_values(root, false, &v));
-    ck_close(L, &v, &j->params[0], 0, 0, "every rank's full parameters are rank 0's");
+    ck_close(r, &v, &j->params[0], 0, 0, "every rank's full parameters are rank 0's");
     TRY(out, "reading buffers", module_values(m, true, false, &v));
-    ck_close(L, &v, &j->bufs[0], 0, 0, "every rank's buffers (float and int64) are rank 0's");
+    ck_close(r, &v, &j->bufs[0], 0, 0, "every rank's buffers (float and int64) are rank 0's");
 out:
     vfree(&v);
     fsdp_named_list_free(&bl);
@@ -822,292 +736,35 @@ out:
     return rc < 0 ? rc : 0;
 }
 
-/* ---- F14: ignored modules -------------------------------------------------------------------- */
+/* ---- main ---------------------------------------------------------------------------------- */
 
-static int ignored_rank(fsdp_ctx_t *ctx, void *arg) {
-    static const int64_t shape[2] = {2, 100};
-    job_t *j = arg;
-    int rank = fsdp_ctx_rank(ctx), rc = 0;
-    ranklog_t *L = &j->log[rank];
-    fsdp_module_t *m = NULL, *ref = NULL, *ign = NULL;
-    fsdp_unit_t *root = NULL, **units = NULL;
-    size_t nu = 0;
-    fsdp_named_list_t fl = {0};
-    fsdp_tensor_t *x = NULL, *y = NULL, *loss = NULL;
-    fsdp_optim_t *opt = NULL;
-    vals_t a = {0}, b = {0}, g = {0}, w = {0};
-
-    TRY(out, "building", tm_ignored_create(ctx, &m));
-    TRY(out, "building the reference", tm_ignored_create(ctx, &ref));
-    ign = fsdp_module_child(m, "ignored");
-    fsdp_options_t o;
-    fsdp_options_init(&o);
-    o.check_exec_order = true;
-    o.ignored_modules = &ign;
-    o.num_ignored_modules = 1;
-    TRY(out, "wrapping with ignored_modules", fsdp_wrap(m, &o, &root));
-    TRY(out, "listing", fsdp_units(root, &units, &nu));
-    {
-        /* Not flattened: one unit with l1's and l2's four parameters, 2 x 10100 elements. */
-        char why[200] = "";
-        for (size_t i = 0; i < fsdp_unit_num_params(root) && !why[0]; i++) {
-            fsdp_param_info_t pi;
-            if (fsdp_unit_param_info(root, i, &pi) == 0 && strncmp(pi.fqn, "ignored", 7) == 0)
-                snprintf(why, sizeof why, "the unit manages '%s'", pi.fqn);
-        }
-        fsdp_flat_sizes_t fs;
-        fsdp_unit_flat_sizes(root, &fs);
-        ck(L,
-           !why[0] && nu == 1 && !fsdp_unit_of(ign) && fsdp_unit_num_params(root) == 4 &&
-               fs.unpadded_numel == 20200 && fs.shard_numel * j->world == fs.padded_numel,
-           "F14: the ignored module's parameters are in no unit (flat param of 20200)",
-           "%s; %zu units, %zu managed params, unpadded %lld, padded %lld", why, nu,
-           fsdp_unit_num_params(root), (long long)fs.unpadded_numel, (long long)fs.padded_numel);
+/* Runs fn as job `prefix` on `world` ranks (strategy s), then frees the values it kept. */
+static void run(const char *prefix, int world, fsdp_sharding_strategy_t s, fsdp_sim_fn fn) {
+    static job_t j; /* large: off the stack */
+    fu_job_t *d = fu_job_new(prefix, world, s, false);
+    memset(&j, 0, sizeof j);
+    j.base = *d; /* fu_job_new()'s defaults; the rank functions read the world and strategy */
+    free(d);
+    fu_run_job(&j.base, fn);
+    for (int r = 0; r < FU_MAXR; r++) {
+        free(j.params[r].v);
+        free(j.bufs[r].v);
     }
-    fsdp_tensor_t *wt = fsdp_module_param(m, "ignored.l.weight");
-    fsdp_tensor_t *bt = fsdp_module_param(m, "ignored.l.bias");
-    TRY(out, "reading", module_values(ign, false, false, &a));
-    TRY(out, "reading", module_values(fsdp_module_child(ref, "ignored"), false, false, &b));
-    ck(L,
-       wt && bt && fsdp_tensor_ndim(wt) == 2 && fsdp_tensor_numel(wt) == 10000 &&
-           fsdp_tensor_numel(bt) == 100,
-       "F14: the ignored parameters stay full size on every rank", "%s", "wrong shapes");
-    ck_close(L, &a, &b, 0, 0, "F14: the ignored parameters keep their values");
-    TRY(out, "fsdp_named_params", fsdp_named_params(root, &fl));
-    {
-        bool lw = false, lb = false;
-        for (size_t i = 0; i < fl.n; i++) {
-            lw |= strcmp(fl.names[i], "ignored.l.weight") == 0 && fl.tensors[i] == wt;
-            lb |= strcmp(fl.names[i], "ignored.l.bias") == 0 && fl.tensors[i] == bt;
-        }
-        ck(L, lw && lb && fl.n == 3,
-           "F14: fsdp_named_params lists the flat parameter and the ignored parameters themselves",
-           "%zu entries, weight %d, bias %d", fl.n, lw, lb);
-    }
-    /* Training on this rank's input: the ignored gradient stays local (not reduced). */
-    tm_manual_seed(ctx, 1 + (uint64_t)rank);
-    TRY(out, "input", fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, shape, FSDP_MEM_ACTIVATIONS, &x));
-    TRY(out, "input", fsdp_tensor_uniform_(x, -1.0, 1.0));
-    for (int k = 0; k < 2; k++) {
-        TRY(out, "forward", fsdp_module_forward1(k ? ref : m, x, &y));
-        TRY(out, "loss", tm_sum_loss(y, &loss));
-        TRY(out, "backward", fsdp_backward(loss, NULL));
-        fsdp_tensor_release(y);
-        fsdp_tensor_release(loss);
-        y = loss = NULL;
-    }
-    TRY(out, "gradients", module_values(ign, false, true, &g));
-    TRY(out, "gradients", module_values(fsdp_module_child(ref, "ignored"), false, true, &b));
-    ck_close(L, &g, &b, RTOL, ATOL, "F14: the ignored gradient is this rank's own (not reduced)");
-    fsdp_sgd_options_t sg;
-    fsdp_sgd_options_init(&sg);
-    sg.lr = 0.1;
-    TRY(out, "SGD", fsdp_optim_sgd_create(ctx, &sg, &opt));
-    TRY(out, "SGD",
-        fsdp_optim_add_group(opt, fl.n, fl.tensors, (const char *const *)fl.names, NULL, NULL));
-    TRY(out, "step", fsdp_optim_step(opt));
-    TRY(out, "reading", module_values(ign, false, false, &w));
-    for (size_t i = 0; i < a.n && i < g.n; i++)
-        a.v[i] -= 0.1 * g.v[i];
-    ck_close(L, &w, &a, RTOL, ATOL, "F14: the step updates the ignored parameters locally");
-    ck(L, all_idle(root), "F14: the unit trains normally around the ignored module", "%s",
-       "not IDLE");
-out:
-    vfree(&a);
-    vfree(&b);
-    vfree(&g);
-    vfree(&w);
-    free(units);
-    fsdp_tensor_release(x);
-    fsdp_tensor_release(y);
-    fsdp_tensor_release(loss);
-    fsdp_named_list_free(&fl);
-    fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
-    fsdp_module_release(m);
-    fsdp_module_release(ref);
-    return rc < 0 ? rc : 0;
 }
-
-/* ---- F05/F06 memory: FULL_SHARD GPT per block ------------------------------------------------ */
-
-typedef struct gpt_run {
-    fsdp_module_t *m;
-    fsdp_unit_t *root;
-    fsdp_optim_t *opt;
-    fsdp_named_list_t params;
-    fsdp_tensor_t *tok, *tgt, *loss;
-} gpt_run_t;
-
-static void gpt_free(gpt_run_t *g) {
-    fsdp_tensor_release(g->loss);
-    fsdp_tensor_release(g->tok);
-    fsdp_tensor_release(g->tgt);
-    fsdp_optim_destroy(g->opt);
-    fsdp_named_list_free(&g->params);
-    fsdp_destroy(g->root);
-    fsdp_module_release(g->m);
-    memset(g, 0, sizeof *g);
-}
-
-/* The tiny GPT with GPT_LAYERS blocks, each a unit, AdamW, and this rank's tokens (2, 8). */
-static int gpt_setup(fsdp_ctx_t *ctx, fsdp_sharding_strategy_t s, int limit, gpt_run_t *g) {
-    static const char *const blocks[] = {"GPTBlock", NULL};
-    enum { B = 2, T = 8 };
-    fsdp_gpt_config_t cfg;
-    tm_gpt_tiny_config(&cfg);
-    cfg.n_layer = GPT_LAYERS;
-    tm_manual_seed(ctx, 0);
-    fsdp_options_t o;
-    fsdp_options_init(&o);
-    o.strategy = s;
-    o.limit_all_gathers = limit;
-    o.check_exec_order = true;
-    o.wrap_types = blocks;
-    int rc = fsdp_gpt_create(ctx, &cfg, &g->m);
-    if (rc == 0) rc = fsdp_wrap(g->m, &o, &g->root);
-    if (rc == 0) rc = fsdp_named_params(g->root, &g->params);
-    if (rc == 0) rc = fsdp_optim_adam_create(ctx, NULL, true, &g->opt);
-    if (rc == 0)
-        rc = fsdp_optim_add_group(g->opt, g->params.n, g->params.tensors,
-                                  (const char *const *)g->params.names, NULL, NULL);
-    int64_t tok[B * T], tgt[B * T];
-    const int64_t shape[2] = {B, T};
-    for (int i = 0; i < B * T; i++) {
-        tok[i] = (i * 7 + fsdp_ctx_rank(ctx) * 3) % cfg.vocab;
-        tgt[i] = (tok[i] + 1) % cfg.vocab;
-    }
-    if (rc == 0)
-        rc = fsdp_tensor_from_host(ctx, FSDP_DTYPE_I64, 2, shape, tok, FSDP_MEM_OTHER, &g->tok);
-    if (rc == 0)
-        rc = fsdp_tensor_from_host(ctx, FSDP_DTYPE_I64, 2, shape, tgt, FSDP_MEM_OTHER, &g->tgt);
-    return rc;
-}
-
-static size_t ppo_bytes(const fsdp_mem_stats_t *s) {
-    return s->current[FSDP_MEM_PARAMS] + s->current[FSDP_MEM_GRADS] + s->current[FSDP_MEM_OPTIM];
-}
-
-/*
- * The bound on unsharded parameter bytes, derived from src/fsdp/fsdp.c:
- *   forward   a unit is unsharded in its forward pre-hook and resharded in its forward hook,
- *             except the root, which stays unsharded until its backward (as PyTorch keeps the
- *             root for backward); no forward prefetch here: root + 1 block;
- *   backward  (BACKWARD_PRE, the default) a unit's pre-backward hook unshards it, waits for its
- *             all-gather, then issues at most one prefetch (the unit before it in the forward
- *             order); its post-backward hook reshards it before the next unit's pre-hook:
- *             root + the current block + the prefetched block.
- * limit_all_gathers = k caps the all-gathers issued and not yet waited for (the root's queue),
- * not the unsharded units: each unit waits for its own gather before computing, so with one
- * prefetch at most one gather is outstanding and k = 1 and k = 2 give the same peak. Hence
- *   peak_unsharded <= full(root) + 2 * max full(block) <= 3 * largest unit,
- * which is (k+1) * largest for k = 2 but not for k = 1 (root + 2 blocks is reached). A block
- * never resharded would show root + GPT_LAYERS blocks, above the bound.
- * Per-rank state: params, grads and AdamW's two moments are 4 f32 per element of the local
- * shard, so W x (per-rank bytes) = NO_SHARD bytes + 16 x (padding elements of all units).
- */
-static int memory_rank(fsdp_ctx_t *ctx, void *arg) {
-    job_t *j = arg;
-    int rank = fsdp_ctx_rank(ctx), rc = 0;
-    ranklog_t *L = &j->log[rank];
-    gpt_run_t g = {0};
-    fsdp_unit_t **units = NULL;
-    size_t nu = 0, noshard = 0;
-    fsdp_mem_stats_t b0, s;
-
-    for (int fs = 0; fs < 2; fs++) { /* NO_SHARD first, as the reference */
-        fsdp_mem_get_stats(ctx, &b0);
-        TRY(out, fs ? "FULL_SHARD GPT" : "NO_SHARD GPT",
-            gpt_setup(ctx, fs ? FSDP_FULL_SHARD : FSDP_NO_SHARD, j->limit, &g));
-        size_t shard = 0, root_full = 0, block_full = 0, largest = 0, pad = 0;
-        TRY(out, "listing", fsdp_units(g.root, &units, &nu));
-        for (size_t i = 0; i < nu; i++) {
-            fsdp_flat_sizes_t f;
-            fsdp_unit_flat_sizes(units[i], &f);
-            size_t full = (size_t)f.padded_numel * sizeof(float);
-            shard += (size_t)f.shard_numel * sizeof(float);
-            pad += (size_t)(f.padded_numel - f.unpadded_numel);
-            root_full = i == 0 ? full : root_full;
-            block_full = i > 0 && full > block_full ? full : block_full;
-            largest = full > largest ? full : largest;
-        }
-        free(units);
-        units = NULL;
-        fsdp_mem_get_stats(ctx, &s);
-        size_t params = s.current[FSDP_MEM_PARAMS] - b0.current[FSDP_MEM_PARAMS];
-        if (fs)
-            ck(L, params == shard && nu == 1 + GPT_LAYERS,
-               "F06: after wrapping a rank's parameter bytes are its shards only",
-               "%zu parameter bytes, shards %zu; %zu units", params, shard, nu);
-        fsdp_mem_reset_peaks(ctx);
-        TRY(out, "forward", fsdp_gpt_forward_loss(g.m, g.tok, g.tgt, &g.loss, NULL));
-        TRY(out, "backward", fsdp_backward(g.loss, NULL));
-        fsdp_mem_get_stats(ctx, &s);
-        if (fs) {
-            size_t peak = s.peak[FSDP_MEM_PARAMS] - b0.current[FSDP_MEM_PARAMS] - shard;
-            size_t bound = root_full + 2 * block_full;
-            if (rank == 0 && j->limit == 1)
-                tap_diag("W=%d: peak unsharded %zu bytes; root %zu, block %zu", j->world, peak,
-                         root_full, block_full);
-            ck(L, peak <= bound && peak <= 3 * largest,
-               "F05: peak unsharded parameter bytes <= root + 2 blocks <= 3 x largest unit",
-               "peak %zu bytes; bound %zu (root %zu, block %zu), 3 x largest %zu", peak, bound,
-               root_full, block_full, 3 * largest);
-            ck(L, peak >= root_full + block_full,
-               "F05: the peak sees the root and a block gathered (the measure is not vacuous)",
-               "peak %zu < %zu", peak, root_full + block_full);
-            params = s.current[FSDP_MEM_PARAMS] - b0.current[FSDP_MEM_PARAMS];
-            ck(L, params == shard && all_idle(g.root),
-               "F05: after backward every unit is resharded", "%zu parameter bytes, shards %zu",
-               params, shard);
-        }
-        TRY(out, "AdamW step", fsdp_optim_step(g.opt));
-        fsdp_mem_get_stats(ctx, &s);
-        size_t bytes = ppo_bytes(&s) - ppo_bytes(&b0), w = (size_t)j->world;
-        if (!fs)
-            noshard = bytes;
-        else
-            ck(L, bytes * w <= noshard + 16 * pad && bytes * w >= noshard,
-               "F06: params+grads+AdamW state per rank <= (NO_SHARD + padding) / W",
-               "%zu bytes x W = %zu; NO_SHARD %zu, padding %zu", bytes, bytes * w, noshard,
-               16 * pad);
-        gpt_free(&g);
-    }
-out:
-    free(units);
-    gpt_free(&g);
-    return rc < 0 ? rc : 0;
-}
-
-/* ---- main ------------------------------------------------------------------------------------ */
 
 int main(void) {
-    static const fsdp_sharding_strategy_t strategies[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
-                                                          FSDP_NO_SHARD};
-    static job_t job; /* large: off the stack */
-    char title[64];
+    char prefix[64];
     tap_plan_lazy();
     for (int w = 2; w <= 3; w++) {
-        for (size_t s = 0; s < sizeof strategies / sizeof *strategies; s++) {
-            snprintf(title, sizeof title, "summon %s", fsdp_sharding_strategy_name(strategies[s]));
-            job = (job_t){.title = title, .world = w, .strategy = strategies[s]};
-            run(&job, summon_rank);
+        for (size_t s = 0; s < sizeof fu_strategies / sizeof *fu_strategies; s++) {
+            snprintf(prefix, sizeof prefix, "summon %s",
+                     fsdp_sharding_strategy_name(fu_strategies[s]));
+            run(prefix, w, fu_strategies[s], summon_rank);
         }
-        job = (job_t){.title = "rank0_only/offload_to_cpu", .world = w};
-        run(&job, rank0_offload_rank);
-        job = (job_t){.title = "with_grads", .world = w};
-        run(&job, with_grads_rank);
-        job = (job_t){.title = "unshard/reshard", .world = w};
-        run(&job, unshard_rank);
-        job = (job_t){.title = "sync_module_states", .world = w};
-        run(&job, sync_rank);
-        job = (job_t){.title = "ignored_modules", .world = w};
-        run(&job, ignored_rank);
-        for (int k = 1; k <= 2; k++) {
-            snprintf(title, sizeof title, "memory limit_all_gathers=%d", k);
-            job = (job_t){.title = title, .world = w, .limit = k};
-            run(&job, memory_rank);
-        }
+        run("rank0_only/offload_to_cpu", w, FSDP_FULL_SHARD, rank0_offload_rank);
+        run("with_grads", w, FSDP_FULL_SHARD, with_grads_rank);
+        run("unshard/reshard", w, FSDP_FULL_SHARD, unshard_rank);
+        run("sync_module_states", w, FSDP_FULL_SHARD, sync_rank);
     }
     return tap_done();
 }
