@@ -69,6 +69,68 @@ static int sum_backward(fsdp_module_t *m, fsdp_tensor_t *x) {
     return rc;
 }
 
+/* The value every element of a rank's ignored.l.weight and l1.weight gets before wrapping. */
+static double rank_fill(int rank, bool ignored) { return (ignored ? 10.0 : 20.0) + rank; }
+
+/* Whether every element of t equals v. */
+static bool all_equal(const fsdp_tensor_t *t, double v) {
+    int64_t n = 0;
+    float *h = t ? fu_host_f32(t, &n) : NULL;
+    bool ok = h != NULL;
+    for (int64_t i = 0; ok && i < n; i++) ok = h[i] == (float)v;
+    free(h);
+    return ok;
+}
+
+/* F14 with sync_module_states: rank 0's managed parameters reach every rank, but the ignored
+ * module is left out of the broadcast as it is left out of everything else. */
+static int ignored_sync_rank(fsdp_ctx_t *ctx, void *arg) {
+    fu_job_t *j = arg;
+    fu_res_t *r = fu_res_of(j, ctx);
+    int rank = fsdp_ctx_rank(ctx), rc;
+    fsdp_module_t *m = NULL, *ign = NULL;
+    fsdp_unit_t *root = NULL;
+    fsdp_tensor_t *buf = NULL;
+    static const int64_t bshape[1] = {8};
+    /* A buffer in the ignored module too: buffers are broadcast module by module. */
+    if ((rc = tm_ignored_create(ctx, &m)) < 0 ||
+        (rc = fsdp_tensor_full(ctx, FSDP_DTYPE_F32, 1, bshape, rank_fill(rank, true),
+                               FSDP_MEM_OTHER, &buf)) < 0 ||
+        (rc = fsdp_module_add_buffer(fsdp_module_child(m, "ignored"), "stat", buf, true)) < 0 ||
+        (rc = fsdp_tensor_fill_(fsdp_module_param(m, "ignored.l.weight"),
+                                rank_fill(rank, true))) < 0 ||
+        (rc = fsdp_tensor_fill_(fsdp_module_param(m, "l1.weight"), rank_fill(rank, false))) < 0) {
+        fu_fatal(r, ctx, "building the model with rank-dependent weights", rc);
+        goto out;
+    }
+    ign = fsdp_module_child(m, "ignored");
+    fsdp_options_t o;
+    fsdp_options_init(&o);
+    o.check_exec_order = true;
+    o.sync_module_states = true;
+    o.ignored_modules = &ign;
+    o.num_ignored_modules = 1;
+    if ((rc = fsdp_wrap(m, &o, &root)) < 0 || (rc = fu_summon_nowb(root)) < 0) {
+        fu_fatal(r, ctx, "wrapping with sync_module_states and ignored_modules, and summoning", rc);
+        goto out;
+    }
+    fu_ck(r, all_equal(fsdp_module_param(m, "l1.weight"), rank_fill(0, false)),
+          "F14: sync_module_states gives every rank rank 0's managed parameters", "rank %d",
+          rank);
+    fu_ck(r, all_equal(fsdp_module_param(m, "ignored.l.weight"), rank_fill(rank, true)),
+          "F14: sync_module_states leaves the ignored module's parameters as they were",
+          "rank %d: the ignored weight is not this rank's own", rank);
+    fu_ck(r, all_equal(fsdp_module_buffer(m, "ignored.stat"), rank_fill(rank, true)),
+          "F14: sync_module_states leaves the ignored module's buffers as they were",
+          "rank %d: the ignored buffer is not this rank's own", rank);
+    if ((rc = fsdp_summon_end(root)) < 0) fu_fatal(r, ctx, "fsdp_summon_end", rc);
+out:
+    fsdp_tensor_release(buf);
+    fsdp_destroy(root);
+    fsdp_module_release(m);
+    return rc < 0 ? rc : 0;
+}
+
 static int ignored_rank(fsdp_ctx_t *ctx, void *arg) {
     static const int64_t shape[2] = {2, 100};
     fu_job_t *j = arg;
@@ -355,6 +417,9 @@ int main(void) {
     for (int w = 2; w <= 3; w++) {
         fu_job_t *j = fu_job_new("ignored_modules", w, FSDP_FULL_SHARD, false);
         fu_run_job(j, ignored_rank);
+        free(j);
+        j = fu_job_new("ignored_modules + sync_module_states", w, FSDP_FULL_SHARD, false);
+        fu_run_job(j, ignored_sync_rank);
         free(j);
         for (int k = 1; k <= 2; k++)
             run_memory(w, k);

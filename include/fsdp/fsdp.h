@@ -116,6 +116,25 @@ typedef struct fsdp_options {
      * to the device before each all-gather, the reduced gradient back after each reduction.
      * The module's parameters must be in host memory when it is wrapped. Default false. */
     bool cpu_offload;
+    /* PyTorch's device_id: the compute device (a device of the module's context). NULL (the
+     * default): the device the unit's parameters are on. Without cpu_offload, parameters (and
+     * the buffers of the modules the unit manages) on another device are moved there at wrap:
+     * each parameter object keeps its identity and gets new storage on `device`, as
+     * `module.to(device)` does, and the module computes there. With cpu_offload the parameters
+     * must be on a host (CPU) device at wrap; the flat shard and its gradient stay on that device
+     * (FSDP_MEM_OFFLOAD), the unsharded parameters, the compute views and the gradient
+     * reduction live on `device`, and only the buffers move. The root moves forward inputs that
+     * are on another device and need no gradient to `device` (PyTorch moves CPU inputs to the
+     * compute device). A unit adopted by a later wrap (nested by hand) with this option unset
+     * takes the adopting unit's device, and moves as above; policy-made units get it with the
+     * other options. After wrapping, parameters must stay where the unit put them: the root's
+     * first forward refuses (FSDP_EINVAL naming the parameter and its device) a parameter that
+     * was moved, notably an offloaded one moved off the host (PyTorch's "An FSDP-managed module
+     * with parameter CPU offloading enabled has parameters on cuda"). The caller keeps the
+     * device alive until the unit is destroyed. During forward and backward the context's
+     * default device (fsdp_ctx_set_device) should be the compute device: autograd creates the
+     * loss gradient there. */
+    fsdp_device_t *device;
     fsdp_backward_prefetch_t backward_prefetch; /* default BACKWARD_PRE */
     bool forward_prefetch;                      /* default false */
     /* At most this many all-gathers issued and not yet consumed (PyTorch's limit_all_gathers
@@ -154,7 +173,8 @@ FSDP_EXTERN void fsdp_options_init(fsdp_options_t *o);
  * parameters of mixed dtypes or a non-float dtype, a parameter that another unit already
  * manages, a module that is already a unit. (A parameter shared with a module outside every
  * unit's subtree cannot be detected here: modules have no parent pointers; such a module fails
- * at its forward, when it meets the sharded view.) With a policy, the units the policy made
+ * at its forward, when it meets the sharded view.) options.device must be a device of m's
+ * context. With a policy, the units the policy made
  * before a failure at m itself stay units; fsdp_destroy() each of them.
  */
 FSDP_EXTERN int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out);
@@ -179,6 +199,10 @@ FSDP_EXTERN int fsdp_units(const fsdp_unit_t *root, fsdp_unit_t ***units, size_t
 FSDP_EXTERN fsdp_sharding_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u);
 /* The group the unit shards (or, for NO_SHARD, reduces) over. */
 FSDP_EXTERN fsdp_pg_t *fsdp_unit_pg(const fsdp_unit_t *u);
+/* The device the unit computes on: where its unsharded flat parameter, compute views and
+ * gradient reduction live (options.device, or the parameters' device). With cpu_offload the
+ * flat parameter (fsdp_unit_flat_param) is on the host device instead. */
+FSDP_EXTERN fsdp_device_t *fsdp_unit_compute_device(const fsdp_unit_t *u);
 
 /* ---- parameters -------------------------------------------------------------------------------- */
 

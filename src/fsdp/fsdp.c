@@ -199,6 +199,96 @@ static int view1d(fsdp_tensor_t *base, int64_t off, int64_t n, fsdp_tensor_t **o
     return fsdp__tensor_view(base, base->offset + off, 1, shape, stride, out);
 }
 
+/* ---- devices --------------------------------------------------------------------------------- */
+
+/* Points t at src's elements, taking src's device too (set_data itself keeps the device). */
+static int repoint(fsdp_tensor_t *t, fsdp_tensor_t *src) {
+    fsdp_device_t *was = t->dev;
+    t->dev = src->dev;
+    int rc = fsdp__tensor_set_data(t, src);
+    if (rc < 0) t->dev = was;
+    return rc;
+}
+
+/* dst = src (shapes equal; dtypes may differ) where the two may be on different devices: src is
+ * made contiguous in dst's dtype on its own device, then copied over by the device that can
+ * reach both memories (the non-host one; either for two host devices). */
+static int xcopy(fsdp_tensor_t *dst, const fsdp_tensor_t *src) {
+    if (dst->dev == src->dev) return fsdp_tensor_copy_(dst, src);
+    int64_t n = fsdp_tensor_numel(dst);
+    if (n != fsdp_tensor_numel(src) || dst->ndim != src->ndim ||
+        memcmp(dst->shape, src->shape, sizeof(int64_t) * (size_t)dst->ndim) != 0) {
+        char a[200], b[200];
+        return fsdp__ctx_err(dst->ctx, FSDP_EINVAL,
+                             "copy from %s to %s: destination %s and source %s differ in shape",
+                             src->dev->name, dst->dev->name, fsdp_tensor_describe(dst, a, sizeof a),
+                             fsdp_tensor_describe(src, b, sizeof b));
+    }
+    if (n == 0) return FSDP_OK;
+    if (!dst->st->ptr || !src->st->ptr)
+        return fsdp__ctx_err(dst->ctx, FSDP_EINVAL, "copy from %s to %s: a storage has been freed",
+                             src->dev->name, dst->dev->name);
+    fsdp_tensor_t *c = NULL, *tmp = NULL, *d = dst;
+    int rc = fsdp__as_contig((fsdp_tensor_t *)src, dst->dt, &c);
+    if (rc == 0 && !fsdp_tensor_is_contiguous(dst)) {
+        rc = fsdp__tensor_new(dst->ctx, dst->dev, dst->dt, dst->ndim, dst->shape, FSDP_MEM_OTHER,
+                              &tmp);
+        d = tmp;
+    }
+    if (rc == 0) {
+        bool sh = fsdp_device_kind(src->dev) == FSDP_DEVICE_CPU;
+        bool dh = fsdp_device_kind(dst->dev) == FSDP_DEVICE_CPU;
+        fsdp_copy_kind_t kind = sh && dh ? FSDP_COPY_H2H
+                                : sh     ? FSDP_COPY_H2D
+                                : dh     ? FSDP_COPY_D2H
+                                         : FSDP_COPY_D2D;
+        fsdp_device_t *via = sh || !dh ? dst->dev : src->dev;
+        rc = fsdp_device_memcpy(via, fsdp_tensor_data(d), fsdp_tensor_data(c),
+                                (size_t)n * fsdp_dtype_size(dst->dt), kind, NULL);
+    }
+    if (rc == 0 && tmp) rc = fsdp_tensor_copy_(dst, tmp);
+    fsdp_tensor_release(tmp);
+    fsdp_tensor_release(c);
+    return rc;
+}
+
+int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev) {
+    if (!t || !dev) return fsdp__ctx_err(t ? t->ctx : NULL, FSDP_EINVAL, "move: NULL argument");
+    if (t->dev == dev) return FSDP_OK;
+    if (dev->ctx != t->ctx)
+        return fsdp__ctx_err(t->ctx, FSDP_EINVAL,
+                             "moving '%s' to %s: the device belongs to another context (rank %d)",
+                             fsdp_tensor_name(t), dev->name, dev->ctx ? dev->ctx->rank : -1);
+    fsdp_tensor_t *c = NULL;
+    int rc = fsdp__tensor_new(t->ctx, dev, t->dt, t->ndim, t->shape, t->st->cat, &c);
+    if (rc == 0) rc = xcopy(c, t);
+    if (rc == 0 && t->grad) rc = fsdp__tensor_move(t->grad, dev);
+    if (rc == 0) rc = repoint(t, c);
+    fsdp_tensor_release(c);
+    return rc;
+}
+
+/* A zeroed contiguous 1-D tensor of n elements on dev. */
+static int zeros_on(fsdp_unit_t *u, fsdp_device_t *dev, fsdp_dtype_t dt, int64_t n,
+                    fsdp_mem_cat_t cat, fsdp_tensor_t **out) {
+    const int64_t shape[1] = {n};
+    int rc = fsdp__tensor_new(u->ctx, dev, dt, 1, shape, cat, out);
+    if (rc == 0) rc = fsdp_tensor_zero_(*out);
+    if (rc < 0) {
+        fsdp_tensor_release(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* Where host copies of u's parameters go (summon's offload_to_cpu): the offload host, else the
+ * compute device when it is a host device, else the context's own CPU device if it has one. */
+static fsdp_device_t *host_device(const fsdp_unit_t *u) {
+    if (u->host_dev) return u->host_dev;
+    if (fsdp_device_kind(u->dev) == FSDP_DEVICE_CPU || !u->ctx->dev_owned) return u->dev;
+    return u->ctx->dev_owned;
+}
+
 /* ---- slots ----------------------------------------------------------------------------------- */
 
 /* Points every module slot of u's parameters at the compute views (to_cv) or back at the
@@ -275,7 +365,7 @@ static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
         /* The shard goes to the device and/or to the compute dtype first (PyTorch's
          * pre-unshard: the H2D copy of an offloaded shard, the low-precision shard). */
         if (!is_sharded(u->opt.strategy)) {
-            rc = fsdp_tensor_copy_(u->full, u->flat);
+            rc = xcopy(u->full, u->flat);
             if (rc < 0) {
                 fsdp_tensor_storage_resize(u->full, 0);
                 return unit_err(u, rc, "preparing the unsharded parameters failed");
@@ -285,7 +375,7 @@ static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
         }
         const int64_t n[1] = {u->layout.shard_numel};
         rc = fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &u->staging);
-        if (rc == 0) rc = fsdp_tensor_copy_(u->staging, u->flat);
+        if (rc == 0) rc = xcopy(u->staging, u->flat);
         if (rc < 0) {
             fsdp_tensor_release(u->staging);
             u->staging = NULL;
@@ -348,8 +438,7 @@ static bool any_requires_grad(const fsdp_unit_t *u) {
  * view into it, so backward accumulates straight into the flat gradient. */
 static int prepare_grads(fsdp_unit_t *u) {
     if (u->nparams == 0 || !any_requires_grad(u) || u->full_grad) return FSDP_OK;
-    const int64_t n[1] = {u->layout.padded_numel};
-    int rc = fsdp_tensor_zeros(u->ctx, u->cdt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
+    int rc = zeros_on(u, u->dev, u->cdt, u->layout.padded_numel, FSDP_MEM_GRADS, &u->full_grad);
     if (rc < 0) return unit_err(u, rc, "cannot allocate the unsharded gradient");
     for (int i = 0; i < u->nparams; i++) {
         struct fsdp__param *p = &u->params[i];
@@ -466,7 +555,7 @@ static int finish_reduction(fsdp_unit_t *u) {
         const int64_t n[1] = {fsdp_tensor_numel(out)};
         rc = fsdp__tensor_new(u->ctx, u->opt.cpu_offload ? u->host_dev : u->dev, u->dt, 1, n,
                               u->opt.cpu_offload ? FSDP_MEM_OFFLOAD : FSDP_MEM_GRADS, &h);
-        if (rc == 0) rc = fsdp_tensor_copy_(h, out);
+        if (rc == 0) rc = xcopy(h, out); /* the D2H copy of an offloaded gradient */
         fsdp_tensor_release(out);
         out = h;
     }
@@ -529,14 +618,19 @@ static int collect_units(fsdp_unit_t *u, fsdp_unit_t ***arr, size_t *n, size_t *
     return rc;
 }
 
+/* Whether m is one of the modules u was told to ignore (u keeps its own copy of the list). */
+static bool unit_ignores(const fsdp_unit_t *u, const fsdp_module_t *m) {
+    for (size_t i = 0; i < u->nignored; i++)
+        if (u->ignored[i] == m) return true;
+    return false;
+}
+
 /* Casts the floating buffers of the modules u manages (its subtree outside nested units and
  * ignored modules) to its buffer_dtype, replacing the tensors in the module slots. */
 static int cast_buffers(fsdp_unit_t *u, fsdp_module_t *m, bool top) {
     const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
     if (!mp->enabled || mp->buffer_dtype == FSDP_MP_UNSET) return FSDP_OK;
-    if (!top && fsdp_unit_of(m)) return FSDP_OK;
-    for (size_t i = 0; i < u->nignored; i++)
-        if (u->ignored[i] == m) return FSDP_OK;
+    if (!top && (fsdp_unit_of(m) || unit_ignores(u, m))) return FSDP_OK;
     int rc = FSDP_OK;
     for (size_t i = 0; i < m->nbuffers && rc == 0; i++) {
         fsdp_tensor_t *b = m->buffers[i].t, *c = NULL;
@@ -555,6 +649,30 @@ static int cast_buffers(fsdp_unit_t *u, fsdp_module_t *m, bool top) {
     return rc;
 }
 
+/* Parameters must stay where the unit put them (PyTorch's _check_flat_params_on_expected_device,
+ * run at lazy init): a parameter moved to another device after wrapping (PyTorch's CUDA_AFTER
+ * `.cuda()`) no longer views the shard, and the unit would compute with what the shard holds
+ * while the user trains the moved copy. */
+static int check_placement(fsdp_unit_t *u) {
+    fsdp_device_t *want = u->opt.cpu_offload ? u->host_dev : u->dev;
+    for (int i = 0; i < u->nparams; i++) {
+        const fsdp_tensor_t *t = u->params[i].orig;
+        if (t->dev == want) continue;
+        if (u->opt.cpu_offload)
+            return unit_err(u, FSDP_EINVAL,
+                            "an FSDP-managed module with parameter CPU offloading enabled has "
+                            "parameters on %s: '%s' was moved off the host device (%s) that "
+                            "holds its shard after wrapping; keep offloaded modules on the host "
+                            "(options.device chooses the compute device)",
+                            fsdp_device_name(t->dev), u->params[i].fqn, fsdp_device_name(want));
+        return unit_err(u, FSDP_EINVAL,
+                        "parameter '%s' is on %s but the unit keeps it on %s: parameters must not "
+                        "be moved after wrapping (options.device chooses the compute device)",
+                        u->params[i].fqn, fsdp_device_name(t->dev), fsdp_device_name(want));
+    }
+    return FSDP_OK;
+}
+
 static int lazy_init(fsdp_unit_t *root) {
     if (root->initialized) return FSDP_OK;
     root->nall = 0;
@@ -569,6 +687,7 @@ static int lazy_init(fsdp_unit_t *root) {
                             "tree must use the same setting",
                             u->opt.use_orig_params ? "on" : "off",
                             root->opt.use_orig_params ? "on" : "off");
+        if ((rc = check_placement(u)) < 0) return rc;
     }
     for (size_t i = 0; i < root->nall; i++) {
         fsdp_unit_t *u = root->all[i];
@@ -701,6 +820,23 @@ static int forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t 
                         "fsdp_summon_begin or fsdp_unit_unshard");
     u->state = FSDP_STATE_FORWARD;
     if ((rc = check_order(root, u)) < 0) return rc;
+    if (u == root && u->opt.device)
+        /* PyTorch's root moves inputs to the compute device (differentiable inputs are left
+         * alone: this copy is not recorded). */
+        for (int i = 0; i < nin; i++) {
+            if (!in[i] || in[i]->dev == u->dev || in[i]->requires_grad) continue;
+            fsdp_tensor_t *c = NULL;
+            rc = fsdp__tensor_new(u->ctx, u->dev, in[i]->dt, in[i]->ndim, in[i]->shape,
+                                  fsdp__op_cat(u->ctx), &c);
+            if (rc == 0) rc = xcopy(c, in[i]);
+            if (rc < 0) {
+                fsdp_tensor_release(c);
+                return unit_err(u, rc, "moving forward input %d to %s failed: %s", i,
+                                fsdp_device_name(u->dev), fsdp_ctx_last_error(u->ctx));
+            }
+            fsdp_tensor_release(in[i]);
+            in[i] = c;
+        }
     const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
     if (mp->enabled && mp->param_dtype != FSDP_MP_UNSET &&
         ((u == root && mp->cast_root_forward_inputs) || mp->cast_forward_inputs))
@@ -980,7 +1116,7 @@ static int validate_params(fsdp_unit_t *u) {
 /* sync_module_states: rank 0's values of every managed parameter and every buffer of the
  * subtree (outside nested units and ignored modules). */
 static int sync_states(fsdp_unit_t *u, fsdp_module_t *m, bool top) {
-    if (!top && (fsdp_unit_of(m) || is_ignored(&u->opt, m))) return FSDP_OK;
+    if (!top && (fsdp_unit_of(m) || unit_ignores(u, m))) return FSDP_OK;
     int rc = FSDP_OK;
     for (size_t i = 0; i < m->nbuffers && rc == 0; i++) {
         fsdp_tensor_t *b = m->buffers[i].t;
@@ -995,22 +1131,38 @@ static int sync_states(fsdp_unit_t *u, fsdp_module_t *m, bool top) {
 
 /* Builds the flat parameter and its views from the collected parameters. */
 static int flatten(fsdp_unit_t *u) {
-    int rc = validate_params(u);
-    if (rc < 0) return rc;
+    int rc = FSDP_OK;
+    if (u->opt.device && !u->opt.cpu_offload) {
+        /* PyTorch's device_id: the module moves to the compute device before it is flattened,
+         * so the parameter objects themselves end up there (and sync_module_states broadcasts
+         * on it). */
+        for (int i = 0; i < u->nparams; i++) {
+            if ((rc = fsdp__tensor_move(u->params[i].orig, u->opt.device)) < 0)
+                return unit_err(u, rc, "moving parameter '%s' to options.device (%s) failed: %s",
+                                u->params[i].fqn, fsdp_device_name(u->opt.device),
+                                fsdp_ctx_last_error(u->ctx));
+        }
+    }
+    if ((rc = validate_params(u)) < 0) return rc;
     u->dt = u->params[0].orig->dt;
-    u->dev = u->params[0].orig->dev;
+    /* Where the parameters are: the offload host, or (moved above) the compute device. */
+    fsdp_device_t *pdev = u->params[0].orig->dev;
+    u->dev = pdev;
     const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
     u->cdt = mp->enabled && mp->param_dtype != FSDP_MP_UNSET ? mp->param_dtype : u->dt;
     u->rdt = mp->enabled && mp->reduce_dtype != FSDP_MP_UNSET ? mp->reduce_dtype : u->cdt;
     if (u->opt.cpu_offload) {
-        if (fsdp_device_kind(u->dev) != FSDP_DEVICE_CPU)
+        if (fsdp_device_kind(pdev) != FSDP_DEVICE_CPU)
             return unit_err(u, FSDP_EINVAL,
                             "an FSDP-managed module with parameter CPU offloading enabled has "
                             "parameters on %s ('%s'); keep the module on the host until it is "
-                            "wrapped",
-                            fsdp_device_name(u->dev), u->params[0].fqn);
-        /* On a CPU-only build the host is the compute device; the category tells them apart. */
-        u->host_dev = u->dev;
+                            "wrapped (options.device chooses the compute device)",
+                            fsdp_device_name(pdev), u->params[0].fqn);
+        /* The shard and its gradient stay on the host the parameters are on; the unit computes
+         * on options.device, or without it on the host itself (the category tells the offloaded
+         * bytes apart then). */
+        u->host_dev = pdev;
+        if (u->opt.device) u->dev = u->opt.device;
     }
     int64_t *numel = calloc((size_t)u->nparams, sizeof *numel);
     if (!numel) return unit_err(u, FSDP_ENOMEM, "out of memory");
@@ -1022,9 +1174,9 @@ static int flatten(fsdp_unit_t *u) {
     if (rc < 0) return unit_err(u, rc, "out of memory");
     int shard_rank = is_sharded(u->opt.strategy) ? u->rank : 0;
 
-    /* The unsharded flat parameter, filled from the parameters (padding zero). */
+    /* The unsharded flat parameter, filled from the parameters (padding zero), where they are. */
     const int64_t full_n[1] = {u->layout.padded_numel};
-    FSDP_TRY(rc, out, fsdp_tensor_zeros(u->ctx, u->dt, 1, full_n, FSDP_MEM_PARAMS, &u->full));
+    FSDP_TRY(rc, out, zeros_on(u, pdev, u->dt, u->layout.padded_numel, FSDP_MEM_PARAMS, &u->full));
     if (u->opt.sync_module_states)
         for (int i = 0; i < u->nparams && rc == 0; i++) {
             fsdp_tensor_t *t = u->params[i].orig;
@@ -1051,8 +1203,8 @@ static int flatten(fsdp_unit_t *u) {
     /* The local shard. */
     const int64_t shard_n[1] = {u->layout.shard_numel};
     if (separate_full(u)) {
-        fsdp_device_t *where = u->opt.cpu_offload ? u->host_dev : u->dev;
-        FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, where, u->dt, 1, shard_n,
+        /* pdev is the offload host, or without offload the compute device. */
+        FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, pdev, u->dt, 1, shard_n,
                                            u->opt.cpu_offload ? FSDP_MEM_OFFLOAD
                                                               : FSDP_MEM_PARAMS,
                                            &u->flat));
@@ -1062,8 +1214,9 @@ static int flatten(fsdp_unit_t *u) {
         rc = fsdp_tensor_copy_(u->flat, src);
         fsdp_tensor_release(src);
         if (rc < 0) goto out;
-        if (u->cdt != u->dt) {
-            /* Mixed precision: the unsharded parameter is gathered in the compute dtype. */
+        if (u->cdt != u->dt || u->dev != pdev) {
+            /* Mixed precision: the unsharded parameter is gathered in the compute dtype; with
+             * offload to another compute device, there. */
             fsdp_tensor_release(u->full);
             u->full = NULL;
             FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, full_n,
@@ -1102,6 +1255,107 @@ static int flatten(fsdp_unit_t *u) {
         if (rc < 0) goto out;
     }
 out:
+    return rc;
+}
+
+/* Moves the buffers of the modules u manages (its subtree outside nested units and ignored
+ * modules) to dev, keeping each buffer object, as `module.to(device_id)` does. */
+static int move_buffers(fsdp_unit_t *u, fsdp_module_t *m, bool top, fsdp_device_t *dev) {
+    if (!top && (fsdp_unit_of(m) || unit_ignores(u, m))) return FSDP_OK;
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < m->nbuffers && rc == 0; i++)
+        rc = fsdp__tensor_move(m->buffers[i].t, dev);
+    for (size_t i = 0; i < m->nchildren && rc == 0; i++)
+        rc = move_buffers(u, m->children[i].m, false, dev);
+    return rc;
+}
+
+/* Moves an idle unit (wrapped earlier, now adopted) to compute on dev: its buffers, and the
+ * shard with the original parameters (unless offloaded: those stay on the host), the unsharded
+ * parameter and the compute views, each tensor object kept. */
+static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
+    if (u->state != FSDP_STATE_IDLE || u->ag_work || u->rs_in || u->full_grad)
+        return unit_err(u, FSDP_EINVAL,
+                        "cannot move the unit to %s (options.device of the unit adopting it) "
+                        "while it runs or is unsharded by the caller",
+                        fsdp_device_name(dev));
+    fsdp_tensor_t *v = NULL;
+    int rc = move_buffers(u, u->module, true, dev);
+    if (rc < 0) goto fail;
+    if (u->nparams == 0 || u->dev == dev) {
+        u->dev = dev;
+        return FSDP_OK;
+    }
+    if (u->unsharded && separate_full(u) && (rc = reshard(u)) < 0) goto fail;
+    if (!u->opt.cpu_offload) {
+        if (separate_full(u)) {
+            rc = fsdp__tensor_move(u->flat, dev); /* its gradient too */
+        } else {
+            /* NO_SHARD: the shard is a view of the unsharded parameter. */
+            rc = fsdp__tensor_move(u->full, dev);
+            if (rc == 0) rc = view1d(u->full, 0, u->layout.shard_numel, &v);
+            if (rc == 0) rc = repoint(u->flat, v);
+            fsdp_tensor_release(v);
+            v = NULL;
+            if (rc == 0 && u->flat->grad) rc = fsdp__tensor_move(u->flat->grad, dev);
+        }
+        for (int i = 0; i < u->nparams && rc == 0; i++) {
+            struct fsdp__param *p = &u->params[i];
+            rc = view1d(u->flat, p->sh.in_shard ? p->sh.offset_in_shard : 0, p->sh.numel_in_shard,
+                        &v);
+            if (rc == 0) rc = repoint(p->orig, v);
+            fsdp_tensor_release(v);
+            v = NULL;
+            if (rc < 0 || !p->orig->grad || p->orig->grad->dev == dev) continue;
+            if (u->opt.use_orig_params && u->flat->grad) {
+                /* It viewed the old flat gradient: view the moved one. */
+                rc = view1d(u->flat->grad, p->sh.offset_in_shard, p->sh.numel_in_shard, &v);
+                if (rc == 0) {
+                    fsdp_tensor_release(p->orig->grad);
+                    p->orig->grad = v;
+                    v = NULL;
+                }
+            } else {
+                rc = fsdp__tensor_move(p->orig->grad, dev);
+            }
+        }
+        if (rc < 0) goto fail;
+    }
+    if (separate_full(u)) {
+        const int64_t n[1] = {u->layout.padded_numel};
+        rc = fsdp__tensor_new(u->ctx, dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &v);
+        if (rc == 0) rc = repoint(u->full, v);
+        fsdp_tensor_release(v);
+        v = NULL;
+        if (rc == 0) rc = fsdp_tensor_storage_resize(u->full, 0);
+        if (rc < 0) goto fail;
+    }
+    for (int i = 0; i < u->nparams && rc == 0; i++) {
+        struct fsdp__param *p = &u->params[i];
+        rc = fsdp__tensor_view(u->full, u->layout.offset[i], p->ndim, p->shape, NULL, &v);
+        if (rc == 0) {
+            fsdp__contiguous_strides(p->ndim, p->shape, v->stride);
+            rc = repoint(p->cv, v);
+        }
+        fsdp_tensor_release(v);
+        v = NULL;
+    }
+    if (rc < 0) goto fail;
+    u->dev = dev;
+    return FSDP_OK;
+fail:
+    return unit_err(u, rc, "moving the unit to %s (options.device of the unit adopting it) "
+                    "failed: %s", fsdp_device_name(dev), fsdp_ctx_last_error(u->ctx));
+}
+
+/* A unit adopted by a wrap with options.device takes that device unless its own option is set,
+ * and so do the units below it (PyTorch's nested instances compute on the root's device). */
+static int inherit_device(fsdp_unit_t *c, fsdp_device_t *dev) {
+    if (c->opt.device) return FSDP_OK;
+    int rc = unit_set_device(c, dev);
+    if (rc < 0) return rc;
+    c->opt.device = dev;
+    for (size_t i = 0; i < c->nchildren && rc == 0; i++) rc = inherit_device(c->children[i], dev);
     return rc;
 }
 
@@ -1218,7 +1472,7 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
     u->rank = fsdp_pg_rank(pg);
     u->world = fsdp_pg_size(pg);
     u->replicate_pg = is_hybrid(o->strategy) ? o->replicate_pg : NULL;
-    u->dev = fsdp_ctx_device(m->ctx);
+    u->dev = o->device ? o->device : fsdp_ctx_device(m->ctx); /* flatten() refines it */
     int rc = FSDP_OK;
     if (!u->fqn) {
         rc = fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
@@ -1230,6 +1484,11 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
     }
     struct collect c = {u, o, 0, 0, 0};
     FSDP_TRY(rc, fail, collect(&c, m, ""));
+    if (o->device && (rc = move_buffers(u, m, true, o->device)) < 0) {
+        rc = unit_err(u, rc, "moving buffers to options.device (%s) failed: %s",
+                      fsdp_device_name(o->device), fsdp_ctx_last_error(u->ctx));
+        goto fail;
+    }
     if (o->sync_module_states) {
         rc = sync_states(u, m, true);
         if (rc < 0) {
@@ -1239,6 +1498,8 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
         }
     }
     if (u->nparams > 0) FSDP_TRY(rc, fail, flatten(u));
+    for (size_t i = 0; o->device && i < u->nchildren; i++)
+        FSDP_TRY(rc, fail, inherit_device(u->children[i], o->device));
     FSDP_TRY(rc, fail, fsdp_module_add_forward_pre_hook(m, forward_pre_hook, u,
                                                         &u->hook_handles[0]));
     FSDP_TRY(rc, fail, fsdp_module_add_forward_hook(m, forward_hook, u, &u->hook_handles[1]));
@@ -1287,6 +1548,13 @@ int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
                              "fsdp_wrap: delays must be >= 0 (delay_before_reduce_ms %d, "
                              "delay_before_free_ms %d)",
                              o->delay_before_reduce_ms, o->delay_before_free_ms);
+    if (o->device && fsdp_device_ctx(o->device) != m->ctx)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: options.device (%s) belongs to another context "
+                             "(of rank %d) than the module (rank %d); a unit computes on a "
+                             "device of the module's context",
+                             fsdp_device_name(o->device), fsdp_ctx_rank(fsdp_device_ctx(o->device)),
+                             fsdp_ctx_rank(m->ctx));
     if (o->num_ignored_modules > 0 && !o->ignored_modules)
         return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
                              "fsdp_wrap: %zu ignored modules but the array is NULL",
@@ -1370,6 +1638,7 @@ fsdp_sharding_strategy_t fsdp_unit_strategy(const fsdp_unit_t *u) {
     return u ? u->opt.strategy : FSDP_FULL_SHARD;
 }
 fsdp_pg_t *fsdp_unit_pg(const fsdp_unit_t *u) { return u ? u->pg : NULL; }
+fsdp_device_t *fsdp_unit_compute_device(const fsdp_unit_t *u) { return u ? u->dev : NULL; }
 fsdp_tensor_t *fsdp_unit_flat_param(const fsdp_unit_t *u) { return u ? u->flat : NULL; }
 fsdp_tensor_t *fsdp_unit_full_param(const fsdp_unit_t *u) { return u ? u->full : NULL; }
 bool fsdp_unit_is_unsharded(const fsdp_unit_t *u) { return u && u->unsharded; }
@@ -1512,17 +1781,40 @@ static void drop_summon_views(fsdp_unit_t *u) {
  * summons that must not show the compute-dtype copy). Collective for sharded units. */
 static int gather_full_precision(fsdp_unit_t *u, fsdp_device_t *dev, fsdp_mem_cat_t cat,
                                  fsdp_tensor_t **out) {
-    const int64_t n[1] = {u->layout.padded_numel};
-    int rc = fsdp__tensor_new(u->ctx, dev, u->dt, 1, n, cat, out);
-    if (rc < 0) return rc;
-    if (is_sharded(u->opt.strategy)) {
-        rc = fsdp_pg_all_gather(u->pg, fsdp_tensor_data(u->flat), fsdp_tensor_data(*out),
+    const int64_t n[1] = {u->layout.padded_numel}, sn[1] = {u->layout.shard_numel};
+    fsdp_tensor_t *src = u->flat, *staged = NULL, *g = NULL;
+    int rc = FSDP_OK;
+    *out = NULL;
+    if (!is_sharded(u->opt.strategy)) {
+        rc = fsdp__tensor_new(u->ctx, dev, u->dt, 1, n, cat, out);
+        if (rc == 0) rc = xcopy(*out, u->flat);
+        goto done;
+    }
+    /* The collective runs on the compute device: an offloaded shard goes there first, and the
+     * result goes to dev afterwards when that is another device. */
+    if (u->flat->dev != u->dev) {
+        rc = fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, sn, FSDP_MEM_COMM, &staged);
+        if (rc == 0) rc = xcopy(staged, u->flat);
+        src = staged;
+    }
+    if (rc == 0)
+        rc = fsdp__tensor_new(u->ctx, u->dev, u->dt, 1, n, dev == u->dev ? cat : FSDP_MEM_COMM,
+                              &g);
+    if (rc == 0) {
+        rc = fsdp_pg_all_gather(u->pg, fsdp_tensor_data(src), fsdp_tensor_data(g),
                                 (size_t)u->layout.shard_numel, u->dt, NULL);
         if (rc < 0) rc = unit_err(u, rc, "all-gather of the full parameters failed: %s",
                                   fsdp_pg_last_error(u->pg));
-    } else {
-        rc = fsdp_tensor_copy_(*out, u->flat);
     }
+    fsdp_tensor_release(staged);
+    if (rc == 0 && dev != u->dev) {
+        rc = fsdp__tensor_new(u->ctx, dev, u->dt, 1, n, cat, out);
+        if (rc == 0) rc = xcopy(*out, g);
+        fsdp_tensor_release(g);
+    } else {
+        *out = g;
+    }
+done:
     if (rc < 0) {
         fsdp_tensor_release(*out);
         *out = NULL;
@@ -1535,14 +1827,12 @@ static int gather_full_precision(fsdp_unit_t *u, fsdp_device_t *dev, fsdp_mem_ca
 static int summon_grads(fsdp_unit_t *u, fsdp_tensor_t **views) {
     if (u->nparams == 0 || !any_requires_grad(u)) return FSDP_OK;
     drop_cleared_flat_grad(u);
-    const int64_t n[1] = {u->layout.padded_numel};
-    int rc = fsdp_tensor_zeros(u->ctx, u->dt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
+    int rc = zeros_on(u, u->dev, u->dt, u->layout.padded_numel, FSDP_MEM_GRADS, &u->full_grad);
     if (rc < 0) return rc;
     fsdp_tensor_t *g = u->flat->grad, *staged = NULL;
-    const int64_t sn[1] = {u->layout.shard_numel};
     if (!g || g->dev != u->dev) {
-        rc = fsdp_tensor_zeros(u->ctx, u->dt, 1, sn, FSDP_MEM_COMM, &staged);
-        if (rc == 0 && g) rc = fsdp_tensor_copy_(staged, g);
+        rc = zeros_on(u, u->dev, u->dt, u->layout.shard_numel, FSDP_MEM_COMM, &staged);
+        if (rc == 0 && g) rc = xcopy(staged, g);
         if (rc < 0) {
             fsdp_tensor_release(staged);
             return rc;
@@ -1585,7 +1875,7 @@ static int summon_one(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool expli
     if (u->nparams > 0 && (o->offload_to_cpu || u->cdt != u->dt)) {
         /* A full-precision copy (PyTorch forces full precision here), on the host with
          * offload_to_cpu; the compute-dtype buffer is left alone. */
-        fsdp_device_t *where = o->offload_to_cpu && u->host_dev ? u->host_dev : u->dev;
+        fsdp_device_t *where = o->offload_to_cpu ? host_device(u) : u->dev;
         rc = gather_full_precision(u, where,
                                    o->offload_to_cpu ? FSDP_MEM_OFFLOAD : FSDP_MEM_PARAMS,
                                    &u->summon_host);
@@ -1619,7 +1909,7 @@ static int summon_end_one(fsdp_unit_t *u) {
         fsdp_tensor_t *src = NULL;
         rc = view1d(offloaded ? u->summon_host : u->full,
                     (int64_t)shard_rank * u->layout.shard_numel, u->layout.shard_numel, &src);
-        if (rc == 0) rc = fsdp_tensor_copy_(u->flat, src);
+        if (rc == 0) rc = xcopy(u->flat, src);
         fsdp_tensor_release(src);
     }
     fsdp_tensor_release(u->summon_host);

@@ -13,6 +13,12 @@
  *          differentiates them; their .grad are views into the unsharded flat gradient.
  *   orig   the user's parameter objects, re-pointed at 1-D views of their part of the shard.
  *
+ * Devices: full, the compute views, the unsharded gradient and the reduction buffers are on
+ * `dev` (the compute device: options.device, or where the parameters were). flat and orig are
+ * on `dev` too, except with CPU offload, where they stay on `host_dev` (the host device the
+ * parameters were on at wrap; it may be another device object than `dev` even on a CPU-only
+ * build) and every copy between the two goes through fsdp.c's cross-device copy.
+ *
  * Invariants: a module slot holds cv[i] exactly while the unit is in forward (or summoned),
  * orig[i] otherwise; full has bytes iff `unsharded`; an outstanding all-gather (`ag_work`)
  * writes into full, so full is not read before it completed.
@@ -83,7 +89,7 @@ struct fsdp_unit {
     fsdp_options_t opt;          /* copied (ignored list and wrap types not kept) */
     fsdp_pg_t *pg;               /* borrowed */
     fsdp_pg_t *replicate_pg;     /* hybrid strategies: borrowed; else NULL */
-    fsdp_device_t *dev;
+    fsdp_device_t *dev;          /* compute device (borrowed) */
     int rank, world;
     struct fsdp_unit *parent;    /* NULL for the root */
     struct fsdp_unit **children; /* direct child units, in pre-order */
@@ -107,8 +113,7 @@ struct fsdp_unit {
     bool unsharded;
     fsdp_work_t *ag_work;        /* outstanding all-gather into full */
     fsdp_tensor_t *staging;      /* CPU offload: the shard on the device while it is gathered */
-    fsdp_device_t *host_dev;     /* CPU offload: where flat and its gradient live */
-    bool host_dev_owned;
+    fsdp_device_t *host_dev;     /* CPU offload: where flat and its gradient live (borrowed) */
     bool prefetched;
 
     /* runtime state */
@@ -148,6 +153,14 @@ struct fsdp_unit {
 
     fsdp_unit_stats_t stats;
 };
+
+/* Moves t's elements to dev keeping the tensor object (PyTorch's `t.data = t.data.to(dev)`):
+ * new storage on dev in t's memory category, a copy, t re-pointed at it; t's gradient moves
+ * too. Storage t shared with other tensors stays where it was for them. A no-op when t is on
+ * dev already; FSDP_EINVAL for a device of another context. fsdp_wrap uses it for
+ * options.device; tests use it to move a parameter after wrapping (PyTorch's `.cuda()` after
+ * FSDP(...), which the public API has no counterpart of). */
+int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev);
 
 /* Per-rank FSDP state hung on the context: units by module, the root's iteration state. */
 struct fsdp__rank {
