@@ -21,6 +21,10 @@
  * as bench_gpt_step draws its batch. The losses of all configurations must therefore agree: the
  * first step's exactly, later ones up to the rounding of the different gradient reductions.
  *
+ * Every configuration runs --rounds times (default 2), the order reversed every other round,
+ * so that a machine that slows down or speeds up during the run does not favour the
+ * configurations that ran first; the timed steps of all rounds are pooled.
+ *
  * Reported per configuration: the median step time (each step's time is the slowest rank's;
  * every step starts after a barrier), the medians of the phases, each rank's peak memory per
  * category after the warm-up steps (the maximum over the ranks is printed), and each rank's
@@ -45,6 +49,7 @@
 
 #define PROG "bench_fsdp_step"
 #define MAX_WORLD 64
+#define MAX_ROUNDS 16
 
 /* Targets of the summary (the FULL_SHARD rows). */
 #define TARGET_STEP_RATIO 1.15 /* FULL_SHARD step / NO_SHARD step */
@@ -60,6 +65,7 @@ static const fsdp_mem_cat_t mem_cats[] = {FSDP_MEM_PARAMS,      FSDP_MEM_GRADS, 
 typedef struct options {
     bench_common_t c; /* the shape's batch is per rank */
     int world;
+    int rounds; /* each configuration runs this many times, alternating the order */
     int64_t latency_us;
     unsigned sections; /* SECTION_* */
 } options_t;
@@ -122,6 +128,8 @@ static void usage(FILE *f) {
             "usage: " PROG " [options]\n"
             BENCH_COMMON_USAGE
             "  --world N       ranks of the sim world (default 2)\n"
+            "  --rounds N      runs of every configuration, in alternating order; the timed\n"
+            "                  steps of all rounds are pooled (default 2, at most 16)\n"
             "  --latency-us N  simulated latency of every collective in the prefetch section\n"
             "                  (default 5000; 0 for none)\n"
             "  --only S        run one section only: main (DDP and the strategies) or\n"
@@ -134,6 +142,7 @@ static void usage(FILE *f) {
 static int parse_options(int argc, char **argv, options_t *o) {
     *o = (options_t){.c = bench_common_default(),
                      .world = 2,
+                     .rounds = 2,
                      .latency_us = 5000,
                      .sections = SECTION_MAIN | SECTION_PREFETCH};
     for (int i = 1; i < argc; i++) {
@@ -153,6 +162,9 @@ static int parse_options(int argc, char **argv, options_t *o) {
         } else if (strcmp(a, "--world") == 0) {
             if (bench_parse_i64(PROG, a, val, 1, MAX_WORLD, &v) < 0) return -1;
             o->world = (int)v;
+        } else if (strcmp(a, "--rounds") == 0) {
+            if (bench_parse_i64(PROG, a, val, 1, MAX_ROUNDS, &v) < 0) return -1;
+            o->rounds = (int)v;
         } else if (strcmp(a, "--latency-us") == 0) {
             if (bench_parse_i64(PROG, a, val, 0, 10000000, &v) < 0) return -1;
             o->latency_us = v;
@@ -305,7 +317,8 @@ static void job_free(job_t *j) {
 }
 
 /* Runs one configuration and prints its steps. Returns the job (NULL on failure). */
-static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const config_t *cfg) {
+static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const config_t *cfg,
+                         int round) {
     job_t *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->o = o;
@@ -324,7 +337,7 @@ static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const c
     so.world_size = o->world;
     so.seed = o->c.seed;
     so.comm_latency_us = cfg->latency_us;
-    printf("== %s\n", cfg->name);
+    printf("== %s (round %d of %d)\n", cfg->name, round + 1, o->rounds);
     fflush(stdout);
     int st[MAX_WORLD];
     int rc = fsdp_sim_run(&so, rank_main, j, st);
@@ -358,38 +371,70 @@ static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const c
     return j;
 }
 
-static void summarise(const job_t *j, summary_t *sm) {
-    const options_t *o = j->o;
+/* Summarises the rounds js[0..nr) of one configuration: the timed steps of all rounds pooled;
+ * the losses of the first round (every round trains from the same start); memory maxima. */
+static void summarise(job_t *const *js, int nr, summary_t *sm) {
+    const options_t *o = js[0]->o;
+    const int steps = o->c.steps, nv = nr * steps;
     memset(sm, 0, sizeof *sm);
-    double *v = malloc((size_t)o->c.steps * sizeof *v);
+    double *v = malloc((size_t)nv * sizeof *v);
     for (int p = 0; p < PH_COUNT && v; p++) {
-        for (int k = 0; k < o->c.steps; k++) {
-            double tmax = 0;
-            for (int r = 0; r < o->world; r++) {
-                size_t i = ((size_t)r * (size_t)j->nsteps + (size_t)(o->c.warmup + k)) * PH_COUNT;
-                if (j->t[i + (size_t)p] > tmax) tmax = j->t[i + (size_t)p];
+        for (int q = 0; q < nr; q++) {
+            const job_t *j = js[q];
+            for (int k = 0; k < steps; k++) {
+                double tmax = 0;
+                for (int r = 0; r < o->world; r++) {
+                    size_t i = ((size_t)r * (size_t)j->nsteps + (size_t)(o->c.warmup + k)) *
+                               PH_COUNT;
+                    if (j->t[i + (size_t)p] > tmax) tmax = j->t[i + (size_t)p];
+                }
+                v[q * steps + k] = tmax;
             }
-            v[k] = tmax;
         }
         if (p == PH_STEP) {
             sm->step_min = sm->step_max = v[0];
-            for (int k = 1; k < o->c.steps; k++) {
+            for (int k = 1; k < nv; k++) {
                 if (v[k] < sm->step_min) sm->step_min = v[k];
                 if (v[k] > sm->step_max) sm->step_max = v[k];
             }
         }
-        sm->med[p] = bench_median(v, o->c.steps);
+        sm->med[p] = bench_median(v, nv);
     }
     free(v);
+    const job_t *j = js[0];
     for (int r = 0; r < o->world; r++) {
         sm->loss_first += j->loss[(size_t)r * (size_t)j->nsteps] / o->world;
         sm->loss_last += j->loss[(size_t)r * (size_t)j->nsteps + (size_t)j->nsteps - 1] / o->world;
-        for (int c = 0; c < NMEMCATS; c++)
-            if (j->mem[r].peak[mem_cats[c]] > sm->peak[c])
-                sm->peak[c] = j->mem[r].peak[mem_cats[c]];
-        if (j->mem[r].total_peak > sm->total_peak) sm->total_peak = j->mem[r].total_peak;
-        if (j->pgo_end[r] > sm->pgo_end) sm->pgo_end = j->pgo_end[r];
+        for (int q = 0; q < nr; q++) {
+            const job_t *jq = js[q];
+            for (int c = 0; c < NMEMCATS; c++)
+                if (jq->mem[r].peak[mem_cats[c]] > sm->peak[c])
+                    sm->peak[c] = jq->mem[r].peak[mem_cats[c]];
+            if (jq->mem[r].total_peak > sm->total_peak) sm->total_peak = jq->mem[r].total_peak;
+            if (jq->pgo_end[r] > sm->pgo_end) sm->pgo_end = jq->pgo_end[r];
+        }
     }
+}
+
+/*
+ * Runs the n configurations cfgs on model m o->rounds times, in the given order in even rounds
+ * and in reverse order in odd ones (so that a slow drift of the machine does not favour one
+ * configuration), and summarises each over its rounds into sm[i]. jobs[q * n + i] is round q
+ * of configuration i. Returns 0, or -1 when a run failed.
+ */
+static int run_rounds(const options_t *o, const bench_gpt_shape_t *m, const config_t *cfgs,
+                      int n, job_t **jobs, summary_t *sm) {
+    for (int q = 0; q < o->rounds; q++)
+        for (int k = 0; k < n; k++) {
+            int i = q % 2 ? n - 1 - k : k;
+            if (!(jobs[q * n + i] = run_config(o, m, &cfgs[i], q))) return -1;
+        }
+    job_t *mine[MAX_ROUNDS];
+    for (int i = 0; i < n; i++) {
+        for (int q = 0; q < o->rounds; q++) mine[q] = jobs[q * n + i];
+        summarise(mine, o->rounds, &sm[i]);
+    }
+    return 0;
 }
 
 /* Largest relative difference between rank losses of two jobs at step k (0-based). */
@@ -437,21 +482,18 @@ static int main_section(const options_t *o) {
         {.name = "FSDP FULL_SHARD", .strategy = FSDP_FULL_SHARD, .bp = FSDP_BACKWARD_PRE},
         {.name = "FSDP SHARD_GRAD_OP", .strategy = FSDP_SHARD_GRAD_OP, .bp = FSDP_BACKWARD_PRE},
     };
-    job_t *jobs[NMAIN] = {NULL};
+    job_t *jobs[MAX_ROUNDS * NMAIN] = {NULL};
     summary_t sm[NMAIN];
     int status = 1;
 
     printf("# FSDP: one unit per GPTBlock + the root; backward_prefetch BACKWARD_PRE, "
            "limit_all_gathers 2\n");
     fflush(stdout);
-    for (int i = 0; i < NMAIN; i++) {
-        if (!(jobs[i] = run_config(o, &o->c.m, &cfgs[i]))) goto out;
-        summarise(jobs[i], &sm[i]);
-        if (jobs[i]->nparams != bench_gpt_params(&o->c.m)) {
-            fprintf(stderr, PROG ": the model has %lld parameters, the header said %lld\n",
-                    (long long)jobs[i]->nparams, (long long)bench_gpt_params(&o->c.m));
-            goto out;
-        }
+    if (run_rounds(o, &o->c.m, cfgs, NMAIN, jobs, sm) < 0) goto out;
+    if (jobs[0]->nparams != bench_gpt_params(&o->c.m)) {
+        fprintf(stderr, PROG ": the model has %lld parameters, the header said %lld\n",
+                (long long)jobs[0]->nparams, (long long)bench_gpt_params(&o->c.m));
+        goto out;
     }
     printf("\n");
     print_time_table(cfgs, sm, NMAIN);
@@ -484,7 +526,7 @@ static int main_section(const options_t *o) {
            worst_first, worst_last, ok ? "OK" : "TOO LARGE: a bug");
     status = ok ? 0 : 1;
 out:
-    for (int i = 0; i < NMAIN; i++)
+    for (int i = 0; i < MAX_ROUNDS * NMAIN; i++)
         if (jobs[i]) job_free(jobs[i]);
     fflush(stdout);
     return status;
@@ -514,7 +556,7 @@ static int prefetch_section(const options_t *o) {
     if (o->c.m.layers * o->c.m.d * o->c.m.d * o->c.m.seq * o->c.m.batch <=
         pm.layers * pm.d * pm.d * pm.seq * pm.batch)
         pm = o->c.m;
-    job_t *jobs[NPF] = {NULL};
+    job_t *jobs[MAX_ROUNDS * NPF] = {NULL};
     summary_t sm[NPF];
     int status = 1;
 
@@ -523,10 +565,7 @@ static int prefetch_section(const options_t *o) {
            (long long)lat, (long long)pm.layers, (long long)pm.d, (long long)pm.heads,
            (long long)pm.seq, (long long)pm.batch, (long long)pm.vocab);
     fflush(stdout);
-    for (int i = 0; i < NPF; i++) {
-        if (!(jobs[i] = run_config(o, &pm, &cfgs[i]))) goto out;
-        summarise(jobs[i], &sm[i]);
-    }
+    if (run_rounds(o, &pm, cfgs, NPF, jobs, sm) < 0) goto out;
     printf("\n");
     print_time_table(cfgs, sm, NPF);
     for (int i = P_BWD; i <= P_BOTH; i++)
@@ -548,7 +587,7 @@ static int prefetch_section(const options_t *o) {
            ok ? "OK" : "TOO LARGE: a bug");
     status = ok ? 0 : 1;
 out:
-    for (int i = 0; i < NPF; i++)
+    for (int i = 0; i < MAX_ROUNDS * NPF; i++)
         if (jobs[i]) job_free(jobs[i]);
     fflush(stdout);
     return status;

@@ -44,6 +44,32 @@ static void set_blas_threads(int n) {
     }
     pthread_mutex_unlock(&blas_threads_mu);
 }
+
+/*
+ * OpenBLAS picks its kernels from CPUID at load time; a version older than the CPU (0.3.21 on
+ * Sapphire Rapids, for one) falls back to its generic "Prescott" SSE3 kernels, which run matrix
+ * products 3 to 4 times slower than the AVX2/AVX-512 ones the CPU supports. The choice can only
+ * be overridden before the library loads (OPENBLAS_CORETYPE), so libfsdp says so, once per
+ * process, instead of training slowly without a word.
+ */
+extern char *openblas_get_corename(void) __attribute__((weak));
+static pthread_once_t blas_core_once = PTHREAD_ONCE_INIT;
+
+static void check_blas_core(void) {
+    if (!openblas_get_corename || getenv("OPENBLAS_CORETYPE")) return;
+    const char *core = openblas_get_corename();
+    if (!core || strcmp(core, "Prescott") != 0) return;
+    __builtin_cpu_init();
+    const char *better = __builtin_cpu_supports("avx512f")  ? "SkylakeX"
+                         : __builtin_cpu_supports("avx2") ? "Haswell"
+                                                          : NULL;
+    if (better)
+        fsdp_log(NULL, FSDP_LOG_WARN,
+                 "OpenBLAS chose its generic '%s' kernels on a CPU with %s: matrix products run "
+                 "several times slower than they could; set OPENBLAS_CORETYPE=%s in the "
+                 "environment before starting the program",
+                 core, strcmp(better, "SkylakeX") == 0 ? "AVX-512" : "AVX2", better);
+}
 #endif
 
 /* Placeholder handles: their addresses are the handles, their contents are never touched. */
@@ -123,6 +149,7 @@ int fsdp__cpu_init(fsdp_device_t *dev) {
         dev->num_threads = fsdp__cpu_default_threads(dev->ctx ? dev->ctx->world_size : 1);
 #ifdef HAVE_SET_THREADS
     set_blas_threads(dev->num_threads);
+    pthread_once(&blas_core_once, check_blas_core);
 #endif
     struct cpu_cache *c = calloc(1, sizeof *c);
     if (!c) return FSDP_ENOMEM;

@@ -725,6 +725,8 @@ static int root_pre_forward(fsdp_unit_t *root) {
         drop_cleared_flat_grad(u);
     }
     root->npost = 0;
+    root->nred = 0; /* a reduction left over by a failed backward is finished by the next
+                     * final callback, which goes over every unit */
     root->fwd_pos = 0;
     return FSDP_OK;
 }
@@ -926,6 +928,37 @@ static int backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad) {
     return prepare_grads(u);
 }
 
+/*
+ * At most this many gradient reductions in flight per root: before another one starts, the
+ * oldest is finished (waited for, its unsharded gradient freed, the result added to the sharded
+ * gradient). Without a bound every unit's unsharded gradient stayed alive until the final
+ * callback, so FULL_SHARD's gradient peak was the whole model's gradient and more. Two keep the
+ * communication of one unit overlapping the computation of the next.
+ */
+#define MAX_INFLIGHT_REDUCTIONS 2
+
+/* Queues u's reduction (just started) and finishes the oldest ones beyond the bound. */
+static int track_reduction(fsdp_unit_t *u) {
+    if (!u->rs_in) return FSDP_OK; /* nothing was started (no gradient) */
+    fsdp_unit_t *root = root_of(u);
+    if (root->nred == root->capred) {
+        size_t cap = root->capred ? 2 * root->capred : 8;
+        fsdp_unit_t **nq = realloc(root->red_queue, cap * sizeof *nq);
+        if (!nq) return unit_err(u, FSDP_ENOMEM, "out of memory");
+        root->red_queue = nq;
+        root->capred = cap;
+    }
+    root->red_queue[root->nred++] = u;
+    int rc = FSDP_OK;
+    while (rc == 0 && root->nred > MAX_INFLIGHT_REDUCTIONS) {
+        rc = finish_reduction(root->red_queue[0]);
+        memmove(&root->red_queue[0], &root->red_queue[1],
+                (root->nred - 1) * sizeof root->red_queue[0]);
+        root->nred--;
+    }
+    return rc;
+}
+
 static int post_backward(fsdp_unit_t *u) {
     u->state = FSDP_STATE_BACKWARD_POST;
     u->needs_pre_backward = false;
@@ -934,6 +967,7 @@ static int post_backward(fsdp_unit_t *u) {
     if (separate_full(u)) rc = reshard(u);
     if (rc == 0 && u->opt.backward_prefetch == FSDP_BACKWARD_POST) rc = prefetch_backward(u);
     if (rc == 0) rc = reduce_grad(u);
+    if (rc == 0) rc = track_reduction(u);
     u->stats.post_backward_hooks++;
     return rc;
 }
@@ -972,6 +1006,7 @@ static int final_callback(fsdp_ctx_t *ctx, void *arg) {
         fsdp_tensor_release(u->full_grad);
         u->full_grad = NULL;
     }
+    root->nred = 0;
     root->cb_queued = false;
     return rc;
 }
@@ -1439,6 +1474,7 @@ static void unit_free(fsdp_unit_t *u) {
     free(u->fwd_order);
     free(u->post_order);
     free(u->ag_queue);
+    free(u->red_queue);
     free(u->fqn);
     fsdp_module_release(u->module);
     free(u);

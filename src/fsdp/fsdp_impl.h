@@ -150,6 +150,8 @@ struct fsdp_unit {
     bool cb_queued;              /* final callback queued in this backward */
     struct fsdp_unit **ag_queue; /* units with an outstanding all-gather, oldest first */
     size_t nag, capag;
+    struct fsdp_unit **red_queue; /* units with a gradient reduction in flight, oldest first */
+    size_t nred, capred;
 
     fsdp_unit_stats_t stats;
 };
