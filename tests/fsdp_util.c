@@ -23,15 +23,22 @@ const fsdp_backward_prefetch_t fu_bwd_prefetches[3] = {FSDP_BACKWARD_PREFETCH_NO
 
 /* ---- per-rank check lists -------------------------------------------------------------------- */
 
-fu_job_t *fu_job_new(const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig) {
-    fu_job_t *j = calloc(1, sizeof *j);
-    if (!j) tap_bail("out of memory");
+void fu_job_init(fu_job_t *j, const char *prefix, int world, fsdp_sharding_strategy_t s,
+                 bool orig) {
+    memset(j, 0, sizeof *j);
     snprintf(j->prefix, sizeof j->prefix, "%s", prefix);
     j->world = world;
     j->strategy = s;
     j->bp = FSDP_BACKWARD_PRE;
     j->orig = orig;
     fsdp_mixed_precision_init(&j->mp);
+    j->seed = 5;
+}
+
+fu_job_t *fu_job_new(const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig) {
+    fu_job_t *j = malloc(sizeof *j);
+    if (!j) tap_bail("out of memory");
+    fu_job_init(j, prefix, world, s, orig);
     return j;
 }
 
@@ -71,11 +78,19 @@ int fu_fatal(fu_res_t *r, fsdp_ctx_t *ctx, const char *what, int rc) {
     return rc < 0 ? rc : FSDP_EINTERNAL;
 }
 
+void fu_ck_einval(fu_res_t *r, fsdp_ctx_t *ctx, int rc, const char *k1, const char *k2,
+                  const char *name) {
+    const char *msg = fsdp_ctx_last_error(ctx);
+    fu_ck(r, rc == FSDP_EINVAL && msg && strstr(msg, k1) && (!k2 || strstr(msg, k2)), name,
+          "rc %s, message \"%s\"; want EINVAL naming \"%s\"%s%s", fsdp_err_name(rc), msg ? msg : "",
+          k1, k2 ? " and " : "", k2 ? k2 : "");
+}
+
 void fu_run_job(fu_job_t *j, fsdp_sim_fn fn) {
     fsdp_sim_options_t so;
     fsdp_sim_options_init(&so);
     so.world_size = j->world;
-    so.seed = 5;
+    so.seed = j->seed;
     so.timeout_ms = 60000;
     int st[FU_MAXR] = {0};
     for (int r = 0; r < FU_MAXR; r++)
@@ -110,6 +125,12 @@ void fu_run_job(fu_job_t *j, fsdp_sim_fn fn) {
         done &= st[r] == 0;
     }
     tap_ok(done, "%s W=%d: every rank ran to the end without a library error", j->prefix, j->world);
+}
+
+void fu_run(const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig, fsdp_sim_fn fn) {
+    fu_job_t *j = fu_job_new(prefix, world, s, orig);
+    fu_run_job(j, fn);
+    free(j);
 }
 
 void fu_add_why(char *why, size_t len, const char *fmt, ...) {
@@ -180,6 +201,55 @@ double fu_tensor_closeness(const fsdp_tensor_t *actual, const fsdp_tensor_t *exp
     free(x);
     free(y);
     return worst;
+}
+
+void fu_vals_free(fu_vals_t *a) {
+    free(a->v);
+    *a = (fu_vals_t){0};
+}
+
+int fu_list_values(const fsdp_named_list_t *l, bool grads, fu_vals_t *out) {
+    fu_vals_free(out);
+    for (size_t i = 0; i < l->n; i++)
+        out->n += (size_t)fsdp_tensor_numel(l->tensors[i]);
+    if (!(out->v = malloc((out->n ? out->n : 1) * sizeof *out->v))) return FSDP_ENOMEM;
+    size_t k = 0;
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < l->n && rc == 0; i++) {
+        const fsdp_tensor_t *t = grads ? fsdp_tensor_grad(l->tensors[i]) : l->tensors[i];
+        for (int64_t e = 0; e < fsdp_tensor_numel(l->tensors[i]) && rc == 0; e++, k++)
+            if (t)
+                rc = fsdp_tensor_item(t, e, &out->v[k]);
+            else
+                out->v[k] = NAN;
+    }
+    return rc;
+}
+
+int fu_module_values(const fsdp_module_t *m, bool buffers, bool grads, fu_vals_t *out) {
+    fsdp_named_list_t l = {0};
+    int rc =
+        buffers ? fsdp_module_named_buffers(m, false, &l) : fsdp_module_named_params(m, false, &l);
+    if (rc == 0) rc = fu_list_values(&l, grads, out);
+    fsdp_named_list_free(&l);
+    return rc;
+}
+
+int fu_store_params(fsdp_module_t *m, fu_val_fn val, void *arg) {
+    fsdp_named_list_t l = {0};
+    int rc = fsdp_module_named_params(m, false, &l);
+    size_t k = 0;
+    for (size_t p = 0; p < l.n && rc == 0; p++) {
+        int64_t n = fsdp_tensor_numel(l.tensors[p]);
+        float *f = malloc((size_t)(n ? n : 1) * sizeof *f);
+        if (!f) rc = FSDP_ENOMEM;
+        for (int64_t e = 0; e < n && rc == 0; e++, k++)
+            rc = val(arg, p, e, k, &f[e]);
+        if (rc == 0) rc = fsdp_tensor_copy_from_host(l.tensors[p], f, (size_t)n * sizeof *f);
+        free(f);
+    }
+    fsdp_named_list_free(&l);
+    return rc;
 }
 
 /* ---- harness pieces -------------------------------------------------------------------------- */
@@ -296,6 +366,46 @@ int fu_transformer_setup(fu_res_t *r, fsdp_ctx_t *ctx, const fu_job_t *j, bool d
     return FSDP_OK;
 }
 
+void fu_teardown(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_unit_t *root, fsdp_unit_t **u,
+                 fsdp_optim_t *opt) {
+    fsdp_tape_clear(ctx);
+    free(u);
+    fsdp_optim_destroy(opt);
+    fsdp_destroy(root);
+    fsdp_module_release(m);
+}
+
+int fu_linear_stack(fsdp_ctx_t *ctx, int n, int64_t d, fsdp_module_t **out) {
+    fsdp_module_t *m = NULL, *l = NULL;
+    tm_manual_seed(ctx, 0);
+    int rc = fsdp_sequential_create(ctx, &m);
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = fsdp_linear_create(ctx, d, d, true, &l);
+        if (rc == 0) rc = fsdp_module_append(m, l);
+        fsdp_module_release(l);
+        l = NULL;
+    }
+    if (rc < 0) {
+        fsdp_module_release(m);
+        m = NULL;
+    }
+    *out = m;
+    return rc;
+}
+
+int fu_rand_input(fsdp_ctx_t *ctx, uint64_t seed, int64_t d0, int64_t d1, fsdp_tensor_t **x) {
+    const int64_t shape[2] = {d0, d1};
+    *x = NULL;
+    tm_manual_seed(ctx, seed);
+    int rc = fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, shape, FSDP_MEM_ACTIVATIONS, x);
+    if (rc == 0) rc = fsdp_tensor_uniform_(*x, -1.0, 1.0);
+    if (rc < 0) {
+        fsdp_tensor_release(*x);
+        *x = NULL;
+    }
+    return rc;
+}
+
 int fu_transformer_forward(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_tensor_t **out,
                            fsdp_tensor_t **tgt_out) {
     fsdp_tensor_t *src = NULL, *tgt = NULL;
@@ -359,6 +469,21 @@ int fu_change_root_shard(fu_res_t *r, fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_un
 }
 
 /* ---- unit state and hooks -------------------------------------------------------------------- */
+
+bool fu_tree_in_state(const fsdp_unit_t *root, fsdp_training_state_t st, bool unsharded) {
+    fsdp_unit_t **units = NULL;
+    size_t nu = 0;
+    bool ok = fsdp_units(root, &units, &nu) == 0;
+    for (size_t i = 0; i < nu && ok; i++)
+        ok = fsdp_unit_state(units[i]) == st && (fsdp_unit_is_unsharded(units[i]) == unsharded ||
+                                                 fsdp_unit_strategy(units[i]) == FSDP_NO_SHARD);
+    free(units);
+    return ok;
+}
+
+bool fu_tree_idle(const fsdp_unit_t *root) {
+    return fu_tree_in_state(root, FSDP_STATE_IDLE, false);
+}
 
 bool fu_all_idle(fsdp_unit_t *const *u, size_t n, char *why, size_t len) {
     for (size_t i = 0; i < n; i++)

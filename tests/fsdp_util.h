@@ -1,19 +1,20 @@
 /*
  * fsdp_util.h: helpers shared by the FSDP unit tests (t_fsdp.c, t_fsdp_core.c, t_fsdp_hooks.c,
- * t_fsdp_mp.c).
+ * t_fsdp_mp.c, t_fsdp_summon.c, t_fsdp_memory.c, t_fsdp_device.c).
  *
  * Per-rank check lists. A test that checks many properties per rank runs as a fu_job_t: every
  * rank of the sim run records each check with fu_ck() into its own list, all ranks in the same
  * order; fu_run_job() then prints one TAP line per check, passing only when every rank passed
  * it (each failing rank's detail as comments), and a last line saying whether every rank ran to
  * its end without a library error. A library call that fails where it must not is recorded with
- * fu_fatal(), which makes that rank's list diverge and so fails the run visibly.
+ * fu_fatal(), which makes that rank's list diverge and so fails the run visibly; FU_TRY() does
+ * that and jumps to the rank function's cleanup label.
  *
  * The rest are small pieces of upstream's harness used by more than one test program:
- * assert_close tolerances, closeness and bitwise comparison of tensors, SGD over what FSDP
- * hands the optimizer, the save_model state round trip, RECURSIVE-style hand nesting and the
- * TransformerWithSharedParams wrap and forward, and the backward-hook counters and watches of
- * CORE-H01/H03.
+ * assert_close tolerances, closeness and bitwise comparison of tensors, parameter values as
+ * plain arrays, SGD over what FSDP hands the optimizer, the save_model state round trip,
+ * RECURSIVE-style hand nesting and the TransformerWithSharedParams wrap and forward, small
+ * models and inputs, and the unit states, backward-hook counters and watches of CORE-H01/H03.
  *
  * Ownership as in the library: what a helper returns new (tensors, malloc'ed buffers, jobs)
  * says so; every argument is borrowed. Thread-safety: a job's list for rank r is written only by
@@ -66,11 +67,17 @@ typedef struct fu_job {
     bool orig;                 /* use_orig_params */
     bool offload;              /* cpu_offload */
     fsdp_mixed_precision_t mp; /* off unless a test sets it */
+    uint64_t seed;             /* of every rank's context in the sim run */
     fu_res_t r[FU_MAXR];       /* per rank */
 } fu_job_t;
 
-/* A new job (calloc'ed; free() it) with backward prefetch PRE, no forward prefetch, no offload
- * and no mixed precision. Bails out of the test program when out of memory. */
+/* Resets every field of *j (a job a test embeds in a larger struct of its own, as the first
+ * member, or keeps off the stack) to a job with backward prefetch PRE, no forward prefetch, no
+ * offload, no mixed precision and sim seed 5. */
+void fu_job_init(fu_job_t *j, const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig);
+
+/* The same as a new job (malloc'ed; free() it). Bails out of the test program when out of
+ * memory. */
 fu_job_t *fu_job_new(const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig);
 
 /* fsdp_options_t as the job asks, with check_exec_order on (as every test here runs). */
@@ -87,9 +94,29 @@ bool fu_ck(fu_res_t *r, bool ok, const char *name, const char *fmt, ...)
  * error's name, text and the context's last error. Returns rc (FSDP_EINTERNAL if rc >= 0). */
 int fu_fatal(fu_res_t *r, fsdp_ctx_t *ctx, const char *what, int rc);
 
+/* rc = call; on failure (rc < 0) records it with fu_fatal() as the check `what` and jumps to
+ * `label`. Uses the caller's variables: `rc` (int, receives call's result), `r` (the rank's
+ * fu_res_t *) and `ctx` (its fsdp_ctx_t *). */
+#define FU_TRY(label, what, call)                                                                  \
+    do {                                                                                           \
+        rc = (call);                                                                               \
+        if (rc < 0) {                                                                              \
+            fu_fatal(r, ctx, what, rc);                                                            \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* Records check `name`: rc is FSDP_EINVAL and the context's last error names k1 and, when not
+ * NULL, k2. */
+void fu_ck_einval(fu_res_t *r, fsdp_ctx_t *ctx, int rc, const char *k1, const char *k2,
+                  const char *name);
+
 /* Runs fn on j->world sim ranks (fn gets j as its argument) and prints the job's TAP lines:
  * "<prefix> W=<world>: <check>". */
 void fu_run_job(fu_job_t *j, fsdp_sim_fn fn);
+
+/* fu_run_job() of a new job with fu_job_new()'s defaults, freed afterwards. */
+void fu_run(const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig, fsdp_sim_fn fn);
 
 /* Appends to a diagnostic, separated by "; " (what no longer fits is dropped). */
 void fu_add_why(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -111,6 +138,31 @@ int fu_same_bits(const fsdp_tensor_t *a, const fsdp_tensor_t *b);
  * compared (different sizes, or a read failed). A NaN counts as INFINITY. */
 double fu_tensor_closeness(const fsdp_tensor_t *actual, const fsdp_tensor_t *expected, double rtol,
                            double atol);
+
+/* Tensor values as one plain array. */
+typedef struct fu_vals {
+    double *v; /* malloc'ed, n elements */
+    size_t n;
+} fu_vals_t;
+
+/* Frees a's array and empties it (a zeroed fu_vals_t is empty). */
+void fu_vals_free(fu_vals_t *a);
+
+/* The elements of every tensor of l (grads: of their gradients, where a missing one gives NaNs,
+ * which compare unequal), concatenated in list order, into *out (its old array freed). On
+ * failure *out still holds an array to fu_vals_free(). */
+int fu_list_values(const fsdp_named_list_t *l, bool grads, fu_vals_t *out);
+
+/* The same over the parameters of m's tree (buffers: its buffers), in named order. */
+int fu_module_values(const fsdp_module_t *m, bool buffers, bool grads, fu_vals_t *out);
+
+/* Puts into *v the value for element e of the p-th parameter (k: the element's index over all
+ * the parameters in named order); returns 0, or an error that stops fu_store_params(). */
+typedef int (*fu_val_fn)(void *arg, size_t p, int64_t e, size_t k, float *v);
+
+/* Writes val's values into every element of the parameters of m's tree (named order; full
+ * tensors while summoned). */
+int fu_store_params(fsdp_module_t *m, fu_val_fn val, void *arg);
 
 /* ---- harness pieces -------------------------------------------------------------------------- */
 
@@ -152,6 +204,20 @@ int fu_transformer_setup(fu_res_t *r, fsdp_ctx_t *ctx, const fu_job_t *j, bool d
                          fsdp_module_t **m, fsdp_unit_t **root, fsdp_unit_t ***u, size_t *n,
                          fsdp_optim_t **opt);
 
+/* Releases what fu_transformer_setup() (or a setup like it) built: clears the tape (a recorded
+ * graph holds references into the units), then frees the unit list and destroys the optimizer,
+ * the root unit and the module. Any argument but ctx may be NULL. */
+void fu_teardown(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_unit_t *root, fsdp_unit_t **u,
+                 fsdp_optim_t *opt);
+
+/* Sequential(n x Linear(d, d) with bias), built after tm_manual_seed(ctx, 0) so that two builds
+ * are equal. *out is NULL on failure. */
+int fu_linear_stack(fsdp_ctx_t *ctx, int n, int64_t d, fsdp_module_t **out);
+
+/* A (d0, d1) f32 input (FSDP_MEM_ACTIVATIONS) drawn uniform(-1, 1) after tm_manual_seed(ctx,
+ * seed); *x is NULL on failure. */
+int fu_rand_input(fsdp_ctx_t *ctx, uint64_t seed, int64_t d0, int64_t d1, fsdp_tensor_t **x);
+
 /* TransformerWithSharedParams' get_input and forward; *tgt_out (may be NULL) receives the
  * target ids for the loss (a new reference). */
 int fu_transformer_forward(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_tensor_t **out,
@@ -170,6 +236,13 @@ int fu_change_root_shard(fu_res_t *r, fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_un
                          bool orig, uint64_t seed);
 
 /* ---- unit state and hooks -------------------------------------------------------------------- */
+
+/* Whether every unit of root's tree is in state st and (un)sharded as asked (a NO_SHARD unit
+ * always holds its full parameters, so it passes either way). */
+bool fu_tree_in_state(const fsdp_unit_t *root, fsdp_training_state_t st, bool unsharded);
+
+/* fu_tree_in_state(root, FSDP_STATE_IDLE, false): every unit IDLE and resharded. */
+bool fu_tree_idle(const fsdp_unit_t *root);
 
 /* Every unit IDLE; otherwise false with the first offender in why. */
 bool fu_all_idle(fsdp_unit_t *const *u, size_t n, char *why, size_t len);

@@ -214,26 +214,6 @@ static int average_grads(const fsdp_named_list_t *l, int w) {
     return FSDP_OK;
 }
 
-/* Every tensor's values as doubles (n elements each), in list order. */
-static int values(const fsdp_named_list_t *l, double **out, size_t *n) {
-    size_t total = 0;
-    for (size_t i = 0; i < l->n; i++) total += (size_t)fsdp_tensor_numel(l->tensors[i]);
-    double *v = malloc((total ? total : 1) * sizeof *v);
-    if (!v) return FSDP_ENOMEM;
-    size_t k = 0;
-    for (size_t i = 0; i < l->n; i++)
-        for (int64_t j = 0; j < fsdp_tensor_numel(l->tensors[i]); j++) {
-            int rc = fsdp_tensor_item(l->tensors[i], j, &v[k++]);
-            if (rc < 0) {
-                free(v);
-                return rc;
-            }
-        }
-    *out = v;
-    *n = total;
-    return FSDP_OK;
-}
-
 /* The collectives (calls and bytes, as the group counters count them) one training step must
  * issue, in closed form from each unit's strategy, group and flat sizes. */
 typedef struct coll {
@@ -293,11 +273,10 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_ddp_t *ddp = NULL;
     fsdp_optim_t *ref_opt = NULL, *opt = NULL, *ddp_opt = NULL;
     fsdp_named_list_t ref_params = {0}, params = {0}, full = {0}, ddp_params = {0};
-    double *d = NULL;
     fsdp_tensor_t *in[2] = {NULL, NULL}, *loss = NULL;
     fsdp_unit_t **units = NULL;
     size_t nall = 0;
-    double *a = NULL, *b = NULL;
+    fu_vals_t a = {0}, b = {0}, d = {0}; /* full parameters: FSDP's, the replica's, DDP's */
     groups_t g = {0};
     fsdp_pg_t *world = fsdp_ctx_pg(ctx);
     int rc;
@@ -526,26 +505,24 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
 
     /* Full parameters against the reference. */
     if (!out->err[0]) {
-        size_t na = 0, nb = 0;
         if ((rc = fu_summon_nowb(root)) < 0) {
             fail(out, ctx, "summon", rc);
             goto done;
         }
         rc = fsdp_module_named_params(m, false, &full);
-        if (rc == 0) rc = values(&full, &a, &na);
-        if (rc == 0) rc = values(&ref_params, &b, &nb);
-        size_t nd = 0;
-        if (rc == 0) rc = values(&ddp_params, &d, &nd);
-        if (rc == 0 && nd != nb) rc = FSDP_EINTERNAL;
+        if (rc == 0) rc = fu_list_values(&full, false, &a);
+        if (rc == 0) rc = fu_list_values(&ref_params, false, &b);
+        if (rc == 0) rc = fu_list_values(&ddp_params, false, &d);
+        if (rc == 0 && d.n != b.n) rc = FSDP_EINTERNAL;
         int rc2 = fsdp_summon_end(root);
         if (rc == 0) rc = rc2;
         if (rc < 0) {
             fail(out, ctx, "gathering full parameters", rc);
             goto done;
         }
-        if (na != nb || full.n != ref_params.n) {
+        if (a.n != b.n || full.n != ref_params.n) {
             snprintf(out->err, sizeof out->err, "rank %d: %zu full parameters (%zu elements), "
-                     "reference %zu (%zu)", rank, full.n, na, ref_params.n, nb);
+                     "reference %zu (%zu)", rank, full.n, a.n, ref_params.n, b.n);
             goto done;
         }
         for (size_t i = 0; i < full.n; i++)
@@ -555,10 +532,10 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
                 goto done;
             }
         uint64_t h = 1469598103934665603ull;
-        for (size_t i = 0; i < na; i++) {
-            double cl = fmax(closeness(a[i], b[i]), closeness(a[i], d[i]));
+        for (size_t i = 0; i < a.n; i++) {
+            double cl = fmax(closeness(a.v[i], b.v[i]), closeness(a.v[i], d.v[i]));
             if (cl > out->worst_param || isnan(cl)) out->worst_param = isnan(cl) ? INFINITY : cl;
-            float f = (float)a[i];
+            float f = (float)a.v[i];
             uint32_t bits;
             memcpy(&bits, &f, 4);
             h = (h ^ bits) * 1099511628211ull;
@@ -567,9 +544,9 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     }
 done:
     free(units);
-    free(a);
-    free(b);
-    free(d);
+    fu_vals_free(&a);
+    fu_vals_free(&b);
+    fu_vals_free(&d);
     fsdp_named_list_free(&ddp_params);
     fsdp_optim_destroy(ddp_opt);
     fsdp_ddp_destroy(ddp);
@@ -742,8 +719,7 @@ static void exec_order_tests(void) {
            ok.rc[0], ok.rc[1], ok.msg[0]);
 }
 
-int main(int argc, char **argv) {
-    (void)argc, (void)argv;
+int main(void) {
     tap_plan_lazy();
     /* The seed-000 axes. */
     const fsdp_sharding_strategy_t *strategies = fu_strategies;

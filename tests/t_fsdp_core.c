@@ -49,10 +49,7 @@ static int pi_rank(fsdp_ctx_t *ctx, void *arg) {
         goto done;
     }
     for (int i = 0; i < 3; i++)
-        if ((rc = fu_transformer_forward(ctx, m[i], &out[i], NULL)) < 0) {
-            fu_fatal(r, ctx, "forward", rc);
-            goto done;
-        }
+        FU_TRY(done, "forward", fu_transformer_forward(ctx, m[i], &out[i], NULL));
     int same = fu_same_bits(out[0], out[2]);
     fu_ck(r, same == 1, "control: an unchanged twin gives bitwise the same output",
           "same_bits returned %d", same);
@@ -96,20 +93,15 @@ static int ng_rank(fsdp_ctx_t *ctx, void *arg) {
     if (!fu_ck(r, n == 5, "5 units", "%zu units", n)) goto done;
     for (size_t i = 0; i < n; i++)
         post_mult[i] = 1;
-    if ((rc = fu_watch_units(u, n, w)) < 0) {
-        fu_fatal(r, ctx, "adding backward hooks", rc);
-        goto done;
-    }
+    FU_TRY(done, "adding backward hooks", fu_watch_units(u, n, w));
     fu_ck(r, fsdp_module_is_training(m), "the model trains with dropout", "it is in eval mode");
 
     /* One training step. */
     fsdp_optim_zero_grad(opt, true);
-    if ((rc = fu_transformer_forward(ctx, m, &out, &tgt)) < 0 ||
-        (rc = tm_transformer_loss(tgt, out, &loss)) < 0 || (rc = fsdp_backward(loss, NULL)) < 0 ||
-        (rc = fsdp_optim_step(opt)) < 0) {
-        fu_fatal(r, ctx, "training step", rc);
-        goto done;
-    }
+    FU_TRY(done, "training step", fu_transformer_forward(ctx, m, &out, &tgt));
+    FU_TRY(done, "training step", tm_transformer_loss(tgt, out, &loss));
+    FU_TRY(done, "training step", fsdp_backward(loss, NULL));
+    FU_TRY(done, "training step", fsdp_optim_step(opt));
     fsdp_tensor_release(out);
     fsdp_tensor_release(tgt);
     fsdp_tensor_release(loss);
@@ -119,10 +111,7 @@ static int ng_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_module_train(m, false);
     fsdp_unit_get_stats(root, &s0);
     size_t tape0 = fsdp_tape_size(ctx);
-    if ((rc = fu_no_grad_forward(ctx, m, &ng)) < 0) {
-        fu_fatal(r, ctx, "no-grad forward", rc);
-        goto done;
-    }
+    FU_TRY(done, "no-grad forward", fu_no_grad_forward(ctx, m, &ng));
     fu_ck(r, tape0 == 0 && fsdp_tape_size(ctx) == 0,
           "CORE-NG-01: a no-grad forward records nothing on the tape",
           "tape size %zu before, %zu after", tape0, fsdp_tape_size(ctx));
@@ -136,10 +125,7 @@ static int ng_rank(fsdp_ctx_t *ctx, void *arg) {
           "CORE-NG-01: a no-grad forward registers no backward hooks", "%s", why);
 
     /* Eval mode with grad on: records, and must compute the same. */
-    if ((rc = fu_transformer_forward(ctx, m, &ev, NULL)) < 0) {
-        fu_fatal(r, ctx, "eval forward", rc);
-        goto done;
-    }
+    FU_TRY(done, "eval forward", fu_transformer_forward(ctx, m, &ev, NULL));
     fu_ck(r, fsdp_tape_size(ctx) > 0 && fsdp_tensor_requires_grad(ev),
           "control: the eval forward with grad on recorded its graph", "tape size %zu",
           fsdp_tape_size(ctx));
@@ -158,19 +144,15 @@ static int ng_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_tape_clear(ctx);
     fsdp_module_train(m, true);
     fsdp_optim_zero_grad(opt, true);
-    if ((rc = fu_transformer_forward(ctx, m, &out, &tgt)) < 0 ||
-        (rc = tm_transformer_loss(tgt, out, &loss)) < 0) {
-        fu_fatal(r, ctx, "forward after the dropped eval graph", rc);
-        goto done;
-    }
+    FU_TRY(done, "forward after the dropped eval graph",
+           fu_transformer_forward(ctx, m, &out, &tgt));
+    FU_TRY(done, "forward after the dropped eval graph", tm_transformer_loss(tgt, out, &loss));
     fu_ck(r, fu_counters_are(u, n, post_mult, 3, why, sizeof why),
           "after a forward whose graph was dropped (fsdp_tape_clear), the next forward registers "
           "pre- and post-backward again",
           "%s", why);
-    if ((rc = fsdp_backward(loss, NULL)) < 0 || (rc = fsdp_optim_step(opt)) < 0) {
-        fu_fatal(r, ctx, "training step after the dropped eval graph", rc);
-        goto done;
-    }
+    FU_TRY(done, "training step after the dropped eval graph", fsdp_backward(loss, NULL));
+    FU_TRY(done, "training step after the dropped eval graph", fsdp_optim_step(opt));
     fu_ck(r, fu_watched(w, n, 2, why, sizeof why),
           "after a dropped eval graph, backward frees each unit when it leaves it (not only in the "
           "final callback)",
@@ -183,11 +165,7 @@ done:
     fsdp_tensor_release(loss);
     fsdp_tensor_release(ng);
     fsdp_tensor_release(ev);
-    fsdp_tape_clear(ctx);
-    free(u);
-    fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
-    fsdp_module_release(m);
+    fu_teardown(ctx, m, root, u, opt);
     return rc;
 }
 
@@ -201,25 +179,6 @@ static int tied_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int
 }
 
 static const fsdp_module_ops_t tied_ops = {"Tied", tied_forward, NULL};
-
-/* Sequential(Linear(3, 3), Linear(3, 3)) seeded 0 (so two builds are equal). */
-static int seq2(fsdp_ctx_t *ctx, fsdp_module_t **out) {
-    fsdp_module_t *m = NULL, *l = NULL;
-    tm_manual_seed(ctx, 0);
-    int rc = fsdp_sequential_create(ctx, &m);
-    for (int i = 0; i < 2 && rc == 0; i++) {
-        rc = fsdp_linear_create(ctx, 3, 3, true, &l);
-        if (rc == 0) rc = fsdp_module_append(m, l);
-        fsdp_module_release(l);
-        l = NULL;
-    }
-    if (rc < 0) {
-        fsdp_module_release(m);
-        m = NULL;
-    }
-    *out = m;
-    return rc;
-}
 
 /* Sequential(Linear(3, 3), Tied) where Tied's tied_w is the Linear's weight. */
 static int tied_model(fsdp_ctx_t *ctx, fsdp_module_t **out) {
@@ -241,23 +200,12 @@ static int tied_model(fsdp_ctx_t *ctx, fsdp_module_t **out) {
     return rc;
 }
 
-static fsdp_tensor_t *test_input(fsdp_ctx_t *ctx) {
-    const int64_t xs[2] = {2, 3};
-    fsdp_tensor_t *x = NULL;
-    tm_manual_seed(ctx, 17);
-    if (fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, xs, FSDP_MEM_ACTIVATIONS, &x) < 0) return NULL;
-    if (fsdp_tensor_uniform_(x, -1.0, 1.0) < 0) {
-        fsdp_tensor_release(x);
-        return NULL;
-    }
-    return x;
-}
-
 /* Forward of m and of ref on the same input agree (fp32 tolerance): 1, 0, or -1 on failure. */
 static int forward_matches(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_module_t *ref) {
-    fsdp_tensor_t *x = test_input(ctx), *a = NULL, *b = NULL;
+    fsdp_tensor_t *x = NULL, *a = NULL, *b = NULL;
     int res = -1;
-    if (x && fsdp_module_forward1(m, x, &a) == 0 && fsdp_module_forward1(ref, x, &b) == 0) {
+    if (fu_rand_input(ctx, 17, 2, 3, &x) == 0 && fsdp_module_forward1(m, x, &a) == 0 &&
+        fsdp_module_forward1(ref, x, &b) == 0) {
         double c = fu_tensor_closeness(a, b, FU_F32_RTOL, FU_F32_ATOL);
         res = c >= 0 && c <= 1.0;
     }
@@ -293,7 +241,7 @@ static int err_rank(fsdp_ctx_t *ctx, void *arg) {
           "rc %s, out %p", fsdp_err_name(rc), (void *)u);
     u = NULL;
 
-    if ((rc = seq2(ctx, &m)) < 0 || (rc = seq2(ctx, &ref)) < 0) {
+    if ((rc = fu_linear_stack(ctx, 2, 3, &m)) < 0 || (rc = fu_linear_stack(ctx, 2, 3, &ref)) < 0) {
         ret = fu_fatal(r, ctx, "building Sequential(Linear, Linear)", rc);
         goto done;
     }
@@ -353,7 +301,7 @@ static int err_rank(fsdp_ctx_t *ctx, void *arg) {
     m = NULL;
 
     /* Mixed dtypes. */
-    if ((rc = seq2(ctx, &m)) < 0) {
+    if ((rc = fu_linear_stack(ctx, 2, 3, &m)) < 0) {
         ret = fu_fatal(r, ctx, "building Sequential(Linear, Linear)", rc);
         goto done;
     }
@@ -481,26 +429,15 @@ done:
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
-int main(int argc, char **argv) {
-    (void)argc, (void)argv;
+int main(void) {
     tap_plan_lazy();
     for (int w = 2; w <= 3; w++) {
-        fu_job_t *j = fu_job_new("CORE-PI-01 FULL_SHARD", w, FSDP_FULL_SHARD, false);
-        fu_run_job(j, pi_rank);
-        free(j);
-        j = fu_job_new("CORE-PI-01 FULL_SHARD use_orig_params", w, FSDP_FULL_SHARD, true);
-        fu_run_job(j, pi_rank);
-        free(j);
-        j = fu_job_new("CORE-NG-01 TransformerWithSharedParams FULL_SHARD", w, FSDP_FULL_SHARD,
-                       false);
-        fu_run_job(j, ng_rank);
-        free(j);
+        fu_run("CORE-PI-01 FULL_SHARD", w, FSDP_FULL_SHARD, false, pi_rank);
+        fu_run("CORE-PI-01 FULL_SHARD use_orig_params", w, FSDP_FULL_SHARD, true, pi_rank);
+        fu_run("CORE-NG-01 TransformerWithSharedParams FULL_SHARD", w, FSDP_FULL_SHARD, false,
+               ng_rank);
     }
-    for (int orig = 0; orig < 2; orig++) {
-        fu_job_t *j = fu_job_new(orig ? "fsdp_wrap errors use_orig_params" : "fsdp_wrap errors", 2,
-                                 FSDP_FULL_SHARD, orig);
-        fu_run_job(j, err_rank);
-        free(j);
-    }
+    fu_run("fsdp_wrap errors", 2, FSDP_FULL_SHARD, false, err_rank);
+    fu_run("fsdp_wrap errors use_orig_params", 2, FSDP_FULL_SHARD, true, err_rank);
     return tap_done();
 }

@@ -31,11 +31,10 @@
  * wrap time (CUDA_BEFORE + offload, refused by fsdp_wrap) needs a CUDA device and is not built
  * here.
  *
- * Ranks are threads of a sim run. Every rank makes the same checks in the same order into its
- * own log; the main thread prints one TAP line per check, passing when every rank passed it.
+ * Ranks are threads of a sim run. The rank functions record checks per rank and fu_run_job()
+ * prints one TAP line per check (see fsdp_util.h).
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,161 +43,51 @@
 #include <fsdp.h>
 
 #include "fsdp/fsdp_impl.h"
+#include "fsdp_util.h"
 #include "models/models.h"
 #include "tap.h"
 
-#define MAXR 3
-#define MAXC 64
 #define STEPS 2
 
-/* ---- per-rank check logs (as t_fsdp_summon.c) ------------------------------------------------ */
-
-typedef struct check {
-    char name[200];
-    bool ok;
-    char why[600];
-} check_t;
-
-typedef struct ranklog {
-    int n;
-    check_t c[MAXC];
-} ranklog_t;
-
-typedef struct job {
-    const char *title;
-    int world;
-    fsdp_sharding_strategy_t strategy;
-    bool orig;   /* use_orig_params */
-    bool mp;     /* bf16 parameters */
-    bool every;  /* every unit gets options.device (else nested units take the root's) */
-    bool errors; /* the error-path job instead of training */
-    ranklog_t log[MAXR];
-} job_t;
-
-static bool ck(ranklog_t *L, bool ok, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static bool ck(ranklog_t *L, bool ok, const char *name, const char *fmt, ...) {
-    if (L->n >= MAXC) return ok;
-    check_t *c = &L->c[L->n++];
-    snprintf(c->name, sizeof c->name, "%s", name);
-    c->ok = ok;
-    c->why[0] = 0;
-    if (!ok) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->why, sizeof c->why, fmt, ap);
-        va_end(ap);
-    }
-    return ok;
-}
-
-#define TRY(label, what, call)                                                                     \
-    do {                                                                                           \
-        rc = (call);                                                                               \
-        if (rc < 0) {                                                                              \
-            ck(L, false, what, "%s failed: %s (%s)", what, fsdp_err_name(rc),                      \
-               fsdp_ctx_last_error(ctx));                                                          \
-            goto label;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-static void run(job_t *j, fsdp_sim_fn fn) {
-    fsdp_sim_options_t so;
-    fsdp_sim_options_init(&so);
-    so.world_size = j->world;
-    so.seed = 11;
-    so.timeout_ms = 60000;
-    int st[MAXR] = {0}, n = 0;
-    int rc = fsdp_sim_run(&so, fn, j, st);
-    for (int r = 0; r < j->world; r++)
-        if (j->log[r].n > n) n = j->log[r].n;
-    for (int i = 0; i < n; i++) {
-        const char *name = "?";
-        bool ok = true;
-        for (int r = j->world - 1; r >= 0; r--) {
-            if (i >= j->log[r].n) {
-                ok = false;
-                continue;
-            }
-            name = j->log[r].c[i].name;
-            ok &= j->log[r].c[i].ok;
-        }
-        for (int r = 0; r < j->world && !ok; r++) {
-            if (i >= j->log[r].n)
-                tap_diag("rank %d did not get to this check", r);
-            else if (!j->log[r].c[i].ok)
-                tap_diag("rank %d: %s", r, j->log[r].c[i].why);
-        }
-        tap_ok(ok, "%s W=%d: %s", j->title, j->world, name);
-    }
-    bool done = rc == 0;
-    for (int r = 0; r < j->world; r++) {
-        if (st[r] != 0) tap_diag("rank %d returned %s", r, fsdp_err_name(st[r]));
-        done &= st[r] == 0;
-    }
-    tap_ok(done, "%s W=%d: every rank ran to the end", j->title, j->world);
-}
+/* A job of this file: the strategy, use_orig_params and mixed precision of fu_job_t, plus how
+ * the nested units get the device. */
+typedef struct dev_job {
+    fu_job_t base; /* first: rank functions get &base and cast back */
+    bool every;    /* every unit gets options.device (else nested units take the root's) */
+} dev_job_t;
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
-typedef struct vals {
-    double *v;
-    size_t n;
-} vals_t;
-
-static void vfree(vals_t *a) {
-    free(a->v);
-    *a = (vals_t){0};
-}
-
-/* The elements of every parameter (grads: of its gradient) of m's tree, concatenated; *all_on
- * (may be NULL) says whether every one of them is on dev. A missing gradient is FSDP_EINVAL. */
+/* fu_list_values() of the parameters of m's tree (grads: of their gradients, where a missing one
+ * is FSDP_EINVAL); *all_on (may be NULL) says whether every one of them is on dev. */
 static int module_values(const fsdp_module_t *m, bool grads, const fsdp_device_t *dev, bool *all_on,
-                         vals_t *out) {
+                         fu_vals_t *out) {
     fsdp_named_list_t l = {0};
     int rc = fsdp_module_named_params(m, false, &l);
-    vfree(out);
+    if (rc == 0) rc = fu_list_values(&l, grads, out);
     if (all_on) *all_on = true;
-    for (size_t i = 0; i < l.n; i++)
-        out->n += (size_t)fsdp_tensor_numel(l.tensors[i]);
-    if (rc == 0 && !(out->v = malloc((out->n ? out->n : 1) * sizeof *out->v))) rc = FSDP_ENOMEM;
-    size_t k = 0;
-    for (size_t i = 0; i < l.n && rc == 0; i++) {
+    for (size_t i = 0; i < l.n; i++) {
         const fsdp_tensor_t *t = grads ? fsdp_tensor_grad(l.tensors[i]) : l.tensors[i];
-        if (!t) rc = FSDP_EINVAL;
+        if (!t && rc == 0) rc = FSDP_EINVAL;
         if (all_on && t && fsdp_tensor_device(t) != dev) *all_on = false;
-        for (int64_t e = 0; e < fsdp_tensor_numel(l.tensors[i]) && rc == 0; e++)
-            rc = fsdp_tensor_item(t, e, &out->v[k++]);
     }
     fsdp_named_list_free(&l);
     return rc;
 }
 
-/* The value written into element k (in named order) of the full parameters. */
+/* The value written into element k (in named order) of the full parameters (fu_store_params). */
 static float pat(size_t k) {
     return (float)(0.25 + 1e-3 * (double)(k % 997));
 }
 
-/* Writes pat() into every parameter of m's tree (full tensors while summoned). */
-static int store_pattern(fsdp_module_t *m) {
-    fsdp_named_list_t l = {0};
-    int rc = fsdp_module_named_params(m, false, &l);
-    size_t k = 0;
-    for (size_t i = 0; i < l.n && rc == 0; i++) {
-        int64_t n = fsdp_tensor_numel(l.tensors[i]);
-        float *f = malloc((size_t)(n ? n : 1) * sizeof *f);
-        if (!f) rc = FSDP_ENOMEM;
-        for (int64_t e = 0; e < n && rc == 0; e++)
-            f[e] = pat(k++);
-        if (rc == 0) rc = fsdp_tensor_copy_from_host(l.tensors[i], f, (size_t)n * sizeof *f);
-        free(f);
-    }
-    fsdp_named_list_free(&l);
-    return rc;
+static int pat_at(void *arg, size_t p, int64_t e, size_t k, float *v) {
+    (void)arg, (void)p, (void)e;
+    *v = pat(k);
+    return FSDP_OK;
 }
 
 /* Bitwise equality of two value lists; the first difference into why. */
-static bool same_vals(const vals_t *a, const vals_t *b, char *why, size_t len) {
+static bool same_vals(const fu_vals_t *a, const fu_vals_t *b, char *why, size_t len) {
     if (a->n != b->n) {
         snprintf(why, len, "%zu values, want %zu", a->n, b->n);
         return false;
@@ -206,6 +95,18 @@ static bool same_vals(const vals_t *a, const vals_t *b, char *why, size_t len) {
     for (size_t i = 0; i < a->n; i++)
         if (memcmp(&a->v[i], &b->v[i], sizeof a->v[i]) != 0) {
             snprintf(why, len, "first difference at %zu: %.9g vs %.9g", i, a->v[i], b->v[i]);
+            return false;
+        }
+    return true;
+}
+
+/* Bitwise equality of a per-step series (`what`: loss or norm) with REF's; the first
+ * difference into why. */
+static bool same_steps(const double *a, const double *ref, const char *what, char *why,
+                       size_t len) {
+    for (int s = 0; s < STEPS; s++)
+        if (memcmp(&a[s], &ref[s], sizeof a[s]) != 0) {
+            snprintf(why, len, "step %d: %s %.9g, REF %.9g", s, what, a[s], ref[s]);
             return false;
         }
     return true;
@@ -235,8 +136,8 @@ static const char *const vname[V_COUNT] = {"REF", "MOVE (F07 device)", "OFF (F08
 
 typedef struct result {
     double loss[STEPS], norm[STEPS];
-    vals_t params;
-    vals_t grads; /* use_orig_params: the full gradients of the last step (summon with_grads) */
+    fu_vals_t params;
+    fu_vals_t grads; /* use_orig_params: the full gradients of the last step (summon with_grads) */
 } result_t;
 
 /* A forward pre-hook on a managed Linear, run after the unit's own: what the module computes
@@ -299,17 +200,6 @@ static bool units_on(const fsdp_unit_t *root, const fsdp_device_t *flat_dev,
     return ok;
 }
 
-static bool all_idle(const fsdp_unit_t *root) {
-    fsdp_unit_t **units = NULL;
-    size_t nu = 0;
-    bool ok = fsdp_units(root, &units, &nu) == 0;
-    for (size_t i = 0; i < nu && ok; i++)
-        ok = fsdp_unit_state(units[i]) == FSDP_STATE_IDLE &&
-             (!fsdp_unit_is_unsharded(units[i]) || fsdp_unit_strategy(units[i]) == FSDP_NO_SHARD);
-    free(units);
-    return ok;
-}
-
 /* Adds a persistent f32 buffer `name` of 3 elements (value v) to m, on the context's device. */
 static int add_buffer(fsdp_ctx_t *ctx, fsdp_module_t *m, const char *name, double v) {
     const int64_t n[1] = {3};
@@ -320,21 +210,14 @@ static int add_buffer(fsdp_ctx_t *ctx, fsdp_module_t *m, const char *name, doubl
     return rc;
 }
 
-static void wrap_options(const job_t *j, int v, fsdp_device_t *A, fsdp_options_t *o) {
-    fsdp_options_init(o);
-    o->strategy = j->strategy;
-    o->use_orig_params = j->orig;
-    o->check_exec_order = true;
+static void wrap_options(const dev_job_t *j, int v, fsdp_device_t *A, fsdp_options_t *o) {
+    fu_job_options(&j->base, o);
     o->cpu_offload = v == V_OFF;
     o->device = v == V_REF ? NULL : A;
-    if (j->mp) {
-        o->mixed_precision.enabled = true;
-        o->mixed_precision.param_dtype = FSDP_DTYPE_BF16;
-    }
 }
 
 /* NestedWrappedModule with buffers, built on `build`, wrapped for variant v. */
-static int build_wrapped(fsdp_ctx_t *ctx, const job_t *j, int v, fsdp_device_t *build,
+static int build_wrapped(fsdp_ctx_t *ctx, const dev_job_t *j, int v, fsdp_device_t *build,
                          fsdp_device_t *A, fsdp_module_t **m, fsdp_unit_t **root) {
     static const char *const inner[] = {"module.1.0", "module.1", "module.2"};
     fsdp_options_t o, oi;
@@ -353,14 +236,13 @@ static int build_wrapped(fsdp_ctx_t *ctx, const job_t *j, int v, fsdp_device_t *
     return rc;
 }
 
-static int train(fsdp_ctx_t *ctx, job_t *j, int v, fsdp_device_t *A, fsdp_device_t *H,
+static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_device_t *H,
                  result_t *res) {
-    ranklog_t *L = &j->log[fsdp_ctx_rank(ctx)];
+    fu_res_t *r = fu_res_of(&j->base, ctx);
     fsdp_device_t *build = v == V_REF ? A : H;
     fsdp_module_t *m = NULL;
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
-    fsdp_named_list_t np = {0};
     fsdp_tensor_t *x = NULL, *y = NULL, *loss = NULL;
     probe_t probe[2] = {{A, 8 * 4, 0, 0}, {A, 16 * 4, 0, 0}};
     fsdp_module_t *probed[2] = {NULL, NULL};
@@ -369,101 +251,95 @@ static int train(fsdp_ctx_t *ctx, job_t *j, int v, fsdp_device_t *A, fsdp_device
     fsdp_mem_stats_t ms;
     int rc = FSDP_OK;
 
-    TRY(out, "building and wrapping", build_wrapped(ctx, j, v, build, A, &m, &root));
+    FU_TRY(out, "building and wrapping", build_wrapped(ctx, j, v, build, A, &m, &root));
     if (v != V_REF) {
         snprintf(name, sizeof name, "%s: original parameters on %s after wrap", vname[v],
                  v == V_OFF ? "the host H" : "the device A");
-        ck(L, tree_on(m, false, v == V_OFF ? H : A, why, sizeof why), name, "%s", why);
+        fu_ck(r, tree_on(m, false, v == V_OFF ? H : A, why, sizeof why), name, "%s", why);
         snprintf(name, sizeof name, "%s: buffers moved to A", vname[v]);
-        ck(L, tree_on(m, true, A, why, sizeof why), name, "%s", why);
+        fu_ck(r, tree_on(m, true, A, why, sizeof why), name, "%s", why);
         snprintf(name, sizeof name, "%s: flat parameters on %s, unsharded ones on A", vname[v],
                  v == V_OFF ? "H" : "A");
-        ck(L, units_on(root, v == V_OFF ? H : A, A, false, why, sizeof why), name, "%s", why);
+        fu_ck(r, units_on(root, v == V_OFF ? H : A, A, false, why, sizeof why), name, "%s", why);
     }
     fsdp_mem_get_stats(ctx, &ms);
     if (v == V_OFF) {
-        ck(L, ms.current[FSDP_MEM_OFFLOAD] == shard_bytes(root),
-           "OFF (F08 offload): FSDP_MEM_OFFLOAD holds exactly the shards after wrap",
-           "%zu bytes, shards %zu", ms.current[FSDP_MEM_OFFLOAD], shard_bytes(root));
+        fu_ck(r, ms.current[FSDP_MEM_OFFLOAD] == shard_bytes(root),
+              "OFF (F08 offload): FSDP_MEM_OFFLOAD holds exactly the shards after wrap",
+              "%zu bytes, shards %zu", ms.current[FSDP_MEM_OFFLOAD], shard_bytes(root));
     }
 
     /* Train on A: the context's device is the compute device (torch.cuda.set_device). */
-    TRY(out, "fsdp_ctx_set_device(A)", fsdp_ctx_set_device(ctx, A));
+    FU_TRY(out, "fsdp_ctx_set_device(A)", fsdp_ctx_set_device(ctx, A));
     const char *paths[2] = {"module.0", "module.1.0"};
     for (int i = 0; i < 2; i++) {
         probed[i] = fsdp_module_child(m, paths[i]);
-        TRY(out, "adding the probe",
-            fsdp_module_add_forward_pre_hook(probed[i], probe_hook, &probe[i], &hooks[i]));
+        FU_TRY(out, "adding the probe",
+               fsdp_module_add_forward_pre_hook(probed[i], probe_hook, &probe[i], &hooks[i]));
     }
-    fsdp_sgd_options_t so;
-    fsdp_sgd_options_init(&so);
-    so.lr = 0.05;
-    so.momentum = 0.9;
-    TRY(out, "fsdp_named_params", fsdp_named_params(root, &np));
-    TRY(out, "creating SGD", fsdp_optim_sgd_create(ctx, &so, &opt));
-    TRY(out, "adding the parameters",
-        fsdp_optim_add_group(opt, np.n, np.tensors, (const char *const *)np.names, NULL, NULL));
+    FU_TRY(out, "SGD over fsdp_named_params", fu_make_fsdp_sgd(ctx, root, 0.05, 0.9, &opt));
     bool idle = true, grads_ok = true, mem_ok = true;
     for (int s = 0; s < STEPS; s++) {
         /* The input is made on the build device: the root moves it to A. */
-        TRY(out, "fsdp_ctx_set_device(build)", fsdp_ctx_set_device(ctx, build));
-        TRY(out, "making the input", tm_nested_wrapped_get_input(ctx, &x));
-        TRY(out, "fsdp_ctx_set_device(A)", fsdp_ctx_set_device(ctx, A));
-        TRY(out, "forward", fsdp_module_forward1(m, x, &y));
-        TRY(out, "loss", tm_sum_loss(y, &loss));
-        TRY(out, "reading the loss", fsdp_tensor_item(loss, 0, &res->loss[s]));
-        TRY(out, "backward", fsdp_backward(loss, NULL));
+        FU_TRY(out, "fsdp_ctx_set_device(build)", fsdp_ctx_set_device(ctx, build));
+        FU_TRY(out, "making the input", tm_nested_wrapped_get_input(ctx, &x));
+        FU_TRY(out, "fsdp_ctx_set_device(A)", fsdp_ctx_set_device(ctx, A));
+        FU_TRY(out, "forward", fsdp_module_forward1(m, x, &y));
+        FU_TRY(out, "loss", tm_sum_loss(y, &loss));
+        FU_TRY(out, "reading the loss", fsdp_tensor_item(loss, 0, &res->loss[s]));
+        FU_TRY(out, "backward", fsdp_backward(loss, NULL));
         if (v != V_REF && !units_on(root, v == V_OFF ? H : A, A, true, why, sizeof why)) {
             grads_ok = false;
-            ck(L, false, "sharded gradients where the shards are", "step %d: %s", s, why);
+            fu_ck(r, false, "sharded gradients where the shards are", "step %d: %s", s, why);
         }
         fsdp_mem_get_stats(ctx, &ms);
         size_t want = v == V_OFF ? 2 * shard_bytes(root) : 0;
         if (ms.current[FSDP_MEM_OFFLOAD] != want) {
             mem_ok = false;
-            ck(L, false, "FSDP_MEM_OFFLOAD after backward", "step %d: %zu bytes, want %zu", s,
-               ms.current[FSDP_MEM_OFFLOAD], want);
+            fu_ck(r, false, "FSDP_MEM_OFFLOAD after backward", "step %d: %zu bytes, want %zu", s,
+                  ms.current[FSDP_MEM_OFFLOAD], want);
         }
-        TRY(out, "clip_grad_norm", fsdp_unit_clip_grad_norm(root, 0.5, 2.0, &res->norm[s]));
-        if (j->orig && s == STEPS - 1) {
+        FU_TRY(out, "clip_grad_norm", fsdp_unit_clip_grad_norm(root, 0.5, 2.0, &res->norm[s]));
+        if (j->base.orig && s == STEPS - 1) {
             /* summon with_grads: an offloaded gradient is gathered on A. */
             fsdp_summon_options_t sg;
             fsdp_summon_options_init(&sg);
             sg.writeback = false;
             sg.with_grads = true;
             bool on = false;
-            TRY(out, "summon with_grads", fsdp_summon_begin(root, &sg));
+            FU_TRY(out, "summon with_grads", fsdp_summon_begin(root, &sg));
             rc = module_values(m, true, A, &on, &res->grads);
             int rc2 = fsdp_summon_end(root);
-            TRY(out, "reading the full gradients", rc ? rc : rc2);
+            FU_TRY(out, "reading the full gradients", rc ? rc : rc2);
             snprintf(name, sizeof name, "%s: summon with_grads shows full gradients on A",
                      vname[v]);
-            ck(L, on, name, "a gradient is not on A");
+            fu_ck(r, on, name, "a gradient is not on A");
         }
-        TRY(out, "optimizer step", fsdp_optim_step(opt));
-        TRY(out, "zero_grad", fsdp_optim_zero_grad(opt, false));
-        idle &= all_idle(root);
+        FU_TRY(out, "optimizer step", fsdp_optim_step(opt));
+        FU_TRY(out, "zero_grad", fsdp_optim_zero_grad(opt, false));
+        idle &= fu_tree_idle(root);
         fsdp_tensor_release(loss);
         fsdp_tensor_release(y);
         fsdp_tensor_release(x);
         loss = y = x = NULL;
     }
     snprintf(name, sizeof name, "%s: every unit idle and resharded after each step", vname[v]);
-    ck(L, idle, name, "a unit was left running or unsharded");
+    fu_ck(r, idle, name, "a unit was left running or unsharded");
     if (v != V_REF) {
         snprintf(name, sizeof name, "%s: sharded gradients stay on %s after each backward",
                  vname[v], v == V_OFF ? "H" : "A");
-        if (grads_ok) ck(L, true, name, "-");
+        if (grads_ok) fu_ck(r, true, name, "-");
         snprintf(name, sizeof name, "%s: FSDP_MEM_OFFLOAD holds %s after each backward", vname[v],
                  v == V_OFF ? "exactly shards and gradients" : "nothing");
-        if (mem_ok) ck(L, true, name, "-");
+        if (mem_ok) fu_ck(r, true, name, "-");
         snprintf(name, sizeof name,
                  "%s: during forward the modules compute with unsharded parameters and inputs "
                  "on A",
                  vname[v]);
-        ck(L, probe[0].calls == STEPS && probe[1].calls == STEPS && !probe[0].bad && !probe[1].bad,
-           name, "probe calls %d/%d, bad %d/%d", probe[0].calls, probe[1].calls, probe[0].bad,
-           probe[1].bad);
+        fu_ck(r,
+              probe[0].calls == STEPS && probe[1].calls == STEPS && !probe[0].bad && !probe[1].bad,
+              name, "probe calls %d/%d, bad %d/%d", probe[0].calls, probe[1].calls, probe[0].bad,
+              probe[1].bad);
     }
 
     /* The full parameters (summon without writeback; with offload they are unsharded on A). */
@@ -471,49 +347,49 @@ static int train(fsdp_ctx_t *ctx, job_t *j, int v, fsdp_device_t *A, fsdp_device
     fsdp_summon_options_init(&sm);
     sm.writeback = false;
     bool on = false;
-    TRY(out, "summon", fsdp_summon_begin(root, &sm));
+    FU_TRY(out, "summon", fsdp_summon_begin(root, &sm));
     rc = module_values(m, false, A, &on, &res->params);
     int rc2 = fsdp_summon_end(root);
-    TRY(out, "reading the full parameters", rc ? rc : rc2);
+    FU_TRY(out, "reading the full parameters", rc ? rc : rc2);
     snprintf(name, sizeof name, "%s: summoned full parameters on A", vname[v]);
-    ck(L, on, name, "a full parameter is not on A");
+    fu_ck(r, on, name, "a full parameter is not on A");
     /* offload_to_cpu: on the offload host H with offload, else on the (host-kind) device A. */
     sm.offload_to_cpu = true;
-    vals_t host = {0};
-    TRY(out, "summon offload_to_cpu", fsdp_summon_begin(root, &sm));
+    fu_vals_t host = {0};
+    FU_TRY(out, "summon offload_to_cpu", fsdp_summon_begin(root, &sm));
     rc = module_values(m, false, v == V_OFF ? H : A, &on, &host);
     rc2 = fsdp_summon_end(root);
     if (rc == 0) rc = rc2;
-    if (rc < 0) vfree(&host);
-    TRY(out, "reading the offloaded full parameters", rc);
+    if (rc < 0) fu_vals_free(&host);
+    FU_TRY(out, "reading the offloaded full parameters", rc);
     snprintf(name, sizeof name, "%s: summon offload_to_cpu shows the same values on %s", vname[v],
              v == V_OFF ? "H" : "A");
-    ck(L, on && same_vals(&host, &res->params, why, sizeof why), name, "%s",
-       on ? why : "a parameter is on the wrong device");
-    vfree(&host);
+    fu_ck(r, on && same_vals(&host, &res->params, why, sizeof why), name, "%s",
+          on ? why : "a parameter is on the wrong device");
+    fu_vals_free(&host);
 
     /* summon with writeback: each rank's part of a change reaches its shard (on H with
      * offload), and the next summon shows it. */
     sm.offload_to_cpu = false;
     sm.writeback = true;
-    TRY(out, "summon writeback", fsdp_summon_begin(root, &sm));
-    rc = store_pattern(m);
+    FU_TRY(out, "summon writeback", fsdp_summon_begin(root, &sm));
+    rc = fu_store_params(m, pat_at, NULL);
     rc2 = fsdp_summon_end(root);
-    TRY(out, "writing the full parameters", rc ? rc : rc2);
+    FU_TRY(out, "writing the full parameters", rc ? rc : rc2);
     sm.writeback = false;
-    TRY(out, "summon", fsdp_summon_begin(root, &sm));
+    FU_TRY(out, "summon", fsdp_summon_begin(root, &sm));
     rc = module_values(m, false, NULL, NULL, &host);
     rc2 = fsdp_summon_end(root);
     if (rc == 0) rc = rc2;
-    if (rc < 0) vfree(&host);
-    TRY(out, "reading the written parameters", rc);
+    if (rc < 0) fu_vals_free(&host);
+    FU_TRY(out, "reading the written parameters", rc);
     size_t bad = 0;
     while (bad < host.n && host.v[bad] == (double)pat(bad))
         bad++;
     snprintf(name, sizeof name, "%s: a summon writeback reaches the shards", vname[v]);
-    ck(L, host.n > 0 && bad == host.n, name, "element %zu of %zu reads %.9g, wrote %.9g", bad,
-       host.n, bad < host.n ? host.v[bad] : 0.0, bad < host.n ? (double)pat(bad) : 0.0);
-    vfree(&host);
+    fu_ck(r, host.n > 0 && bad == host.n, name, "element %zu of %zu reads %.9g, wrote %.9g", bad,
+          host.n, bad < host.n ? host.v[bad] : 0.0, bad < host.n ? (double)pat(bad) : 0.0);
+    fu_vals_free(&host);
 out:
     for (int i = 0; i < 2; i++)
         if (hooks[i] > 0) fsdp_module_remove_hook(probed[i], hooks[i]);
@@ -522,7 +398,6 @@ out:
     fsdp_tensor_release(x);
     fsdp_tape_clear(ctx);
     fsdp_optim_destroy(opt);
-    fsdp_named_list_free(&np);
     fsdp_destroy(root);
     fsdp_module_release(m);
     fsdp_ctx_set_device(ctx, NULL);
@@ -530,49 +405,37 @@ out:
 }
 
 static int train_rank(fsdp_ctx_t *ctx, void *arg) {
-    job_t *j = arg;
-    ranklog_t *L = &j->log[fsdp_ctx_rank(ctx)];
+    dev_job_t *j = arg;
+    fu_res_t *r = fu_res_of(&j->base, ctx);
     fsdp_device_t *A = NULL, *H = NULL;
     result_t res[V_COUNT];
     memset(res, 0, sizeof res);
     int rc = FSDP_OK;
-    TRY(out, "creating device A", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &A));
-    TRY(out, "creating device H", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &H));
+    FU_TRY(out, "creating device A", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &A));
+    FU_TRY(out, "creating device H", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &H));
     for (int v = 0; v < V_COUNT; v++)
         if ((rc = train(ctx, j, v, A, H, &res[v])) < 0) goto out;
     for (int v = V_MOVE; v < V_COUNT; v++) {
         char why[300] = "", name[200];
-        bool same = true;
-        for (int s = 0; s < STEPS && same; s++)
-            if (memcmp(&res[v].loss[s], &res[V_REF].loss[s], sizeof(double)) != 0) {
-                snprintf(why, sizeof why, "step %d: loss %.9g, REF %.9g", s, res[v].loss[s],
-                         res[V_REF].loss[s]);
-                same = false;
-            }
         snprintf(name, sizeof name, "%s: losses bitwise equal to REF (model built on A)", vname[v]);
-        ck(L, same, name, "%s", why);
-        same = true;
-        for (int s = 0; s < STEPS && same; s++)
-            if (memcmp(&res[v].norm[s], &res[V_REF].norm[s], sizeof(double)) != 0) {
-                snprintf(why, sizeof why, "step %d: norm %.9g, REF %.9g", s, res[v].norm[s],
-                         res[V_REF].norm[s]);
-                same = false;
-            }
+        fu_ck(r, same_steps(res[v].loss, res[V_REF].loss, "loss", why, sizeof why), name, "%s",
+              why);
         snprintf(name, sizeof name, "%s: clip_grad_norm totals bitwise equal to REF", vname[v]);
-        ck(L, same, name, "%s", why);
+        fu_ck(r, same_steps(res[v].norm, res[V_REF].norm, "norm", why, sizeof why), name, "%s",
+              why);
         snprintf(name, sizeof name, "%s: full parameters after %d steps bitwise equal to REF",
                  vname[v], STEPS);
-        ck(L, same_vals(&res[v].params, &res[V_REF].params, why, sizeof why), name, "%s", why);
-        if (j->orig) {
+        fu_ck(r, same_vals(&res[v].params, &res[V_REF].params, why, sizeof why), name, "%s", why);
+        if (j->base.orig) {
             snprintf(name, sizeof name, "%s: full gradients (with_grads) bitwise equal to REF",
                      vname[v]);
-            ck(L, same_vals(&res[v].grads, &res[V_REF].grads, why, sizeof why), name, "%s", why);
+            fu_ck(r, same_vals(&res[v].grads, &res[V_REF].grads, why, sizeof why), name, "%s", why);
         }
     }
 out:
     for (int v = 0; v < V_COUNT; v++) {
-        vfree(&res[v].params);
-        vfree(&res[v].grads);
+        fu_vals_free(&res[v].params);
+        fu_vals_free(&res[v].grads);
     }
     fsdp_ctx_set_device(ctx, NULL);
     fsdp_device_destroy(H);
@@ -582,33 +445,24 @@ out:
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
-/* rc must be FSDP_EINVAL with a message holding every key. */
-static void ck_einval(ranklog_t *L, fsdp_ctx_t *ctx, int rc, const char *k1, const char *k2,
-                      const char *name) {
-    const char *msg = fsdp_ctx_last_error(ctx);
-    ck(L, rc == FSDP_EINVAL && msg && strstr(msg, k1) && (!k2 || strstr(msg, k2)), name,
-       "rc %s, message \"%s\"; want EINVAL naming \"%s\"%s%s", fsdp_err_name(rc), msg ? msg : "",
-       k1, k2 ? " and " : "", k2 ? k2 : "");
-}
-
 /* Wraps NestedWrappedModule built on H (options as job j, variant v), moves `param` to `to`
  * and checks that the first forward is refused naming it and `key`, with nothing run. */
-static void refused_after_move(fsdp_ctx_t *ctx, ranklog_t *L, job_t *j, int v, fsdp_device_t *A,
+static void refused_after_move(fsdp_ctx_t *ctx, fu_res_t *r, dev_job_t *j, int v, fsdp_device_t *A,
                                fsdp_device_t *H, fsdp_device_t *to, const char *param,
                                const char *key, const char *name) {
     fsdp_module_t *m = NULL;
     fsdp_unit_t *root = NULL;
     fsdp_tensor_t *x = NULL, *y = NULL;
     int rc = FSDP_OK;
-    TRY(out, "building and wrapping", build_wrapped(ctx, j, v, H, A, &m, &root));
-    TRY(out, "fsdp_ctx_set_device(A)", fsdp_ctx_set_device(ctx, A));
-    TRY(out, "making the input", tm_nested_wrapped_get_input(ctx, &x));
+    FU_TRY(out, "building and wrapping", build_wrapped(ctx, j, v, H, A, &m, &root));
+    FU_TRY(out, "fsdp_ctx_set_device(A)", fsdp_ctx_set_device(ctx, A));
+    FU_TRY(out, "making the input", tm_nested_wrapped_get_input(ctx, &x));
     /* The move PyTorch's `.cuda()` after wrapping makes (CUDA_AFTER). */
-    TRY(out, "moving the parameter", fsdp__tensor_move(fsdp_module_param(m, param), to));
+    FU_TRY(out, "moving the parameter", fsdp__tensor_move(fsdp_module_param(m, param), to));
     rc = fsdp_module_forward1(m, x, &y);
-    ck_einval(L, ctx, rc, key, param, name);
-    ck(L, all_idle(root) && fsdp_tape_size(ctx) == 0,
-       "after the refusal every unit is idle and sharded, nothing recorded", "state changed");
+    fu_ck_einval(r, ctx, rc, key, param, name);
+    fu_ck(r, fu_tree_idle(root) && fsdp_tape_size(ctx) == 0,
+          "after the refusal every unit is idle and sharded, nothing recorded", "state changed");
 out:
     fsdp_tensor_release(y);
     fsdp_tensor_release(x);
@@ -619,59 +473,60 @@ out:
 }
 
 static int error_rank(fsdp_ctx_t *ctx, void *arg) {
-    job_t *j = arg;
-    ranklog_t *L = &j->log[fsdp_ctx_rank(ctx)];
+    dev_job_t *j = arg;
+    fu_res_t *r = fu_res_of(&j->base, ctx);
     fsdp_device_t *A = NULL, *H = NULL, *other_dev = NULL;
     fsdp_ctx_t *other = NULL;
     fsdp_module_t *m = NULL;
     fsdp_unit_t *u = NULL;
     int rc = FSDP_OK;
-    TRY(out, "creating device A", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &A));
-    TRY(out, "creating device H", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &H));
+    FU_TRY(out, "creating device A", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &A));
+    FU_TRY(out, "creating device H", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &H));
 
     /* options.device of another context (another rank's device). */
-    TRY(out, "creating another context", fsdp_ctx_create(NULL, &other));
-    TRY(out, "creating its device", fsdp_device_create(other, FSDP_DEVICE_CPU, NULL, &other_dev));
-    TRY(out, "fsdp_ctx_set_device(H)", fsdp_ctx_set_device(ctx, H));
-    TRY(out, "building the model", tm_nested_wrapped_create(ctx, true, &m));
+    FU_TRY(out, "creating another context", fsdp_ctx_create(NULL, &other));
+    FU_TRY(out, "creating its device",
+           fsdp_device_create(other, FSDP_DEVICE_CPU, NULL, &other_dev));
+    FU_TRY(out, "fsdp_ctx_set_device(H)", fsdp_ctx_set_device(ctx, H));
+    FU_TRY(out, "building the model", tm_nested_wrapped_create(ctx, true, &m));
     fsdp_options_t o;
     fsdp_options_init(&o);
     o.device = other_dev;
     rc = fsdp_wrap(m, &o, &u);
-    ck_einval(L, ctx, rc, "options.device", "context",
-              "F07: options.device of another context is refused naming the option");
+    fu_ck_einval(r, ctx, rc, "options.device", "context",
+                 "F07: options.device of another context is refused naming the option");
     o.cpu_offload = true;
     rc = fsdp_wrap(m, &o, &u);
-    ck_einval(L, ctx, rc, "options.device", NULL, "F07: ... also with cpu_offload");
+    fu_ck_einval(r, ctx, rc, "options.device", NULL, "F07: ... also with cpu_offload");
     o.cpu_offload = false;
     o.wrap_types = (const char *const[]){"Linear", NULL};
     rc = fsdp_wrap(m, &o, &u);
-    ck_einval(L, ctx, rc, "options.device", NULL,
-              "F07: ... also with an auto-wrap policy (before any child is wrapped)");
+    fu_ck_einval(r, ctx, rc, "options.device", NULL,
+                 "F07: ... also with an auto-wrap policy (before any child is wrapped)");
     char why[300] = "";
     bool alone = u == NULL && fsdp_unit_of(fsdp_module_child(m, "module.0")) == NULL &&
                  fsdp_unit_of(m) == NULL;
-    ck(L, alone && tree_on(m, false, H, why, sizeof why),
-       "F07: the refused wraps left the module alone (no unit, parameters on H)", "%s",
-       alone ? why : "a unit was made");
+    fu_ck(r, alone && tree_on(m, false, H, why, sizeof why),
+          "F07: the refused wraps left the module alone (no unit, parameters on H)", "%s",
+          alone ? why : "a unit was made");
     o.wrap_types = NULL;
     o.device = A;
     rc = fsdp_wrap(m, &o, &u);
-    ck(L, rc == 0 && fsdp_unit_compute_device(u) == A,
-       "F07: the same module wraps with a device of its own context", "rc %s: %s",
-       fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
+    fu_ck(r, rc == 0 && fsdp_unit_compute_device(u) == A,
+          "F07: the same module wraps with a device of its own context", "rc %s: %s",
+          fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
     fsdp_destroy(u);
     u = NULL;
     fsdp_module_release(m);
     m = NULL;
-    TRY(out, "fsdp_ctx_set_device(NULL)", fsdp_ctx_set_device(ctx, NULL));
+    FU_TRY(out, "fsdp_ctx_set_device(NULL)", fsdp_ctx_set_device(ctx, NULL));
 
     /* A parameter moved after wrapping is refused at lazy init. */
-    refused_after_move(ctx, L, j, V_OFF, A, H, A, "module.0.weight",
+    refused_after_move(ctx, r, j, V_OFF, A, H, A, "module.0.weight",
                        "CPU offloading enabled has parameters on",
                        "F08: offload, a parameter moved off the host after wrapping (CUDA_AFTER): "
                        "the first forward is refused naming it");
-    refused_after_move(ctx, L, j, V_MOVE, A, H, H, "module.3.bias", "must not be moved",
+    refused_after_move(ctx, r, j, V_MOVE, A, H, H, "module.3.bias", "must not be moved",
                        "F07: device A, a parameter moved off A after wrapping: the first forward "
                        "is refused naming it");
     rc = FSDP_OK;
@@ -689,8 +544,15 @@ out:
 /* ---- main ------------------------------------------------------------------------------------ */
 
 int main(void) {
-    tap_plan_lazy();
-    static job_t jobs[] = {
+    static const struct dev_case {
+        const char *title;
+        int world;
+        fsdp_sharding_strategy_t strategy;
+        bool orig;   /* use_orig_params */
+        bool bf16;   /* bf16 parameters */
+        bool every;  /* every unit gets options.device */
+        bool errors; /* the error-path job instead of training */
+    } cases[] = {
         {.title = "F07/F08 FULL_SHARD", .world = 2, .strategy = FSDP_FULL_SHARD},
         {.title = "F07/F08 SHARD_GRAD_OP", .world = 2, .strategy = FSDP_SHARD_GRAD_OP},
         {.title = "F07/F08 NO_SHARD", .world = 2, .strategy = FSDP_NO_SHARD},
@@ -708,14 +570,25 @@ int main(void) {
         {.title = "F07/F08 FULL_SHARD bf16 params",
          .world = 2,
          .strategy = FSDP_FULL_SHARD,
-         .mp = true},
+         .bf16 = true},
         {.title = "F07/F08 SHARD_GRAD_OP device on every unit",
          .world = 2,
          .strategy = FSDP_SHARD_GRAD_OP,
          .every = true},
         {.title = "F07/F08 errors", .world = 2, .strategy = FSDP_FULL_SHARD, .errors = true},
     };
-    for (size_t i = 0; i < sizeof jobs / sizeof jobs[0]; i++)
-        run(&jobs[i], jobs[i].errors ? error_rank : train_rank);
+    static dev_job_t j; /* large: off the stack */
+    tap_plan_lazy();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const struct dev_case *c = &cases[i];
+        fu_job_init(&j.base, c->title, c->world, c->strategy, c->orig);
+        j.base.seed = 11;
+        if (c->bf16) {
+            j.base.mp.enabled = true;
+            j.base.mp.param_dtype = FSDP_DTYPE_BF16;
+        }
+        j.every = c->every;
+        fu_run_job(&j.base, c->errors ? error_rank : train_rank);
+    }
     return tap_done();
 }

@@ -68,10 +68,7 @@ static int hooks_rank(fsdp_ctx_t *ctx, void *arg) {
     int rc;
     if ((rc = fu_transformer_setup(r, ctx, j, true, &m, &root, &u, &n, &opt)) < 0) goto done;
     if (!fu_ck(r, n == 5, "5 units (4 layers and the root)", "%zu units", n)) goto done;
-    if ((rc = fu_watch_units(u, n, w)) < 0) {
-        fu_fatal(r, ctx, "adding backward hooks", rc);
-        goto done;
-    }
+    FU_TRY(done, "adding backward hooks", fu_watch_units(u, n, w));
     bool trainable = true;
     for (size_t i = 0; i < n; i++) {
         post_mult[i] = 1;
@@ -85,41 +82,28 @@ static int hooks_rank(fsdp_ctx_t *ctx, void *arg) {
     for (int it = 1; it <= 3; it++) {
         if (it == 3) {
             /* CORE-H02: a full state-dict round trip between iterations 2 and 3. */
-            if ((rc = fu_no_grad_forward(ctx, m, &before)) < 0) {
-                fu_fatal(r, ctx, "no-grad forward before the round trip", rc);
-                goto done;
-            }
-            if ((rc = fu_state_round_trip(root)) < 0) {
-                fu_fatal(r, ctx, "CORE-H02: state-dict round trip under summon", rc);
-                goto done;
-            }
+            FU_TRY(done, "no-grad forward before the round trip",
+                   fu_no_grad_forward(ctx, m, &before));
+            FU_TRY(done, "CORE-H02: state-dict round trip under summon", fu_state_round_trip(root));
             fu_ck(r, fu_all_idle(u, n, why, sizeof why),
                   "CORE-H02: every unit IDLE after the round trip", "%s", why);
             fu_ck(r, fu_counters_are(u, n, post_mult, 2, why, sizeof why),
                   "CORE-H02: the round trip (and a no-grad forward) registered nothing", "%s", why);
-            if ((rc = fu_no_grad_forward(ctx, m, &after)) < 0) {
-                fu_fatal(r, ctx, "no-grad forward after the round trip", rc);
-                goto done;
-            }
+            FU_TRY(done, "no-grad forward after the round trip",
+                   fu_no_grad_forward(ctx, m, &after));
             int same = fu_same_bits(before, after);
             fu_ck(r, same == 1, "CORE-H02: the round trip restored every parameter (same output)",
                   "same_bits returned %d", same);
         }
         const char *id = it == 3 ? "CORE-H02" : "CORE-H01/H03";
         fsdp_optim_zero_grad(opt, true);
-        if ((rc = fu_transformer_forward(ctx, m, &out, &tgt)) < 0 ||
-            (rc = tm_transformer_loss(tgt, out, &loss)) < 0) {
-            fu_fatal(r, ctx, "forward", rc);
-            goto done;
-        }
+        FU_TRY(done, "forward", fu_transformer_forward(ctx, m, &out, &tgt));
+        FU_TRY(done, "forward", tm_transformer_loss(tgt, out, &loss));
         snprintf(name, sizeof name,
                  "%s: after forward %d every unit registered pre- and post-backward %d times", id,
                  it, it);
         fu_ck(r, fu_counters_are(u, n, post_mult, (uint64_t)it, why, sizeof why), name, "%s", why);
-        if ((rc = fsdp_backward(loss, NULL)) < 0) {
-            fu_fatal(r, ctx, "backward", rc);
-            goto done;
-        }
+        FU_TRY(done, "backward", fsdp_backward(loss, NULL));
         snprintf(name, sizeof name, "%s: iteration %d: backward leaves the counters alone", id, it);
         fu_ck(r, fu_counters_are(u, n, post_mult, (uint64_t)it, why, sizeof why), name, "%s", why);
         snprintf(name, sizeof name,
@@ -128,10 +112,7 @@ static int hooks_rank(fsdp_ctx_t *ctx, void *arg) {
         snprintf(name, sizeof name,
                  "%s: iteration %d: each unit freed its parameters when backward left it", id, it);
         fu_ck(r, fu_watched(w, n, it, why, sizeof why), name, "%s", why);
-        if ((rc = fsdp_optim_step(opt)) < 0) {
-            fu_fatal(r, ctx, "optimizer step", rc);
-            goto done;
-        }
+        FU_TRY(done, "optimizer step", fsdp_optim_step(opt));
         snprintf(name, sizeof name,
                  "%s: iteration %d: the optimizer step leaves the counters "
                  "alone",
@@ -150,11 +131,7 @@ done:
     fsdp_tensor_release(loss);
     fsdp_tensor_release(before);
     fsdp_tensor_release(after);
-    fsdp_tape_clear(ctx);
-    free(u);
-    fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
-    fsdp_module_release(m);
+    fu_teardown(ctx, m, root, u, opt);
     return rc;
 }
 
@@ -213,63 +190,51 @@ static int twice_rank(fsdp_ctx_t *ctx, void *arg) {
     fu_bwd_watch_t w[3];
     char why[760], name[200];
     int rc;
-    const int64_t xs[2] = {3, 4};
-    if ((rc = twice_create(ctx, &m)) < 0 || (rc = twice_create(ctx, &ref)) < 0)
-        return fu_fatal(r, ctx, "building TwiceModel", rc);
+    FU_TRY(done, "building TwiceModel", twice_create(ctx, &m));
+    FU_TRY(done, "building TwiceModel", twice_create(ctx, &ref));
     fsdp_options_t o;
     fu_job_options(j, &o);
-    if ((rc = fsdp_wrap(fsdp_module_child(m, "lin"), &o, &ul)) < 0 ||
-        (rc = fsdp_wrap(fsdp_module_child(m, "frozen"), &o, &uf)) < 0 ||
-        (rc = fsdp_wrap(m, &o, &root)) < 0 || (rc = fsdp_units(root, &u, &n)) < 0 ||
-        (rc = fu_make_fsdp_sgd(ctx, root, 0.1, 0.0, &opt)) < 0 ||
-        (rc = fsdp_module_named_params(ref, false, &ref_params)) < 0 ||
-        (rc = fu_make_sgd(ctx, &ref_params, 0.1, 0.0, &ref_opt)) < 0) {
-        fu_fatal(r, ctx, "wrapping TwiceModel and the optimizers", rc);
-        goto done;
-    }
+    FU_TRY(done, "wrapping TwiceModel and the optimizers",
+           fsdp_wrap(fsdp_module_child(m, "lin"), &o, &ul));
+    FU_TRY(done, "wrapping TwiceModel and the optimizers",
+           fsdp_wrap(fsdp_module_child(m, "frozen"), &o, &uf));
+    FU_TRY(done, "wrapping TwiceModel and the optimizers", fsdp_wrap(m, &o, &root));
+    FU_TRY(done, "wrapping TwiceModel and the optimizers", fsdp_units(root, &u, &n));
+    FU_TRY(done, "wrapping TwiceModel and the optimizers",
+           fu_make_fsdp_sgd(ctx, root, 0.1, 0.0, &opt));
+    FU_TRY(done, "wrapping TwiceModel and the optimizers",
+           fsdp_module_named_params(ref, false, &ref_params));
+    FU_TRY(done, "wrapping TwiceModel and the optimizers",
+           fu_make_sgd(ctx, &ref_params, 0.1, 0.0, &ref_opt));
     if (!fu_ck(r, n == 3 && u[0] == root, "TwiceModel has 3 units, the root first", "%zu units", n))
         goto done;
     for (size_t i = 0; i < n; i++)
         post_mult[i] = u[i] == uf ? 0 : 1;
-    if ((rc = fu_watch_units(u, n, w)) < 0) {
-        fu_fatal(r, ctx, "adding backward hooks", rc);
-        goto done;
-    }
-    tm_manual_seed(ctx, 9);
-    if ((rc = fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, xs, FSDP_MEM_ACTIVATIONS, &x)) < 0 ||
-        (rc = fsdp_tensor_uniform_(x, -1.0, 1.0)) < 0) {
-        fu_fatal(r, ctx, "input", rc);
-        goto done;
-    }
+    FU_TRY(done, "adding backward hooks", fu_watch_units(u, n, w));
+    FU_TRY(done, "input", fu_rand_input(ctx, 9, 3, 4, &x));
     fu_ck(r, fu_counters_are(u, n, post_mult, 0, why, sizeof why),
           "CORE-H03: nothing registered before the first forward", "%s", why);
     for (int it = 1; it <= 2; it++) {
         double l_ref = 0, l = 0;
         fsdp_optim_zero_grad(ref_opt, true);
-        if ((rc = fsdp_module_forward1(ref, x, &out)) < 0 || (rc = tm_sum_loss(out, &loss)) < 0 ||
-            (rc = fsdp_tensor_item(loss, 0, &l_ref)) < 0 || (rc = fsdp_backward(loss, NULL)) < 0 ||
-            (rc = fsdp_optim_step(ref_opt)) < 0) {
-            fu_fatal(r, ctx, "reference step", rc);
-            goto done;
-        }
+        FU_TRY(done, "reference step", fsdp_module_forward1(ref, x, &out));
+        FU_TRY(done, "reference step", tm_sum_loss(out, &loss));
+        FU_TRY(done, "reference step", fsdp_tensor_item(loss, 0, &l_ref));
+        FU_TRY(done, "reference step", fsdp_backward(loss, NULL));
+        FU_TRY(done, "reference step", fsdp_optim_step(ref_opt));
         fsdp_tensor_release(out);
         fsdp_tensor_release(loss);
         out = loss = NULL;
         fsdp_optim_zero_grad(opt, true);
-        if ((rc = fsdp_module_forward1(m, x, &out)) < 0 || (rc = tm_sum_loss(out, &loss)) < 0 ||
-            (rc = fsdp_tensor_item(loss, 0, &l)) < 0) {
-            fu_fatal(r, ctx, "forward", rc);
-            goto done;
-        }
+        FU_TRY(done, "forward", fsdp_module_forward1(m, x, &out));
+        FU_TRY(done, "forward", tm_sum_loss(out, &loss));
+        FU_TRY(done, "forward", fsdp_tensor_item(loss, 0, &l));
         snprintf(name, sizeof name,
                  "CORE-H01: forward %d: one registration per unit although 'lin' ran twice; "
                  "none for the frozen unit's post-backward",
                  it);
         fu_ck(r, fu_counters_are(u, n, post_mult, (uint64_t)it, why, sizeof why), name, "%s", why);
-        if ((rc = fsdp_backward(loss, NULL)) < 0) {
-            fu_fatal(r, ctx, "backward", rc);
-            goto done;
-        }
+        FU_TRY(done, "backward", fsdp_backward(loss, NULL));
         snprintf(name, sizeof name, "CORE-H01: iteration %d: backward leaves the counters alone",
                  it);
         fu_ck(r, fu_counters_are(u, n, post_mult, (uint64_t)it, why, sizeof why), name, "%s", why);
@@ -289,10 +254,7 @@ static int twice_rank(fsdp_ctx_t *ctx, void *arg) {
             }
         }
         fu_ck(r, okw, name, "%s", why);
-        if ((rc = fsdp_optim_step(opt)) < 0) {
-            fu_fatal(r, ctx, "optimizer step", rc);
-            goto done;
-        }
+        FU_TRY(done, "optimizer step", fsdp_optim_step(opt));
         snprintf(name, sizeof name, "F19: every unit IDLE after step %d", it);
         fu_ck(r, fu_all_idle(u, n, why, sizeof why), name, "%s", why);
         snprintf(name, sizeof name, "iteration %d: loss matches the unwrapped model", it);
@@ -303,10 +265,7 @@ static int twice_rank(fsdp_ctx_t *ctx, void *arg) {
         out = loss = NULL;
     }
     /* The parameters after two steps against the reference's. */
-    if ((rc = fu_summon_nowb(root)) < 0) {
-        fu_fatal(r, ctx, "summon", rc);
-        goto done;
-    }
+    FU_TRY(done, "summon", fu_summon_nowb(root));
     rc = fsdp_module_named_params(m, false, &full);
     double worst = full.n == ref_params.n ? 0 : INFINITY;
     for (size_t i = 0; rc == 0 && i < full.n && i < ref_params.n; i++) {
@@ -498,7 +457,7 @@ static int ag_bwd_post(fsdp_module_t *m, void *arg, bool has_grad) {
 static int ag_rank(fsdp_ctx_t *ctx, void *arg) {
     fu_job_t *j = arg;
     fu_res_t *r = fu_res_of(j, ctx);
-    fsdp_module_t *m = NULL, *lin = NULL;
+    fsdp_module_t *m = NULL;
     fsdp_unit_t *root = NULL, **u = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_tensor_t *x = NULL, *out = NULL, *loss = NULL;
@@ -507,30 +466,16 @@ static int ag_rank(fsdp_ctx_t *ctx, void *arg) {
     int post_mult[AG_LAYERS + 1];
     char why[760];
     int rc;
-    const int64_t xs[2] = {2, 3};
     static const char *const lin_types[] = {"Linear", NULL};
 
     memset(h, 0, sizeof h);
-    tm_manual_seed(ctx, 0);
-    rc = fsdp_sequential_create(ctx, &m);
-    for (int i = 0; i < AG_LAYERS && rc == 0; i++) {
-        rc = fsdp_linear_create(ctx, 3, 3, true, &lin);
-        if (rc == 0) rc = fsdp_module_append(m, lin);
-        fsdp_module_release(lin);
-        lin = NULL;
-    }
-    if (rc < 0) {
-        fu_fatal(r, ctx, "building Sequential(5 x Linear(3, 3))", rc);
-        goto done;
-    }
+    FU_TRY(done, "building Sequential(5 x Linear(3, 3))", fu_linear_stack(ctx, AG_LAYERS, 3, &m));
     fsdp_options_t o;
     fu_job_options(j, &o);
     o.wrap_types = lin_types;
-    if ((rc = fsdp_wrap(m, &o, &root)) < 0 || (rc = fsdp_units(root, &u, &n)) < 0 ||
-        (rc = fu_make_fsdp_sgd(ctx, root, 0.01, 0.9, &opt)) < 0) {
-        fu_fatal(r, ctx, "wrapping and the optimizer", rc);
-        goto done;
-    }
+    FU_TRY(done, "wrapping and the optimizer", fsdp_wrap(m, &o, &root));
+    FU_TRY(done, "wrapping and the optimizer", fsdp_units(root, &u, &n));
+    FU_TRY(done, "wrapping and the optimizer", fu_make_fsdp_sgd(ctx, root, 0.01, 0.9, &opt));
     if (!fu_ck(r, n == AG_LAYERS + 1, "fsdp_units lists exactly 6 units", "%zu units", n))
         goto done;
     /* Hooks after wrapping, so they run after FSDP's. */
@@ -547,32 +492,22 @@ static int ag_rank(fsdp_ctx_t *ctx, void *arg) {
                   fsdp_unit_num_params(h[i].u));
             goto done;
         }
-        if ((rc = fsdp_module_add_forward_pre_hook(l, ag_fwd_pre, &h[i], &hd)) < 0 ||
-            (rc = fsdp_module_add_forward_hook(l, ag_fwd_post, &h[i], &hd)) < 0 ||
-            (rc = fsdp_module_add_backward_pre_hook(l, ag_bwd_pre, &h[i], &hd)) < 0 ||
-            (rc = fsdp_module_add_backward_hook(l, ag_bwd_post, &h[i], &hd)) < 0) {
-            fu_fatal(r, ctx, "adding hooks", rc);
-            goto done;
-        }
+        FU_TRY(done, "adding hooks", fsdp_module_add_forward_pre_hook(l, ag_fwd_pre, &h[i], &hd));
+        FU_TRY(done, "adding hooks", fsdp_module_add_forward_hook(l, ag_fwd_post, &h[i], &hd));
+        FU_TRY(done, "adding hooks", fsdp_module_add_backward_pre_hook(l, ag_bwd_pre, &h[i], &hd));
+        FU_TRY(done, "adding hooks", fsdp_module_add_backward_hook(l, ag_bwd_post, &h[i], &hd));
     }
     for (size_t i = 0; i < n; i++)
         post_mult[i] = fsdp_unit_num_params(u[i]) > 0;
     fu_ck(r, fsdp_unit_num_params(root) == 0 && post_mult[0] == 0, "the root manages no parameters",
           "root has %zu", fsdp_unit_num_params(root));
-    tm_manual_seed(ctx, 1 + (uint64_t)fsdp_ctx_rank(ctx));
-    if ((rc = fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, xs, FSDP_MEM_ACTIVATIONS, &x)) < 0 ||
-        (rc = fsdp_tensor_uniform_(x, -1.0, 1.0)) < 0) {
-        fu_fatal(r, ctx, "input", rc);
-        goto done;
-    }
+    FU_TRY(done, "input", fu_rand_input(ctx, 1 + (uint64_t)fsdp_ctx_rank(ctx), 2, 3, &x));
     bool counters_ok = true, idle_ok = true, orig_ok = true;
     char cwhy[600] = "", iwhy[600] = "", owhy[600] = "";
     for (int it = 1; it <= AG_ITERS; it++) {
         fsdp_optim_zero_grad(opt, true);
-        if ((rc = fsdp_module_forward1(m, x, &out)) < 0 || (rc = tm_sum_loss(out, &loss)) < 0) {
-            fu_fatal(r, ctx, "forward", rc);
-            goto done;
-        }
+        FU_TRY(done, "forward", fsdp_module_forward1(m, x, &out));
+        FU_TRY(done, "forward", tm_sum_loss(out, &loss));
         /* Outside compute, every Linear's slots hold the original objects again. */
         for (int i = 0; i < AG_LAYERS && orig_ok; i++) {
             char idx[8];
@@ -583,10 +518,8 @@ static int ag_rank(fsdp_ctx_t *ctx, void *arg) {
         }
         if (counters_ok && !fu_counters_are(u, n, post_mult, (uint64_t)it, cwhy, sizeof cwhy))
             counters_ok = false;
-        if ((rc = fsdp_backward(loss, NULL)) < 0 || (rc = fsdp_optim_step(opt)) < 0) {
-            fu_fatal(r, ctx, "backward and step", rc);
-            goto done;
-        }
+        FU_TRY(done, "backward and step", fsdp_backward(loss, NULL));
+        FU_TRY(done, "backward and step", fsdp_optim_step(opt));
         if (idle_ok && !fu_all_idle(u, n, iwhy, sizeof iwhy)) idle_ok = false;
         fsdp_tensor_release(out);
         fsdp_tensor_release(loss);
@@ -622,34 +555,21 @@ done:
     fsdp_tensor_release(x);
     fsdp_tensor_release(out);
     fsdp_tensor_release(loss);
-    fsdp_tape_clear(ctx);
-    free(u);
-    fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
-    fsdp_module_release(m);
+    fu_teardown(ctx, m, root, u, opt);
     return rc;
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
-int main(int argc, char **argv) {
-    (void)argc, (void)argv;
+int main(void) {
     tap_plan_lazy();
     for (int w = 2; w <= 3; w++) {
-        fu_job_t *j = fu_job_new("CORE-H01/H02/H03 TransformerWithSharedParams FULL_SHARD", w,
-                                 FSDP_FULL_SHARD, false);
-        fu_run_job(j, hooks_rank);
-        free(j);
-        j = fu_job_new("CORE-H01 TwiceModel FULL_SHARD", w, FSDP_FULL_SHARD, false);
-        fu_run_job(j, twice_rank);
-        free(j);
+        fu_run("CORE-H01/H02/H03 TransformerWithSharedParams FULL_SHARD", w, FSDP_FULL_SHARD, false,
+               hooks_rank);
+        fu_run("CORE-H01 TwiceModel FULL_SHARD", w, FSDP_FULL_SHARD, false, twice_rank);
     }
-    {
-        fu_job_t *j = fu_job_new("CORE-H01 TwiceModel SHARD_GRAD_OP use_orig_params", 2,
-                                 FSDP_SHARD_GRAD_OP, true);
-        fu_run_job(j, twice_rank);
-        free(j);
-    }
+    fu_run("CORE-H01 TwiceModel SHARD_GRAD_OP use_orig_params", 2, FSDP_SHARD_GRAD_OP, true,
+           twice_rank);
     /* NO_SHARD excluded, as upstream. */
     for (int w = 2; w <= 3; w++)
         for (int s = 0; s < 2; s++)

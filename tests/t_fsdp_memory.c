@@ -31,6 +31,15 @@ static bool idle_and_sharded(fsdp_unit_t *const *u, size_t n, char *why, size_t 
 
 /* ---- F14: ignored modules -------------------------------------------------------------------- */
 
+/* Options that leave m's child "ignored" out of FSDP (*ign receives it and must outlive o). */
+static void ignored_options(fsdp_module_t *m, fsdp_module_t **ign, fsdp_options_t *o) {
+    *ign = fsdp_module_child(m, "ignored");
+    fsdp_options_init(o);
+    o->check_exec_order = true;
+    o->ignored_modules = ign;
+    o->num_ignored_modules = 1;
+}
+
 /* The ignored Linear's parameters (grads: their gradients) in m and in the unwrapped ref:
  * bitwise the same when exact, else close under the fp32 tolerance; otherwise false with the
  * offender in why. */
@@ -70,14 +79,17 @@ static int sum_backward(fsdp_module_t *m, fsdp_tensor_t *x) {
 }
 
 /* The value every element of a rank's ignored.l.weight and l1.weight gets before wrapping. */
-static double rank_fill(int rank, bool ignored) { return (ignored ? 10.0 : 20.0) + rank; }
+static double rank_fill(int rank, bool ignored) {
+    return (ignored ? 10.0 : 20.0) + rank;
+}
 
 /* Whether every element of t equals v. */
 static bool all_equal(const fsdp_tensor_t *t, double v) {
     int64_t n = 0;
     float *h = t ? fu_host_f32(t, &n) : NULL;
     bool ok = h != NULL;
-    for (int64_t i = 0; ok && i < n; i++) ok = h[i] == (float)v;
+    for (int64_t i = 0; ok && i < n; i++)
+        ok = h[i] == (float)v;
     free(h);
     return ok;
 }
@@ -91,39 +103,34 @@ static int ignored_sync_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_module_t *m = NULL, *ign = NULL;
     fsdp_unit_t *root = NULL;
     fsdp_tensor_t *buf = NULL;
-    static const int64_t bshape[1] = {8};
-    /* A buffer in the ignored module too: buffers are broadcast module by module. */
-    if ((rc = tm_ignored_create(ctx, &m)) < 0 ||
-        (rc = fsdp_tensor_full(ctx, FSDP_DTYPE_F32, 1, bshape, rank_fill(rank, true),
-                               FSDP_MEM_OTHER, &buf)) < 0 ||
-        (rc = fsdp_module_add_buffer(fsdp_module_child(m, "ignored"), "stat", buf, true)) < 0 ||
-        (rc = fsdp_tensor_fill_(fsdp_module_param(m, "ignored.l.weight"),
-                                rank_fill(rank, true))) < 0 ||
-        (rc = fsdp_tensor_fill_(fsdp_module_param(m, "l1.weight"), rank_fill(rank, false))) < 0) {
-        fu_fatal(r, ctx, "building the model with rank-dependent weights", rc);
-        goto out;
-    }
-    ign = fsdp_module_child(m, "ignored");
     fsdp_options_t o;
-    fsdp_options_init(&o);
-    o.check_exec_order = true;
+    static const int64_t bshape[1] = {8};
+    static const char *const built = "building the model with rank-dependent weights";
+    FU_TRY(out, built, tm_ignored_create(ctx, &m));
+    /* A buffer in the ignored module too: buffers are broadcast module by module. */
+    FU_TRY(out, built,
+           fsdp_tensor_full(ctx, FSDP_DTYPE_F32, 1, bshape, rank_fill(rank, true), FSDP_MEM_OTHER,
+                            &buf));
+    FU_TRY(out, built, fsdp_module_add_buffer(fsdp_module_child(m, "ignored"), "stat", buf, true));
+    FU_TRY(out, built,
+           fsdp_tensor_fill_(fsdp_module_param(m, "ignored.l.weight"), rank_fill(rank, true)));
+    FU_TRY(out, built,
+           fsdp_tensor_fill_(fsdp_module_param(m, "l1.weight"), rank_fill(rank, false)));
+    ignored_options(m, &ign, &o);
     o.sync_module_states = true;
-    o.ignored_modules = &ign;
-    o.num_ignored_modules = 1;
-    if ((rc = fsdp_wrap(m, &o, &root)) < 0 || (rc = fu_summon_nowb(root)) < 0) {
-        fu_fatal(r, ctx, "wrapping with sync_module_states and ignored_modules, and summoning", rc);
-        goto out;
-    }
+    FU_TRY(out, "wrapping with sync_module_states and ignored_modules, and summoning",
+           fsdp_wrap(m, &o, &root));
+    FU_TRY(out, "wrapping with sync_module_states and ignored_modules, and summoning",
+           fu_summon_nowb(root));
     fu_ck(r, all_equal(fsdp_module_param(m, "l1.weight"), rank_fill(0, false)),
-          "F14: sync_module_states gives every rank rank 0's managed parameters", "rank %d",
-          rank);
+          "F14: sync_module_states gives every rank rank 0's managed parameters", "rank %d", rank);
     fu_ck(r, all_equal(fsdp_module_param(m, "ignored.l.weight"), rank_fill(rank, true)),
           "F14: sync_module_states leaves the ignored module's parameters as they were",
           "rank %d: the ignored weight is not this rank's own", rank);
     fu_ck(r, all_equal(fsdp_module_buffer(m, "ignored.stat"), rank_fill(rank, true)),
           "F14: sync_module_states leaves the ignored module's buffers as they were",
           "rank %d: the ignored buffer is not this rank's own", rank);
-    if ((rc = fsdp_summon_end(root)) < 0) fu_fatal(r, ctx, "fsdp_summon_end", rc);
+    FU_TRY(out, "fsdp_summon_end", fsdp_summon_end(root));
 out:
     fsdp_tensor_release(buf);
     fsdp_destroy(root);
@@ -132,7 +139,6 @@ out:
 }
 
 static int ignored_rank(fsdp_ctx_t *ctx, void *arg) {
-    static const int64_t shape[2] = {2, 100};
     fu_job_t *j = arg;
     fu_res_t *r = fu_res_of(j, ctx);
     fsdp_module_t *m = NULL, *ref = NULL, *ign = NULL;
@@ -141,23 +147,15 @@ static int ignored_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_named_list_t fl = {0}, rl = {0};
     fsdp_tensor_t *x = NULL;
     fsdp_optim_t *opt = NULL, *ref_opt = NULL;
+    fsdp_options_t o;
     char why[300] = "";
     int rc;
 
-    if ((rc = tm_ignored_create(ctx, &m)) < 0 || (rc = tm_ignored_create(ctx, &ref)) < 0) {
-        fu_fatal(r, ctx, "building the model and the reference", rc);
-        goto out;
-    }
-    ign = fsdp_module_child(m, "ignored");
-    fsdp_options_t o;
-    fsdp_options_init(&o);
-    o.check_exec_order = true;
-    o.ignored_modules = &ign;
-    o.num_ignored_modules = 1;
-    if ((rc = fsdp_wrap(m, &o, &root)) < 0 || (rc = fsdp_units(root, &units, &nu)) < 0) {
-        fu_fatal(r, ctx, "wrapping with ignored_modules", rc);
-        goto out;
-    }
+    FU_TRY(out, "building the model and the reference", tm_ignored_create(ctx, &m));
+    FU_TRY(out, "building the model and the reference", tm_ignored_create(ctx, &ref));
+    ignored_options(m, &ign, &o);
+    FU_TRY(out, "wrapping with ignored_modules", fsdp_wrap(m, &o, &root));
+    FU_TRY(out, "wrapping with ignored_modules", fsdp_units(root, &units, &nu));
     {
         /* Not flattened: one unit with l1's and l2's four parameters, 2 x 10100 elements. */
         for (size_t i = 0; i < fsdp_unit_num_params(root) && !why[0]; i++) {
@@ -182,10 +180,7 @@ static int ignored_rank(fsdp_ctx_t *ctx, void *arg) {
           "F14: the ignored parameters stay full size on every rank", "%s", "wrong shapes");
     fu_ck(r, ignored_match(m, ref, false, true, why, sizeof why),
           "F14: the ignored parameters keep their values", "%s", why);
-    if ((rc = fsdp_named_params(root, &fl)) < 0) {
-        fu_fatal(r, ctx, "fsdp_named_params", rc);
-        goto out;
-    }
+    FU_TRY(out, "fsdp_named_params", fsdp_named_params(root, &fl));
     {
         bool lw = false, lb = false;
         for (size_t i = 0; i < fl.n; i++) {
@@ -198,23 +193,19 @@ static int ignored_rank(fsdp_ctx_t *ctx, void *arg) {
               "%zu entries, weight %d, bias %d", fl.n, lw, lb);
     }
     /* Training on this rank's input: the ignored gradient stays local (not reduced). */
-    tm_manual_seed(ctx, 1 + (uint64_t)fsdp_ctx_rank(ctx));
-    if ((rc = fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, shape, FSDP_MEM_ACTIVATIONS, &x)) < 0 ||
-        (rc = fsdp_tensor_uniform_(x, -1.0, 1.0)) < 0 || (rc = sum_backward(m, x)) < 0 ||
-        (rc = sum_backward(ref, x)) < 0) {
-        fu_fatal(r, ctx, "forward and backward of the model and the reference", rc);
-        goto out;
-    }
+    static const char *const fb = "forward and backward of the model and the reference";
+    FU_TRY(out, fb, fu_rand_input(ctx, 1 + (uint64_t)fsdp_ctx_rank(ctx), 2, 100, &x));
+    FU_TRY(out, fb, sum_backward(m, x));
+    FU_TRY(out, fb, sum_backward(ref, x));
     fu_ck(r, ignored_match(m, ref, true, false, why, sizeof why),
           "F14: the ignored gradient is this rank's own (not reduced)", "%s", why);
     /* SGD(lr 0.1) over what FSDP hands the optimizer, and over the reference's ignored Linear. */
-    if ((rc = fu_make_sgd(ctx, &fl, 0.1, 0.0, &opt)) < 0 || (rc = fsdp_optim_step(opt)) < 0 ||
-        (rc = fsdp_module_named_params(fsdp_module_child(ref, "ignored"), false, &rl)) < 0 ||
-        (rc = fu_make_sgd(ctx, &rl, 0.1, 0.0, &ref_opt)) < 0 ||
-        (rc = fsdp_optim_step(ref_opt)) < 0) {
-        fu_fatal(r, ctx, "SGD steps", rc);
-        goto out;
-    }
+    FU_TRY(out, "SGD steps", fu_make_sgd(ctx, &fl, 0.1, 0.0, &opt));
+    FU_TRY(out, "SGD steps", fsdp_optim_step(opt));
+    FU_TRY(out, "SGD steps",
+           fsdp_module_named_params(fsdp_module_child(ref, "ignored"), false, &rl));
+    FU_TRY(out, "SGD steps", fu_make_sgd(ctx, &rl, 0.1, 0.0, &ref_opt));
+    FU_TRY(out, "SGD steps", fsdp_optim_step(ref_opt));
     fu_ck(r, ignored_match(m, ref, false, false, why, sizeof why),
           "F14: the step updates the ignored parameters locally", "%s", why);
     fu_ck(r, idle_and_sharded(units, nu, why, sizeof why),
@@ -327,11 +318,9 @@ static int memory_rank(fsdp_ctx_t *ctx, void *arg) {
 
     for (int fs = 0; fs < 2; fs++) { /* NO_SHARD first, as the reference */
         fsdp_mem_get_stats(ctx, &b0);
-        if ((rc = gpt_setup(ctx, fs ? FSDP_FULL_SHARD : FSDP_NO_SHARD, j->limit, &g)) < 0 ||
-            (rc = fsdp_units(g.root, &units, &nu)) < 0) {
-            fu_fatal(r, ctx, fs ? "FULL_SHARD GPT" : "NO_SHARD GPT", rc);
-            goto out;
-        }
+        const char *what = fs ? "FULL_SHARD GPT" : "NO_SHARD GPT";
+        FU_TRY(out, what, gpt_setup(ctx, fs ? FSDP_FULL_SHARD : FSDP_NO_SHARD, j->limit, &g));
+        FU_TRY(out, what, fsdp_units(g.root, &units, &nu));
         size_t shard = 0, root_full = 0, block_full = 0, largest = 0, pad = 0;
         for (size_t i = 0; i < nu; i++) {
             fsdp_flat_sizes_t f;
@@ -350,11 +339,9 @@ static int memory_rank(fsdp_ctx_t *ctx, void *arg) {
                   "F06: after wrapping a rank's parameter bytes are its shards only",
                   "%zu parameter bytes, shards %zu; %zu units", params, shard, nu);
         fsdp_mem_reset_peaks(ctx);
-        if ((rc = fsdp_gpt_forward_loss(g.m, g.tok, g.tgt, &g.loss, NULL)) < 0 ||
-            (rc = fsdp_backward(g.loss, NULL)) < 0) {
-            fu_fatal(r, ctx, "forward and backward", rc);
-            goto out;
-        }
+        FU_TRY(out, "forward and backward",
+               fsdp_gpt_forward_loss(g.m, g.tok, g.tgt, &g.loss, NULL));
+        FU_TRY(out, "forward and backward", fsdp_backward(g.loss, NULL));
         fsdp_mem_get_stats(ctx, &s);
         if (fs) {
             size_t peak = s.peak[FSDP_MEM_PARAMS] - b0.current[FSDP_MEM_PARAMS] - shard;
@@ -377,10 +364,7 @@ static int memory_rank(fsdp_ctx_t *ctx, void *arg) {
         }
         free(units);
         units = NULL;
-        if ((rc = fsdp_optim_step(g.opt)) < 0) {
-            fu_fatal(r, ctx, "AdamW step", rc);
-            goto out;
-        }
+        FU_TRY(out, "AdamW step", fsdp_optim_step(g.opt));
         fsdp_mem_get_stats(ctx, &s);
         size_t bytes = ppo_bytes(&s) - ppo_bytes(&b0), w = (size_t)j->base.world;
         if (!fs)
@@ -403,10 +387,8 @@ static void run_memory(int world, int limit) {
     static mem_job_t j; /* large: off the stack */
     char prefix[64];
     snprintf(prefix, sizeof prefix, "memory limit_all_gathers=%d", limit);
-    fu_job_t *d = fu_job_new(prefix, world, FSDP_FULL_SHARD, false);
-    j.base = *d; /* fu_job_new()'s defaults; memory_rank reads only the world */
+    fu_job_init(&j.base, prefix, world, FSDP_FULL_SHARD, false); /* memory_rank reads the world */
     j.limit = limit;
-    free(d);
     fu_run_job(&j.base, memory_rank);
 }
 
@@ -415,12 +397,9 @@ static void run_memory(int world, int limit) {
 int main(void) {
     tap_plan_lazy();
     for (int w = 2; w <= 3; w++) {
-        fu_job_t *j = fu_job_new("ignored_modules", w, FSDP_FULL_SHARD, false);
-        fu_run_job(j, ignored_rank);
-        free(j);
-        j = fu_job_new("ignored_modules + sync_module_states", w, FSDP_FULL_SHARD, false);
-        fu_run_job(j, ignored_sync_rank);
-        free(j);
+        fu_run("ignored_modules", w, FSDP_FULL_SHARD, false, ignored_rank);
+        fu_run("ignored_modules + sync_module_states", w, FSDP_FULL_SHARD, false,
+               ignored_sync_rank);
         for (int k = 1; k <= 2; k++)
             run_memory(w, k);
     }

@@ -138,29 +138,23 @@ static int p02_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_options_t o;
     fu_job_options(j, &o);
     int rc;
-    if ((rc = tm_nested_wrapped_create(ctx, true, &half)) < 0 || (rc = to_half(half)) < 0 ||
-        (rc = tm_nested_wrapped_create(ctx, true, &m)) < 0 ||
-        (rc = fu_wrap_listed(m, tm_nested_wrapped_units(), &o, NULL, NULL)) < 0 ||
-        (rc = fsdp_wrap(m, &o, &root)) < 0 || (rc = fsdp_named_params(root, &params)) < 0 ||
-        (rc = fu_make_sgd(ctx, &params, 0.01, 0.9, &opt)) < 0) {
-        fu_fatal(r, ctx, "setting up", rc);
-        goto done;
-    }
-    if ((rc = tm_nested_wrapped_get_input(ctx, &in)) < 0 ||
-        (rc = fsdp_to_dtype(in, FSDP_DTYPE_F16, &h_in)) < 0 ||
-        (rc = nested_loss(half, h_in, &loss)) < 0 ||
-        (rc = fsdp_tensor_item(loss, 0, &ref_loss)) < 0) {
-        fu_fatal(r, ctx, "reference forward", rc);
-        goto done;
-    }
+    FU_TRY(done, "setting up", tm_nested_wrapped_create(ctx, true, &half));
+    FU_TRY(done, "setting up", to_half(half));
+    FU_TRY(done, "setting up", tm_nested_wrapped_create(ctx, true, &m));
+    FU_TRY(done, "setting up", fu_wrap_listed(m, tm_nested_wrapped_units(), &o, NULL, NULL));
+    FU_TRY(done, "setting up", fsdp_wrap(m, &o, &root));
+    FU_TRY(done, "setting up", fsdp_named_params(root, &params));
+    FU_TRY(done, "setting up", fu_make_sgd(ctx, &params, 0.01, 0.9, &opt));
+    FU_TRY(done, "reference forward", tm_nested_wrapped_get_input(ctx, &in));
+    FU_TRY(done, "reference forward", fsdp_to_dtype(in, FSDP_DTYPE_F16, &h_in));
+    FU_TRY(done, "reference forward", nested_loss(half, h_in, &loss));
+    FU_TRY(done, "reference forward", fsdp_tensor_item(loss, 0, &ref_loss));
     fsdp_tensor_release(loss);
     loss = NULL;
     fsdp_tape_clear(ctx);
     fsdp_optim_zero_grad(opt, true);
-    if ((rc = nested_loss(m, in, &loss)) < 0 || (rc = fsdp_tensor_item(loss, 0, &loss_v)) < 0) {
-        fu_fatal(r, ctx, "FSDP forward", rc);
-        goto done;
-    }
+    FU_TRY(done, "FSDP forward", nested_loss(m, in, &loss));
+    FU_TRY(done, "FSDP forward", fsdp_tensor_item(loss, 0, &loss_v));
     fu_ck(r, fsdp_tensor_dtype(loss) == FSDP_DTYPE_F16, "CORE-P02: the loss is f16 (param_dtype)",
           "the loss is %s", fsdp_dtype_name(fsdp_tensor_dtype(loss)));
     double cl = fu_closeness(loss_v, ref_loss, FU_F16_RTOL, FU_F16_ATOL);
@@ -187,11 +181,8 @@ done:
     fsdp_tensor_release(in);
     fsdp_tensor_release(h_in);
     fsdp_tensor_release(loss);
-    fsdp_tape_clear(ctx);
     fsdp_named_list_free(&params);
-    fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
-    fsdp_module_release(m);
+    fu_teardown(ctx, m, root, NULL, opt);
     fsdp_module_release(half);
     return rc;
 }
@@ -226,15 +217,9 @@ static int pi_rank(fsdp_ctx_t *ctx, void *arg) {
     }
     /* The whole local shard, so the use_orig_params write (a view into it) is copied too. */
     fsdp_tensor_t *fb = fsdp_unit_flat_param(root[PI_B]), *fb0 = fsdp_unit_flat_param(root[PI_B0]);
-    if ((rc = fsdp_tensor_copy_(fb0, fb)) < 0) {
-        fu_fatal(r, ctx, "copying B's local shard into B0's", rc);
-        goto done;
-    }
+    FU_TRY(done, "copying B's local shard into B0's", fsdp_tensor_copy_(fb0, fb));
     for (int i = 0; i < PI_N; i++)
-        if ((rc = fu_transformer_forward(ctx, m[i], &out[i], NULL)) < 0) {
-            fu_fatal(r, ctx, "forward", rc);
-            goto done;
-        }
+        FU_TRY(done, "forward", fu_transformer_forward(ctx, m[i], &out[i], NULL));
     fu_ck(r,
           fsdp_tensor_dtype(out[PI_A]) == FSDP_DTYPE_F32 &&
               fsdp_tensor_dtype(out[PI_B]) == FSDP_DTYPE_F32,
@@ -341,16 +326,19 @@ static int h03_rank(fsdp_ctx_t *ctx, void *arg) {
     o_none = o_mp;
     fsdp_mixed_precision_init(&o_none.mixed_precision);
     int rc;
-    if ((rc = tm_transformer_create(ctx, true, true, &mx)) < 0 ||
-        (rc = tm_transformer_create(ctx, true, true, &my)) < 0 ||
-        (rc = fu_wrap_transformer_opts(mx, &o_mp, &rx)) < 0 ||
-        (rc = fu_wrap_transformer_opts(my, &o_none, &ry)) < 0 ||
-        (rc = fsdp_units(rx, &ux, &nx)) < 0 || (rc = fsdp_units(ry, &uy, &ny)) < 0 ||
-        (rc = fu_make_fsdp_sgd(ctx, rx, 0.01, 0.9, &ox)) < 0 ||
-        (rc = fu_make_fsdp_sgd(ctx, ry, 0.01, 0.9, &oy)) < 0) {
-        fu_fatal(r, ctx, "building, wrapping and the optimizers", rc);
-        goto done;
-    }
+    FU_TRY(done, "building, wrapping and the optimizers",
+           tm_transformer_create(ctx, true, true, &mx));
+    FU_TRY(done, "building, wrapping and the optimizers",
+           tm_transformer_create(ctx, true, true, &my));
+    FU_TRY(done, "building, wrapping and the optimizers", fu_wrap_transformer_opts(mx, &o_mp, &rx));
+    FU_TRY(done, "building, wrapping and the optimizers",
+           fu_wrap_transformer_opts(my, &o_none, &ry));
+    FU_TRY(done, "building, wrapping and the optimizers", fsdp_units(rx, &ux, &nx));
+    FU_TRY(done, "building, wrapping and the optimizers", fsdp_units(ry, &uy, &ny));
+    FU_TRY(done, "building, wrapping and the optimizers",
+           fu_make_fsdp_sgd(ctx, rx, 0.01, 0.9, &ox));
+    FU_TRY(done, "building, wrapping and the optimizers",
+           fu_make_fsdp_sgd(ctx, ry, 0.01, 0.9, &oy));
     if (!fu_ck(r, nx == 5 && ny == 5, "5 units in each twin", "%zu and %zu units", nx, ny))
         goto done;
     for (size_t i = 0; i < nx; i++)
@@ -362,25 +350,19 @@ static int h03_rank(fsdp_ctx_t *ctx, void *arg) {
     for (int it = 1; it <= 2; it++) {
         double vx = 0, vy = 0;
         fsdp_dtype_t dx = FSDP_DTYPE_F32, dy = FSDP_DTYPE_F32;
-        if ((rc = forward_loss(ctx, mx, ox, &vx, &dx, &lx)) < 0) {
-            fu_fatal(r, ctx, "forward (all-None mixed precision)", rc);
-            goto done;
-        }
+        FU_TRY(done, "forward (all-None mixed precision)",
+               forward_loss(ctx, mx, ox, &vx, &dx, &lx));
         snprintf(name, sizeof name,
                  "CORE-H03 (all-None mixed precision): after forward %d every unit registered "
                  "pre- and post-backward %d times",
                  it, it);
         fu_ck(r, fu_counters_are(ux, nx, post_mult, (uint64_t)it, why, sizeof why), name, "%s",
               why);
-        if ((rc = fsdp_backward(lx, NULL)) < 0 || (rc = fsdp_optim_step(ox)) < 0) {
-            fu_fatal(r, ctx, "backward and step (all-None mixed precision)", rc);
-            goto done;
-        }
-        if ((rc = forward_loss(ctx, my, oy, &vy, &dy, &ly)) < 0 ||
-            (rc = fsdp_backward(ly, NULL)) < 0 || (rc = fsdp_optim_step(oy)) < 0) {
-            fu_fatal(r, ctx, "step without mixed precision", rc);
-            goto done;
-        }
+        FU_TRY(done, "backward and step (all-None mixed precision)", fsdp_backward(lx, NULL));
+        FU_TRY(done, "backward and step (all-None mixed precision)", fsdp_optim_step(ox));
+        FU_TRY(done, "step without mixed precision", forward_loss(ctx, my, oy, &vy, &dy, &ly));
+        FU_TRY(done, "step without mixed precision", fsdp_backward(ly, NULL));
+        FU_TRY(done, "step without mixed precision", fsdp_optim_step(oy));
         snprintf(name, sizeof name,
                  "all-None mixed precision: step %d: the loss is f32 and bitwise the loss "
                  "without mixed precision",
@@ -402,15 +384,8 @@ static int h03_rank(fsdp_ctx_t *ctx, void *arg) {
 done:
     fsdp_tensor_release(lx);
     fsdp_tensor_release(ly);
-    fsdp_tape_clear(ctx);
-    free(ux);
-    free(uy);
-    fsdp_optim_destroy(ox);
-    fsdp_optim_destroy(oy);
-    fsdp_destroy(rx);
-    fsdp_destroy(ry);
-    fsdp_module_release(mx);
-    fsdp_module_release(my);
+    fu_teardown(ctx, mx, rx, ux, ox);
+    fu_teardown(ctx, my, ry, uy, oy);
     return rc;
 }
 
@@ -455,10 +430,7 @@ static int ng_rank(fsdp_ctx_t *ctx, void *arg) {
     int rc;
     /* Not deterministic: training mode, so dropout is active (seeded alike on every rank). */
     if ((rc = fu_transformer_setup(r, ctx, j, false, &m, &root, &u, &n, &opt)) < 0) goto done;
-    if ((rc = fsdp_named_params(root, &params)) < 0) {
-        fu_fatal(r, ctx, "fsdp_named_params", rc);
-        goto done;
-    }
+    FU_TRY(done, "fsdp_named_params", fsdp_named_params(root, &params));
     if (!fu_ck(r, n == 5, "5 units", "%zu units", n)) goto done;
     for (size_t i = 0; i < n; i++)
         post_mult[i] = 1;
@@ -467,11 +439,9 @@ static int ng_rank(fsdp_ctx_t *ctx, void *arg) {
     /* One training step, with upstream's harness checks on the loss dtype. */
     double lv = 0;
     fsdp_dtype_t ldt = FSDP_DTYPE_F32;
-    if ((rc = forward_loss(ctx, m, opt, &lv, &ldt, &loss)) < 0 ||
-        (rc = fsdp_backward(loss, NULL)) < 0 || (rc = fsdp_optim_step(opt)) < 0) {
-        fu_fatal(r, ctx, "training step", rc);
-        goto done;
-    }
+    FU_TRY(done, "training step", forward_loss(ctx, m, opt, &lv, &ldt, &loss));
+    FU_TRY(done, "training step", fsdp_backward(loss, NULL));
+    FU_TRY(done, "training step", fsdp_optim_step(opt));
     fsdp_tensor_release(loss);
     loss = NULL;
     fu_ck(r, ldt == FSDP_DTYPE_F16 && isfinite(lv), "fp16: the training loss is f16 and finite",
@@ -484,10 +454,7 @@ static int ng_rank(fsdp_ctx_t *ctx, void *arg) {
 
     fsdp_module_train(m, false);
     size_t tape0 = fsdp_tape_size(ctx);
-    if ((rc = fu_no_grad_forward(ctx, m, &ng)) < 0) {
-        fu_fatal(r, ctx, "no-grad forward", rc);
-        goto done;
-    }
+    FU_TRY(done, "no-grad forward", fu_no_grad_forward(ctx, m, &ng));
     fu_ck(r, tape0 == 0 && fsdp_tape_size(ctx) == 0,
           "CORE-NG-01 (fp16): a no-grad forward records nothing on the tape",
           "tape size %zu before, %zu after", tape0, fsdp_tape_size(ctx));
@@ -502,10 +469,7 @@ static int ng_rank(fsdp_ctx_t *ctx, void *arg) {
           "CORE-NG-01 (fp16): a no-grad forward registers no backward hooks", "%s", why);
 
     /* Eval mode with grad on: upstream's reference output. */
-    if ((rc = fu_transformer_forward(ctx, m, &ev, NULL)) < 0) {
-        fu_fatal(r, ctx, "eval forward", rc);
-        goto done;
-    }
+    FU_TRY(done, "eval forward", fu_transformer_forward(ctx, m, &ev, NULL));
     fu_ck(r, fsdp_tensor_requires_grad(ev) && fsdp_tensor_dtype(ev) == FSDP_DTYPE_F16,
           "control: the eval forward with grad on recorded its graph and is f16",
           "requires grad %d, %s", fsdp_tensor_requires_grad(ev),
@@ -522,19 +486,14 @@ done:
     fsdp_tensor_release(loss);
     fsdp_tensor_release(ng);
     fsdp_tensor_release(ev);
-    fsdp_tape_clear(ctx);
-    free(u);
     fsdp_named_list_free(&params);
-    fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
-    fsdp_module_release(m);
+    fu_teardown(ctx, m, root, u, opt);
     return rc;
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
-int main(int argc, char **argv) {
-    (void)argc, (void)argv;
+int main(void) {
     tap_plan_lazy();
     /* CORE-P02: one iteration, the whole instance and subtest matrix at W=2 and a part of it
      * (backward prefetch PRE, no forward prefetch) at W=3. */

@@ -33,89 +33,31 @@
 #include "models/models.h"
 #include "tap.h"
 
-typedef struct vals {
-    double *v;
-    size_t n;
-} vals_t;
-
 /* Every job of this file; only sync_module_states uses the value arrays. */
 typedef struct job {
     fu_job_t base; /* first: rank functions get &base and cast back */
     /* sync_module_states: each rank's values before wrapping */
-    vals_t params[FU_MAXR], bufs[FU_MAXR];
+    fu_vals_t params[FU_MAXR], bufs[FU_MAXR];
 } job_t;
-
-/* Uses the rank function's r, ctx and rc; jumps to `label` when call fails. */
-#define TRY(label, what, call)                                                                     \
-    do {                                                                                           \
-        rc = (call);                                                                               \
-        if (rc < 0) {                                                                              \
-            fu_fatal(r, ctx, what, rc);                                                            \
-            goto label;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-/* rc must be FSDP_EINVAL with a message naming `key`. */
-static void ck_einval(fu_res_t *r, fsdp_ctx_t *ctx, int rc, const char *key, const char *name) {
-    const char *msg = fsdp_ctx_last_error(ctx);
-    fu_ck(r, rc == FSDP_EINVAL && msg && strstr(msg, key), name,
-          "rc %s, message \"%s\"; want EINVAL naming \"%s\"", fsdp_err_name(rc), msg ? msg : "",
-          key);
-}
 
 /* ---- values ---------------------------------------------------------------------------------- */
 
-static void vfree(vals_t *a) {
-    free(a->v);
-    *a = (vals_t){0};
-}
-
-/* The elements of every tensor of a listing (or, with grads, of their gradients; a missing one
- * gives NaNs, which compare unequal), concatenated, as doubles. */
-static int list_values(const fsdp_named_list_t *l, bool grads, vals_t *out) {
-    vfree(out);
-    for (size_t i = 0; i < l->n; i++)
-        out->n += (size_t)fsdp_tensor_numel(l->tensors[i]);
-    if (!(out->v = malloc((out->n ? out->n : 1) * sizeof *out->v))) return FSDP_ENOMEM;
-    size_t k = 0;
-    int rc = FSDP_OK;
-    for (size_t i = 0; i < l->n && rc == 0; i++) {
-        const fsdp_tensor_t *t = grads ? fsdp_tensor_grad(l->tensors[i]) : l->tensors[i];
-        for (int64_t e = 0; e < fsdp_tensor_numel(l->tensors[i]) && rc == 0; e++, k++)
-            if (t)
-                rc = fsdp_tensor_item(t, e, &out->v[k]);
-            else
-                out->v[k] = NAN;
-    }
-    return rc;
-}
-
-/* Parameters (buffers: buffers) of m's tree, or their gradients. */
-static int module_values(const fsdp_module_t *m, bool buffers, bool grads, vals_t *out) {
-    fsdp_named_list_t l = {0};
-    int rc =
-        buffers ? fsdp_module_named_buffers(m, false, &l) : fsdp_module_named_params(m, false, &l);
-    if (rc == 0) rc = list_values(&l, grads, out);
-    fsdp_named_list_free(&l);
-    return rc;
-}
-
 /* The full parameters (or, with_grads, their gradients) of root's tree, read under summon. */
-static int full_values(fsdp_unit_t *root, bool with_grads, vals_t *out) {
+static int full_values(fsdp_unit_t *root, bool with_grads, fu_vals_t *out) {
     fsdp_summon_options_t so;
     fsdp_summon_options_init(&so);
     so.writeback = false;
     so.with_grads = with_grads;
     int rc = fsdp_summon_begin(root, &so);
     if (rc < 0) return rc;
-    rc = module_values(fsdp_unit_module(root), false, with_grads, out);
+    rc = fu_module_values(fsdp_unit_module(root), false, with_grads, out);
     int rc2 = fsdp_summon_end(root);
     return rc ? rc : rc2;
 }
 
 /* The first index where got and want differ beyond rtol/atol (0, 0: bitwise), got->n when they
  * agree, SIZE_MAX when their sizes differ. */
-static size_t vdiff(const vals_t *got, const vals_t *want, double rtol, double atol) {
+static size_t vdiff(const fu_vals_t *got, const fu_vals_t *want, double rtol, double atol) {
     if (got->n != want->n) return SIZE_MAX;
     size_t d = 0;
     while (d < got->n &&
@@ -124,8 +66,8 @@ static size_t vdiff(const vals_t *got, const vals_t *want, double rtol, double a
     return d;
 }
 
-static bool ck_close(fu_res_t *r, const vals_t *got, const vals_t *want, double rtol, double atol,
-                     const char *name) {
+static bool ck_close(fu_res_t *r, const fu_vals_t *got, const fu_vals_t *want, double rtol,
+                     double atol, const char *name) {
     size_t d = vdiff(got, want, rtol, atol);
     bool in = d < got->n;
     return fu_ck(r, d == got->n, name,
@@ -138,43 +80,26 @@ static float pat(size_t p, int64_t e, int tag) {
     return (float)(0.25 * tag + 0.01 * (double)p + 1e-4 * (double)(e % 101));
 }
 
+/* What store() writes: the values of src in order, or with src NULL pat(p, e, tag). */
+typedef struct store_arg {
+    const fu_vals_t *src;
+    int tag;
+} store_arg_t;
+
+static int store_val(void *arg, size_t p, int64_t e, size_t k, float *v) {
+    const store_arg_t *a = arg;
+    if (a->src && k >= a->src->n) return FSDP_EINVAL;
+    *v = a->src ? (float)a->src->v[k] : pat(p, e, a->tag);
+    return FSDP_OK;
+}
+
 /* Writes into m's parameters (full tensors while summoned), in named order: the values of src,
  * or with src NULL pat(p, e, tag). */
-static int store(fsdp_module_t *m, const vals_t *src, int tag) {
-    fsdp_named_list_t l = {0};
-    int rc = fsdp_module_named_params(m, false, &l);
-    size_t k = 0;
-    for (size_t p = 0; p < l.n && rc == 0; p++) {
-        int64_t n = fsdp_tensor_numel(l.tensors[p]);
-        float *f = malloc((size_t)(n ? n : 1) * sizeof *f);
-        rc = !f ? FSDP_ENOMEM : src && k + (size_t)n > src->n ? FSDP_EINVAL : FSDP_OK;
-        for (int64_t e = 0; e < n && rc == 0; e++)
-            f[e] = src ? (float)src->v[k++] : pat(p, e, tag);
-        if (rc == 0) rc = fsdp_tensor_copy_from_host(l.tensors[p], f, (size_t)n * sizeof *f);
-        free(f);
-    }
-    fsdp_named_list_free(&l);
-    return rc;
+static int store(fsdp_module_t *m, const fu_vals_t *src, int tag) {
+    return fu_store_params(m, store_val, &(store_arg_t){src, tag});
 }
 
 /* ---- units ----------------------------------------------------------------------------------- */
-
-/* Whether every unit of root's tree is in state st and (un)sharded as asked (a NO_SHARD unit
- * always holds the full parameters). */
-static bool units_are(const fsdp_unit_t *root, fsdp_training_state_t st, bool unsharded) {
-    fsdp_unit_t **units = NULL;
-    size_t nu = 0;
-    bool ok = fsdp_units(root, &units, &nu) == 0;
-    for (size_t i = 0; i < nu && ok; i++)
-        ok = fsdp_unit_state(units[i]) == st && (fsdp_unit_is_unsharded(units[i]) == unsharded ||
-                                                 fsdp_unit_strategy(units[i]) == FSDP_NO_SHARD);
-    free(units);
-    return ok;
-}
-
-static bool all_idle(const fsdp_unit_t *root) {
-    return units_are(root, FSDP_STATE_IDLE, false);
-}
 
 /* Where a parameter (an original object, listed outside summon) lies in its unit. */
 typedef struct place {
@@ -251,12 +176,12 @@ static void fx_fini(fx_t *f) {
 
 /* m on this rank's input (rand(4, 8) seeded 1 + rank): without loss a no-grad forward (output
  * into *y when y is not NULL), with loss a forward and the backward of sum(m(x)). */
-static int fx_run(fsdp_ctx_t *ctx, fsdp_module_t *m, vals_t *y, bool loss) {
+static int fx_run(fsdp_ctx_t *ctx, fsdp_module_t *m, fu_vals_t *y, bool loss) {
     fsdp_tensor_t *x = NULL, *out = NULL, *l = NULL;
     bool was = fsdp_set_grad_enabled(ctx, loss);
     int rc = tm_nested_wrapped_get_input(ctx, &x);
     if (rc == 0) rc = fsdp_module_forward1(m, x, &out);
-    if (rc == 0 && y) rc = list_values(&(fsdp_named_list_t){.n = 1, .tensors = &out}, false, y);
+    if (rc == 0 && y) rc = fu_list_values(&(fsdp_named_list_t){.n = 1, .tensors = &out}, false, y);
     if (rc == 0 && loss) rc = tm_sum_loss(out, &l);
     if (rc == 0 && loss) rc = fsdp_backward(l, NULL);
     fsdp_set_grad_enabled(ctx, was);
@@ -268,15 +193,15 @@ static int fx_run(fsdp_ctx_t *ctx, fsdp_module_t *m, vals_t *y, bool loss) {
 
 /* Loads the wrapped model's full parameters into ref; a no-grad forward of both must agree. */
 static int ck_forward(fu_res_t *r, fsdp_ctx_t *ctx, fx_t *f, const char *name) {
-    vals_t v = {0}, a = {0}, b = {0};
+    fu_vals_t v = {0}, a = {0}, b = {0};
     int rc = full_values(f->root, false, &v);
     if (rc == 0) rc = store(f->ref, &v, 0);
     if (rc == 0) rc = fx_run(ctx, f->m, &a, false);
     if (rc == 0) rc = fx_run(ctx, f->ref, &b, false);
     if (rc == 0) ck_close(r, &a, &b, FU_F32_RTOL, FU_F32_ATOL, name);
-    vfree(&v);
-    vfree(&a);
-    vfree(&b);
+    fu_vals_free(&v);
+    fu_vals_free(&a);
+    fu_vals_free(&b);
     return rc;
 }
 
@@ -284,7 +209,7 @@ static int ck_forward(fu_res_t *r, fsdp_ctx_t *ctx, fx_t *f, const char *name) {
  * writeback) and self_tag elsewhere; prefix: only parameters whose name starts with it, indexed
  * from 0 among them as store() on that submodule does. */
 static int ck_tags(fu_res_t *r, fx_t *f, const char *prefix, int self_tag, const char *name) {
-    vals_t v = {0};
+    fu_vals_t v = {0};
     int rc = full_values(f->root, false, &v);
     char why[300] = "";
     size_t k = 0, q = 0;
@@ -300,7 +225,7 @@ static int ck_tags(fu_res_t *r, fx_t *f, const char *prefix, int self_tag, const
         q++;
     }
     if (rc == 0) fu_ck(r, !why[0], name, "%s", why);
-    vfree(&v);
+    fu_vals_free(&v);
     return rc;
 }
 
@@ -311,26 +236,27 @@ static int summon_rank(fsdp_ctx_t *ctx, void *arg) {
     int rank = fsdp_ctx_rank(ctx), rc = 0;
     fu_res_t *r = fu_res_of(&j->base, ctx);
     fx_t f = {0};
-    vals_t v = {0}, rv = {0};
+    fu_vals_t v = {0}, rv = {0};
     bool sharded = j->base.strategy != FSDP_NO_SHARD;
     fsdp_summon_options_t so;
     fsdp_named_list_t s = {0};
 
-    TRY(out, "wrapping", fx_init(ctx, j->base.strategy, false, &f));
-    TRY(out, "summon", full_values(f.root, false, &v));
-    TRY(out, "reference", module_values(f.ref, false, false, &rv));
+    FU_TRY(out, "wrapping", fx_init(ctx, j->base.strategy, false, &f));
+    FU_TRY(out, "summon", full_values(f.root, false, &v));
+    FU_TRY(out, "reference", fu_module_values(f.ref, false, false, &rv));
     ck_close(r, &v, &rv, 0, 0, "F25: summoned parameters are the unwrapped model's");
     fu_ck(r, v.n == TM_NESTED_NUM_PARAMS, "F25: summoned parameters are full size", "%zu", v.n);
 
     /* writeback on: every rank writes its own values and keeps only its part. */
-    TRY(out, "summon", fsdp_summon_begin(f.root, NULL));
-    fu_ck(r, units_are(f.root, FSDP_STATE_SUMMON, true),
+    FU_TRY(out, "summon", fsdp_summon_begin(f.root, NULL));
+    fu_ck(r, fu_tree_in_state(f.root, FSDP_STATE_SUMMON, true),
           "F25: while summoned every unit is SUMMON and unsharded", "%s", "a unit is not");
-    TRY(out, "writing under summon", store(f.m, NULL, rank));
-    TRY(out, "summon end", fsdp_summon_end(f.root));
-    fu_ck(r, all_idle(f.root), "F25: after the end every unit is IDLE and sharded again", "%s",
+    FU_TRY(out, "writing under summon", store(f.m, NULL, rank));
+    FU_TRY(out, "summon end", fsdp_summon_end(f.root));
+    fu_ck(r, fu_tree_idle(f.root), "F25: after the end every unit is IDLE and sharded again", "%s",
           "a unit is still summoned or unsharded");
-    TRY(out, "reading back",
+    FU_TRY(
+        out, "reading back",
         ck_tags(r, &f, "", rank,
                 sharded
                     ? "F25 writeback: each element keeps the value of the rank whose shard holds it"
@@ -339,18 +265,18 @@ static int summon_rank(fsdp_ctx_t *ctx, void *arg) {
     /* writeback off: discarded, except under NO_SHARD (fsdp-reference 1.12). */
     fsdp_summon_options_init(&so);
     so.writeback = false;
-    TRY(out, "summon", fsdp_summon_begin(f.root, &so));
-    TRY(out, "writing under summon", store(f.m, NULL, 9));
-    TRY(out, "summon end", fsdp_summon_end(f.root));
-    TRY(out, "reading back",
-        ck_tags(r, &f, "", sharded ? rank : 9,
-                sharded ? "F25 writeback=false: the change is discarded"
-                        : "F25 writeback=false (NO_SHARD): the change persists anyway"));
+    FU_TRY(out, "summon", fsdp_summon_begin(f.root, &so));
+    FU_TRY(out, "writing under summon", store(f.m, NULL, 9));
+    FU_TRY(out, "summon end", fsdp_summon_end(f.root));
+    FU_TRY(out, "reading back",
+           ck_tags(r, &f, "", sharded ? rank : 9,
+                   sharded ? "F25 writeback=false: the change is discarded"
+                           : "F25 writeback=false (NO_SHARD): the change persists anyway"));
 
     /* recurse off: the root's parameters show full size, the nested units' their shard views. */
     so.recurse = false;
-    TRY(out, "summon recurse=false", fsdp_summon_begin(f.root, &so));
-    TRY(out, "listing", fsdp_module_named_params(f.m, false, &s));
+    FU_TRY(out, "summon recurse=false", fsdp_summon_begin(f.root, &so));
+    FU_TRY(out, "listing", fsdp_module_named_params(f.m, false, &s));
     {
         char why[300] = "";
         for (size_t p = 0; p < s.n && !why[0]; p++) {
@@ -371,31 +297,31 @@ static int summon_rank(fsdp_ctx_t *ctx, void *arg) {
               "F25 recurse=false: only the root is summoned; nested units keep their shards", "%s",
               why[0] ? why : "the root is not summoned");
     }
-    TRY(out, "summon end", fsdp_summon_end(f.root));
+    FU_TRY(out, "summon end", fsdp_summon_end(f.root));
 
     /* Refusals, then training resumes with the summoned values. */
     so.recurse = true;
-    TRY(out, "summon", fsdp_summon_begin(f.root, &so));
-    ck_einval(r, ctx, fx_run(ctx, f.m, NULL, false), "summon",
-              "F25: forward while summoned is FSDP_EINVAL");
-    ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "already",
-              "F25: summoning a summoned unit is FSDP_EINVAL");
-    fu_ck(r, units_are(f.root, FSDP_STATE_SUMMON, true),
+    FU_TRY(out, "summon", fsdp_summon_begin(f.root, &so));
+    fu_ck_einval(r, ctx, fx_run(ctx, f.m, NULL, false), "summon", NULL,
+                 "F25: forward while summoned is FSDP_EINVAL");
+    fu_ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "already", NULL,
+                 "F25: summoning a summoned unit is FSDP_EINVAL");
+    fu_ck(r, fu_tree_in_state(f.root, FSDP_STATE_SUMMON, true),
           "F25: the refused second begin leaves the first summon in place", "%s",
           "the refused begin ended the summon in progress");
     if (fsdp_unit_state(f.root) == FSDP_STATE_SUMMON)
-        TRY(out, "summon end", fsdp_summon_end(f.root));
-    ck_einval(r, ctx, fsdp_summon_end(f.root), "without",
-              "F25: fsdp_summon_end without a begin is FSDP_EINVAL");
-    TRY(out, "training after summon", fx_run(ctx, f.m, NULL, true));
-    fu_ck(r, all_idle(f.root), "F19: IDLE after a backward that follows a summon", "%s",
+        FU_TRY(out, "summon end", fsdp_summon_end(f.root));
+    fu_ck_einval(r, ctx, fsdp_summon_end(f.root), "without", NULL,
+                 "F25: fsdp_summon_end without a begin is FSDP_EINVAL");
+    FU_TRY(out, "training after summon", fx_run(ctx, f.m, NULL, true));
+    fu_ck(r, fu_tree_idle(f.root), "F19: IDLE after a backward that follows a summon", "%s",
           "not idle");
-    TRY(out, "forward",
-        ck_forward(r, ctx, &f, "F25: forward after summon uses the written values"));
+    FU_TRY(out, "forward",
+           ck_forward(r, ctx, &f, "F25: forward after summon uses the written values"));
 out:
     fsdp_named_list_free(&s);
-    vfree(&v);
-    vfree(&rv);
+    fu_vals_free(&v);
+    fu_vals_free(&rv);
     fx_fini(&f);
     return rc < 0 ? rc : 0;
 }
@@ -408,16 +334,16 @@ static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
     fu_res_t *r = fu_res_of(&j->base, ctx);
     fx_t f = {0};
     fsdp_named_list_t s = {0};
-    vals_t v = {0}, rv = {0};
+    fu_vals_t v = {0}, rv = {0};
     fsdp_optim_t *opt = NULL;
     fsdp_summon_options_t so;
     fsdp_mem_stats_t m0, m1;
     fsdp_unit_t **units = NULL;
     size_t nu = 0, all_full = 0, largest = 0;
 
-    TRY(out, "wrapping", fx_init(ctx, FSDP_FULL_SHARD, false, &f));
-    TRY(out, "reference", module_values(f.ref, false, false, &rv));
-    TRY(out, "listing", fsdp_units(f.root, &units, &nu));
+    FU_TRY(out, "wrapping", fx_init(ctx, FSDP_FULL_SHARD, false, &f));
+    FU_TRY(out, "reference", fu_module_values(f.ref, false, false, &rv));
+    FU_TRY(out, "listing", fsdp_units(f.root, &units, &nu));
     for (size_t i = 0; i < nu; i++) {
         fsdp_flat_sizes_t fs;
         fsdp_unit_flat_sizes(units[i], &fs);
@@ -430,8 +356,8 @@ static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_summon_options_init(&so);
     so.rank0_only = true;
     so.writeback = false;
-    TRY(out, "summon rank0_only", fsdp_summon_begin(f.root, &so));
-    TRY(out, "listing", fsdp_module_named_params(f.m, false, &s));
+    FU_TRY(out, "summon rank0_only", fsdp_summon_begin(f.root, &so));
+    FU_TRY(out, "listing", fsdp_module_named_params(f.m, false, &s));
     {
         char why[300] = "";
         for (size_t p = 0; p < s.n && !why[0]; p++) {
@@ -447,35 +373,36 @@ static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
               "rank0_only: rank 0 sees full parameters, other ranks keep their shards", "%s",
               why[0] ? why : "the root's unsharded state is wrong");
     }
-    TRY(out, "reading", list_values(&s, false, &v));
+    FU_TRY(out, "reading", fu_list_values(&s, false, &v));
     size_t d = vdiff(&v, &rv, 0, 0);
     fu_ck(r, rank != 0 || d == v.n,
           "rank0_only: rank 0's full parameters are the unwrapped model's",
           "first difference at %zu", d);
-    TRY(out, "summon end", fsdp_summon_end(f.root));
+    FU_TRY(out, "summon end", fsdp_summon_end(f.root));
 
     /* rank0_only with writeback is refused and leaves the unit usable. */
     so.writeback = true;
-    ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "rank0_only",
-              "rank0_only with writeback is FSDP_EINVAL naming rank0_only");
-    fu_ck(r, all_idle(f.root), "rank0_only with writeback leaves every unit IDLE and sharded", "%s",
-          "a unit was left summoned or unsharded");
-    TRY(out, "parameters after the refusal", full_values(f.root, false, &v));
+    fu_ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "rank0_only", NULL,
+                 "rank0_only with writeback is FSDP_EINVAL naming rank0_only");
+    fu_ck(r, fu_tree_idle(f.root), "rank0_only with writeback leaves every unit IDLE and sharded",
+          "%s", "a unit was left summoned or unsharded");
+    FU_TRY(out, "parameters after the refusal", full_values(f.root, false, &v));
     ck_close(r, &v, &rv, 0, 0, "rank0_only with writeback changes no parameter");
-    TRY(out, "forward after the refusal",
+    FU_TRY(
+        out, "forward after the refusal",
         ck_forward(r, ctx, &f, "rank0_only with writeback: a later forward is the unwrapped one"));
     {
-        TRY(out, "SGD", fu_make_fsdp_sgd(ctx, f.root, 0.05, 0.0, &opt));
-        TRY(out, "training after the refusal", fx_run(ctx, f.m, NULL, true));
-        TRY(out, "step after the refusal", fsdp_optim_step(opt));
-        TRY(out, "parameters after the step", full_values(f.root, false, &v));
-        fu_ck(r, vdiff(&v, &rv, 0, 0) < v.n && all_idle(f.root),
+        FU_TRY(out, "SGD", fu_make_fsdp_sgd(ctx, f.root, 0.05, 0.0, &opt));
+        FU_TRY(out, "training after the refusal", fx_run(ctx, f.m, NULL, true));
+        FU_TRY(out, "step after the refusal", fsdp_optim_step(opt));
+        FU_TRY(out, "parameters after the step", full_values(f.root, false, &v));
+        fu_ck(r, vdiff(&v, &rv, 0, 0) < v.n && fu_tree_idle(f.root),
               "rank0_only with writeback: a later step works", "%s",
               "the step changed nothing or a unit is not IDLE");
     }
 
     /* offload_to_cpu: the shown copy is host memory; device parameters keep only the shards. */
-    TRY(out, "parameters", full_values(f.root, false, &rv));
+    FU_TRY(out, "parameters", full_values(f.root, false, &rv));
     for (int r0 = 0; r0 < 2; r0++) {
         fsdp_summon_options_init(&so);
         so.offload_to_cpu = true;
@@ -483,7 +410,7 @@ static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
         so.rank0_only = r0;
         fsdp_mem_get_stats(ctx, &m0);
         fsdp_mem_reset_peaks(ctx);
-        TRY(out, "summon offload_to_cpu", fsdp_summon_begin(f.root, &so));
+        FU_TRY(out, "summon offload_to_cpu", fsdp_summon_begin(f.root, &so));
         fsdp_mem_get_stats(ctx, &m1);
         size_t want = r0 && rank != 0 ? 0 : all_full;
         size_t off = m1.current[FSDP_MEM_OFFLOAD] - m0.current[FSDP_MEM_OFFLOAD];
@@ -499,34 +426,34 @@ static int rank0_offload_rank(fsdp_ctx_t *ctx, void *arg) {
               "params %zu -> %zu (peak %zu), largest unit %zu bytes", m0.current[FSDP_MEM_PARAMS],
               m1.current[FSDP_MEM_PARAMS], m1.peak[FSDP_MEM_PARAMS], largest);
         if (!r0) {
-            TRY(out, "reading", module_values(f.m, false, false, &v));
+            FU_TRY(out, "reading", fu_module_values(f.m, false, false, &v));
             ck_close(r, &v, &rv, 0, 0, "offload_to_cpu: the host copy holds the full parameters");
         }
-        TRY(out, "summon end", fsdp_summon_end(f.root));
+        FU_TRY(out, "summon end", fsdp_summon_end(f.root));
         fsdp_mem_get_stats(ctx, &m1);
-        fu_ck(r,
-              m1.current[FSDP_MEM_OFFLOAD] == m0.current[FSDP_MEM_OFFLOAD] &&
-                  m1.current[FSDP_MEM_PARAMS] == m0.current[FSDP_MEM_PARAMS] && all_idle(f.root),
-              r0 ? "offload_to_cpu+rank0_only: memory back to before after the end"
-                 : "offload_to_cpu: memory back to before after the end",
-              "offload %zu -> %zu, params %zu -> %zu", m0.current[FSDP_MEM_OFFLOAD],
-              m1.current[FSDP_MEM_OFFLOAD], m0.current[FSDP_MEM_PARAMS],
-              m1.current[FSDP_MEM_PARAMS]);
+        fu_ck(
+            r,
+            m1.current[FSDP_MEM_OFFLOAD] == m0.current[FSDP_MEM_OFFLOAD] &&
+                m1.current[FSDP_MEM_PARAMS] == m0.current[FSDP_MEM_PARAMS] && fu_tree_idle(f.root),
+            r0 ? "offload_to_cpu+rank0_only: memory back to before after the end"
+               : "offload_to_cpu: memory back to before after the end",
+            "offload %zu -> %zu, params %zu -> %zu", m0.current[FSDP_MEM_OFFLOAD],
+            m1.current[FSDP_MEM_OFFLOAD], m0.current[FSDP_MEM_PARAMS], m1.current[FSDP_MEM_PARAMS]);
     }
     /* offload_to_cpu with writeback: each rank's part of the host copy goes back to its shard. */
     fsdp_summon_options_init(&so);
     so.offload_to_cpu = true;
-    TRY(out, "summon offload_to_cpu", fsdp_summon_begin(f.root, &so));
-    TRY(out, "writing under summon", store(f.m, NULL, rank));
-    TRY(out, "summon end", fsdp_summon_end(f.root));
-    TRY(out, "reading back",
-        ck_tags(r, &f, "", rank,
-                "offload_to_cpu writeback: each element keeps the value of the rank whose shard "
-                "holds it"));
+    FU_TRY(out, "summon offload_to_cpu", fsdp_summon_begin(f.root, &so));
+    FU_TRY(out, "writing under summon", store(f.m, NULL, rank));
+    FU_TRY(out, "summon end", fsdp_summon_end(f.root));
+    FU_TRY(out, "reading back",
+           ck_tags(r, &f, "", rank,
+                   "offload_to_cpu writeback: each element keeps the value of the rank whose shard "
+                   "holds it"));
 out:
     free(units);
-    vfree(&v);
-    vfree(&rv);
+    fu_vals_free(&v);
+    fu_vals_free(&rv);
     fsdp_named_list_free(&s);
     fsdp_optim_destroy(opt);
     fx_fini(&f);
@@ -543,21 +470,21 @@ static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_module_t *dm = NULL;
     fsdp_ddp_t *ddp = NULL;
     fsdp_tensor_t *x = NULL, *y = NULL, *loss = NULL;
-    vals_t g = {0}, dg = {0};
+    fu_vals_t g = {0}, dg = {0};
     fsdp_summon_options_t so;
 
-    TRY(out, "wrapping (use_orig_params)", fx_init(ctx, FSDP_FULL_SHARD, true, &f));
-    TRY(out, "building the DDP reference", tm_nested_wrapped_create(ctx, true, &dm));
-    TRY(out, "creating DDP", fsdp_ddp_create(dm, NULL, NULL, &ddp));
+    FU_TRY(out, "wrapping (use_orig_params)", fx_init(ctx, FSDP_FULL_SHARD, true, &f));
+    FU_TRY(out, "building the DDP reference", tm_nested_wrapped_create(ctx, true, &dm));
+    FU_TRY(out, "creating DDP", fsdp_ddp_create(dm, NULL, NULL, &ddp));
     /* The same per-rank input through both; DDP all-reduces, FSDP reduce-scatters. */
-    TRY(out, "input", tm_nested_wrapped_get_input(ctx, &x));
-    TRY(out, "DDP forward", fsdp_ddp_forward1(ddp, x, &y));
-    TRY(out, "DDP loss", tm_sum_loss(y, &loss));
-    TRY(out, "DDP backward", fsdp_backward(loss, NULL));
-    TRY(out, "DDP gradients", module_values(dm, false, true, &dg));
-    TRY(out, "FSDP forward and backward", fx_run(ctx, f.m, NULL, true));
+    FU_TRY(out, "input", tm_nested_wrapped_get_input(ctx, &x));
+    FU_TRY(out, "DDP forward", fsdp_ddp_forward1(ddp, x, &y));
+    FU_TRY(out, "DDP loss", tm_sum_loss(y, &loss));
+    FU_TRY(out, "DDP backward", fsdp_backward(loss, NULL));
+    FU_TRY(out, "DDP gradients", fu_module_values(dm, false, true, &dg));
+    FU_TRY(out, "FSDP forward and backward", fx_run(ctx, f.m, NULL, true));
 
-    TRY(out, "summon with_grads", full_values(f.root, true, &g));
+    FU_TRY(out, "summon with_grads", full_values(f.root, true, &g));
     ck_close(r, &g, &dg, FU_F32_RTOL, FU_F32_ATOL,
              "with_grads: summoned gradients equal DDP's (fp32 tol)");
     {
@@ -588,18 +515,18 @@ static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
     so.with_grads = true;
     so.writeback = false;
     so.offload_to_cpu = true;
-    ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "offload_to_cpu",
-              "with_grads with offload_to_cpu is FSDP_EINVAL naming offload_to_cpu");
-    fu_ck(r, all_idle(f.root), "with_grads: the refusal leaves every unit IDLE and sharded", "%s",
-          "a unit is not");
+    fu_ck_einval(r, ctx, fsdp_summon_begin(f.root, &so), "offload_to_cpu", NULL,
+                 "with_grads with offload_to_cpu is FSDP_EINVAL naming offload_to_cpu");
+    fu_ck(r, fu_tree_idle(f.root), "with_grads: the refusal leaves every unit IDLE and sharded",
+          "%s", "a unit is not");
     so.offload_to_cpu = false;
-    TRY(out, "wrapping without use_orig_params", fx_init(ctx, FSDP_FULL_SHARD, false, &nf));
-    ck_einval(r, ctx, fsdp_summon_begin(nf.root, &so), "use_orig_params",
-              "with_grads without use_orig_params is FSDP_EINVAL naming use_orig_params");
+    FU_TRY(out, "wrapping without use_orig_params", fx_init(ctx, FSDP_FULL_SHARD, false, &nf));
+    fu_ck_einval(r, ctx, fsdp_summon_begin(nf.root, &so), "use_orig_params", NULL,
+                 "with_grads without use_orig_params is FSDP_EINVAL naming use_orig_params");
 
     /* zero_grad(set_to_none) on every original parameter: "zeros where a rank has none". */
-    TRY(out, "zero_grad", fsdp_module_zero_grad(f.m, true));
-    TRY(out, "summon with_grads", full_values(f.root, true, &g));
+    FU_TRY(out, "zero_grad", fsdp_module_zero_grad(f.m, true));
+    FU_TRY(out, "summon with_grads", full_values(f.root, true, &g));
     {
         size_t d = 0;
         while (d < g.n && (g.v[d] == 0.0 || isnan(g.v[d])))
@@ -608,8 +535,8 @@ static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
               "element %zu of the summoned gradients is %.9g", d, d < g.n ? g.v[d] : 0.0);
     }
 out:
-    vfree(&g);
-    vfree(&dg);
+    fu_vals_free(&g);
+    fu_vals_free(&dg);
     fsdp_tensor_release(x);
     fsdp_tensor_release(y);
     fsdp_tensor_release(loss);
@@ -623,41 +550,38 @@ out:
 /* ---- explicit unshard and reshard ------------------------------------------------------------ */
 
 static int unshard_rank(fsdp_ctx_t *ctx, void *arg) {
-    static const int64_t shape[2] = {4, 16};
     job_t *j = arg;
     int rank = fsdp_ctx_rank(ctx), rc = 0;
     fu_res_t *r = fu_res_of(&j->base, ctx);
     fx_t f = {0};
     fsdp_unit_t *u = NULL, *inner = NULL;
     fsdp_tensor_t *x = NULL, *y = NULL;
-    vals_t a = {0}, b = {0};
+    fu_vals_t a = {0}, b = {0};
     bool was = true;
 
-    TRY(out, "wrapping", fx_init(ctx, FSDP_FULL_SHARD, false, &f));
+    FU_TRY(out, "wrapping", fx_init(ctx, FSDP_FULL_SHARD, false, &f));
     u = fsdp_unit_of(fsdp_module_child(f.m, "module.1"));
     inner = fsdp_unit_of(fsdp_module_child(f.m, "module.1.0"));
     if (!fu_ck(r, u && inner, "units module.1 and module.1.0 exist", "%s", "missing")) goto out;
 
-    ck_einval(r, ctx, fsdp_unit_reshard(u), "without",
-              "fsdp_unit_reshard without fsdp_unit_unshard is FSDP_EINVAL");
-    TRY(out, "fsdp_unit_unshard", fsdp_unit_unshard(u));
+    fu_ck_einval(r, ctx, fsdp_unit_reshard(u), "without", NULL,
+                 "fsdp_unit_reshard without fsdp_unit_unshard is FSDP_EINVAL");
+    FU_TRY(out, "fsdp_unit_unshard", fsdp_unit_unshard(u));
     fu_ck(r,
           fsdp_unit_is_unsharded(u) && !fsdp_unit_is_unsharded(inner) &&
               !fsdp_unit_is_unsharded(f.root) && fsdp_unit_state(inner) == FSDP_STATE_IDLE,
           "fsdp_unit_unshard unshards the given unit only", "module.1 %d, module.1.0 %d, root %d",
           fsdp_unit_is_unsharded(u), fsdp_unit_is_unsharded(inner), fsdp_unit_is_unsharded(f.root));
-    ck_einval(r, ctx, fsdp_unit_unshard(u), "already",
-              "fsdp_unit_unshard of an unsharded unit is FSDP_EINVAL");
+    fu_ck_einval(r, ctx, fsdp_unit_unshard(u), "already", NULL,
+                 "fsdp_unit_unshard of an unsharded unit is FSDP_EINVAL");
 
     /* module.1.1 (Linear(16, 16)) belongs to unit module.1 but is not its module: it runs. */
     was = fsdp_set_grad_enabled(ctx, false);
-    tm_manual_seed(ctx, 77 + (uint64_t)rank);
-    rc = fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, shape, FSDP_MEM_ACTIVATIONS, &x);
-    if (rc == 0) rc = fsdp_tensor_uniform_(x, -1.0, 1.0);
+    rc = fu_rand_input(ctx, 77 + (uint64_t)rank, 4, 16, &x);
     for (int k = 0; k < 2 && rc == 0; k++) {
         rc = fsdp_module_forward1(fsdp_module_child(k ? f.ref : f.m, "module.1.1"), x, &y);
         if (rc == 0)
-            rc = list_values(&(fsdp_named_list_t){.n = 1, .tensors = &y}, false, k ? &b : &a);
+            rc = fu_list_values(&(fsdp_named_list_t){.n = 1, .tensors = &y}, false, k ? &b : &a);
         fsdp_tensor_release(y);
         y = NULL;
     }
@@ -665,25 +589,26 @@ static int unshard_rank(fsdp_ctx_t *ctx, void *arg) {
         ck_close(r, &a, &b, FU_F32_RTOL, FU_F32_ATOL,
                  "a submodule of an unsharded unit equals the unwrapped one");
     rc = fsdp_module_forward1(fsdp_module_child(f.m, "module.1"), x, &y);
-    ck_einval(r, ctx, rc, "module.1",
-              "running the unsharded unit's own module is FSDP_EINVAL naming the unit");
-    ck_einval(r, ctx, fx_run(ctx, f.m, NULL, false), "module.1",
-              "running the root while a unit is unsharded is FSDP_EINVAL naming the unit");
+    fu_ck_einval(r, ctx, rc, "module.1", NULL,
+                 "running the unsharded unit's own module is FSDP_EINVAL naming the unit");
+    fu_ck_einval(r, ctx, fx_run(ctx, f.m, NULL, false), "module.1", NULL,
+                 "running the root while a unit is unsharded is FSDP_EINVAL naming the unit");
     fsdp_set_grad_enabled(ctx, was);
 
     /* Every rank writes its own values; reshard keeps this rank's part. */
-    TRY(out, "writing", store(fsdp_module_child(f.m, "module.1.1"), NULL, rank));
-    TRY(out, "fsdp_unit_reshard", fsdp_unit_reshard(u));
-    fu_ck(r, all_idle(f.root), "after fsdp_unit_reshard every unit is IDLE and sharded", "%s",
+    FU_TRY(out, "writing", store(fsdp_module_child(f.m, "module.1.1"), NULL, rank));
+    FU_TRY(out, "fsdp_unit_reshard", fsdp_unit_reshard(u));
+    fu_ck(r, fu_tree_idle(f.root), "after fsdp_unit_reshard every unit is IDLE and sharded", "%s",
           "not");
-    TRY(out, "reading back",
-        ck_tags(r, &f, "module.1.1.", rank,
-                "fsdp_unit_reshard writes this rank's part of a change back"));
-    TRY(out, "training after reshard", fx_run(ctx, f.m, NULL, true));
-    TRY(out, "forward", ck_forward(r, ctx, &f, "a forward after reshard uses the written values"));
+    FU_TRY(out, "reading back",
+           ck_tags(r, &f, "module.1.1.", rank,
+                   "fsdp_unit_reshard writes this rank's part of a change back"));
+    FU_TRY(out, "training after reshard", fx_run(ctx, f.m, NULL, true));
+    FU_TRY(out, "forward",
+           ck_forward(r, ctx, &f, "a forward after reshard uses the written values"));
 out:
-    vfree(&a);
-    vfree(&b);
+    fu_vals_free(&a);
+    fu_vals_free(&b);
     fsdp_tensor_release(x);
     fsdp_tensor_release(y);
     fx_fini(&f);
@@ -699,20 +624,22 @@ static int sync_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_module_t *m = NULL;
     fsdp_unit_t *root = NULL;
     fsdp_named_list_t bl = {0};
-    vals_t v = {0};
+    fu_vals_t v = {0};
 
     /* Different seeds, and every buffer filled with rank-dependent values. */
     tm_manual_seed(ctx, 1000 + (uint64_t)rank);
-    TRY(out, "building TransformerWithSharedParams", tm_transformer_create(ctx, true, false, &m));
-    TRY(out, "listing buffers", fsdp_module_named_buffers(m, false, &bl));
+    FU_TRY(out, "building TransformerWithSharedParams",
+           tm_transformer_create(ctx, true, false, &m));
+    FU_TRY(out, "listing buffers", fsdp_module_named_buffers(m, false, &bl));
     for (size_t i = 0; i < bl.n; i++) {
         bool fl = fsdp_dtype_is_float(fsdp_tensor_dtype(bl.tensors[i]));
-        TRY(out, "filling buffers",
+        FU_TRY(
+            out, "filling buffers",
             fsdp_tensor_fill_(bl.tensors[i], fl ? 0.5 * (rank + 1) + (double)i : 3.0 * rank + i));
     }
-    TRY(out, "reading", module_values(m, false, false, &j->params[rank]));
-    TRY(out, "reading", module_values(m, true, false, &j->bufs[rank]));
-    TRY(out, "barrier", fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL));
+    FU_TRY(out, "reading", fu_module_values(m, false, false, &j->params[rank]));
+    FU_TRY(out, "reading", fu_module_values(m, true, false, &j->bufs[rank]));
+    FU_TRY(out, "barrier", fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL));
     fu_ck(r,
           rank == 0 || (vdiff(&j->params[rank], &j->params[0], 0, 0) < j->params[0].n &&
                         vdiff(&j->bufs[rank], &j->bufs[0], 0, 0) < j->bufs[0].n),
@@ -723,13 +650,13 @@ static int sync_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_options_init(&o);
     o.sync_module_states = true;
     o.check_exec_order = true;
-    TRY(out, "wrapping with sync_module_states", fu_wrap_transformer_opts(m, &o, &root));
-    TRY(out, "reading full parameters", full_values(root, false, &v));
+    FU_TRY(out, "wrapping with sync_module_states", fu_wrap_transformer_opts(m, &o, &root));
+    FU_TRY(out, "reading full parameters", full_values(root, false, &v));
     ck_close(r, &v, &j->params[0], 0, 0, "every rank's full parameters are rank 0's");
-    TRY(out, "reading buffers", module_values(m, true, false, &v));
+    FU_TRY(out, "reading buffers", fu_module_values(m, true, false, &v));
     ck_close(r, &v, &j->bufs[0], 0, 0, "every rank's buffers (float and int64) are rank 0's");
 out:
-    vfree(&v);
+    fu_vals_free(&v);
     fsdp_named_list_free(&bl);
     fsdp_destroy(root);
     fsdp_module_release(m);
@@ -741,14 +668,12 @@ out:
 /* Runs fn as job `prefix` on `world` ranks (strategy s), then frees the values it kept. */
 static void run(const char *prefix, int world, fsdp_sharding_strategy_t s, fsdp_sim_fn fn) {
     static job_t j; /* large: off the stack */
-    fu_job_t *d = fu_job_new(prefix, world, s, false);
     memset(&j, 0, sizeof j);
-    j.base = *d; /* fu_job_new()'s defaults; the rank functions read the world and strategy */
-    free(d);
+    fu_job_init(&j.base, prefix, world, s, false); /* the rank functions read world, strategy */
     fu_run_job(&j.base, fn);
     for (int r = 0; r < FU_MAXR; r++) {
-        free(j.params[r].v);
-        free(j.bufs[r].v);
+        fu_vals_free(&j.params[r]);
+        fu_vals_free(&j.bufs[r]);
     }
 }
 
