@@ -19,6 +19,11 @@
  * parameters were on at wrap; it may be another device object than `dev` even on a CPU-only
  * build) and every copy between the two goes through fsdp.c's cross-device copy.
  *
+ * Files: flat_param.c (the flat layout); fsdp.c (the per-rank registry, unshard and reshard,
+ * gradients, the forward/backward runtime, destroy); wrap.c (options, flattening, fsdp_wrap);
+ * summon.c (navigation and listings, summons, explicit unshard, clip_grad_norm). Functions one
+ * of the last three defines and another uses are declared below, grouped by the defining file.
+ *
  * Invariants: a module slot holds cv[i] exactly while the unit is in forward (or summoned),
  * orig[i] otherwise; full has bytes iff `unsharded`; an outstanding all-gather (`ag_work`)
  * writes into full, so full is not read before it completed.
@@ -64,7 +69,7 @@ void fsdp__layout_shard_info(const fsdp__layout_t *l, int i, int rank, fsdp__sha
 /* PyTorch's split of the world size into gradient pre- and post-divide factors. */
 void fsdp__divide_factors(int world, double *pre, double *post);
 
-/* ---- units (fsdp.c) --------------------------------------------------------------------------- */
+/* ---- units (fsdp.c, wrap.c, summon.c) -------------------------------------------------------- */
 
 struct fsdp__param {
     char *fqn;             /* under the unit's module */
@@ -156,14 +161,6 @@ struct fsdp_unit {
     fsdp_unit_stats_t stats;
 };
 
-/* Moves t's elements to dev keeping the tensor object (PyTorch's `t.data = t.data.to(dev)`):
- * new storage on dev in t's memory category, a copy, t re-pointed at it; t's gradient moves
- * too. Storage t shared with other tensors stays where it was for them. A no-op when t is on
- * dev already; FSDP_EINVAL for a device of another context. fsdp_wrap uses it for
- * options.device; tests use it to move a parameter after wrapping (PyTorch's `.cuda()` after
- * FSDP(...), which the public API has no counterpart of). */
-int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev);
-
 /* Per-rank FSDP state hung on the context: units by module, the root's iteration state. */
 struct fsdp__rank {
     struct fsdp__entry {
@@ -172,5 +169,69 @@ struct fsdp__rank {
     } *units;
     size_t n, cap;
 };
+
+/* ---- shared by fsdp.c, wrap.c and summon.c: defined in fsdp.c -------------------------------- */
+
+/* Whether strategy s shards the parameters (every strategy but NO_SHARD). */
+bool fsdp__is_sharded(fsdp_sharding_strategy_t s);
+/* Whether u's unsharded flat parameter has storage of its own (gathered, then freed). */
+bool fsdp__separate_full(const fsdp_unit_t *u);
+/* Sets the context's error to fmt, prefixed with u's name and rank; returns rc. */
+int fsdp__unit_err(const fsdp_unit_t *u, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+/* Adds u to its context's per-rank registry under u->module (fsdp_unit_of finds it). */
+int fsdp__registry_add(fsdp_unit_t *u);
+/* The unit that manages t as an original parameter (its index in *index), or NULL. */
+fsdp_unit_t *fsdp__owner_of_param(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, int *index);
+/* A 1-D view of n elements of base starting at element off (relative to base's offset). */
+int fsdp__view1d(fsdp_tensor_t *base, int64_t off, int64_t n, fsdp_tensor_t **out);
+/* dst = src where the two may be on different devices: the one cross-device copy of FSDP. */
+int fsdp__xcopy(fsdp_tensor_t *dst, const fsdp_tensor_t *src);
+/* A zeroed contiguous 1-D tensor of n elements of dt on dev, in memory category cat. */
+int fsdp__zeros_on(fsdp_unit_t *u, fsdp_device_t *dev, fsdp_dtype_t dt, int64_t n,
+                   fsdp_mem_cat_t cat, fsdp_tensor_t **out);
+/* Points u's module slots at the compute views (to_cv) or back at the original objects. */
+void fsdp__swap_slots(fsdp_unit_t *u, bool to_cv);
+/* Makes u's unsharded flat parameter available (all-gather, then wait); a no-op if it is. */
+int fsdp__unshard(fsdp_unit_t *u);
+/* Waits for u's all-gather, then frees full when it has storage of its own; no-op if sharded. */
+int fsdp__reshard(fsdp_unit_t *u);
+/* Whether u's flat parameter requires a gradient (some parameter of u does). */
+bool fsdp__any_requires_grad(const fsdp_unit_t *u);
+/* Drops the .grad of u's compute views. */
+void fsdp__drop_cv_grads(fsdp_unit_t *u);
+/* With use_orig_params: drops the flat gradient when every original gradient was set to none. */
+void fsdp__drop_cleared_flat_grad(fsdp_unit_t *u);
+/* Appends u and the units below it, in pre-order, to the growing array *arr (*n used, *cap). */
+int fsdp__collect_units(fsdp_unit_t *u, fsdp_unit_t ***arr, size_t *n, size_t *cap);
+/* Whether m is one of the modules u was told to ignore. */
+bool fsdp__unit_ignores(const fsdp_unit_t *u, const fsdp_module_t *m);
+/* The unit's forward pre-hook (arg is the unit): unshard, slots to the compute views. */
+int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t **in);
+/* The unit's forward hook: slots back to the original objects, reshard unless kept. */
+int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *const *in, int nout,
+                       fsdp_tensor_t **out);
+/* The unit's backward pre-hook (exit mark): unshard, prefetch, the unsharded gradient. */
+int fsdp__backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad);
+/* The unit's backward hook (entry mark): reshard, prefetch, start the gradient reduction. */
+int fsdp__backward_hook(fsdp_module_t *m, void *arg, bool has_grad);
+/* Frees u without communicating: slots restored, hooks removed, out of the registry. */
+void fsdp__unit_free(fsdp_unit_t *u);
+
+/* ---- defined in wrap.c ----------------------------------------------------------------------- */
+
+/* Moves t's elements to dev keeping the tensor object (PyTorch's `t.data = t.data.to(dev)`):
+ * new storage on dev in t's memory category, a copy, t re-pointed at it; t's gradient moves
+ * too. Storage t shared with other tensors stays where it was for them. A no-op when t is on
+ * dev already; FSDP_EINVAL for a device of another context. fsdp_wrap uses it for
+ * options.device; tests use it to move a parameter after wrapping (PyTorch's `.cuda()` after
+ * FSDP(...), which the public API has no counterpart of). */
+int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev);
+/* prefix.name, or name when prefix is empty; malloc'd (NULL when out of memory). */
+char *fsdp__join_name(const char *prefix, const char *name);
+
+/* ---- defined in summon.c --------------------------------------------------------------------- */
+
+/* Drops the views a summon pointed u's module slots at (u->summon_views). */
+void fsdp__drop_summon_views(fsdp_unit_t *u);
 
 #endif /* FSDP_FSDP_IMPL_H */

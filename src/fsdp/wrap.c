@@ -1,0 +1,691 @@
+/*
+ * wrap.c: building FSDP units: options and their checks, collecting the parameters a unit
+ * manages, flattening them into the flat parameter, sync_module_states, moves to options.device,
+ * the auto-wrap policy, and fsdp_wrap itself.
+ *
+ * A unit manages the parameters of its module's subtree outside nested units and ignored
+ * modules; units met on the way are adopted as its children. A unit enters the per-rank registry
+ * at the end of its wrap; a failed wrap frees it and leaves the units it would have adopted as
+ * roots (parameters it already flattened cannot be restored). The hooks installed here run the
+ * unit through fsdp.c.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp/fsdp_impl.h"
+#include "nn/nn_impl.h"
+#include "tensor/tensor_impl.h"
+
+/* ---- options --------------------------------------------------------------------------------- */
+
+static const char *const strategy_names[FSDP_SHARDING_COUNT] = {
+    "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"};
+static const char *const prefetch_names[FSDP_BACKWARD_PREFETCH_COUNT] = {"NONE", "BACKWARD_PRE",
+                                                                         "BACKWARD_POST"};
+
+const char *fsdp_sharding_strategy_name(fsdp_sharding_strategy_t s) {
+    return (int)s >= 0 && s < FSDP_SHARDING_COUNT ? strategy_names[s] : "?";
+}
+
+const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p) {
+    return (int)p >= 0 && p < FSDP_BACKWARD_PREFETCH_COUNT ? prefetch_names[p] : "?";
+}
+
+void fsdp_mixed_precision_init(fsdp_mixed_precision_t *mp) {
+    if (!mp) return;
+    *mp = (fsdp_mixed_precision_t){0};
+    mp->param_dtype = mp->reduce_dtype = mp->buffer_dtype = FSDP_MP_UNSET;
+    mp->cast_root_forward_inputs = true;
+}
+
+void fsdp_options_init(fsdp_options_t *o) {
+    if (!o) return;
+    *o = (fsdp_options_t){0};
+    fsdp_mixed_precision_init(&o->mixed_precision);
+    o->strategy = FSDP_FULL_SHARD;
+    o->backward_prefetch = FSDP_BACKWARD_PRE;
+    o->limit_all_gathers = 2;
+}
+
+static bool is_hybrid(fsdp_sharding_strategy_t s) {
+    return s == FSDP_HYBRID_SHARD || s == FSDP_HYBRID_SHARD_ZERO2;
+}
+
+/* ---- moving tensors between devices ---------------------------------------------------------- */
+
+/* Points t at src's elements, taking src's device too (set_data itself keeps the device). */
+static int repoint(fsdp_tensor_t *t, fsdp_tensor_t *src) {
+    fsdp_device_t *was = t->dev;
+    t->dev = src->dev;
+    int rc = fsdp__tensor_set_data(t, src);
+    if (rc < 0) t->dev = was;
+    return rc;
+}
+
+int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev) {
+    if (!t || !dev) return fsdp__ctx_err(t ? t->ctx : NULL, FSDP_EINVAL, "move: NULL argument");
+    if (t->dev == dev) return FSDP_OK;
+    if (dev->ctx != t->ctx)
+        return fsdp__ctx_err(t->ctx, FSDP_EINVAL,
+                             "moving '%s' to %s: the device belongs to another context (rank %d)",
+                             fsdp_tensor_name(t), dev->name, dev->ctx ? dev->ctx->rank : -1);
+    fsdp_tensor_t *c = NULL;
+    int rc = fsdp__tensor_new(t->ctx, dev, t->dt, t->ndim, t->shape, t->st->cat, &c);
+    if (rc == 0) rc = fsdp__xcopy(c, t);
+    if (rc == 0 && t->grad) rc = fsdp__tensor_move(t->grad, dev);
+    if (rc == 0) rc = repoint(t, c);
+    fsdp_tensor_release(c);
+    return rc;
+}
+
+/* ---- wrapping -------------------------------------------------------------------------------- */
+
+char *fsdp__join_name(const char *prefix, const char *name) {
+    size_t a = strlen(prefix), b = strlen(name);
+    char *s = malloc(a + b + 2);
+    if (!s) return NULL;
+    if (a) {
+        memcpy(s, prefix, a);
+        s[a] = '.';
+        memcpy(s + a + 1, name, b + 1);
+    } else {
+        memcpy(s, name, b + 1);
+    }
+    return s;
+}
+
+struct collect {
+    fsdp_unit_t *u;
+    const fsdp_options_t *o;
+    size_t capparams, capslots;
+    int rc;
+};
+
+static bool is_ignored(const fsdp_options_t *o, const fsdp_module_t *m) {
+    for (size_t i = 0; i < o->num_ignored_modules; i++)
+        if (o->ignored_modules[i] == m) return true;
+    return false;
+}
+
+static int add_child_unit(fsdp_unit_t *u, fsdp_unit_t *c) {
+    if (u->nchildren == u->capchildren) {
+        size_t cap = u->capchildren ? 2 * u->capchildren : 4;
+        fsdp_unit_t **nc = realloc(u->children, cap * sizeof *nc);
+        if (!nc) return FSDP_ENOMEM;
+        u->children = nc;
+        u->capchildren = cap;
+    }
+    u->children[u->nchildren++] = c;
+    return FSDP_OK;
+}
+
+/* Walks m's subtree in pre-order, collecting the parameters u manages and every slot that holds
+ * one; adopts the units met on the way (their subtrees are theirs). */
+static int collect(struct collect *c, fsdp_module_t *m, const char *prefix) {
+    fsdp_unit_t *u = c->u;
+    if (m != u->module) {
+        fsdp_unit_t *other = fsdp_unit_of(m);
+        if (other) {
+            if (other->parent && other->parent != u)
+                return fsdp__unit_err(u, FSDP_EINVAL,
+                                      "module '%s' is already a unit inside another "
+                                      "tree", prefix);
+            if (!other->parent) {
+                /* Adopt it (once, even if the module appears twice). */
+                bool have = false;
+                for (size_t i = 0; i < u->nchildren; i++) have |= u->children[i] == other;
+                if (!have && add_child_unit(u, other) < 0)
+                    return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+            }
+            return FSDP_OK;
+        }
+        if (is_ignored(c->o, m)) return FSDP_OK;
+    }
+    for (size_t i = 0; i < m->nparams; i++) {
+        fsdp_tensor_t *t = m->params[i].t;
+        int idx = -1;
+        for (int p = 0; p < u->nparams; p++)
+            if (u->params[p].orig == t) idx = p;
+        char *fqn = fsdp__join_name(prefix, m->params[i].name);
+        if (!fqn) return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+        if (idx < 0) {
+            int oi = 0;
+            fsdp_unit_t *owner = fsdp__owner_of_param(u->ctx, t, &oi);
+            if (owner) {
+                int rc = fsdp__unit_err(
+                    u, FSDP_EINVAL,
+                    "parameter '%s' is shared with parameter '%s' of the unit at "
+                    "'%s'; a shared parameter must belong to one unit: wrap the "
+                    "modules that share it in one unit",
+                    fqn, owner->params[oi].fqn,
+                    owner->module == u->module ? "" : fsdp_module_type(owner->module));
+                free(fqn);
+                return rc;
+            }
+            if (!fsdp_dtype_is_float(t->dt)) {
+                int rc = fsdp__unit_err(u, FSDP_EINVAL,
+                                        "cannot flatten parameter '%s' of dtype %s: "
+                                        "FSDP flattens floating-point parameters only",
+                                        fqn, fsdp_dtype_name(t->dt));
+                free(fqn);
+                return rc;
+            }
+            if ((size_t)u->nparams == c->capparams) {
+                size_t cap = c->capparams ? 2 * c->capparams : 8;
+                struct fsdp__param *np = realloc(u->params, cap * sizeof *np);
+                if (!np) {
+                    free(fqn);
+                    return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+                }
+                u->params = np;
+                c->capparams = cap;
+            }
+            struct fsdp__param *p = &u->params[u->nparams];
+            *p = (struct fsdp__param){0};
+            p->fqn = fqn;
+            fqn = NULL;
+            p->orig = fsdp_tensor_retain(t);
+            p->ndim = t->ndim;
+            memcpy(p->shape, t->shape, sizeof p->shape);
+            idx = u->nparams++;
+        }
+        free(fqn);
+        if (u->nslots == c->capslots) {
+            size_t cap = c->capslots ? 2 * c->capslots : 8;
+            struct fsdp__slotref *ns = realloc(u->slots, cap * sizeof *ns);
+            if (!ns) return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+            u->slots = ns;
+            c->capslots = cap;
+        }
+        u->slots[u->nslots++] = (struct fsdp__slotref){m, i, idx};
+    }
+    for (size_t i = 0; i < m->nchildren; i++) {
+        char *name = fsdp__join_name(prefix, m->children[i].name);
+        if (!name) return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+        int rc = collect(c, m->children[i].m, name);
+        free(name);
+        if (rc < 0) return rc;
+    }
+    return FSDP_OK;
+}
+
+/* Checks what PyTorch's _validate_tensors_to_flatten checks. */
+static int validate_params(fsdp_unit_t *u) {
+    for (int i = 1; i < u->nparams; i++) {
+        struct fsdp__param *a = &u->params[0], *b = &u->params[i];
+        if (b->orig->dt != a->orig->dt)
+            return fsdp__unit_err(u, FSDP_EINVAL,
+                                  "parameters must have one dtype to be flattened: '%s' is %s but "
+                                  "'%s' is %s",
+                                  a->fqn, fsdp_dtype_name(a->orig->dt), b->fqn,
+                                  fsdp_dtype_name(b->orig->dt));
+        if (b->orig->dev != a->orig->dev)
+            return fsdp__unit_err(u, FSDP_EINVAL,
+                                  "parameters '%s' and '%s' are on different devices",
+                                  a->fqn, b->fqn);
+        if (!u->opt.use_orig_params && b->orig->requires_grad != a->orig->requires_grad)
+            return fsdp__unit_err(u, FSDP_EINVAL,
+                                  "parameters must have uniform requires_grad when use_orig_params "
+                                  "is off: '%s' has %s but '%s' has %s",
+                                  a->fqn, a->orig->requires_grad ? "true" : "false", b->fqn,
+                                  b->orig->requires_grad ? "true" : "false");
+    }
+    return FSDP_OK;
+}
+
+/* sync_module_states: rank 0's values of every managed parameter and every buffer of the
+ * subtree (outside nested units and ignored modules). */
+static int sync_states(fsdp_unit_t *u, fsdp_module_t *m, bool top) {
+    if (!top && (fsdp_unit_of(m) || fsdp__unit_ignores(u, m))) return FSDP_OK;
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < m->nbuffers && rc == 0; i++) {
+        fsdp_tensor_t *b = m->buffers[i].t;
+        if (!fsdp_tensor_is_contiguous(b)) continue;
+        rc = fsdp_pg_broadcast(u->pg, fsdp_tensor_data(b), fsdp_tensor_data(b),
+                               (size_t)fsdp_tensor_numel(b), b->dt, 0, NULL);
+    }
+    for (size_t i = 0; i < m->nchildren && rc == 0; i++)
+        rc = sync_states(u, m->children[i].m, false);
+    return rc;
+}
+
+/* Builds the flat parameter and its views from the collected parameters. */
+static int flatten(fsdp_unit_t *u) {
+    int rc = FSDP_OK;
+    if (u->opt.device && !u->opt.cpu_offload) {
+        /* PyTorch's device_id: the module moves to the compute device before it is flattened,
+         * so the parameter objects themselves end up there (and sync_module_states broadcasts
+         * on it). */
+        for (int i = 0; i < u->nparams; i++) {
+            if ((rc = fsdp__tensor_move(u->params[i].orig, u->opt.device)) < 0)
+                return fsdp__unit_err(
+                    u, rc, "moving parameter '%s' to options.device (%s) failed: %s",
+                    u->params[i].fqn, fsdp_device_name(u->opt.device), fsdp_ctx_last_error(u->ctx));
+        }
+    }
+    if ((rc = validate_params(u)) < 0) return rc;
+    u->dt = u->params[0].orig->dt;
+    /* Where the parameters are: the offload host, or (moved above) the compute device. */
+    fsdp_device_t *pdev = u->params[0].orig->dev;
+    u->dev = pdev;
+    const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
+    u->cdt = mp->enabled && mp->param_dtype != FSDP_MP_UNSET ? mp->param_dtype : u->dt;
+    u->rdt = mp->enabled && mp->reduce_dtype != FSDP_MP_UNSET ? mp->reduce_dtype : u->cdt;
+    if (u->opt.cpu_offload) {
+        if (fsdp_device_kind(pdev) != FSDP_DEVICE_CPU)
+            return fsdp__unit_err(
+                u, FSDP_EINVAL,
+                "an FSDP-managed module with parameter CPU offloading enabled has "
+                "parameters on %s ('%s'); keep the module on the host until it is "
+                "wrapped (options.device chooses the compute device)",
+                fsdp_device_name(pdev), u->params[0].fqn);
+        /* The shard and its gradient stay on the host the parameters are on; the unit computes
+         * on options.device, or without it on the host itself (the category tells the offloaded
+         * bytes apart then). */
+        u->host_dev = pdev;
+        if (u->opt.device) u->dev = u->opt.device;
+    }
+    int64_t *numel = calloc((size_t)u->nparams, sizeof *numel);
+    if (!numel) return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+    for (int i = 0; i < u->nparams; i++) numel[i] = fsdp_tensor_numel(u->params[i].orig);
+    int align = u->opt.use_orig_params ? (int)(16 / fsdp_dtype_size(u->dt)) : 1;
+    int world = fsdp__is_sharded(u->opt.strategy) ? u->world : 1;
+    rc = fsdp__layout_build(u->nparams, numel, align, world, &u->layout);
+    free(numel);
+    if (rc < 0) return fsdp__unit_err(u, rc, "out of memory");
+    int shard_rank = fsdp__is_sharded(u->opt.strategy) ? u->rank : 0;
+
+    /* The unsharded flat parameter, filled from the parameters (padding zero), where they are. */
+    const int64_t full_n[1] = {u->layout.padded_numel};
+    FSDP_TRY(rc, out,
+             fsdp__zeros_on(u, pdev, u->dt, u->layout.padded_numel, FSDP_MEM_PARAMS, &u->full));
+    if (u->opt.sync_module_states)
+        for (int i = 0; i < u->nparams && rc == 0; i++) {
+            fsdp_tensor_t *t = u->params[i].orig;
+            fsdp_tensor_t *c = NULL;
+            FSDP_TRY(rc, out, fsdp_contiguous(t, &c));
+            rc = fsdp_pg_broadcast(u->pg, fsdp_tensor_data(c), fsdp_tensor_data(c),
+                                   (size_t)fsdp_tensor_numel(c), u->dt, 0, NULL);
+            if (rc == 0 && c != t) rc = fsdp_tensor_copy_(t, c);
+            fsdp_tensor_release(c);
+            if (rc < 0) goto out;
+        }
+    for (int i = 0; i < u->nparams; i++) {
+        struct fsdp__param *p = &u->params[i];
+        fsdp_tensor_t *dst = NULL;
+        FSDP_TRY(rc, out, fsdp__tensor_view(u->full, u->layout.offset[i], p->ndim, p->shape, NULL,
+                                            &dst));
+        fsdp__contiguous_strides(p->ndim, p->shape, dst->stride);
+        rc = fsdp_tensor_copy_(dst, p->orig);
+        fsdp_tensor_release(dst);
+        if (rc < 0) goto out;
+        fsdp__layout_shard_info(&u->layout, i, shard_rank, &p->sh);
+    }
+
+    /* The local shard. */
+    const int64_t shard_n[1] = {u->layout.shard_numel};
+    if (fsdp__separate_full(u)) {
+        /* pdev is the offload host, or without offload the compute device. */
+        FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, pdev, u->dt, 1, shard_n,
+                                           u->opt.cpu_offload ? FSDP_MEM_OFFLOAD
+                                                              : FSDP_MEM_PARAMS,
+                                           &u->flat));
+        fsdp_tensor_t *src = NULL;
+        FSDP_TRY(rc, out, fsdp__view1d(u->full, (int64_t)shard_rank * u->layout.shard_numel,
+                                       u->layout.shard_numel, &src));
+        rc = fsdp_tensor_copy_(u->flat, src);
+        fsdp_tensor_release(src);
+        if (rc < 0) goto out;
+        if (u->cdt != u->dt || u->dev != pdev) {
+            /* Mixed precision: the unsharded parameter is gathered in the compute dtype; with
+             * offload to another compute device, there. */
+            fsdp_tensor_release(u->full);
+            u->full = NULL;
+            FSDP_TRY(rc, out, fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, full_n,
+                                               FSDP_MEM_PARAMS, &u->full));
+        }
+        FSDP_TRY(rc, out, fsdp_tensor_storage_resize(u->full, 0));
+        u->unsharded = false;
+    } else {
+        FSDP_TRY(rc, out, fsdp__view1d(u->full, 0, u->layout.shard_numel, &u->flat));
+        u->unsharded = true;
+    }
+    /* The compute views: the original shapes at their offsets in the unsharded parameter. */
+    for (int i = 0; i < u->nparams; i++) {
+        struct fsdp__param *p = &u->params[i];
+        FSDP_TRY(rc, out, fsdp__tensor_view(u->full, u->layout.offset[i], p->ndim, p->shape, NULL,
+                                            &p->cv));
+        fsdp__contiguous_strides(p->ndim, p->shape, p->cv->stride);
+        p->cv->requires_grad = p->orig->requires_grad;
+        FSDP_TRY(rc, out, fsdp_tensor_set_name(p->cv, p->fqn));
+    }
+    bool rg = false;
+    for (int i = 0; i < u->nparams; i++) rg |= u->params[i].orig->requires_grad;
+    u->flat->requires_grad = rg;
+    FSDP_TRY(rc, out, fsdp_tensor_set_name(u->flat, "_flat_param"));
+
+    /* The original objects become views of their part of the shard. */
+    for (int i = 0; i < u->nparams; i++) {
+        struct fsdp__param *p = &u->params[i];
+        fsdp_tensor_t *v = NULL;
+        FSDP_TRY(rc, out, fsdp__view1d(u->flat, p->sh.in_shard ? p->sh.offset_in_shard : 0,
+                                       p->sh.numel_in_shard, &v));
+        fsdp_tensor_release(p->orig->grad);
+        p->orig->grad = NULL;
+        rc = fsdp__tensor_set_data(p->orig, v);
+        fsdp_tensor_release(v);
+        if (rc < 0) goto out;
+    }
+out:
+    return rc;
+}
+
+/* Moves the buffers of the modules u manages (its subtree outside nested units and ignored
+ * modules) to dev, keeping each buffer object, as `module.to(device_id)` does. */
+static int move_buffers(fsdp_unit_t *u, fsdp_module_t *m, bool top, fsdp_device_t *dev) {
+    if (!top && (fsdp_unit_of(m) || fsdp__unit_ignores(u, m))) return FSDP_OK;
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < m->nbuffers && rc == 0; i++)
+        rc = fsdp__tensor_move(m->buffers[i].t, dev);
+    for (size_t i = 0; i < m->nchildren && rc == 0; i++)
+        rc = move_buffers(u, m->children[i].m, false, dev);
+    return rc;
+}
+
+/* Moves an idle unit (wrapped earlier, now adopted) to compute on dev: its buffers, and the
+ * shard with the original parameters (unless offloaded: those stay on the host), the unsharded
+ * parameter and the compute views, each tensor object kept. */
+static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
+    if (u->state != FSDP_STATE_IDLE || u->ag_work || u->rs_in || u->full_grad)
+        return fsdp__unit_err(u, FSDP_EINVAL,
+                              "cannot move the unit to %s (options.device of the unit adopting it) "
+                              "while it runs or is unsharded by the caller",
+                              fsdp_device_name(dev));
+    fsdp_tensor_t *v = NULL;
+    int rc = move_buffers(u, u->module, true, dev);
+    if (rc < 0) goto fail;
+    if (u->nparams == 0 || u->dev == dev) {
+        u->dev = dev;
+        return FSDP_OK;
+    }
+    if (u->unsharded && fsdp__separate_full(u) && (rc = fsdp__reshard(u)) < 0) goto fail;
+    if (!u->opt.cpu_offload) {
+        if (fsdp__separate_full(u)) {
+            rc = fsdp__tensor_move(u->flat, dev); /* its gradient too */
+        } else {
+            /* NO_SHARD: the shard is a view of the unsharded parameter. */
+            rc = fsdp__tensor_move(u->full, dev);
+            if (rc == 0) rc = fsdp__view1d(u->full, 0, u->layout.shard_numel, &v);
+            if (rc == 0) rc = repoint(u->flat, v);
+            fsdp_tensor_release(v);
+            v = NULL;
+            if (rc == 0 && u->flat->grad) rc = fsdp__tensor_move(u->flat->grad, dev);
+        }
+        for (int i = 0; i < u->nparams && rc == 0; i++) {
+            struct fsdp__param *p = &u->params[i];
+            rc = fsdp__view1d(u->flat, p->sh.in_shard ? p->sh.offset_in_shard : 0,
+                              p->sh.numel_in_shard, &v);
+            if (rc == 0) rc = repoint(p->orig, v);
+            fsdp_tensor_release(v);
+            v = NULL;
+            if (rc < 0 || !p->orig->grad || p->orig->grad->dev == dev) continue;
+            if (u->opt.use_orig_params && u->flat->grad) {
+                /* It viewed the old flat gradient: view the moved one. */
+                rc = fsdp__view1d(u->flat->grad, p->sh.offset_in_shard, p->sh.numel_in_shard, &v);
+                if (rc == 0) {
+                    fsdp_tensor_release(p->orig->grad);
+                    p->orig->grad = v;
+                    v = NULL;
+                }
+            } else {
+                rc = fsdp__tensor_move(p->orig->grad, dev);
+            }
+        }
+        if (rc < 0) goto fail;
+    }
+    if (fsdp__separate_full(u)) {
+        const int64_t n[1] = {u->layout.padded_numel};
+        rc = fsdp__tensor_new(u->ctx, dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &v);
+        if (rc == 0) rc = repoint(u->full, v);
+        fsdp_tensor_release(v);
+        v = NULL;
+        if (rc == 0) rc = fsdp_tensor_storage_resize(u->full, 0);
+        if (rc < 0) goto fail;
+    }
+    for (int i = 0; i < u->nparams && rc == 0; i++) {
+        struct fsdp__param *p = &u->params[i];
+        rc = fsdp__tensor_view(u->full, u->layout.offset[i], p->ndim, p->shape, NULL, &v);
+        if (rc == 0) {
+            fsdp__contiguous_strides(p->ndim, p->shape, v->stride);
+            rc = repoint(p->cv, v);
+        }
+        fsdp_tensor_release(v);
+        v = NULL;
+    }
+    if (rc < 0) goto fail;
+    u->dev = dev;
+    return FSDP_OK;
+fail:
+    return fsdp__unit_err(u, rc, "moving the unit to %s (options.device of the unit adopting it) "
+                          "failed: %s", fsdp_device_name(dev), fsdp_ctx_last_error(u->ctx));
+}
+
+/* A unit adopted by a wrap with options.device takes that device unless its own option is set,
+ * and so do the units below it (PyTorch's nested instances compute on the root's device). */
+static int inherit_device(fsdp_unit_t *c, fsdp_device_t *dev) {
+    if (c->opt.device) return FSDP_OK;
+    int rc = unit_set_device(c, dev);
+    if (rc < 0) return rc;
+    c->opt.device = dev;
+    for (size_t i = 0; i < c->nchildren && rc == 0; i++) rc = inherit_device(c->children[i], dev);
+    return rc;
+}
+
+static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, const char *fqn,
+                    fsdp_unit_t **out);
+static int set_fqns(fsdp_unit_t *u, fsdp_module_t *m, const char *prefix);
+
+struct policy_walk {
+    const fsdp_options_t *o;
+    fsdp_pg_t *pg;
+    int rc;
+};
+
+static bool policy_matches(const fsdp_options_t *o, fsdp_module_t *m, const char *fqn,
+                           int64_t nonwrapped) {
+    if (o->wrap_types)
+        for (const char *const *t = o->wrap_types; *t; t++)
+            if (strcmp(*t, fsdp_module_type(m)) == 0) return true;
+    return o->policy && o->policy(m, fqn, nonwrapped, o->policy_arg);
+}
+
+/* Parameter elements of m's subtree that no unit manages yet (shared tensors once). */
+static int64_t nonwrapped_numel(fsdp_module_t *m) {
+    fsdp_named_list_t l = {0};
+    if (fsdp_module_named_params(m, false, &l) < 0) return 0;
+    int64_t n = 0;
+    for (size_t i = 0; i < l.n; i++)
+        if (!fsdp__owner_of_param(m->ctx, l.tensors[i], NULL)) n += fsdp_tensor_numel(l.tensors[i]);
+    fsdp_named_list_free(&l);
+    return n;
+}
+
+/* Post-order: children first, then m itself (unless it is the top of the wrap). */
+static int auto_wrap(struct policy_walk *w, fsdp_module_t *m, const char *fqn, bool top) {
+    if (fsdp_unit_of(m) || is_ignored(w->o, m)) return FSDP_OK;
+    for (size_t i = 0; i < m->nchildren; i++) {
+        char *name = fsdp__join_name(fqn, m->children[i].name);
+        if (!name) return fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
+        int rc = auto_wrap(w, m->children[i].m, name, false);
+        free(name);
+        if (rc < 0) return rc;
+    }
+    if (top) return FSDP_OK;
+    if (!policy_matches(w->o, m, fqn, nonwrapped_numel(m))) return FSDP_OK;
+    fsdp_unit_t *u = NULL;
+    return wrap_one(m, w->o, w->pg, fqn, &u);
+}
+
+static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, const char *fqn,
+                    fsdp_unit_t **out) {
+    *out = NULL;
+    fsdp_unit_t *u = calloc(1, sizeof *u);
+    if (!u) return fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
+    u->ctx = m->ctx;
+    u->module = fsdp_module_retain(m);
+    u->fqn = strdup(fqn ? fqn : "");
+    u->opt = *o;
+    u->opt.ignored_modules = NULL; /* the caller's array: copied below */
+    u->opt.num_ignored_modules = 0;
+    if (o->num_ignored_modules > 0) {
+        u->ignored = malloc(o->num_ignored_modules * sizeof *u->ignored);
+        if (!u->ignored) {
+            free(u->fqn);
+            fsdp_module_release(u->module);
+            free(u);
+            return fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
+        }
+        memcpy(u->ignored, o->ignored_modules, o->num_ignored_modules * sizeof *u->ignored);
+        u->nignored = o->num_ignored_modules;
+    }
+    u->opt.wrap_types = NULL;
+    u->opt.policy = NULL;
+    u->pg = pg;
+    u->rank = fsdp_pg_rank(pg);
+    u->world = fsdp_pg_size(pg);
+    u->replicate_pg = is_hybrid(o->strategy) ? o->replicate_pg : NULL;
+    u->dev = o->device ? o->device : fsdp_ctx_device(m->ctx); /* flatten() refines it */
+    int rc = FSDP_OK;
+    if (!u->fqn) {
+        rc = fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
+        goto fail;
+    }
+    if (u->world == 1 && o->strategy != FSDP_NO_SHARD && !u->replicate_pg) {
+        /* PyTorch forces NO_SHARD on a group of one. */
+        u->opt.strategy = FSDP_NO_SHARD;
+    }
+    struct collect c = {u, o, 0, 0, 0};
+    FSDP_TRY(rc, fail, collect(&c, m, ""));
+    if (o->device && (rc = move_buffers(u, m, true, o->device)) < 0) {
+        rc = fsdp__unit_err(u, rc, "moving buffers to options.device (%s) failed: %s",
+                            fsdp_device_name(o->device), fsdp_ctx_last_error(u->ctx));
+        goto fail;
+    }
+    if (o->sync_module_states) {
+        rc = sync_states(u, m, true);
+        if (rc < 0) {
+            rc = fsdp__unit_err(u, rc, "sync_module_states: broadcast failed: %s",
+                                fsdp_pg_last_error(pg));
+            goto fail;
+        }
+    }
+    if (u->nparams > 0) FSDP_TRY(rc, fail, flatten(u));
+    for (size_t i = 0; o->device && i < u->nchildren; i++)
+        FSDP_TRY(rc, fail, inherit_device(u->children[i], o->device));
+    FSDP_TRY(rc, fail, fsdp_module_add_forward_pre_hook(m, fsdp__forward_pre_hook, u,
+                                                        &u->hook_handles[0]));
+    FSDP_TRY(rc, fail, fsdp_module_add_forward_hook(m, fsdp__forward_hook, u, &u->hook_handles[1]));
+    FSDP_TRY(rc, fail, fsdp_module_add_backward_pre_hook(m, fsdp__backward_pre_hook, u,
+                                                         &u->hook_handles[2]));
+    FSDP_TRY(rc, fail,
+             fsdp_module_add_backward_hook(m, fsdp__backward_hook, u, &u->hook_handles[3]));
+    FSDP_TRY(rc, fail, fsdp__registry_add(u));
+    for (size_t i = 0; i < u->nchildren; i++) u->children[i]->parent = u;
+    /* Names of the adopted units, now relative to this module. */
+    if (u->nchildren > 0 && (rc = set_fqns(u, m, "")) < 0) {
+        rc = fsdp__unit_err(u, rc, "out of memory");
+        goto fail;
+    }
+    *out = u;
+    return FSDP_OK;
+fail:
+    /* Parameters already re-pointed cannot be restored; before flatten() they are untouched. */
+    for (size_t i = 0; i < u->nchildren; i++)
+        if (u->children[i]->parent == u) u->children[i]->parent = NULL;
+    u->nchildren = 0;
+    fsdp__unit_free(u);
+    return rc;
+}
+
+int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
+    if (out) *out = NULL;
+    if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_wrap: module is NULL");
+    if (!out) return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: out is NULL");
+    fsdp_options_t def;
+    if (!o) {
+        fsdp_options_init(&def);
+        o = &def;
+    }
+    if ((int)o->strategy < 0 || o->strategy >= FSDP_SHARDING_COUNT)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: sharding strategy %d is not one",
+                             (int)o->strategy);
+    if ((int)o->backward_prefetch < 0 || o->backward_prefetch >= FSDP_BACKWARD_PREFETCH_COUNT)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: backward prefetch %d is not one",
+                             (int)o->backward_prefetch);
+    if (o->limit_all_gathers < 0)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: limit_all_gathers is %d; it must be >= 0",
+                             o->limit_all_gathers);
+    if (o->delay_before_reduce_ms < 0 || o->delay_before_free_ms < 0)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: delays must be >= 0 (delay_before_reduce_ms %d, "
+                             "delay_before_free_ms %d)",
+                             o->delay_before_reduce_ms, o->delay_before_free_ms);
+    if (o->device && fsdp_device_ctx(o->device) != m->ctx)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: options.device (%s) belongs to another context "
+                             "(of rank %d) than the module (rank %d); a unit computes on a "
+                             "device of the module's context",
+                             fsdp_device_name(o->device), fsdp_ctx_rank(fsdp_device_ctx(o->device)),
+                             fsdp_ctx_rank(m->ctx));
+    if (o->num_ignored_modules > 0 && !o->ignored_modules)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: %zu ignored modules but the array is NULL",
+                             o->num_ignored_modules);
+    fsdp_pg_t *pg = o->pg ? o->pg : m->ctx->pg;
+    if (!pg)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: no process group (options.pg is NULL and the context "
+                             "has no world group)");
+    if (is_hybrid(o->strategy) && !o->replicate_pg)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "fsdp_wrap: %s needs options.replicate_pg (the group across "
+                             "which shards are replicated)",
+                             fsdp_sharding_strategy_name(o->strategy));
+    if (fsdp_unit_of(m))
+        return fsdp__module_err(m, FSDP_EINVAL, "fsdp_wrap: the module is already an FSDP unit");
+    if (m->ctx->fsdp)
+        for (size_t i = 0; i < m->ctx->fsdp->n; i++) {
+            fsdp_unit_t *r = m->ctx->fsdp->units[i].u;
+            if (r->initialized)
+                for (size_t j = 0; j < r->nall; j++)
+                    if (r->all[j] == r && r->state != FSDP_STATE_IDLE)
+                        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                                             "fsdp_wrap: a unit is running forward or backward");
+        }
+    if (o->wrap_types || o->policy) {
+        struct policy_walk w = {o, pg, 0};
+        int rc = auto_wrap(&w, m, "", true);
+        if (rc < 0) return rc;
+    }
+    return wrap_one(m, o, pg, "", out);
+}
+
+/* Sets fqn of every unit under u (relative to the root's module). */
+static int set_fqns(fsdp_unit_t *u, fsdp_module_t *m, const char *prefix) {
+    fsdp_unit_t *mu = fsdp_unit_of(m);
+    if (mu && mu != u && mu->parent) {
+        char *s = strdup(prefix);
+        if (!s) return FSDP_ENOMEM;
+        free(mu->fqn);
+        mu->fqn = s;
+    }
+    for (size_t i = 0; i < m->nchildren; i++) {
+        char *name = fsdp__join_name(prefix, m->children[i].name);
+        if (!name) return FSDP_ENOMEM;
+        int rc = set_fqns(u, m->children[i].m, name);
+        free(name);
+        if (rc < 0) return rc;
+    }
+    return FSDP_OK;
+}
