@@ -23,5 +23,6 @@
 #include <fsdp/optim.h>
 #include <fsdp/ddp.h>
 #include <fsdp/fsdp.h>
+#include <fsdp/policy.h>
 
 #endif /* FSDP_H */
