@@ -229,8 +229,13 @@ static int setup(job_t *j, rank_state_t *s) {
         fo.backward_prefetch = j->cfg.bp;
         fo.forward_prefetch = j->cfg.fwd_prefetch;
         fo.limit_all_gathers = 2;
-        fo.wrap_types = block_types;
-        if ((rc = fsdp_wrap(s->model, &fo, &s->root)) < 0) return rank_fail(j, s, "fsdp_wrap", rc);
+        fsdp_policy_t *blocks = NULL;
+        if ((rc = fsdp_policy_module_types_create(block_types, &blocks)) < 0)
+            return rank_fail(j, s, "fsdp_policy_module_types_create", rc);
+        fo.auto_wrap_policy = blocks;
+        rc = fsdp_wrap(s->model, &fo, &s->root);
+        fsdp_policy_release(blocks);
+        if (rc < 0) return rank_fail(j, s, "fsdp_wrap", rc);
         fsdp_unit_t **units = NULL;
         if ((rc = fsdp_units(s->root, &units, &j->nunits[r])) < 0)
             return rank_fail(j, s, "fsdp_units", rc);

@@ -1,6 +1,6 @@
 /*
  * fsdp_util.h: helpers shared by the FSDP unit tests (t_fsdp.c, t_fsdp_core.c, t_fsdp_hooks.c,
- * t_fsdp_mp.c, t_fsdp_summon.c, t_fsdp_memory.c, t_fsdp_device.c).
+ * t_fsdp_mp.c, t_fsdp_summon.c, t_fsdp_memory.c, t_fsdp_device.c, t_wrap.c).
  *
  * Per-rank check lists. A test that checks many properties per rank runs as a fu_job_t: every
  * rank of the sim run records each check with fu_ck() into its own list, all ranks in the same
@@ -189,8 +189,14 @@ int fu_state_round_trip(fsdp_unit_t *root);
 int fu_wrap_listed(fsdp_module_t *m, const char *const *units, const fsdp_options_t *o,
                    const char *expert, fsdp_pg_t *expert_pg);
 
+/* fsdp_wrap(m) with options o and a module-types auto-wrap policy over types (NULL-terminated),
+ * made for the call and released after it (o's own policy is replaced). */
+int fu_wrap_types(fsdp_module_t *m, const fsdp_options_t *o, const char *const *types,
+                  fsdp_unit_t **root);
+
 /* TransformerWithSharedParams as upstream's RECURSIVE init wraps it: the encoder and decoder
- * layers, then the root (5 units), with options o (its wrap_types is replaced) ... */
+ * layers, then the root (5 units), with options o (its auto_wrap_policy is replaced, and the
+ * batch-norm rule of mixed precision is off, so bn stays in the root's unit) ... */
 int fu_wrap_transformer_opts(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **root);
 /* ... or with the job's options. */
 int fu_wrap_transformer(fsdp_module_t *m, const fu_job_t *j, fsdp_unit_t **root);

@@ -135,11 +135,6 @@ static int forward_loss_ddp(model_kind_t k, fsdp_ddp_t *d, fsdp_tensor_t *in[2],
     return rc;
 }
 
-static bool always(fsdp_module_t *m, const char *fqn, int64_t n, void *arg) {
-    (void)m, (void)fqn, (void)n, (void)arg;
-    return true;
-}
-
 typedef struct groups {
     fsdp_pg_t *shard, *rep; /* hybrid */
     fsdp_pg_t *self;        /* MixtureOfExperts: this rank alone */
@@ -170,9 +165,15 @@ static int wrap(const cfg_t *c, const groups_t *g, fsdp_module_t *m, fsdp_unit_t
         int rc = fu_wrap_listed(m, tm_moe_units(), &o, "module.2", g->self);
         if (rc < 0) return rc;
     } else if (c->model == M_ALWAYS) {
-        o.policy = always;
+        fsdp_policy_t *always = NULL;
+        int rc = fsdp_policy_always_create(&always);
+        if (rc < 0) return rc;
+        o.auto_wrap_policy = always;
+        rc = fsdp_wrap(m, &o, root);
+        fsdp_policy_release(always);
+        return rc;
     } else {
-        o.wrap_types = layer_types;
+        return fu_wrap_types(m, &o, layer_types, root);
     }
     return fsdp_wrap(m, &o, root);
 }

@@ -388,9 +388,7 @@ static int err_rank(fsdp_ctx_t *ctx, void *arg) {
         goto done;
     }
     static const char *const lin_types[] = {"Linear", NULL};
-    fsdp_options_t po = o;
-    po.wrap_types = lin_types;
-    rc = fsdp_wrap(m, &po, &u);
+    rc = fu_wrap_types(m, &o, lin_types, &u);
     msg = fsdp_ctx_last_error(ctx);
     fu_ck(r, rc == FSDP_EINVAL && u == NULL && strstr(msg, "tied_w"),
           "a parameter shared across units chosen by a wrap policy: FSDP_EINVAL naming it",

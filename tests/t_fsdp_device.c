@@ -499,8 +499,7 @@ static int error_rank(fsdp_ctx_t *ctx, void *arg) {
     rc = fsdp_wrap(m, &o, &u);
     fu_ck_einval(r, ctx, rc, "options.device", NULL, "F07: ... also with cpu_offload");
     o.cpu_offload = false;
-    o.wrap_types = (const char *const[]){"Linear", NULL};
-    rc = fsdp_wrap(m, &o, &u);
+    rc = fu_wrap_types(m, &o, (const char *const[]){"Linear", NULL}, &u);
     fu_ck_einval(r, ctx, rc, "options.device", NULL,
                  "F07: ... also with an auto-wrap policy (before any child is wrapped)");
     char why[300] = "";
@@ -509,7 +508,6 @@ static int error_rank(fsdp_ctx_t *ctx, void *arg) {
     fu_ck(r, alone && tree_on(m, false, H, why, sizeof why),
           "F07: the refused wraps left the module alone (no unit, parameters on H)", "%s",
           alone ? why : "a unit was made");
-    o.wrap_types = NULL;
     o.device = A;
     rc = fsdp_wrap(m, &o, &u);
     fu_ck(r, rc == 0 && fsdp_unit_compute_device(u) == A,

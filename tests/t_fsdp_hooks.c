@@ -472,8 +472,7 @@ static int ag_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(done, "building Sequential(5 x Linear(3, 3))", fu_linear_stack(ctx, AG_LAYERS, 3, &m));
     fsdp_options_t o;
     fu_job_options(j, &o);
-    o.wrap_types = lin_types;
-    FU_TRY(done, "wrapping and the optimizer", fsdp_wrap(m, &o, &root));
+    FU_TRY(done, "wrapping and the optimizer", fu_wrap_types(m, &o, lin_types, &root));
     FU_TRY(done, "wrapping and the optimizer", fsdp_units(root, &u, &n));
     FU_TRY(done, "wrapping and the optimizer", fu_make_fsdp_sgd(ctx, root, 0.01, 0.9, &opt));
     if (!fu_ck(r, n == AG_LAYERS + 1, "fsdp_units lists exactly 6 units", "%zu units", n))

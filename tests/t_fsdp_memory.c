@@ -263,9 +263,8 @@ static int gpt_setup(fsdp_ctx_t *ctx, fsdp_sharding_strategy_t s, int limit, gpt
     o.strategy = s;
     o.limit_all_gathers = limit;
     o.check_exec_order = true;
-    o.wrap_types = blocks;
     int rc = fsdp_gpt_create(ctx, &cfg, &g->m);
-    if (rc == 0) rc = fsdp_wrap(g->m, &o, &g->root);
+    if (rc == 0) rc = fu_wrap_types(g->m, &o, blocks, &g->root);
     if (rc == 0) rc = fsdp_named_params(g->root, &g->params);
     if (rc == 0) rc = fsdp_optim_adam_create(ctx, NULL, true, &g->opt);
     if (rc == 0)

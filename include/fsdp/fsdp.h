@@ -29,9 +29,12 @@
  * (numel_in_shard elements, possibly 0). Writing into it (or into the flat parameter) changes
  * what the next forward gathers.
  *
- * Nesting. Wrap inner modules first (by hand, or with a policy in fsdp_options_t), then the
- * root; a unit wrapped later over a subtree that contains units adopts them. The root (the
- * unit without a parent) owns its descendants: fsdp_destroy() on it frees them all.
+ * Nesting. Either give the root an auto-wrap policy (options.auto_wrap_policy, fsdp/policy.h),
+ * which makes the units below it in one call, or wrap inner modules by hand first (fsdp_wrap,
+ * fsdp_fully_shard, or fsdp_wrap_scoped inside an fsdp_enable_wrap scope), then the root without
+ * a policy: a unit wrapped over a subtree that contains units adopts them. The two do not mix:
+ * a policy refuses a tree that already holds a unit, as PyTorch does. The root (the unit without
+ * a parent) owns its descendants: fsdp_destroy() on it frees them all.
  *
  * Collectives. Every unit operation that communicates is collective over the unit's process
  * group: all ranks must run the same units in the same order. With check_exec_order (on by
@@ -56,6 +59,8 @@
 FSDP_BEGIN_DECLS
 
 typedef struct fsdp_unit fsdp_unit_t;
+/* An auto-wrap policy: made and described in fsdp/policy.h. */
+typedef struct fsdp_policy fsdp_policy_t;
 
 /* PyTorch's ShardingStrategy. */
 typedef enum fsdp_sharding_strategy {
@@ -80,13 +85,6 @@ typedef enum fsdp_backward_prefetch {
 
 FSDP_EXTERN const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p);
 
-/* An auto-wrap policy: returns whether module m (fully qualified name fqn relative to the
- * module being wrapped) becomes a unit of its own. Called bottom-up (children first) on every
- * module of the subtree except the root of the wrap, with nonwrapped_numel the number of
- * parameter elements of m's subtree not yet owned by a unit. */
-typedef bool (*fsdp_wrap_policy_fn)(fsdp_module_t *m, const char *fqn, int64_t nonwrapped_numel,
-                                    void *arg);
-
 /* PyTorch's MixedPrecision. A dtype left at FSDP_MP_UNSET means "as the parameters". */
 #define FSDP_MP_UNSET ((fsdp_dtype_t)-1)
 typedef struct fsdp_mixed_precision {
@@ -99,9 +97,19 @@ typedef struct fsdp_mixed_precision {
     bool cast_root_forward_inputs; /* the root casts floating inputs to param_dtype (default
                                       true) */
     bool cast_forward_inputs;      /* every unit does (default false) */
+    /* PyTorch's _module_classes_to_ignore: with an auto-wrap policy and mixed precision
+     * enabled, every module whose type matches one of these patterns (fsdp_policy_type_matches,
+     * NULL-terminated) becomes a unit of its own with mixed precision off, whatever the policy
+     * says, and a warning is logged. Default {FSDP_TYPE_BATCHNORM}; NULL: no such rule. */
+    const char *const *module_classes_to_ignore;
 } fsdp_mixed_precision_t;
 
-/* enabled false, dtypes unset, cast_root_forward_inputs true. */
+/* The family tag of the batch-norm kinds (PyTorch's torch.nn.modules.batchnorm._BatchNorm):
+ * matches BatchNorm1d, BatchNorm2d, BatchNorm3d and SyncBatchNorm (fsdp/policy.h). */
+#define FSDP_TYPE_BATCHNORM "_BatchNorm"
+
+/* enabled false, dtypes unset, cast_root_forward_inputs true, module_classes_to_ignore
+ * {FSDP_TYPE_BATCHNORM}. */
 FSDP_EXTERN void fsdp_mixed_precision_init(fsdp_mixed_precision_t *mp);
 
 typedef struct fsdp_options {
@@ -150,12 +158,11 @@ typedef struct fsdp_options {
     /* Modules whose subtrees the unit leaves alone (not flattened, not sharded). */
     fsdp_module_t *const *ignored_modules;
     size_t num_ignored_modules;
-    /* Auto-wrap. wrap_types: module type names (fsdp_module_type) that become units
-     * (PyTorch's ModuleWrapPolicy), NULL-terminated; policy: any predicate (tried when
-     * wrap_types does not match). Children that a policy wraps get these same options. */
-    const char *const *wrap_types;
-    fsdp_wrap_policy_fn policy;
-    void *policy_arg;
+    /* Auto-wrap (fsdp/policy.h): the policy that chooses which modules below m become units of
+     * their own, or NULL (the default) for none. Borrowed for the length of the fsdp_wrap call;
+     * no unit keeps it. The units it makes get these options (the policy's per-unit overrides
+     * over them, the policy itself cleared). */
+    const fsdp_policy_t *auto_wrap_policy;
     /* Fault injection for tests (PyTorch's ModuleWithDelay and MixtureOfExperts delays): sleep
      * this many milliseconds before starting each gradient reduction, and before freeing the
      * unsharded parameters. 0 (the default) for none. */
@@ -167,17 +174,45 @@ typedef struct fsdp_options {
 FSDP_EXTERN void fsdp_options_init(fsdp_options_t *o);
 
 /*
- * Makes m (and, with a policy, modules below it) FSDP units. Collective over the group (it may
- * broadcast, and every rank must flatten the same parameters). On success *out is the unit of
- * m; m's parameters are now sharded. Errors name the parameter, the module and the sizes:
- * parameters of mixed dtypes or a non-float dtype, a parameter that another unit already
- * manages, a module that is already a unit. (A parameter shared with a module outside every
- * unit's subtree cannot be detected here: modules have no parent pointers; such a module fails
- * at its forward, when it meets the sharded view.) options.device must be a device of m's
- * context. With a policy, the units the policy made
- * before a failure at m itself stay units; fsdp_destroy() each of them.
+ * Makes m an FSDP unit, and with options.auto_wrap_policy the modules below m that the policy
+ * chooses. Collective over the groups involved (it may broadcast, and every rank must flatten
+ * the same parameters). On success *out is the unit of m; m's parameters are now sharded.
+ *
+ * Without a policy, units already in m's subtree (wrapped earlier by hand) are adopted as m's
+ * children. With a policy, in this order, nothing being wrapped before the first three pass:
+ *   1. no module of m's tree may be a unit already: FSDP_EINVAL "FSDP auto wrapping requires
+ *      modules to not already have FSDP applied but found <fqn> in <type of m>" naming the
+ *      first in pre-order (fsdp_wrap_check_no_units);
+ *   2. the plan (fsdp_wrap_plan_build) over o's ignored modules, with the mixed-precision rule
+ *      when o->mixed_precision.enabled (batch-norm kinds become full-precision units) and
+ *      o->use_orig_params;
+ *   3. frozen parameters: a planned unit (other than m) that would manage both trainable and
+ *      frozen parameters is FSDP_EINVAL without use_orig_params, a warning on m's context with
+ *      it (fsdp_wrap_plan_validate_frozen, with the messages it documents);
+ *   4. every planned unit below m is wrapped in post-order with o merged with its overrides
+ *      (fsdp_unit_overrides_apply; auto_wrap_policy cleared), then m itself with o.
+ * Errors name the parameter, the module and the sizes: parameters of mixed dtypes or a
+ * non-float dtype, a parameter that another unit already manages, a module that is already a
+ * unit. (A parameter shared with a module outside every unit's subtree cannot be detected here:
+ * modules have no parent pointers; such a module fails at its forward, when it meets the
+ * sharded view.) options.device must be a device of m's context. When step 4 fails, the units
+ * it made before the failure stay units (roots, found with fsdp_unit_of on their modules);
+ * fsdp_destroy() each of them.
  */
 FSDP_EXTERN int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out);
+
+/*
+ * PyTorch's composable fully_shard(module, ...): shards m in place, as fsdp_wrap(m, o, out) does
+ * (units attach by hooks in both APIs, so there is no wrapper object either way), with
+ * use_orig_params forced on, as upstream's fully_shard does; every other option is o's, the
+ * auto-wrap policy included. The module then looks like the unwrapped model: its own parameter
+ * objects under their own names (fsdp_module_named_params, fsdp_module_state_dict), which are
+ * what the optimizer steps over (each a 1-D view of this rank's part of the shard, with its
+ * gradient after backward). Apply it to the chosen children first, then to the root, which
+ * adopts them; or to the root alone with a policy. out may be NULL: the unit stays reachable
+ * through fsdp_unit_of(m). Errors as fsdp_wrap.
+ */
+FSDP_EXTERN int fsdp_fully_shard(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out);
 
 /* Frees a root unit and every unit below it, removing their hooks. The module must not be run
  * again afterwards (its parameters are left as views of freed shards); release it. A non-root
@@ -203,6 +238,21 @@ FSDP_EXTERN fsdp_pg_t *fsdp_unit_pg(const fsdp_unit_t *u);
  * gradient reduction live (options.device, or the parameters' device). With cpu_offload the
  * flat parameter (fsdp_unit_flat_param) is on the host device instead. */
 FSDP_EXTERN fsdp_device_t *fsdp_unit_compute_device(const fsdp_unit_t *u);
+
+/*
+ * The options in effect for unit u (PyTorch's per-instance sharding_strategy, cpu_offload,
+ * backward_prefetch, forward_prefetch, mixed_precision, process_group, ...): what it was wrapped
+ * with (a unit a policy made: the root's options with the policy's overrides; a unit adopted
+ * by a wrap with options.device: that device when it had none), except
+ *   strategy          the one in effect (NO_SHARD over a group of one, as fsdp_unit_strategy);
+ *   pg                the group it shards over, never NULL (fsdp_unit_pg);
+ *   replicate_pg      NULL unless the strategy is hybrid;
+ *   device            the compute device, never NULL (fsdp_unit_compute_device);
+ *   ignored_modules   u's own copy of the list (valid while u lives);
+ *   auto_wrap_policy  NULL (a unit does not keep the policy it was made by).
+ * FSDP_EINVAL when u or out is NULL.
+ */
+FSDP_EXTERN int fsdp_unit_options(const fsdp_unit_t *u, fsdp_options_t *out);
 
 /* ---- parameters -------------------------------------------------------------------------------- */
 

@@ -28,7 +28,7 @@
  * Planning (fsdp_wrap_plan_build) runs a policy over a module tree as PyTorch's _recursive_wrap
  * does, bottom-up, and returns the units to make in post-order (children before parents, the
  * root last) with each unit's option overrides. It communicates nothing and changes nothing;
- * fsdp_wrap() consumes a plan. Two pure validations go with it: no module of the tree may
+ * fsdp_wrap() with options.auto_wrap_policy builds, validates and consumes a plan. Two pure validations go with it: no module of the tree may
  * already be a unit (fsdp_wrap_check_no_units), and no planned unit may manage both frozen and
  * trainable parameters (fsdp_wrap_validate_frozen, fsdp_wrap_plan_validate_frozen).
  *
@@ -43,9 +43,15 @@
  * module report on its context (fsdp_ctx_last_error); policy constructors, which have no context,
  * log the message at error level to stderr (as fsdp_ctx_create does).
  *
+ * The manual API (PyTorch's enable_wrap and wrap) is here too: fsdp_enable_wrap opens a wrap
+ * scope with default options on the calling thread, and fsdp_wrap_scoped wraps a module inside
+ * it (the defaults merged with per-call overrides) and is the identity outside it.
+ *
  * Thread-safety: a policy may be shared by the rank threads of a process (its reference count
  * is atomic and it never changes); user functions inside it are called on the calling thread.
- * Planning and validation follow the module rule: one thread per module tree.
+ * Planning and validation follow the module rule: one thread per module tree. A wrap scope
+ * belongs to the thread that opened it: each rank thread opens its own, and no other thread
+ * sees it.
  */
 #ifndef FSDP_POLICY_H
 #define FSDP_POLICY_H
@@ -63,8 +69,7 @@ FSDP_BEGIN_DECLS
 
 typedef struct fsdp_policy fsdp_policy_t;
 
-/* The family tag of the batch-norm kinds (PyTorch's torch.nn.modules.batchnorm._BatchNorm). */
-#define FSDP_TYPE_BATCHNORM "_BatchNorm"
+/* FSDP_TYPE_BATCHNORM, the family tag of the batch-norm kinds, is defined in fsdp/fsdp.h. */
 
 /* Whether a module type name matches a pattern: equal names, or a family tag and a member of
  * the family. NULL on either side never matches. */
@@ -289,6 +294,32 @@ FSDP_EXTERN int fsdp_wrap_validate_frozen(fsdp_module_t *root, fsdp_module_t *co
 FSDP_EXTERN int fsdp_wrap_plan_validate_frozen(fsdp_module_t *root, const fsdp_wrap_plan_t *plan,
                                                const fsdp_wrap_plan_options_t *o,
                                                char **message);
+
+/* ---- the manual wrap API -------------------------------------------------------------------- */
+
+/*
+ * PyTorch's `with enable_wrap(wrapper_cls=FSDP, **defaults)`: opens a wrap scope on the calling
+ * thread with a copy of defaults (NULL: fsdp_options_init's), until fsdp_disable_wrap(). The
+ * pointers inside defaults (groups, device, ignored modules, policy) are borrowed until then.
+ * Scopes do not nest, as in PyTorch ("already within an autowrap context"): opening a scope
+ * while one is open is FSDP_EINVAL and leaves the open scope as it was; closing when none is
+ * open is FSDP_EINVAL. These two have no context: errors are logged at error level to stderr.
+ * The scope is thread-local: every rank thread opens (and closes) its own.
+ */
+FSDP_EXTERN int fsdp_enable_wrap(const fsdp_options_t *defaults);
+FSDP_EXTERN int fsdp_disable_wrap(void);
+/* Whether the calling thread is within a wrap scope. */
+FSDP_EXTERN bool fsdp_wrap_enabled(void);
+
+/*
+ * PyTorch's wrap(module, **overrides). Within the calling thread's wrap scope: fsdp_wrap(m) with
+ * the scope's defaults merged with ov (fsdp_unit_overrides_apply; ov may be NULL), so a unit
+ * and its errors are exactly fsdp_wrap's, the defaults' auto-wrap policy included. Outside a
+ * scope: the identity, FSDP_OK with *out NULL and m left as it was. FSDP_EINVAL for a NULL m
+ * or out.
+ */
+FSDP_EXTERN int fsdp_wrap_scoped(fsdp_module_t *m, const fsdp_unit_overrides_t *ov,
+                                 fsdp_unit_t **out);
 
 FSDP_END_DECLS
 

@@ -20,7 +20,8 @@
  * build) and every copy between the two goes through fsdp.c's cross-device copy.
  *
  * Files: flat_param.c (the flat layout); fsdp.c (the per-rank registry, unshard and reshard,
- * gradients, the forward/backward runtime, destroy); wrap.c (options, flattening, fsdp_wrap);
+ * gradients, the forward/backward runtime, destroy); wrap.c (options, flattening, fsdp_wrap
+ * with its policy-driven and manual forms, fsdp_fully_shard, fsdp_unit_options);
  * summon.c (navigation and listings, summons, explicit unshard, clip_grad_norm). Functions one
  * of the last three defines and another uses are declared below, grouped by the defining file.
  *
@@ -91,7 +92,7 @@ struct fsdp_unit {
     fsdp_ctx_t *ctx;
     fsdp_module_t *module;       /* reference */
     char *fqn;                   /* under the root's module ("" for the root) */
-    fsdp_options_t opt;          /* copied (ignored list and wrap types not kept) */
+    fsdp_options_t opt;          /* copied; ignored_modules points at `ignored`, no policy */
     fsdp_pg_t *pg;               /* borrowed */
     fsdp_pg_t *replicate_pg;     /* hybrid strategies: borrowed; else NULL */
     fsdp_device_t *dev;          /* compute device (borrowed) */

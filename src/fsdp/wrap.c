@@ -1,18 +1,31 @@
 /*
  * wrap.c: building FSDP units: options and their checks, collecting the parameters a unit
  * manages, flattening them into the flat parameter, sync_module_states, moves to options.device,
- * the auto-wrap policy, and fsdp_wrap itself.
+ * fsdp_wrap itself (by hand, or driven by a wrap plan from policy.c), the composable
+ * fsdp_fully_shard, the per-thread wrap scope of the manual API, and per-unit option reporting.
  *
  * A unit manages the parameters of its module's subtree outside nested units and ignored
- * modules; units met on the way are adopted as its children. A unit enters the per-rank registry
- * at the end of its wrap; a failed wrap frees it and leaves the units it would have adopted as
- * roots (parameters it already flattened cannot be restored). The hooks installed here run the
- * unit through fsdp.c.
+ * modules (and any parameter an ignored module holds, wherever else it is registered); units met
+ * on the way are adopted as its children. A unit enters the per-rank registry at the end of its
+ * wrap; a failed wrap frees it and leaves the units it would have adopted as roots (parameters
+ * it already flattened cannot be restored). The hooks installed here run the unit through
+ * fsdp.c.
+ *
+ * With an auto-wrap policy the only traversal is the plan's (fsdp_wrap_plan_build): every check
+ * that can refuse the tree runs before the first unit is made, then the planned units are
+ * wrapped in the plan's post-order and each must take exactly the parameter elements the plan
+ * counted for it (checked after collecting, before anything is changed).
+ *
+ * The wrap scope (fsdp_enable_wrap) is the one piece of per-thread state of the library:
+ * PyTorch's enable_wrap is a context manager around the caller's code, so it belongs to the
+ * calling thread (a rank), not to a context.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fsdp/fsdp_impl.h"
+#include <fsdp/policy.h>
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -32,8 +45,10 @@ const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p) {
 }
 
 void fsdp_mixed_precision_init(fsdp_mixed_precision_t *mp) {
+    static const char *const batchnorm[] = {FSDP_TYPE_BATCHNORM, NULL};
     if (!mp) return;
     *mp = (fsdp_mixed_precision_t){0};
+    mp->module_classes_to_ignore = batchnorm;
     mp->param_dtype = mp->reduce_dtype = mp->buffer_dtype = FSDP_MP_UNSET;
     mp->cast_root_forward_inputs = true;
 }
@@ -98,7 +113,8 @@ struct collect {
     fsdp_unit_t *u;
     const fsdp_options_t *o;
     size_t capparams, capslots;
-    int rc;
+    fsdp_tensor_t **ign; /* parameters of the ignored modules' subtrees */
+    size_t nign, capign;
 };
 
 static bool is_ignored(const fsdp_options_t *o, const fsdp_module_t *m) {
@@ -116,6 +132,33 @@ static int add_child_unit(fsdp_unit_t *u, fsdp_unit_t *c) {
         u->capchildren = cap;
     }
     u->children[u->nchildren++] = c;
+    return FSDP_OK;
+}
+
+static bool param_ignored(const struct collect *c, const fsdp_tensor_t *t) {
+    for (size_t i = 0; i < c->nign; i++)
+        if (c->ign[i] == t) return true;
+    return false;
+}
+
+/* Adds the parameters of m's subtree to c->ign (PyTorch's ignored parameters: a parameter an
+ * ignored module holds is ignored wherever else it is registered too). */
+static int collect_ignored(struct collect *c, const fsdp_module_t *m) {
+    for (size_t i = 0; i < m->nparams; i++) {
+        if (param_ignored(c, m->params[i].t)) continue;
+        if (c->nign == c->capign) {
+            size_t cap = c->capign ? 2 * c->capign : 8;
+            fsdp_tensor_t **v = realloc(c->ign, cap * sizeof *v);
+            if (!v) return FSDP_ENOMEM;
+            c->ign = v;
+            c->capign = cap;
+        }
+        c->ign[c->nign++] = m->params[i].t;
+    }
+    for (size_t i = 0; i < m->nchildren; i++) {
+        int rc = collect_ignored(c, m->children[i].m);
+        if (rc < 0) return rc;
+    }
     return FSDP_OK;
 }
 
@@ -143,6 +186,7 @@ static int collect(struct collect *c, fsdp_module_t *m, const char *prefix) {
     }
     for (size_t i = 0; i < m->nparams; i++) {
         fsdp_tensor_t *t = m->params[i].t;
+        if (param_ignored(c, t)) continue;
         int idx = -1;
         for (int p = 0; p < u->nparams; p++)
             if (u->params[p].orig == t) idx = p;
@@ -481,53 +525,19 @@ static int inherit_device(fsdp_unit_t *c, fsdp_device_t *dev) {
     return rc;
 }
 
-static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, const char *fqn,
-                    fsdp_unit_t **out);
 static int set_fqns(fsdp_unit_t *u, fsdp_module_t *m, const char *prefix);
 
-struct policy_walk {
-    const fsdp_options_t *o;
-    fsdp_pg_t *pg;
-    int rc;
-};
-
-static bool policy_matches(const fsdp_options_t *o, fsdp_module_t *m, const char *fqn,
-                           int64_t nonwrapped) {
-    if (o->wrap_types)
-        for (const char *const *t = o->wrap_types; *t; t++)
-            if (strcmp(*t, fsdp_module_type(m)) == 0) return true;
-    return o->policy && o->policy(m, fqn, nonwrapped, o->policy_arg);
-}
-
-/* Parameter elements of m's subtree that no unit manages yet (shared tensors once). */
-static int64_t nonwrapped_numel(fsdp_module_t *m) {
-    fsdp_named_list_t l = {0};
-    if (fsdp_module_named_params(m, false, &l) < 0) return 0;
+/* Parameter elements u collected (before flattening changes the tensors). */
+static int64_t collected_numel(const fsdp_unit_t *u) {
     int64_t n = 0;
-    for (size_t i = 0; i < l.n; i++)
-        if (!fsdp__owner_of_param(m->ctx, l.tensors[i], NULL)) n += fsdp_tensor_numel(l.tensors[i]);
-    fsdp_named_list_free(&l);
+    for (int i = 0; i < u->nparams; i++) n += fsdp_tensor_numel(u->params[i].orig);
     return n;
 }
 
-/* Post-order: children first, then m itself (unless it is the top of the wrap). */
-static int auto_wrap(struct policy_walk *w, fsdp_module_t *m, const char *fqn, bool top) {
-    if (fsdp_unit_of(m) || is_ignored(w->o, m)) return FSDP_OK;
-    for (size_t i = 0; i < m->nchildren; i++) {
-        char *name = fsdp__join_name(fqn, m->children[i].name);
-        if (!name) return fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
-        int rc = auto_wrap(w, m->children[i].m, name, false);
-        free(name);
-        if (rc < 0) return rc;
-    }
-    if (top) return FSDP_OK;
-    if (!policy_matches(w->o, m, fqn, nonwrapped_numel(m))) return FSDP_OK;
-    fsdp_unit_t *u = NULL;
-    return wrap_one(m, w->o, w->pg, fqn, &u);
-}
-
+/* Makes m a unit with options o over group pg. expect_numel >= 0: the parameter elements the
+ * wrap plan counted for m, checked after collecting (before anything changes). */
 static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, const char *fqn,
-                    fsdp_unit_t **out) {
+                    int64_t expect_numel, fsdp_unit_t **out) {
     *out = NULL;
     fsdp_unit_t *u = calloc(1, sizeof *u);
     if (!u) return fsdp__ctx_err(m->ctx, FSDP_ENOMEM, "fsdp_wrap: out of memory");
@@ -537,6 +547,8 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
     u->opt = *o;
     u->opt.ignored_modules = NULL; /* the caller's array: copied below */
     u->opt.num_ignored_modules = 0;
+    u->opt.auto_wrap_policy = NULL; /* borrowed for the call only */
+    struct collect c = {u, o, 0, 0, NULL, 0, 0};
     if (o->num_ignored_modules > 0) {
         u->ignored = malloc(o->num_ignored_modules * sizeof *u->ignored);
         if (!u->ignored) {
@@ -547,9 +559,9 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
         }
         memcpy(u->ignored, o->ignored_modules, o->num_ignored_modules * sizeof *u->ignored);
         u->nignored = o->num_ignored_modules;
+        u->opt.ignored_modules = u->ignored;
+        u->opt.num_ignored_modules = u->nignored;
     }
-    u->opt.wrap_types = NULL;
-    u->opt.policy = NULL;
     u->pg = pg;
     u->rank = fsdp_pg_rank(pg);
     u->world = fsdp_pg_size(pg);
@@ -564,8 +576,19 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
         /* PyTorch forces NO_SHARD on a group of one. */
         u->opt.strategy = FSDP_NO_SHARD;
     }
-    struct collect c = {u, o, 0, 0, 0};
+    for (size_t i = 0; i < u->nignored; i++)
+        if (collect_ignored(&c, u->ignored[i]) < 0) {
+            rc = fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+            goto fail;
+        }
     FSDP_TRY(rc, fail, collect(&c, m, ""));
+    if (expect_numel >= 0 && collected_numel(u) != expect_numel) {
+        rc = fsdp__unit_err(u, FSDP_EINTERNAL,
+                            "internal error: the unit collected %lld parameter elements but the "
+                            "wrap plan counted %lld for it",
+                            (long long)collected_numel(u), (long long)expect_numel);
+        goto fail;
+    }
     if (o->device && (rc = move_buffers(u, m, true, o->device)) < 0) {
         rc = fsdp__unit_err(u, rc, "moving buffers to options.device (%s) failed: %s",
                             fsdp_device_name(o->device), fsdp_ctx_last_error(u->ctx));
@@ -596,14 +619,109 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
         rc = fsdp__unit_err(u, rc, "out of memory");
         goto fail;
     }
+    free(c.ign);
     *out = u;
     return FSDP_OK;
 fail:
     /* Parameters already re-pointed cannot be restored; before flatten() they are untouched. */
+    free(c.ign);
     for (size_t i = 0; i < u->nchildren; i++)
         if (u->children[i]->parent == u) u->children[i]->parent = NULL;
     u->nchildren = 0;
     fsdp__unit_free(u);
+    return rc;
+}
+
+/* Checks the options one unit of module m is wrapped with; *pg receives the group it shards
+ * over. who names the unit in messages ("fsdp_wrap", or the planned unit). */
+static int check_options(fsdp_module_t *m, const fsdp_options_t *o, const char *who,
+                         fsdp_pg_t **pg) {
+    if ((int)o->strategy < 0 || o->strategy >= FSDP_SHARDING_COUNT)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "%s: sharding strategy %d is not one", who,
+                             (int)o->strategy);
+    if ((int)o->backward_prefetch < 0 || o->backward_prefetch >= FSDP_BACKWARD_PREFETCH_COUNT)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "%s: backward prefetch %d is not one", who,
+                             (int)o->backward_prefetch);
+    if (o->limit_all_gathers < 0)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "%s: limit_all_gathers is %d; it must be >= 0",
+                             who, o->limit_all_gathers);
+    if (o->delay_before_reduce_ms < 0 || o->delay_before_free_ms < 0)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "%s: delays must be >= 0 (delay_before_reduce_ms %d, "
+                             "delay_before_free_ms %d)",
+                             who, o->delay_before_reduce_ms, o->delay_before_free_ms);
+    if (o->device && fsdp_device_ctx(o->device) != m->ctx)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "%s: options.device (%s) belongs to another context "
+                             "(of rank %d) than the module (rank %d); a unit computes on a "
+                             "device of the module's context",
+                             who, fsdp_device_name(o->device),
+                             fsdp_ctx_rank(fsdp_device_ctx(o->device)), fsdp_ctx_rank(m->ctx));
+    if (o->num_ignored_modules > 0 && !o->ignored_modules)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "%s: %zu ignored modules but the array is NULL",
+                             who, o->num_ignored_modules);
+    *pg = o->pg ? o->pg : m->ctx->pg;
+    if (!*pg)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "%s: no process group (options.pg is NULL and the context "
+                             "has no world group)",
+                             who);
+    if (is_hybrid(o->strategy) && !o->replicate_pg)
+        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
+                             "%s: %s needs options.replicate_pg (the group across "
+                             "which shards are replicated)",
+                             who, fsdp_sharding_strategy_name(o->strategy));
+    return FSDP_OK;
+}
+
+/* The options of a planned unit: the root's with the entry's overrides, no policy. */
+static void entry_options(const fsdp_options_t *root, const fsdp_wrap_plan_entry_t *e,
+                          fsdp_options_t *out) {
+    fsdp_unit_overrides_apply(root, &e->overrides, out); /* cannot fail: neither is NULL */
+    out->auto_wrap_policy = NULL;
+}
+
+/* Auto-wrap: every check, then the planned units below m in post-order; the root is left to
+ * the caller. *root_numel receives what the plan counted for m. */
+static int wrap_planned(fsdp_module_t *m, const fsdp_options_t *o, int64_t *root_numel) {
+    fsdp_wrap_plan_t plan = {0};
+    fsdp_wrap_plan_options_t po;
+    fsdp_wrap_plan_options_init(&po);
+    po.ignored_modules = o->ignored_modules;
+    po.num_ignored_modules = o->num_ignored_modules;
+    po.mixed_precision = o->mixed_precision.enabled;
+    po.mp_ignored_types = o->mixed_precision.module_classes_to_ignore;
+    po.use_orig_params = o->use_orig_params;
+    int rc = fsdp_wrap_check_no_units(m, NULL, NULL);
+    if (rc < 0) return rc;
+    FSDP_TRY(rc, out, fsdp_wrap_plan_build(m, o->auto_wrap_policy, &po, &plan));
+    FSDP_TRY(rc, out, fsdp_wrap_plan_validate_frozen(m, &plan, &po, NULL));
+    /* Every unit's options before the first unit is made. */
+    for (size_t i = 0; i < plan.n; i++) {
+        const fsdp_wrap_plan_entry_t *e = &plan.entries[i];
+        if (e->is_root) continue;
+        fsdp_options_t eo;
+        fsdp_pg_t *pg = NULL;
+        entry_options(o, e, &eo);
+        char who[160];
+        snprintf(who, sizeof who, "fsdp_wrap: the unit planned at '%s'", e->fqn);
+        FSDP_TRY(rc, out, check_options(e->module, &eo, who, &pg));
+    }
+    for (size_t i = 0; i < plan.n; i++) {
+        const fsdp_wrap_plan_entry_t *e = &plan.entries[i];
+        if (e->is_root) {
+            *root_numel = e->managed_numel;
+            continue;
+        }
+        fsdp_options_t eo;
+        fsdp_pg_t *pg = NULL;
+        fsdp_unit_t *u = NULL;
+        entry_options(o, e, &eo);
+        FSDP_TRY(rc, out, check_options(e->module, &eo, "fsdp_wrap", &pg));
+        FSDP_TRY(rc, out, wrap_one(e->module, &eo, pg, e->fqn, e->managed_numel, &u));
+    }
+out:
+    fsdp_wrap_plan_free(&plan);
     return rc;
 }
 
@@ -616,44 +734,9 @@ int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
         fsdp_options_init(&def);
         o = &def;
     }
-    if ((int)o->strategy < 0 || o->strategy >= FSDP_SHARDING_COUNT)
-        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: sharding strategy %d is not one",
-                             (int)o->strategy);
-    if ((int)o->backward_prefetch < 0 || o->backward_prefetch >= FSDP_BACKWARD_PREFETCH_COUNT)
-        return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: backward prefetch %d is not one",
-                             (int)o->backward_prefetch);
-    if (o->limit_all_gathers < 0)
-        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
-                             "fsdp_wrap: limit_all_gathers is %d; it must be >= 0",
-                             o->limit_all_gathers);
-    if (o->delay_before_reduce_ms < 0 || o->delay_before_free_ms < 0)
-        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
-                             "fsdp_wrap: delays must be >= 0 (delay_before_reduce_ms %d, "
-                             "delay_before_free_ms %d)",
-                             o->delay_before_reduce_ms, o->delay_before_free_ms);
-    if (o->device && fsdp_device_ctx(o->device) != m->ctx)
-        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
-                             "fsdp_wrap: options.device (%s) belongs to another context "
-                             "(of rank %d) than the module (rank %d); a unit computes on a "
-                             "device of the module's context",
-                             fsdp_device_name(o->device), fsdp_ctx_rank(fsdp_device_ctx(o->device)),
-                             fsdp_ctx_rank(m->ctx));
-    if (o->num_ignored_modules > 0 && !o->ignored_modules)
-        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
-                             "fsdp_wrap: %zu ignored modules but the array is NULL",
-                             o->num_ignored_modules);
-    fsdp_pg_t *pg = o->pg ? o->pg : m->ctx->pg;
-    if (!pg)
-        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
-                             "fsdp_wrap: no process group (options.pg is NULL and the context "
-                             "has no world group)");
-    if (is_hybrid(o->strategy) && !o->replicate_pg)
-        return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
-                             "fsdp_wrap: %s needs options.replicate_pg (the group across "
-                             "which shards are replicated)",
-                             fsdp_sharding_strategy_name(o->strategy));
-    if (fsdp_unit_of(m))
-        return fsdp__module_err(m, FSDP_EINVAL, "fsdp_wrap: the module is already an FSDP unit");
+    fsdp_pg_t *pg = NULL;
+    int rc = check_options(m, o, "fsdp_wrap", &pg);
+    if (rc < 0) return rc;
     if (m->ctx->fsdp)
         for (size_t i = 0; i < m->ctx->fsdp->n; i++) {
             fsdp_unit_t *r = m->ctx->fsdp->units[i].u;
@@ -663,12 +746,87 @@ int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
                         return fsdp__ctx_err(m->ctx, FSDP_EINVAL,
                                              "fsdp_wrap: a unit is running forward or backward");
         }
-    if (o->wrap_types || o->policy) {
-        struct policy_walk w = {o, pg, 0};
-        int rc = auto_wrap(&w, m, "", true);
-        if (rc < 0) return rc;
+    int64_t numel = -1;
+    if (o->auto_wrap_policy) {
+        if ((rc = wrap_planned(m, o, &numel)) < 0) return rc;
+    } else if (fsdp_unit_of(m)) {
+        return fsdp__module_err(m, FSDP_EINVAL, "fsdp_wrap: the module is already an FSDP unit");
     }
-    return wrap_one(m, o, pg, "", out);
+    return wrap_one(m, o, pg, "", numel, out);
+}
+
+int fsdp_fully_shard(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
+    fsdp_unit_t *u = NULL;
+    fsdp_options_t fo;
+    if (o)
+        fo = *o;
+    else
+        fsdp_options_init(&fo);
+    fo.use_orig_params = true; /* upstream's fully_shard has no flat parameter to show */
+    int rc = fsdp_wrap(m, &fo, &u);
+    if (out) *out = u;
+    return rc;
+}
+
+int fsdp_unit_options(const fsdp_unit_t *u, fsdp_options_t *out) {
+    if (!u || !out) {
+        fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_unit_options: %s is NULL", !u ? "u" : "out");
+        return FSDP_EINVAL;
+    }
+    *out = u->opt; /* the strategy is the clamped one, ignored_modules u's copy */
+    out->pg = u->pg;
+    out->replicate_pg = u->replicate_pg;
+    out->device = u->dev;
+    out->auto_wrap_policy = NULL;
+    return FSDP_OK;
+}
+
+/* ---- the manual wrap API --------------------------------------------------------------------- */
+
+/* The calling thread's wrap scope. */
+static _Thread_local struct {
+    bool open;
+    fsdp_options_t defaults;
+} scope;
+
+int fsdp_enable_wrap(const fsdp_options_t *defaults) {
+    if (scope.open) {
+        fsdp_log(NULL, FSDP_LOG_ERROR,
+                 "fsdp_enable_wrap: this thread is already within a wrap scope; scopes do not "
+                 "nest (close it with fsdp_disable_wrap first)");
+        return FSDP_EINVAL;
+    }
+    if (defaults)
+        scope.defaults = *defaults;
+    else
+        fsdp_options_init(&scope.defaults);
+    scope.open = true;
+    return FSDP_OK;
+}
+
+int fsdp_disable_wrap(void) {
+    if (!scope.open) {
+        fsdp_log(NULL, FSDP_LOG_ERROR,
+                 "fsdp_disable_wrap: this thread has no wrap scope open (fsdp_enable_wrap)");
+        return FSDP_EINVAL;
+    }
+    scope.open = false;
+    fsdp_options_init(&scope.defaults); /* drops the borrowed pointers */
+    return FSDP_OK;
+}
+
+bool fsdp_wrap_enabled(void) {
+    return scope.open;
+}
+
+int fsdp_wrap_scoped(fsdp_module_t *m, const fsdp_unit_overrides_t *ov, fsdp_unit_t **out) {
+    if (out) *out = NULL;
+    if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_wrap_scoped: module is NULL");
+    if (!out) return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap_scoped: out is NULL");
+    if (!scope.open) return FSDP_OK; /* PyTorch's wrap() outside enable_wrap: the identity */
+    fsdp_options_t o;
+    fsdp_unit_overrides_apply(&scope.defaults, ov, &o);
+    return fsdp_wrap(m, &o, out);
 }
 
 /* Sets fqn of every unit under u (relative to the root's module). */
