@@ -15,8 +15,9 @@
 
 #include <fsdp.h>
 
-/* Length of every last-error buffer, including the terminating NUL. */
-#define FSDP_ERR_LEN 512
+/* Length of every last-error buffer, including the terminating NUL. Messages that list names
+ * (the frozen-parameter check lists every FQN of a unit) need room: 512 cut them short. */
+#define FSDP_ERR_LEN 2048
 
 /* rc = call; if it failed, jump to label. The label is named at every call site on purpose. */
 #define FSDP_TRY(rc, label, call)                                                              \
@@ -33,9 +34,11 @@ struct fsdp_ctx {
     int world_size;
     fsdp_rng_t rng;
     _Atomic int log_level;       /* fsdp_log_level_t */
-    pthread_mutex_t log_mu;      /* guards sink and sink_user */
+    pthread_mutex_t log_mu;      /* guards sink, sink_user, nwarn and last_warn */
     fsdp_log_sink_fn sink;
     void *sink_user;
+    uint64_t nwarn;              /* warnings logged, whatever the level (fsdp_ctx_warnings) */
+    char last_warn[1024];
     /* Memory accounting; atomics because a rank's comm thread allocates too. */
     _Atomic size_t mem_current[FSDP_MEM_NCAT];
     _Atomic size_t mem_peak[FSDP_MEM_NCAT];

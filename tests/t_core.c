@@ -62,6 +62,20 @@ static void test_log(void) {
     fsdp_ctx_set_log_level(ctx, FSDP_LOG_OFF);
     fsdp_log(ctx, FSDP_LOG_ERROR, "muted");
     tap_is_int(cap.count, 2, "level off silences errors too");
+
+    /* Warnings stay queryable whatever the level. */
+    char w[64];
+    tap_is_int((int)fsdp_ctx_warnings(ctx, w, sizeof w), 1,
+               "fsdp_ctx_warnings counts the one warning so far (debug and error lines are not "
+               "warnings)");
+    tap_is_str(w, "shard 3 of layer1", "and returns its text");
+    fsdp_log(ctx, FSDP_LOG_WARN, "frozen %s", "lora.A");
+    tap_is_int(cap.count, 2, "a warning at level off does not reach the sink");
+    tap_is_int((int)fsdp_ctx_warnings(ctx, w, 6), 2, "but it is counted");
+    tap_is_str(w, "froze", "and its text kept (cut to the buffer given)");
+    tap_is_int((int)fsdp_ctx_warnings(ctx, NULL, 0), 2, "the text is optional");
+    tap_is_int((int)fsdp_ctx_warnings(NULL, w, sizeof w), 0, "a NULL context has none");
+    tap_is_str(w, "", "and no text");
     fsdp_ctx_destroy(ctx);
 }
 

@@ -17,6 +17,7 @@
 
 #include "models/models.h"
 #include "tap.h"
+#include "wrap_util.h"
 
 static fsdp_ctx_t *ctx;
 
@@ -36,33 +37,6 @@ static void sink(void *user, int rank, fsdp_log_level_t level, const char *msg) 
 static void log_reset(void) {
     logcap.nwarn = 0;
     logcap.first[0] = 0;
-}
-
-/* Runs nothing itself: redirects stderr into a temporary file until stderr_end(). */
-static FILE *err_file;
-static int err_saved = -1;
-
-static void stderr_begin(void) {
-    fflush(stderr);
-    err_file = tmpfile();
-    err_saved = dup(2);
-    if (err_file && err_saved >= 0) dup2(fileno(err_file), 2);
-}
-
-static void stderr_end(char *buf, size_t n) {
-    buf[0] = 0;
-    fflush(stderr);
-    if (err_saved >= 0) {
-        dup2(err_saved, 2);
-        close(err_saved);
-        err_saved = -1;
-    }
-    if (!err_file) return;
-    rewind(err_file);
-    size_t got = fread(buf, 1, n - 1, err_file);
-    buf[got] = 0;
-    fclose(err_file);
-    err_file = NULL;
 }
 
 /* ---- building models ------------------------------------------------------------------------- */
@@ -241,32 +215,6 @@ static void test_layer_policies(void) {
 
 /* ---- WRAP-TA-08 and the mixed-precision rule (F41) ------------------------------------------- */
 
-struct ta08 {
-    bool uniform;
-    fsdp_module_t *bn;
-};
-
-static int ta08_fn(fsdp_module_t *m, fsdp_unit_overrides_t *ov, void *arg) {
-    struct ta08 *a = arg;
-    const char *t = fsdp_module_type(m);
-    if (m == a->bn) {
-        if (a->uniform) return FSDP_POLICY_YES;
-        ov->has_strategy = true;
-        ov->strategy = FSDP_NO_SHARD;
-        return FSDP_POLICY_OVERRIDE;
-    }
-    if (strcmp(t, "TransformerEncoderLayer") == 0) return FSDP_POLICY_YES;
-    if (strcmp(t, "TransformerDecoderLayer") == 0) {
-        if (a->uniform) return FSDP_POLICY_YES;
-        ov->has_strategy = true;
-        ov->strategy = FSDP_SHARD_GRAD_OP;
-        ov->has_backward_prefetch = true;
-        ov->backward_prefetch = FSDP_BACKWARD_POST;
-        return FSDP_POLICY_OVERRIDE;
-    }
-    return FSDP_POLICY_NO;
-}
-
 /* "fqn:STRATEGY/PREFETCH/mp" for every entry, with the options merged over root. */
 static const char *plan_options(const fsdp_wrap_plan_t *p, const fsdp_options_t *root) {
     static const char *const strat[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID",
@@ -310,9 +258,9 @@ static void test_custom_policy(void) {
         "transformer.decoder.layers.1:FULL_SHARD/PRE/f16|"
         "bn:FULL_SHARD/PRE/full|(root):FULL_SHARD/PRE/f16"};
     for (int uniform = 0; uniform < 2; uniform++) {
-        struct ta08 arg = {uniform != 0, child(m, "bn")};
+        struct wu_ta08 arg = {uniform != 0, child(m, "bn")};
         fsdp_policy_t *p = NULL;
-        CHECK(fsdp_policy_custom_create(ta08_fn, &arg, &p));
+        CHECK(fsdp_policy_custom_create(wu_ta08_fn, &arg, &p));
         log_reset();
         fsdp_wrap_plan_t plan = plan_of(m, p, &po);
         tap_is_str(plan_options(&plan, &root), want[uniform],
@@ -596,21 +544,6 @@ static void test_batchnorm_individually(void) {
 
 /* ---- WRAP-TA-17, WRAP-WU-01: frozen parameters ----------------------------------------------- */
 
-static const char *const lora_types[] = {"LoraAttention", "LoraMLP", "LoraDecoder", NULL};
-
-static int lora_fn(fsdp_module_t *m, fsdp_unit_overrides_t *ov, void *arg) {
-    bool uniform = *(bool *)arg;
-    const char *t = fsdp_module_type(m);
-    if (!uniform && strcmp(t, "LoraAttention") == 0) {
-        ov->has_strategy = true;
-        ov->strategy = FSDP_SHARD_GRAD_OP;
-        return FSDP_POLICY_OVERRIDE;
-    }
-    for (const char *const *l = lora_types; *l; l++)
-        if (strcmp(t, *l) == 0) return FSDP_POLICY_YES;
-    return FSDP_POLICY_NO;
-}
-
 #define FROZEN_HEAD(fqn) fqn " has both parameters with requires_grad=True and False."
 #define FROZEN_FLAT " FSDP does not support wrapping such modules when use_orig_params=False. "
 #define FROZEN_ORIG(total, on)                                                                     \
@@ -624,9 +557,9 @@ static void test_frozen_policies(void) {
     CHECK(tm_lora_create(ctx, &m));
     bool uniform = true, nonuniform = false;
     fsdp_policy_t *pols[3] = {NULL, NULL, NULL};
-    CHECK(fsdp_policy_module_types_create(lora_types, &pols[0]));
-    CHECK(fsdp_policy_custom_create(lora_fn, &uniform, &pols[1]));
-    CHECK(fsdp_policy_custom_create(lora_fn, &nonuniform, &pols[2]));
+    CHECK(fsdp_policy_module_types_create(wu_lora_types, &pols[0]));
+    CHECK(fsdp_policy_custom_create(wu_lora_fn, &uniform, &pols[1]));
+    CHECK(fsdp_policy_custom_create(wu_lora_fn, &nonuniform, &pols[2]));
     static const char *const names[3] = {"ModuleWrapPolicy", "CustomPolicy uniform",
                                          "CustomPolicy non-uniform"};
     fsdp_wrap_plan_options_t po;
@@ -771,17 +704,17 @@ static void test_bad_input(void) {
     fsdp_size_policy_options_init(&so);
     so.min_num_params = -1;
     fsdp_policy_t *p = (fsdp_policy_t *)1;
-    stderr_begin();
+    wu_stderr_begin();
     int rc = fsdp_policy_size_based_create(&so, &p);
-    stderr_end(err, sizeof err);
+    wu_stderr_end(err, sizeof err);
     tap_ok(rc == FSDP_EINVAL && p == NULL, "size policy with min_num_params -1 is FSDP_EINVAL");
     tap_has_str(err, "min_num_params -1 must be >= 0", "  and the message names min_num_params");
 
-    stderr_begin();
+    wu_stderr_begin();
     rc = fsdp_policy_or_create(NULL, 0, &p);
     int rc2 = fsdp_policy_module_types_create(NULL, &p);
     int rc3 = fsdp_policy_custom_create(NULL, NULL, &p);
-    stderr_end(err, sizeof err);
+    wu_stderr_end(err, sizeof err);
     tap_ok(rc == FSDP_EINVAL && rc2 == FSDP_EINVAL && rc3 == FSDP_EINVAL,
            "or of nothing, types NULL and a NULL custom function are FSDP_EINVAL");
     tap_ok(strstr(err, "policies is NULL") && strstr(err, "types is NULL") &&

@@ -11,6 +11,7 @@
 #ifndef FSDP_CONTEXT_H
 #define FSDP_CONTEXT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <fsdp/export.h>
@@ -56,6 +57,11 @@ FSDP_EXTERN fsdp_rng_t *fsdp_ctx_rng(fsdp_ctx_t *ctx);
 /* Text of the last error reported on this context ("" when none). Valid until the next call
  * that fails on the same context. */
 FSDP_EXTERN const char *fsdp_ctx_last_error(const fsdp_ctx_t *ctx);
+
+/* The number of warnings logged on ctx so far, counted whether or not its level let them
+ * through to the sink or stderr; buf (cap bytes; may be NULL) receives the last one's text (cut
+ * at 1 KiB, "" when none). For tests and monitoring. Thread-safe; ctx NULL gives 0. */
+FSDP_EXTERN uint64_t fsdp_ctx_warnings(const fsdp_ctx_t *ctx, char *buf, size_t cap);
 
 FSDP_EXTERN fsdp_log_level_t fsdp_ctx_log_level(const fsdp_ctx_t *ctx);
 FSDP_EXTERN void fsdp_ctx_set_log_level(fsdp_ctx_t *ctx, fsdp_log_level_t level);

@@ -4,8 +4,10 @@
  * A message is formatted whole and written with one fputs, so lines from rank threads never
  * interleave within a line.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "internal.h"
@@ -46,16 +48,27 @@ fsdp_log_level_t fsdp_log_level_from_env(void) {
 void fsdp_log(const fsdp_ctx_t *ctx, fsdp_log_level_t level, const char *fmt, ...) {
     fsdp_log_level_t limit = ctx ? (fsdp_log_level_t)atomic_load(&ctx->log_level)
                                  : fsdp_log_level_from_env();
-    if (level == FSDP_LOG_OFF || level > limit) return;
+    bool shown = level != FSDP_LOG_OFF && level <= limit;
+    bool kept = ctx && level == FSDP_LOG_WARN; /* counted even when not shown */
+    if (!shown && !kept) return;
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (ctx) {
-        /* The sink fields are only written under log_mu; const is cast away for the lock only. */
+        /* The sink and warning fields are only touched under log_mu; const is cast away for
+         * the lock and the warning record only. */
         fsdp_ctx_t *c = (fsdp_ctx_t *)ctx;
         pthread_mutex_lock(&c->log_mu);
+        if (kept) {
+            c->nwarn++;
+            memcpy(c->last_warn, msg, sizeof c->last_warn);
+        }
+        if (!shown) {
+            pthread_mutex_unlock(&c->log_mu);
+            return;
+        }
         fsdp_log_sink_fn sink = c->sink;
         if (sink) {
             sink(c->sink_user, c->rank, level, msg);
@@ -71,4 +84,17 @@ void fsdp_log(const fsdp_ctx_t *ctx, fsdp_log_level_t level, const char *fmt, ..
     else
         snprintf(line, sizeof line, "fsdp[rank ?] %s: %s\n", fsdp_log_level_name(level), msg);
     fputs(line, stderr);
+}
+
+uint64_t fsdp_ctx_warnings(const fsdp_ctx_t *ctx, char *buf, size_t cap) {
+    if (!ctx) {
+        if (buf && cap) buf[0] = 0;
+        return 0;
+    }
+    fsdp_ctx_t *c = (fsdp_ctx_t *)ctx;
+    pthread_mutex_lock(&c->log_mu);
+    uint64_t n = c->nwarn;
+    if (buf && cap) snprintf(buf, cap, "%s", c->last_warn);
+    pthread_mutex_unlock(&c->log_mu);
+    return n;
 }

@@ -736,12 +736,40 @@ static fsdp_unit_t *next_in_forward_order(fsdp_unit_t *root, fsdp_unit_t *u) {
     return NULL;
 }
 
+/* Casts the floating tensors of t[0..n) that are not of dtype dt to dt (differentiably),
+ * replacing them; what names them in messages. */
+static int cast_floats(fsdp_unit_t *u, int n, fsdp_tensor_t **t, int dt, const char *what) {
+    for (int i = 0; i < n; i++) {
+        if (!t[i] || !fsdp_dtype_is_float(t[i]->dt) || (int)t[i]->dt == dt) continue;
+        fsdp_tensor_t *c = NULL;
+        int rc = fsdp_to_dtype(t[i], (fsdp_dtype_t)dt, &c);
+        if (rc < 0)
+            return fsdp__unit_err(u, rc, "casting forward %s %d from %s to %s failed: %s", what,
+                                  i, fsdp_dtype_name(t[i]->dt), fsdp_dtype_name((fsdp_dtype_t)dt),
+                                  fsdp_ctx_last_error(u->ctx));
+        fsdp_tensor_release(t[i]);
+        t[i] = c;
+    }
+    return FSDP_OK;
+}
+
+/* A unit the mixed-precision rule made full-precision (batch norm under a low-precision model):
+ * remembers the dtype of its last floating input, then runs the module in the parameters' dtype
+ * (upstream's _override_module_mixed_precision hooks). */
+static int cast_io_inputs(fsdp_unit_t *u, int nin, fsdp_tensor_t **in) {
+    u->io_dt = -1;
+    for (int i = 0; i < nin; i++)
+        if (in[i] && fsdp_dtype_is_float(in[i]->dt)) u->io_dt = (int)in[i]->dt;
+    return cast_floats(u, nin, in, (int)u->dt, "input");
+}
+
 int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t **in) {
     (void)m;
     fsdp_unit_t *u = arg;
     fsdp_unit_t *root = root_of(u);
     int rc;
     if (u == root && (rc = root_pre_forward(root)) < 0) return rc;
+    if (u->cast_io && (rc = cast_io_inputs(u, nin, in)) < 0) return rc;
     if (fsdp_in_backward(u->ctx)) return FSDP_OK; /* a recompute region re-running the module */
     if (u->state == FSDP_STATE_SUMMON)
         return fsdp__unit_err(u, FSDP_EINVAL, "forward while the unit is unsharded by "
@@ -767,15 +795,9 @@ int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *
         }
     const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
     if (mp->enabled && mp->param_dtype != FSDP_MP_UNSET &&
-        ((u == root && mp->cast_root_forward_inputs) || mp->cast_forward_inputs))
-        for (int i = 0; i < nin; i++) {
-            if (!in[i] || !fsdp_dtype_is_float(in[i]->dt) || in[i]->dt == mp->param_dtype)
-                continue;
-            fsdp_tensor_t *c = NULL;
-            if ((rc = fsdp_to_dtype(in[i], mp->param_dtype, &c)) < 0) return rc;
-            fsdp_tensor_release(in[i]);
-            in[i] = c;
-        }
+        ((u == root && mp->cast_root_forward_inputs) || mp->cast_forward_inputs) &&
+        (rc = cast_floats(u, nin, in, (int)mp->param_dtype, "input")) < 0)
+        return rc;
     if (!root->fwd_order_done && push_unit(&root->fwd_order, &root->nfwd, &root->capfwd, u) < 0)
         return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
     if ((rc = fsdp__unshard(u)) < 0) return rc;
@@ -800,13 +822,15 @@ int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *cons
     (void)m, (void)nin, (void)in, (void)nout, (void)out;
     fsdp_unit_t *u = arg;
     fsdp_unit_t *root = root_of(u);
+    int rc = FSDP_OK;
+    if (u->cast_io && u->io_dt >= 0 && (rc = cast_floats(u, nout, out, u->io_dt, "output")) < 0)
+        return rc;
     if (fsdp_in_backward(u->ctx)) return FSDP_OK;
     fsdp__swap_slots(u, false);
     if (u == root) root->fwd_order_done = true;
     if (push_unit(&root->post_order, &root->npost, &root->cappost, u) < 0)
         return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
     bool grad = fsdp_is_grad_enabled(u->ctx);
-    int rc = FSDP_OK;
     if (!grad || (u != root && reshard_after_forward(u->opt.strategy))) rc = fsdp__reshard(u);
     u->state = FSDP_STATE_IDLE;
     return rc;

@@ -113,6 +113,11 @@ struct fsdp_unit {
     fsdp_dtype_t dt;             /* the parameters' (and the flat shard's) dtype */
     fsdp_dtype_t cdt;            /* compute dtype: of full, the compute views and their grads */
     fsdp_dtype_t rdt;            /* reduction dtype */
+    /* Made full-precision by the mixed-precision rule (module_classes_to_ignore): floating
+     * inputs are cast to dt before the module runs and its floating outputs back to the dtype
+     * of the last floating input (io_dt, -1 when none) after it, as upstream's hooks do. */
+    bool cast_io;
+    int io_dt;
     fsdp_tensor_t *flat;         /* local shard leaf */
     fsdp_tensor_t *full;         /* unsharded flat parameter */
     fsdp_tensor_t *full_grad;    /* unsharded flat gradient while backward runs, else NULL */

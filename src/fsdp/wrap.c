@@ -719,6 +719,8 @@ static int wrap_planned(fsdp_module_t *m, const fsdp_options_t *o, int64_t *root
         entry_options(o, e, &eo);
         FSDP_TRY(rc, out, check_options(e->module, &eo, "fsdp_wrap", &pg));
         FSDP_TRY(rc, out, wrap_one(e->module, &eo, pg, e->fqn, e->managed_numel, &u));
+        u->cast_io = e->mp_override && u->nparams > 0;
+        u->io_dt = -1;
     }
 out:
     fsdp_wrap_plan_free(&plan);
