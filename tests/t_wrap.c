@@ -566,6 +566,109 @@ static void test_ta17(void) {
         }
 }
 
+/* ---- MP-S11..S13, construction: fully_shard with a policy and mixed precision -------------- */
+
+/* Whether u reports mixed precision equal to want (dtypes, the cast flags). */
+static bool same_mp(const fsdp_unit_t *u, const fsdp_mixed_precision_t *want) {
+    fsdp_options_t uo;
+    if (fsdp_unit_options(u, &uo) < 0) return false;
+    const fsdp_mixed_precision_t *mp = &uo.mixed_precision;
+    if (!want->enabled) return !mp->enabled;
+    return mp->enabled && mp->param_dtype == want->param_dtype &&
+           mp->reduce_dtype == want->reduce_dtype && mp->buffer_dtype == want->buffer_dtype &&
+           mp->cast_forward_inputs == want->cast_forward_inputs &&
+           mp->cast_root_forward_inputs == want->cast_root_forward_inputs && uo.use_orig_params;
+}
+
+/* The composable calls of test_full_precision_in_eval*: fully_shard(TransformerWithSharedParams,
+ * policy=ModuleWrapPolicy(layers), mixed_precision=...), with the default batch-norm rule
+ * (S11: f16 x3, cast_forward_inputs) or without it (S13: param f32, reduce f16, buffer f32,
+ * _module_classes_to_ignore=[]), and S12's hand nesting of the simple nested model. */
+static void test_mp_s11_s13(void) {
+    static const char *const layers[] = {"TransformerEncoderLayer", "TransformerDecoderLayer",
+                                         NULL};
+    static const char *const none[] = {NULL};
+    for (int s13 = 0; s13 < 2; s13++) {
+        const char *id = s13 ? "MP-S13" : "MP-S11";
+        fsdp_module_t *m = NULL;
+        fsdp_policy_t *p = NULL;
+        CHECK(tm_transformer_create(mctx, true, false, &m));
+        CHECK(fsdp_policy_module_types_create(layers, &p));
+        fsdp_options_t o;
+        fsdp_options_init(&o);
+        o.pg = pg1;
+        o.auto_wrap_policy = p;
+        fsdp_mixed_precision_t *mp = &o.mixed_precision;
+        mp->enabled = true;
+        mp->cast_forward_inputs = true;
+        if (s13) {
+            mp->param_dtype = mp->buffer_dtype = FSDP_DTYPE_F32;
+            mp->reduce_dtype = FSDP_DTYPE_F16;
+            mp->module_classes_to_ignore = none;
+        } else {
+            mp->param_dtype = mp->reduce_dtype = mp->buffer_dtype = FSDP_DTYPE_F16;
+        }
+        uint64_t w0 = fsdp_ctx_warnings(mctx, NULL, 0);
+        fsdp_unit_t *root = NULL;
+        int rc = fsdp_fully_shard(m, &o, &root);
+        char warn[1024];
+        uint64_t nw = fsdp_ctx_warnings(mctx, warn, sizeof warn) - w0;
+        tap_is_str(rc == 0 ? wu_unit_names(root) : fsdp_ctx_last_error(mctx),
+                   s13 ? "(root)|transformer.encoder.layers.0|transformer.encoder.layers.1|"
+                         "transformer.decoder.layers.0|transformer.decoder.layers.1"
+                       : "(root)|transformer.encoder.layers.0|transformer.encoder.layers.1|"
+                         "transformer.decoder.layers.0|transformer.decoder.layers.1|bn",
+                   "%s: fully_shard(policy=layers, mixed precision) makes the layer units%s", id,
+                   s13 ? "; with no classes to ignore bn stays in the root's" : " and a bn unit");
+        fsdp_unit_t **u = NULL;
+        size_t n = 0;
+        bool ok = rc == 0 && fsdp_units(root, &u, &n) == 0 && n > 0;
+        fsdp_mixed_precision_t off;
+        fsdp_mixed_precision_init(&off);
+        for (size_t i = 0; ok && i < n; i++) {
+            bool is_bn = !fsdp_unit_is_root(u[i]) && strcmp(fsdp_unit_fqn(u[i]), "bn") == 0;
+            ok = same_mp(u[i], is_bn ? &off : mp);
+        }
+        free(u);
+        tap_ok(ok,
+               "%s: every unit runs with use_orig_params and the given mixed precision%s", id,
+               s13 ? " (f32 params, f16 reduction)" : ", except bn, which has none");
+        tap_ok(s13 ? nw == 0 : nw == 1 && strstr(warn, "{BatchNorm1d}"),
+               "%s: %s", id,
+               s13 ? "no warning" : "one warning (fsdp_ctx_warnings) names BatchNorm1d");
+        fsdp_destroy(root);
+        fsdp_module_release(m);
+        fsdp_policy_release(p);
+    }
+
+    /* S12: _get_simple_nested_model's shape by hand, fully_shard on the child, then the root. */
+    fsdp_module_t *seq = NULL, *inner = NULL;
+    CHECK(fsdp_sequential_create(mctx, &seq));
+    CHECK(fsdp_linear_create(mctx, 8, 4, true, &inner));
+    CHECK(fsdp_module_append(seq, inner));
+    fsdp_module_release(inner);
+    CHECK(fsdp_linear_create(mctx, 4, 8, true, &inner));
+    CHECK(fsdp_module_append(seq, inner));
+    fsdp_module_release(inner);
+    fsdp_options_t o;
+    fsdp_options_init(&o);
+    o.pg = pg1;
+    o.mixed_precision.enabled = true;
+    o.mixed_precision.param_dtype = o.mixed_precision.reduce_dtype =
+        o.mixed_precision.buffer_dtype = FSDP_DTYPE_F16;
+    o.mixed_precision.cast_forward_inputs = true;
+    fsdp_unit_t *child = NULL, *root = NULL;
+    CHECK(fsdp_fully_shard(fsdp_module_child(seq, "0"), &o, &child));
+    CHECK(fsdp_fully_shard(seq, &o, &root));
+    tap_ok(strcmp(wu_unit_names(root), "(root)|0") == 0 && same_mp(child, &o.mixed_precision) &&
+               same_mp(root, &o.mixed_precision),
+           "MP-S12: fully_shard on [0] then the root: two units, both with the mixed precision "
+           "given (%s)",
+           wu_unit_names(root));
+    fsdp_destroy(root);
+    fsdp_module_release(seq);
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 int main(void) {
@@ -584,6 +687,7 @@ int main(void) {
     test_ta08();
     test_ta15_16();
     test_ta17();
+    test_mp_s11_s13();
     fsdp_pg_destroy(pg2);
     fsdp_pg_destroy(pg1);
     fsdp_ctx_destroy(mctx);

@@ -4,8 +4,8 @@
  * against DDP over the cpu_offload x backward_prefetch x forward_prefetch matrix, WRAP-TA-14's
  * smoke step at world 1 and 2, the thread-local scope of the manual API (WRAP-TA-02), the
  * composable fsdp_fully_shard against fsdp_wrap, and a batch-norm unit that the mixed-precision
- * rule made full-precision running in f32 between low-precision units (MP-S11..S13 construction
- * and upstream's _override_module_mixed_precision hooks). t_wrap.c covers construction.
+ * rule made full-precision running in f32 between low-precision units (MP-S07's C analog, with
+ * upstream's _override_module_mixed_precision hooks). t_wrap.c covers construction.
  */
 #include <math.h>
 #include <stdio.h>
@@ -531,7 +531,7 @@ int main(void) {
     fu_run("fully_shard vs fsdp_wrap TransformerWithSharedParams", 2, FSDP_FULL_SHARD, false,
            fs_rank);
     for (int world = 1; world <= 2; world++)
-        fu_run("MP-S11 batch norm under f16 mixed precision", world, FSDP_FULL_SHARD, false,
+        fu_run("MP-S07 Linear-BatchNorm1d-Linear under f16 mixed precision", world, FSDP_FULL_SHARD, false,
                bn_rank);
     return tap_done();
 }
