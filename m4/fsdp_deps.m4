@@ -1,4 +1,4 @@
-# fsdp_deps.m4: optional dependencies of libfsdp (BLAS, CUDA, NCCL, Gloo).
+# fsdp_deps.m4: optional dependencies of libfsdp (BLAS, CUDA, NCCL, Gloo, hiredis).
 #
 # Each --with-X takes yes, no, DIR or nothing. Nothing means "check": use it when found and
 # say so in the summary. yes or DIR means required: a missing dependency stops configure.
@@ -201,4 +201,53 @@ AC_DEFUN([FSDP_CHECK_GLOO], [
   AC_SUBST([GLOO_CPPFLAGS])
   AC_SUBST([GLOO_LDFLAGS])
   AC_SUBST([GLOO_LIBS])
+])
+
+# FSDP_CHECK_HIREDIS: Debian's libhiredis-dev for the Redis rendezvous store.
+AC_DEFUN([FSDP_CHECK_HIREDIS], [
+  AC_ARG_WITH([hiredis],
+    [AS_HELP_STRING([--with-hiredis[[=DIR]]], [hiredis for the Redis store (default: check)])],
+    [], [with_hiredis=check])
+  fsdp_have_hiredis=no
+  HIREDIS_CPPFLAGS=
+  HIREDIS_LDFLAGS=
+  HIREDIS_LIBS=
+  AS_IF([test "x$with_hiredis" != xno], [
+    AS_CASE([$with_hiredis], [check|yes], [fsdp_hiredis_dir=], [fsdp_hiredis_dir=$with_hiredis])
+    AS_IF([test -n "$fsdp_hiredis_dir"],
+      [HIREDIS_CPPFLAGS="-I$fsdp_hiredis_dir/include"; HIREDIS_LDFLAGS="-L$fsdp_hiredis_dir/lib"])
+    fsdp_save_CPPFLAGS=$CPPFLAGS
+    fsdp_save_LDFLAGS=$LDFLAGS
+    fsdp_save_LIBS=$LIBS
+    CPPFLAGS="$CPPFLAGS $HIREDIS_CPPFLAGS"
+    LDFLAGS="$LDFLAGS $HIREDIS_LDFLAGS"
+    LIBS="-lhiredis $LIBS"
+    AC_MSG_CHECKING([for hiredis (hiredis/hiredis.h, -lhiredis)${fsdp_hiredis_dir:+ in $fsdp_hiredis_dir}])
+    AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <hiredis/hiredis.h>]],
+                                    [[struct timeval tv = {1, 0};
+                                      redisContext *c = redisConnectWithTimeout("localhost", 1, tv);
+                                      redisFree(c); return 0;]])],
+      [fsdp_have_hiredis=yes], [fsdp_have_hiredis=no])
+    dnl A directory given explicitly must hold the headers itself, not the system.
+    AS_IF([test -n "$fsdp_hiredis_dir" && test ! -f "$fsdp_hiredis_dir/include/hiredis/hiredis.h"],
+      [fsdp_have_hiredis=no])
+    AC_MSG_RESULT([$fsdp_have_hiredis])
+    CPPFLAGS=$fsdp_save_CPPFLAGS
+    LDFLAGS=$fsdp_save_LDFLAGS
+    LIBS=$fsdp_save_LIBS
+    AS_IF([test $fsdp_have_hiredis = yes], [HIREDIS_LIBS=-lhiredis], [
+      HIREDIS_CPPFLAGS=
+      HIREDIS_LDFLAGS=
+      AS_IF([FSDP_DEP_REQUIRED([$with_hiredis])],
+        [AC_MSG_ERROR([--with-hiredis=$with_hiredis given but hiredis (hiredis/hiredis.h and -lhiredis) was not found${fsdp_hiredis_dir:+ in $fsdp_hiredis_dir}; install libhiredis-dev])])
+    ])
+  ])
+  AS_IF([test $fsdp_have_hiredis = yes],
+    [AC_DEFINE([FSDP_HAVE_HIREDIS], [1], [Define to 1 when hiredis is available for the Redis store.])
+     fsdp_hiredis_summary="found${fsdp_hiredis_dir:+ ($fsdp_hiredis_dir)}"],
+    [fsdp_hiredis_summary=no])
+  AM_CONDITIONAL([HAVE_HIREDIS], [test $fsdp_have_hiredis = yes])
+  AC_SUBST([HIREDIS_CPPFLAGS])
+  AC_SUBST([HIREDIS_LDFLAGS])
+  AC_SUBST([HIREDIS_LIBS])
 ])
