@@ -4,9 +4,13 @@
  * Ranks exchange what they need to connect (NCCL unique ids, Gloo addresses, counters) through a
  * store. A store handle has its own key prefix and last-error text; handles made with
  * fsdp_store_clone() share the data of the handle they came from. The in-memory store serves
- * ranks that are threads of one process; file and Redis stores come with the multi-process
- * backends. Every call on one handle must come from one thread at a time; different handles on
+ * ranks that are threads of one process; the file store serves processes that share a directory
+ * (one host, or many over NFS); the Redis store serves processes anywhere that reach one Redis
+ * server. Every call on one handle must come from one thread at a time; different handles on
  * the same data may be used concurrently.
+ *
+ * The constructors have no object to hold error text. They log the reason at error level (see
+ * FSDP_LOG) and keep it for the calling thread in fsdp_store_open_error().
  */
 #ifndef FSDP_STORE_H
 #define FSDP_STORE_H
@@ -25,6 +29,13 @@ typedef struct fsdp_store fsdp_store_t;
 
 /* Creates an empty in-memory store. The caller owns *out. */
 FSDP_EXTERN int fsdp_store_create_memory(fsdp_store_t **out);
+
+/*
+ * Why the last store constructor (fsdp_store_create_*, fsdp_store_open_url) called by this thread
+ * failed; "" when it succeeded. The text is per thread, like errno, and stays valid until this
+ * thread's next constructor call. Thread-safe.
+ */
+FSDP_EXTERN const char *fsdp_store_open_error(void);
 
 /* A new handle on the same data whose keys are prefixed by `prefix` (appended to the prefix of
  * `store`, with a '/' between). The data lives until its last handle is destroyed. */

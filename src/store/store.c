@@ -1,7 +1,9 @@
 /*
- * store.c: the store front end: handles, key prefixes, argument checks, waiting on many keys.
+ * store.c: the store front end: handles, key prefixes, argument checks, waiting on many keys,
+ * and the creation error of the context-less constructors.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,35 @@ int fsdp__store_wrap(const struct fsdp_store_ops *ops, void *data, fsdp_store_t 
     s->timeout_ms = FSDP_STORE_DEFAULT_TIMEOUT_MS;
     *out = s;
     return FSDP_OK;
+}
+
+/* The one piece of per-thread state in libfsdp: store constructors have no object to hold their
+ * error text, so, like errno, it lives with the calling thread (see docs/design.md). */
+static _Thread_local char open_error[FSDP_ERR_LEN];
+
+int fsdp__store_open_err(int rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__verr(open_error, rc, fmt, ap);
+    va_end(ap);
+    fsdp_log(NULL, FSDP_LOG_ERROR, "%s", open_error);
+    return rc;
+}
+
+void fsdp__store_open_clear(void) { open_error[0] = 0; }
+
+const char *fsdp_store_open_error(void) { return open_error; }
+
+int64_t fsdp__store_deadline_ns(int64_t timeout_ms) {
+    int64_t now = fsdp__now_ns();
+    if (timeout_ms <= 0) return now;
+    if (timeout_ms > (INT64_MAX - now) / 1000000) return INT64_MAX;
+    return now + timeout_ms * 1000000;
+}
+
+int64_t fsdp__store_backoff_ms(int64_t prev_ms) {
+    if (prev_ms < 1) return 1;
+    return prev_ms >= 25 ? 50 : prev_ms * 2;
 }
 
 int fsdp__store_parse_counter(const void *v, size_t len, int64_t *out) {
@@ -91,7 +122,7 @@ int fsdp_store_set(fsdp_store_t *store, const char *key, const void *value, size
     if (len > 0 && !value)
         return fsdp__err(store->err, FSDP_EINVAL, "fsdp_store_set('%s'): value is NULL with "
                          "length %zu", k, len);
-    return store->ops->set(store->data, k, value, len, store->err);
+    return store->ops->set(store->data, k, value, len, store->timeout_ms, store->err);
 }
 
 int fsdp_store_get(fsdp_store_t *store, const char *key, void *buf, size_t cap, size_t *len) {
@@ -114,7 +145,7 @@ int fsdp_store_wait(fsdp_store_t *store, const char *const *keys, size_t n) {
     if (n > 0 && !keys)
         return fsdp__err(store->err, FSDP_EINVAL, "fsdp_store_wait: keys is NULL with n = %zu",
                          n);
-    int64_t end = fsdp__now_ns() + store->timeout_ms * 1000000;
+    int64_t end = fsdp__store_deadline_ns(store->timeout_ms);
     for (size_t i = 0; i < n; i++) {
         char k[KEY_CAP];
         int rc = full_key(store, keys[i], k, sizeof k, "fsdp_store_wait");
@@ -137,7 +168,7 @@ int fsdp_store_add(fsdp_store_t *store, const char *key, int64_t delta, int64_t 
     int rc = full_key(store, key, k, sizeof k, "fsdp_store_add");
     if (rc < 0) return rc;
     int64_t value;
-    rc = store->ops->add(store->data, k, delta, &value, store->err);
+    rc = store->ops->add(store->data, k, delta, &value, store->timeout_ms, store->err);
     if (rc == FSDP_OK && result) *result = value;
     return rc;
 }
@@ -148,7 +179,7 @@ int fsdp_store_check(fsdp_store_t *store, const char *key, int *found) {
     int rc = full_key(store, key, k, sizeof k, "fsdp_store_check");
     if (rc < 0) return rc;
     if (!found) return fsdp__err(store->err, FSDP_EINVAL, "fsdp_store_check: found is NULL");
-    return store->ops->check(store->data, k, found, store->err);
+    return store->ops->check(store->data, k, found, store->timeout_ms, store->err);
 }
 
 const char *fsdp_store_last_error(const fsdp_store_t *store) {

@@ -11,14 +11,21 @@
 
 #include "internal.h"
 
+/*
+ * Every operation gets the handle's timeout: get waits up to timeout_ms for the key to appear,
+ * and backends that talk to something outside the process (a lock held by another process, a
+ * Redis server) give up after timeout_ms instead of blocking forever. Errors are written into
+ * `err` (FSDP_ERR_LEN bytes) and name the key.
+ */
 struct fsdp_store_ops {
     const char *name;
-    int (*set)(void *data, const char *key, const void *value, size_t len, char *err);
-    /* Waits up to timeout_ms for the key. */
+    int (*set)(void *data, const char *key, const void *value, size_t len, int64_t timeout_ms,
+               char *err);
     int (*get)(void *data, const char *key, void *buf, size_t cap, size_t *len,
                int64_t timeout_ms, char *err);
-    int (*add)(void *data, const char *key, int64_t delta, int64_t *result, char *err);
-    int (*check)(void *data, const char *key, int *found, char *err);
+    int (*add)(void *data, const char *key, int64_t delta, int64_t *result, int64_t timeout_ms,
+               char *err);
+    int (*check)(void *data, const char *key, int *found, int64_t timeout_ms, char *err);
     void (*retain)(void *data);
     void (*release)(void *data);
 };
@@ -33,6 +40,20 @@ struct fsdp_store {
 
 /* Makes a handle over backend data (takes over one reference). */
 int fsdp__store_wrap(const struct fsdp_store_ops *ops, void *data, fsdp_store_t **out);
+
+/* Records the failure of a context-less constructor (fsdp_store_create_*, fsdp_store_open_url):
+ * formats the message into this thread's creation error (fsdp_store_open_error()), logs it at
+ * error level as fsdp_ctx_create does, and returns rc. */
+int fsdp__store_open_err(int rc, const char *fmt, ...) FSDP_PRINTF(2, 3);
+
+/* Clears this thread's creation error; constructors call it first. */
+void fsdp__store_open_clear(void);
+
+/* The monotonic time (ns) timeout_ms from now, saturating instead of overflowing. */
+int64_t fsdp__store_deadline_ns(int64_t timeout_ms);
+
+/* The wait between two polls of a key: starts at 1 ms and doubles up to 50 ms. */
+int64_t fsdp__store_backoff_ms(int64_t prev_ms);
 
 /* Parses decimal counter text; returns 0 when `len` bytes at v are a whole int64. */
 int fsdp__store_parse_counter(const void *v, size_t len, int64_t *out);

@@ -60,7 +60,9 @@ static int put(mem_store_t *m, const char *key, const void *value, size_t len, c
     return FSDP_OK;
 }
 
-static int mem_set(void *data, const char *key, const void *value, size_t len, char *err) {
+static int mem_set(void *data, const char *key, const void *value, size_t len, int64_t timeout_ms,
+                   char *err) {
+    (void)timeout_ms; /* never blocks for long */
     mem_store_t *m = data;
     pthread_mutex_lock(&m->mu);
     int rc = put(m, key, value, len, err);
@@ -90,7 +92,9 @@ static int mem_get(void *data, const char *key, void *buf, size_t cap, size_t *l
     return rc;
 }
 
-static int mem_add(void *data, const char *key, int64_t delta, int64_t *result, char *err) {
+static int mem_add(void *data, const char *key, int64_t delta, int64_t *result, int64_t timeout_ms,
+                   char *err) {
+    (void)timeout_ms;
     mem_store_t *m = data;
     int rc = FSDP_OK;
     pthread_mutex_lock(&m->mu);
@@ -109,7 +113,8 @@ static int mem_add(void *data, const char *key, int64_t delta, int64_t *result, 
     return rc;
 }
 
-static int mem_check(void *data, const char *key, int *found, char *err) {
+static int mem_check(void *data, const char *key, int *found, int64_t timeout_ms, char *err) {
+    (void)timeout_ms;
     (void)err;
     mem_store_t *m = data;
     pthread_mutex_lock(&m->mu);
@@ -153,12 +158,15 @@ static const struct fsdp_store_ops mem_ops = {
 };
 
 int fsdp_store_create_memory(fsdp_store_t **out) {
-    if (!out) return FSDP_EINVAL;
+    fsdp__store_open_clear();
+    if (!out) return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_create_memory: out is NULL");
     *out = NULL;
     mem_store_t *m = calloc(1, sizeof *m);
-    if (!m) return FSDP_ENOMEM;
+    if (!m) return fsdp__store_open_err(FSDP_ENOMEM, "fsdp_store_create_memory: out of memory");
     pthread_mutex_init(&m->mu, NULL);
     fsdp__cond_init(&m->cv);
     m->refs = 1;
-    return fsdp__store_wrap(&mem_ops, m, out);
+    int rc = fsdp__store_wrap(&mem_ops, m, out);
+    if (rc < 0) return fsdp__store_open_err(rc, "fsdp_store_create_memory: out of memory");
+    return FSDP_OK;
 }
