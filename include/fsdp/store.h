@@ -31,6 +31,22 @@ typedef struct fsdp_store fsdp_store_t;
 FSDP_EXTERN int fsdp_store_create_memory(fsdp_store_t **out);
 
 /*
+ * Opens the file store in directory `dir`, creating it and its missing parents (mkdir -p). Every
+ * handle, in any process or on any host, opened on the same directory sees the same data. Each
+ * key is one file whose name encodes the key ('/' and other bytes are %-escaped, so keys never
+ * make subdirectories). set replaces a value atomically (a temporary file renamed into place), so
+ * readers never see part of one; set and add lock the key (flock on a per-key lock file), so add
+ * is atomic across processes; get and wait poll the directory (1 ms doubling to 50 ms) until the
+ * handle's timeout. Files are created readable by their owner only: every rank must run as the
+ * same user. Nothing is removed from the directory; use a fresh directory per job.
+ *
+ * Blocks only for the directory checks. The caller owns *out (NULL on failure). Errors:
+ * FSDP_EINVAL for a NULL or empty dir; FSDP_EBACKEND when the directory cannot be created or
+ * written (the message names the path and the system's reason). Thread-safe.
+ */
+FSDP_EXTERN int fsdp_store_create_file(const char *dir, fsdp_store_t **out);
+
+/*
  * Why the last store constructor (fsdp_store_create_*, fsdp_store_open_url) called by this thread
  * failed; "" when it succeeded. The text is per thread, like errno, and stays valid until this
  * thread's next constructor call. Thread-safe.
