@@ -47,6 +47,26 @@ FSDP_EXTERN int fsdp_store_create_memory(fsdp_store_t **out);
 FSDP_EXTERN int fsdp_store_create_file(const char *dir, fsdp_store_t **out);
 
 /*
+ * Opens the Redis store on the server at host:port. Keys are stored as "<prefix>/<key>", or bare
+ * when prefix is NULL or empty, so jobs sharing a server use different prefixes. set is SET, add
+ * is INCRBY (atomic on the server), check is EXISTS; get and wait poll GET (1 ms doubling to
+ * 50 ms) until the handle's timeout.
+ *
+ * Does not connect: the first operation does, retrying a refused connection until the handle's
+ * timeout so ranks may start before the server; an unreachable server gives FSDP_ETIMEDOUT naming
+ * host:port. No operation blocks much longer than the handle's timeout. Handles on the same data
+ * share one connection, used under a lock. A command that failed on the wire is not resent (add
+ * may have counted); the error is FSDP_EBACKEND and the next operation reconnects. SIGPIPE from a
+ * closed connection is blocked and discarded in the calling thread.
+ *
+ * The caller owns *out (NULL on failure). Errors: FSDP_EINVAL for a NULL or empty host, a port
+ * outside 1..65535 or a host or prefix of 256 bytes or more; FSDP_ENOTSUP when libfsdp was built
+ * without hiredis. Thread-safe.
+ */
+FSDP_EXTERN int fsdp_store_create_redis(const char *host, int port, const char *prefix,
+                                        fsdp_store_t **out);
+
+/*
  * Why the last store constructor (fsdp_store_create_*, fsdp_store_open_url) called by this thread
  * failed; "" when it succeeded. The text is per thread, like errno, and stays valid until this
  * thread's next constructor call. Thread-safe.

@@ -1,0 +1,354 @@
+/*
+ * store_redis.c: the Redis store, for ranks that are processes on any hosts that reach one Redis
+ * server. Built on hiredis; without it fsdp_store_create_redis() still exists and returns
+ * FSDP_ENOTSUP, so the exported symbols do not depend on configure.
+ *
+ * Commands: SET for set, GET for get (polled, 1 ms doubling to 50 ms, until the handle's timeout),
+ * INCRBY for add (atomic on the server; the value is decimal text, as in the other stores),
+ * EXISTS for check. Keys are "<prefix>/<key>", or the bare key without a prefix.
+ *
+ * Invariants:
+ * - The shared data holds one connection, guarded by `mu`: only one command is on the wire at a
+ *   time. The mutex is never held while sleeping between polls, so a rank waiting for a key does
+ *   not keep the rank that will set it off the connection.
+ * - The connection is made by the first command, not by the constructor, and again after a
+ *   failure. Refused connections are retried until the operation's deadline, so ranks may start
+ *   before the server. Every connect attempt and every command has a socket timeout no longer
+ *   than the time left, so nothing blocks past the handle's timeout (a connect attempt is also
+ *   capped at 1 s, which bounds how long other threads wait for the mutex).
+ * - A command that failed on the wire is not resent: INCRBY may have been applied. The
+ *   connection is dropped and the error returned.
+ * - hiredis writes with write(2), which raises SIGPIPE on a connection the server closed. Each
+ *   command runs with SIGPIPE blocked in the calling thread, and a SIGPIPE it raised is discarded,
+ *   so a dead server is an error code and not the death of the process.
+ */
+#include <config.h>
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include "core/timeutil.h"
+#include "store/store_impl.h"
+
+#if FSDP_HAVE_HIREDIS
+
+#include <hiredis/hiredis.h>
+
+#define HOST_CAP 256
+#define PREFIX_CAP 256
+/* Longest single connect attempt, in ms. */
+#define CONNECT_SLICE_MS 1000
+
+typedef struct redis_store {
+    pthread_mutex_t mu; /* guards refs and c */
+    int refs;
+    redisContext *c; /* NULL until connected and after a failure */
+    int port;
+    char host[HOST_CAP];
+    char prefix[PREFIX_CAP];
+    char where[HOST_CAP + 16]; /* "host:port", for messages */
+} redis_store_t;
+
+/* Blocks SIGPIPE in this thread; pipe_restore() discards one that arrived meanwhile. */
+typedef struct pipe_guard {
+    sigset_t old;
+    int was_pending;
+} pipe_guard_t;
+
+static void pipe_block(pipe_guard_t *g) {
+    sigset_t set, pending;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigemptyset(&pending);
+    sigpending(&pending);
+    g->was_pending = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void pipe_restore(pipe_guard_t *g) {
+    sigset_t set, pending;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigemptyset(&pending);
+    sigpending(&pending);
+    if (!g->was_pending && sigismember(&pending, SIGPIPE) == 1) {
+        struct timespec zero = {0, 0};
+        sigtimedwait(&set, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+static struct timeval tv_of_ms(int64_t ms) {
+    if (ms < 1) ms = 1;
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    return tv;
+}
+
+static int64_t ms_left(int64_t deadline_ns) {
+    int64_t ns = deadline_ns - fsdp__now_ns();
+    return ns <= 0 ? 0 : (ns + 999999) / 1000000;
+}
+
+/* Makes the connection; the caller holds r->mu. On failure `why` says what went wrong. */
+static void connect_locked(redis_store_t *r, int64_t deadline_ns, char *why, size_t cap) {
+    int64_t ms = ms_left(deadline_ns);
+    if (ms > CONNECT_SLICE_MS) ms = CONNECT_SLICE_MS;
+    redisContext *c = redisConnectWithTimeout(r->host, r->port, tv_of_ms(ms));
+    if (!c) {
+        snprintf(why, cap, "out of memory");
+        return;
+    }
+    if (c->err) {
+        snprintf(why, cap, "%s", c->errstr);
+        redisFree(c);
+        return;
+    }
+    r->c = c;
+}
+
+/*
+ * Runs one command, connecting first if needed (refused connections are retried until the
+ * deadline). On FSDP_OK *reply is the server's reply (possibly an error reply), for the caller
+ * to free.
+ */
+static int command(redis_store_t *r, int argc, const char **argv, const size_t *argvlen,
+                   int64_t deadline_ns, int64_t timeout_ms, const char *op, const char *key,
+                   redisReply **reply, char *err) {
+    char why[256] = "";
+    int64_t nap = 0;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        if (!r->c) connect_locked(r, deadline_ns, why, sizeof why);
+        if (r->c) {
+            redisSetTimeout(r->c, tv_of_ms(ms_left(deadline_ns)));
+            pipe_guard_t g;
+            pipe_block(&g);
+            *reply = redisCommandArgv(r->c, argc, argv, argvlen);
+            pipe_restore(&g);
+            if (*reply) {
+                pthread_mutex_unlock(&r->mu);
+                return FSDP_OK;
+            }
+            snprintf(why, sizeof why, "%s", r->c->errstr[0] ? r->c->errstr : "connection lost");
+            redisFree(r->c);
+            r->c = NULL;
+            pthread_mutex_unlock(&r->mu);
+            int late = fsdp__now_ns() >= deadline_ns;
+            return fsdp__err(err, late ? FSDP_ETIMEDOUT : FSDP_EBACKEND,
+                             "redis store %s: %s '%s': %s%s", r->where, op, key, why,
+                             late ? " (the handle's timeout ran out)" : "");
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (fsdp__now_ns() >= deadline_ns)
+            return fsdp__err(err, FSDP_ETIMEDOUT,
+                             "redis store %s: %s '%s': cannot connect to Redis at %s within %lld "
+                             "ms: %s",
+                             r->where, op, key, r->where, (long long)timeout_ms, why);
+        nap = fsdp__store_backoff_ms(nap);
+        int64_t ms = ms_left(deadline_ns);
+        fsdp__sleep_ms(nap < ms ? nap : ms);
+    }
+}
+
+/* The Redis key of a store key (prefix/key). */
+static int redis_key(const redis_store_t *r, const char *key, char *buf, size_t cap, char *err) {
+    int n = r->prefix[0] ? snprintf(buf, cap, "%s/%s", r->prefix, key)
+                         : snprintf(buf, cap, "%s", key);
+    if (n < 0 || (size_t)n >= cap)
+        return fsdp__err(err, FSDP_EINVAL, "redis store %s: key '%.64s...' is too long", r->where,
+                         key);
+    return FSDP_OK;
+}
+
+#define RKEY_CAP (PREFIX_CAP + 1 + 512)
+
+/* Turns an unexpected reply into an error. */
+static int bad_reply(const redis_store_t *r, const redisReply *rep, const char *op,
+                     const char *key, char *err) {
+    if (rep->type == REDIS_REPLY_ERROR)
+        return fsdp__err(err, FSDP_EBACKEND, "redis store %s: %s '%s': the server said: %s",
+                         r->where, op, key, rep->str);
+    return fsdp__err(err, FSDP_EBACKEND, "redis store %s: %s '%s': unexpected reply type %d",
+                     r->where, op, key, rep->type);
+}
+
+static int redis_set(void *data, const char *key, const void *value, size_t len,
+                     int64_t timeout_ms, char *err) {
+    redis_store_t *r = data;
+    char rkey[RKEY_CAP];
+    int rc = redis_key(r, key, rkey, sizeof rkey, err);
+    if (rc < 0) return rc;
+    const char *argv[3] = {"SET", rkey, len ? (const char *)value : ""};
+    size_t argvlen[3] = {3, strlen(rkey), len};
+    redisReply *rep;
+    rc = command(r, 3, argv, argvlen, fsdp__store_deadline_ns(timeout_ms), timeout_ms, "set", key,
+                 &rep, err);
+    if (rc < 0) return rc;
+    if (rep->type != REDIS_REPLY_STATUS) rc = bad_reply(r, rep, "set", key, err);
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int redis_get(void *data, const char *key, void *buf, size_t cap, size_t *len,
+                     int64_t timeout_ms, char *err) {
+    redis_store_t *r = data;
+    char rkey[RKEY_CAP];
+    int rc = redis_key(r, key, rkey, sizeof rkey, err);
+    if (rc < 0) return rc;
+    const char *argv[2] = {"GET", rkey};
+    size_t argvlen[2] = {3, strlen(rkey)};
+    int64_t deadline = fsdp__store_deadline_ns(timeout_ms), nap = 0;
+    for (;;) {
+        redisReply *rep;
+        rc = command(r, 2, argv, argvlen, deadline, timeout_ms, "get", key, &rep, err);
+        if (rc < 0) return rc;
+        if (rep->type == REDIS_REPLY_STRING) {
+            *len = rep->len;
+            if (buf && cap) memcpy(buf, rep->str, rep->len < cap ? rep->len : cap);
+            freeReplyObject(rep);
+            return FSDP_OK;
+        }
+        if (rep->type != REDIS_REPLY_NIL) {
+            rc = bad_reply(r, rep, "get", key, err);
+            freeReplyObject(rep);
+            return rc;
+        }
+        freeReplyObject(rep);
+        if (fsdp__now_ns() >= deadline)
+            return fsdp__err(err, FSDP_ETIMEDOUT,
+                             "redis store %s: key '%s' did not appear within %lld ms", r->where,
+                             key, (long long)timeout_ms);
+        nap = fsdp__store_backoff_ms(nap);
+        int64_t ms = ms_left(deadline);
+        fsdp__sleep_ms(nap < ms ? nap : ms);
+    }
+}
+
+static int redis_add(void *data, const char *key, int64_t delta, int64_t *result,
+                     int64_t timeout_ms, char *err) {
+    redis_store_t *r = data;
+    char rkey[RKEY_CAP], num[32];
+    int rc = redis_key(r, key, rkey, sizeof rkey, err);
+    if (rc < 0) return rc;
+    int n = snprintf(num, sizeof num, "%" PRId64, delta);
+    const char *argv[3] = {"INCRBY", rkey, num};
+    size_t argvlen[3] = {6, strlen(rkey), (size_t)n};
+    redisReply *rep;
+    rc = command(r, 3, argv, argvlen, fsdp__store_deadline_ns(timeout_ms), timeout_ms, "add", key,
+                 &rep, err);
+    if (rc < 0) return rc;
+    if (rep->type == REDIS_REPLY_INTEGER) {
+        *result = (int64_t)rep->integer;
+    } else if (rep->type == REDIS_REPLY_ERROR &&
+               (strstr(rep->str, "not an integer") || strstr(rep->str, "overflow"))) {
+        rc = fsdp__err(err, FSDP_EINVAL,
+                       "redis store %s: add on '%s', whose value is not a counter (%s)", r->where,
+                       key, rep->str);
+    } else {
+        rc = bad_reply(r, rep, "add", key, err);
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int redis_check(void *data, const char *key, int *found, int64_t timeout_ms, char *err) {
+    redis_store_t *r = data;
+    char rkey[RKEY_CAP];
+    int rc = redis_key(r, key, rkey, sizeof rkey, err);
+    if (rc < 0) return rc;
+    const char *argv[2] = {"EXISTS", rkey};
+    size_t argvlen[2] = {6, strlen(rkey)};
+    redisReply *rep;
+    rc = command(r, 2, argv, argvlen, fsdp__store_deadline_ns(timeout_ms), timeout_ms, "check",
+                 key, &rep, err);
+    if (rc < 0) return rc;
+    if (rep->type == REDIS_REPLY_INTEGER)
+        *found = rep->integer > 0;
+    else
+        rc = bad_reply(r, rep, "check", key, err);
+    freeReplyObject(rep);
+    return rc;
+}
+
+static void redis_retain(void *data) {
+    redis_store_t *r = data;
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void redis_release(void *data) {
+    redis_store_t *r = data;
+    pthread_mutex_lock(&r->mu);
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (!last) return;
+    if (r->c) redisFree(r->c);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+static const struct fsdp_store_ops redis_ops = {
+    .name = "redis",
+    .set = redis_set,
+    .get = redis_get,
+    .add = redis_add,
+    .check = redis_check,
+    .retain = redis_retain,
+    .release = redis_release,
+};
+
+int fsdp_store_create_redis(const char *host, int port, const char *prefix, fsdp_store_t **out) {
+    fsdp__store_open_clear();
+    if (!out) return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_create_redis: out is NULL");
+    *out = NULL;
+    if (!host || !*host)
+        return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_create_redis: host is %s",
+                                    host ? "empty" : "NULL");
+    if (strlen(host) >= HOST_CAP)
+        return fsdp__store_open_err(FSDP_EINVAL,
+                                    "fsdp_store_create_redis: host '%.64s...' is longer than %d "
+                                    "bytes",
+                                    host, HOST_CAP - 1);
+    if (port < 1 || port > 65535)
+        return fsdp__store_open_err(FSDP_EINVAL,
+                                    "fsdp_store_create_redis(%s): port %d is outside 1..65535",
+                                    host, port);
+    if (prefix && strlen(prefix) >= PREFIX_CAP)
+        return fsdp__store_open_err(FSDP_EINVAL,
+                                    "fsdp_store_create_redis(%s:%d): prefix '%.64s...' is longer "
+                                    "than %d bytes",
+                                    host, port, prefix, PREFIX_CAP - 1);
+    redis_store_t *r = calloc(1, sizeof *r);
+    if (!r) return fsdp__store_open_err(FSDP_ENOMEM, "fsdp_store_create_redis: out of memory");
+    snprintf(r->host, sizeof r->host, "%s", host);
+    snprintf(r->prefix, sizeof r->prefix, "%s", prefix ? prefix : "");
+    r->port = port;
+    /* An IPv6 address is written [addr]:port, as in URLs. */
+    snprintf(r->where, sizeof r->where, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    pthread_mutex_init(&r->mu, NULL);
+    r->refs = 1;
+    int rc = fsdp__store_wrap(&redis_ops, r, out);
+    if (rc < 0) return fsdp__store_open_err(rc, "fsdp_store_create_redis: out of memory");
+    return FSDP_OK;
+}
+
+#else /* !FSDP_HAVE_HIREDIS */
+
+int fsdp_store_create_redis(const char *host, int port, const char *prefix, fsdp_store_t **out) {
+    (void)prefix;
+    fsdp__store_open_clear();
+    if (out) *out = NULL;
+    return fsdp__store_open_err(FSDP_ENOTSUP,
+                                "fsdp_store_create_redis(%s:%d): libfsdp was built without "
+                                "hiredis (install libhiredis-dev and configure --with-hiredis)",
+                                host ? host : "(null)", port);
+}
+
+#endif /* FSDP_HAVE_HIREDIS */
