@@ -21,7 +21,8 @@ else
   printf '%s\n' "$bad" | sed 's/^/#   /'
 fi
 missing=
-for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory fsdp_ctx_create; do
+for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory fsdp_ctx_create \
+         fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url fsdp_store_open_error; do
   printf '%s\n' "$defined" | grep -qx "$s" || missing="$missing $s"
 done
 if [ -z "$missing" ]; then

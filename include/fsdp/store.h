@@ -67,6 +67,18 @@ FSDP_EXTERN int fsdp_store_create_redis(const char *host, int port, const char *
                                         fsdp_store_t **out);
 
 /*
+ * Opens the store a URL names:
+ *   "file:///abs/path"               fsdp_store_create_file("/abs/path")
+ *   "redis://host[:port][/prefix]"   fsdp_store_create_redis(host, port or 6379, prefix or "")
+ *   "memory:"                        fsdp_store_create_memory() (a new, empty store)
+ * Schemes are case-insensitive; the path and the prefix are percent-decoded; an IPv6 host is
+ * written in brackets ("redis://[::1]:6379"). Anything else (another scheme, a relative path, a
+ * host in a file URL, a user name, a query) is FSDP_EINVAL with a message that quotes the URL and
+ * lists these forms. Otherwise returns what the constructor returns. Thread-safe.
+ */
+FSDP_EXTERN int fsdp_store_open_url(const char *url, fsdp_store_t **out);
+
+/*
  * Why the last store constructor (fsdp_store_create_*, fsdp_store_open_url) called by this thread
  * failed; "" when it succeeded. The text is per thread, like errno, and stays valid until this
  * thread's next constructor call. Thread-safe.
