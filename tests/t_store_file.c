@@ -1,0 +1,274 @@
+/*
+ * t_store_file.c: the file store (the common suite, processes sharing a directory, key file
+ * names, directory errors) and store URLs (parsing and fsdp_store_open_url).
+ *
+ * Everything lives under one mkdtemp directory, removed at the end.
+ */
+#include <config.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fsdp.h>
+
+#include "store/store_url.h"
+#include "store_suite.h"
+#include "tap.h"
+
+/* What create_redis returns for a bad port: EINVAL, or ENOTSUP before any check without hiredis. */
+#if FSDP_HAVE_HIREDIS
+#define REDIS_BAD_PORT FSDP_EINVAL
+#else
+#define REDIS_BAD_PORT FSDP_ENOTSUP
+#endif
+
+static char base[512];
+
+/* Each namespace is a directory under base. */
+static int open_file(void *arg, const char *ns, fsdp_store_t **out) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", (const char *)arg, ns);
+    return fsdp_store_create_file(dir, out);
+}
+
+/* rm -r, for the test's own directory. */
+static void remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char sub[2048];
+            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+            remove_tree(sub);
+        }
+        if (d) closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void test_layout(void) {
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/made/by/mkdir-p", base);
+    fsdp_store_t *s = NULL;
+    tap_is_int(fsdp_store_create_file(dir, &s), FSDP_OK,
+               "create_file makes a missing directory and its parents");
+    tap_ok(exists(dir), "the directory exists afterwards");
+    tap_is_str(fsdp_store_open_error(), "", "no open error after a success");
+    fsdp_store_set(s, "a/b", "1", 1);
+    snprintf(path, sizeof path, "%s/a", dir);
+    tap_ok(!exists(path), "a key with '/' makes no subdirectory");
+    snprintf(path, sizeof path, "%s/k.a%%2Fb", dir);
+    tap_ok(exists(path), "it is one file with the '/' %%-encoded (k.a%%2Fb)");
+    fsdp_store_add(s, "n", 1, NULL);
+    snprintf(path, sizeof path, "%s/l.n", dir);
+    tap_ok(exists(path), "add locks the key through its own lock file (l.n)");
+    fsdp_store_destroy(s);
+
+    /* A second handle opened on the same directory sees the data (trailing '/' ignored). */
+    char again[1100];
+    snprintf(again, sizeof again, "%s/", dir);
+    tap_is_int(fsdp_store_create_file(again, &s), FSDP_OK, "reopen the directory (with a '/')");
+    char buf[4];
+    size_t len = 0;
+    fsdp_store_set_timeout(s, 200);
+    tap_is_int(fsdp_store_get(s, "a/b", buf, sizeof buf, &len), FSDP_OK,
+               "a new handle on the directory sees the old data");
+    fsdp_store_destroy(s);
+}
+
+static void test_dir_errors(void) {
+    char file[1024], dir[1100];
+    snprintf(file, sizeof file, "%s/plain-file", base);
+    int fd = open(file, O_CREAT | O_WRONLY, 0644);
+    if (fd >= 0) close(fd);
+    snprintf(dir, sizeof dir, "%s/sub/dir", file);
+    fsdp_store_t *s = (fsdp_store_t *)1;
+    int rc = fsdp_store_create_file(dir, &s);
+    tap_is_int(rc, FSDP_EBACKEND, "a directory under a regular file cannot be made");
+    tap_ok(s == NULL, "and *out is NULL");
+    tap_has_str(fsdp_store_open_error(), file, "the error names the path");
+    tap_has_str(fsdp_store_open_error(), "Not a directory", "and the system's reason");
+    rc = fsdp_store_create_file(file, &s);
+    tap_is_int(rc, FSDP_EBACKEND, "a regular file is not a store directory");
+    tap_has_str(fsdp_store_open_error(), "is not a directory", "and the error says so");
+    tap_is_int(fsdp_store_create_file("", &s), FSDP_EINVAL, "an empty dir is EINVAL");
+    tap_is_int(fsdp_store_create_file(NULL, &s), FSDP_EINVAL, "a NULL dir is EINVAL");
+    tap_has_str(fsdp_store_open_error(), "NULL", "and the error says which");
+    tap_is_int(fsdp_store_create_file(base, NULL), FSDP_EINVAL, "a NULL out is EINVAL");
+    if (geteuid() != 0) {
+        char ro[1024];
+        snprintf(ro, sizeof ro, "%s/read-only", base);
+        mkdir(ro, 0555);
+        rc = fsdp_store_create_file(ro, &s);
+        tap_is_int(rc, FSDP_EBACKEND, "a read-only directory is refused at creation");
+        tap_has_str(fsdp_store_open_error(), ro, "the error names it");
+        chmod(ro, 0755);
+    } else {
+        tap_skip(2, "root may write to a read-only directory");
+    }
+}
+
+/* ---- URLs ---- */
+
+static void parse_ok(const char *url, fsdp__store_url_kind_t kind, const char *a, int port,
+                     const char *prefix) {
+    fsdp__store_url_t u;
+    char err[FSDP_ERR_LEN] = "";
+    int rc = fsdp__store_url_parse(url, &u, err);
+    int same = rc == FSDP_OK && u.kind == kind;
+    if (same && kind == FSDP__STORE_URL_FILE) same = strcmp(u.path, a) == 0;
+    if (same && kind == FSDP__STORE_URL_REDIS)
+        same = strcmp(u.host, a) == 0 && u.port == port && strcmp(u.prefix, prefix) == 0;
+    if (!tap_ok(same, "URL '%s' parses", url))
+        tap_diag("rc %d, kind %d, path '%s', host '%s', port %d, prefix '%s': %s", rc, u.kind,
+                 u.path, u.host, u.port, u.prefix, err);
+}
+
+static void parse_bad(const char *url, const char *why) {
+    fsdp__store_url_t u;
+    char err[FSDP_ERR_LEN] = "";
+    int rc = fsdp__store_url_parse(url, &u, err);
+    int good = rc == FSDP_EINVAL && strstr(err, url) && strstr(err, why) &&
+               strstr(err, "file:///abs/path") && strstr(err, "redis://host[:port][/prefix]") &&
+               strstr(err, "memory:");
+    if (!tap_ok(good, "URL '%s' is refused: %s", url, why)) tap_diag("rc %d: %s", rc, err);
+}
+
+static void test_url_parse(void) {
+    parse_ok("memory:", FSDP__STORE_URL_MEMORY, NULL, 0, NULL);
+    parse_ok("MEMORY:", FSDP__STORE_URL_MEMORY, NULL, 0, NULL);
+    parse_ok("file:///tmp/x", FSDP__STORE_URL_FILE, "/tmp/x", 0, NULL);
+    parse_ok("file:///", FSDP__STORE_URL_FILE, "/", 0, NULL);
+    parse_ok("File://localhost/tmp/x", FSDP__STORE_URL_FILE, "/tmp/x", 0, NULL);
+    parse_ok("file:///tmp/a%20b%2Fc", FSDP__STORE_URL_FILE, "/tmp/a b/c", 0, NULL);
+    parse_ok("redis://h", FSDP__STORE_URL_REDIS, "h", 6379, "");
+    parse_ok("redis://h/", FSDP__STORE_URL_REDIS, "h", 6379, "");
+    parse_ok("redis://redis.example.org:1234/job/42", FSDP__STORE_URL_REDIS, "redis.example.org",
+             1234, "job/42");
+    parse_ok("redis://10.0.0.1:65535/p%3Aq", FSDP__STORE_URL_REDIS, "10.0.0.1", 65535, "p:q");
+    parse_ok("redis://[::1]:7000/p", FSDP__STORE_URL_REDIS, "::1", 7000, "p");
+    parse_ok("redis://[fe80::1]", FSDP__STORE_URL_REDIS, "fe80::1", 6379, "");
+
+    parse_bad("", "no scheme");
+    parse_bad("memory", "no scheme");
+    parse_bad("/tmp/x", "no scheme");
+    parse_bad("memory:x", "nothing may follow");
+    parse_bad("memory://", "nothing may follow");
+    parse_bad("http://h/x", "scheme is not");
+    parse_bad("tcp://h:1", "scheme is not");
+    parse_bad("file:tmp/x", "file://");
+    parse_bad("file://", "path is missing");
+    parse_bad("file://tmp/x", "names no host");
+    parse_bad("file:///tmp/%zz", "bad %-escape");
+    parse_bad("file:///tmp/%00", "encoded NUL");
+    parse_bad("file:///tmp/%4", "bad %-escape");
+    parse_bad("redis:h:1", "redis://");
+    parse_bad("redis://", "host is missing");
+    parse_bad("redis://:6379", "host is missing");
+    parse_bad("redis://h:", "port is empty");
+    parse_bad("redis://h:0", "outside 1..65535");
+    parse_bad("redis://h:65536", "outside 1..65535");
+    parse_bad("redis://h:99999999999999999999", "outside 1..65535");
+    parse_bad("redis://h:12ab", "not a number");
+    parse_bad("redis://h:-1", "not a number");
+    parse_bad("redis://user:pw@h:1", "passwords");
+    parse_bad("redis://h:1/x?db=2", "queries");
+    parse_bad("redis://h#frag", "fragments");
+    parse_bad("redis://[::1:7000", "closing ']'");
+    parse_bad("redis://[::1]7000", "':port'");
+
+    fsdp__store_url_t u;
+    char err[FSDP_ERR_LEN];
+    tap_is_int(fsdp__store_url_parse(NULL, &u, err), FSDP_EINVAL, "a NULL URL is refused");
+}
+
+static void test_open_url(void) {
+    fsdp_store_t *s = NULL, *t = NULL;
+    char buf[8];
+    size_t len = 0;
+    tap_is_int(fsdp_store_open_url("memory:", &s), FSDP_OK, "open_url(memory:)");
+    if (s) {
+        fsdp_store_set(s, "k", "m", 1);
+        tap_is_int(fsdp_store_get(s, "k", buf, sizeof buf, &len), FSDP_OK,
+                   "memory: URL gives a working store");
+        fsdp_store_destroy(s);
+        s = NULL;
+    }
+
+    char url[1100], dir[1024];
+    snprintf(dir, sizeof dir, "%s/by-url", base);
+    snprintf(url, sizeof url, "file://%s", dir);
+    tap_is_int(fsdp_store_open_url(url, &s), FSDP_OK, "open_url(file://<abs path>)");
+    tap_is_int(fsdp_store_create_file(dir, &t), FSDP_OK, "create_file on the same directory");
+    if (s && t) {
+        fsdp_store_set_timeout(t, 200);
+        fsdp_store_set(s, "k", "f", 1);
+        len = 0;
+        tap_ok(fsdp_store_get(t, "k", buf, sizeof buf, &len) == FSDP_OK && len == 1 &&
+                   buf[0] == 'f',
+               "the file: URL opens the file store of that directory");
+    }
+    fsdp_store_destroy(s);
+    fsdp_store_destroy(t);
+
+    s = (fsdp_store_t *)1;
+    tap_is_int(fsdp_store_open_url("ftp://x/y", &s), FSDP_EINVAL, "open_url of a bad URL");
+    tap_ok(s == NULL, "leaves *out NULL");
+    tap_has_str(fsdp_store_open_error(), "'ftp://x/y'", "the open error quotes the URL");
+    tap_has_str(fsdp_store_open_error(), "file:///abs/path, redis://host[:port][/prefix] or memory:",
+                "and lists the accepted forms");
+    tap_is_int(fsdp_store_open_url(NULL, &s), FSDP_EINVAL, "open_url(NULL) is EINVAL");
+    tap_is_int(fsdp_store_open_url("memory:", NULL), FSDP_EINVAL, "a NULL out is EINVAL");
+
+    snprintf(url, sizeof url, "file://%s/plain-file/x", base);
+    tap_is_int(fsdp_store_open_url(url, &s), FSDP_EBACKEND,
+               "a file: URL under a regular file fails like create_file");
+
+#if FSDP_HAVE_HIREDIS
+    /* The Redis store connects lazily, so this needs no server; t_store_redis.c talks to one. */
+    tap_is_int(fsdp_store_open_url("redis://127.0.0.1:6390/job", &s), FSDP_OK,
+               "open_url(redis://...) gives a Redis store (it connects on first use)");
+    fsdp_store_destroy(s);
+#else
+    tap_is_int(fsdp_store_open_url("redis://127.0.0.1:6390/job", &s), FSDP_ENOTSUP,
+               "open_url(redis://...) is ENOTSUP without hiredis");
+    tap_has_str(fsdp_store_open_error(), "built without hiredis", "and the error says why");
+#endif
+    tap_is_int(fsdp_store_create_redis("h", 0, NULL, &s), REDIS_BAD_PORT,
+               "create_redis checks the port (or is ENOTSUP without hiredis)");
+}
+
+int main(void) {
+    tap_plan_lazy();
+    const char *tmp = getenv("TMPDIR");
+    snprintf(base, sizeof base, "%s/t_store_file.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(base)) {
+        tap_bail("mkdtemp(%s): %s", base, strerror(errno));
+    }
+    store_factory_t f = {"file", open_file, base};
+    store_suite_run(&f);
+    store_suite_two_processes(&f);
+    store_suite_cross_process(&f, 4, 1000);
+    test_layout();
+    test_dir_errors();
+    test_url_parse();
+    test_open_url();
+    remove_tree(base);
+    return tap_done();
+}
