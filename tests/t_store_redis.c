@@ -137,7 +137,15 @@ static int start_server(const char *exe, int port, char *why, size_t cap) {
                      server_log);
             return -1;
         }
-        if (can_connect(port)) return 0;
+        if (can_connect(port)) {
+            /* Someone else may have taken the port: then our server exits at once on bind. */
+            sleep_ms(50);
+            if (waitpid(pid, &status, WNOHANG) == 0) return 0;
+            server_pid = -1;
+            snprintf(why, cap, "port %d was taken; redis-server exited with status 0x%x", port,
+                     status);
+            return -1;
+        }
         sleep_ms(20);
     }
     stop_server();
