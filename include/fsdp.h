@@ -24,5 +24,6 @@
 #include <fsdp/ddp.h>
 #include <fsdp/fsdp.h>
 #include <fsdp/policy.h>
+#include <fsdp/launch.h>
 
 #endif /* FSDP_H */

@@ -22,7 +22,8 @@ else
 fi
 missing=
 for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory fsdp_ctx_create \
-         fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url fsdp_store_open_error; do
+         fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url fsdp_store_open_error \
+         fsdp_launch_env_read fsdp_launch_env_parse; do
   printf '%s\n' "$defined" | grep -qx "$s" || missing="$missing $s"
 done
 if [ -z "$missing" ]; then
