@@ -49,7 +49,8 @@ mkdir "$tmp/tmpdir"
 cat > "$tmp/env.sh" <<'EOF'
 d=${FSDP_STORE#file://}
 if [ -d "$d" ]; then there=yes; else there=no; fi
-echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $NNODES $FSDP_BACKEND $there $FSDP_STORE"
+echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $NNODES $FSDP_BACKEND" \
+  "$there $FSDP_STORE"
 mkdir -p "$d/sub" && echo x > "$d/sub/written-by-$RANK"
 EOF
 RANK=77 WORLD_SIZE=99 FSDP_STORE=inherited TMPDIR="$tmp/tmpdir" \
@@ -60,7 +61,7 @@ st=0
 for i in 0 1 2; do
   has "$tmp/env.out" "^\[rank $i\] env $i 3 $i 3 0 1 sim yes file://$tmp/tmpdir/fsdprun\." || st=1
 done
-ok $st "each rank gets RANK, WORLD_SIZE, LOCAL_*, NODE_RANK, NNODES, FSDP_BACKEND, overriding ours" \
+ok $st "each rank gets RANK, WORLD_SIZE, LOCAL_*, NODE_RANK, NNODES, FSDP_BACKEND (not ours)" \
   "$tmp/env.out"
 urls=$(sed -n 's/^\[rank [0-9]*\] env .* //p' "$tmp/env.out" | sort -u)
 is "$(printf '%s\n' "$urls" | wc -l | tr -d ' ')" 1
@@ -125,7 +126,8 @@ ok "$rc" "partial lines: exit status 0 (got $rc)" "$tmp/partial.err"
 has "$tmp/partial.out" '^\[rank 0\] hello$' && has "$tmp/partial.out" '^\[rank 1\] other rank$'
 ok $? "a line written in two pieces a second apart stays whole while another rank writes" \
   "$tmp/partial.out"
-has "$tmp/partial.out" '^\[rank 0\] first$' && has "$tmp/partial.out" '^\[rank 0\] no newline at the end$'
+has "$tmp/partial.out" '^\[rank 0\] first$' &&
+  has "$tmp/partial.out" '^\[rank 0\] no newline at the end$'
 ok $? "a last stdout line without a newline is prefixed and terminated" "$tmp/partial.out"
 has "$tmp/partial.err" '^\[rank 0\] stderr without newline$'
 ok $? "a last stderr line without a newline too" "$tmp/partial.err"
@@ -212,7 +214,7 @@ ok $? "the rank ignoring SIGTERM is killed after the grace period" "$tmp/stubbor
 [ $((t1 - t0)) -lt 30 ]
 ok $? "well before its sleep ends ($((t1 - t0)) s)"
 
-# --- --timeout -------------------------------------------------------------------------------------
+# --- --timeout ---------------------------------------------------------------------------------
 t0=$(date +%s)
 "$fsdprun" -n 2 --timeout 1 sh -c 'sleep 60' > "$tmp/to.out" 2> "$tmp/to.err"
 rc=$?
@@ -257,7 +259,8 @@ usage "not 'x'" -n x sh -c true
 usage "unknown option '--bogus'" -n 2 --bogus sh -c true
 usage 'no program to run' -n 2
 usage '-n needs a value' -n
-usage "--node-rank 2 is not less than --nnodes 2" -n 1 --nnodes 2 --node-rank 2 --store file:///x true
+usage "--node-rank 2 is not less than --nnodes 2" \
+  -n 1 --nnodes 2 --node-rank 2 --store file:///x true
 usage "--store wants a URL" -n 1 --store /not/a/url true
 usage "cannot run '$tmp/nope': No such file or directory" -n 2 "$tmp/nope"
 usage "cannot run '$tmp/not-executable': Permission denied" -n 1 "$tmp/not-executable"

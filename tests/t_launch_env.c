@@ -26,8 +26,8 @@ static const char *table_get(const char *name, void *arg) {
 
 static void describe(const fsdp_launch_env_t *e, char *buf, size_t cap) {
     snprintf(buf, cap, "rank %d/%d local %d/%d node %d/%d %s store='%s' backend=%s", e->rank,
-             e->world_size, e->local_rank, e->local_world_size, e->node_rank, e->nnodes,
-             e->source, e->store_url, e->backend);
+             e->world_size, e->local_rank, e->local_world_size, e->node_rank, e->nnodes, e->source,
+             e->store_url, e->backend);
 }
 
 typedef struct ok_case {
@@ -37,7 +37,8 @@ typedef struct ok_case {
 } ok_case_t;
 
 static const ok_case_t ok_cases[] = {
-    {"empty environment: rank 0 of 1", {NULL},
+    {"empty environment: rank 0 of 1",
+     {NULL},
      "rank 0/1 local 0/1 node -1/-1 none store='' backend=gloo"},
     {"fsdprun: every variable",
      {"RANK=5", "WORLD_SIZE=8", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=4", "NODE_RANK=1", "NNODES=2",
@@ -47,12 +48,14 @@ static const ok_case_t ok_cases[] = {
      {"RANK=3", "WORLD_SIZE=4", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=1",
       "GROUP_WORLD_SIZE=2", "TORCHELASTIC_RUN_ID=x", NULL},
      "rank 3/4 local 1/2 node 1/2 torchrun store='' backend=gloo"},
-    {"RANK and WORLD_SIZE alone: one node, local = global", {"RANK=2", "WORLD_SIZE=3", NULL},
+    {"RANK and WORLD_SIZE alone: one node, local = global",
+     {"RANK=2", "WORLD_SIZE=3", NULL},
      "rank 2/3 local 2/3 node -1/-1 torchrun store='' backend=gloo"},
     {"NODE_RANK without NNODES: fsdprun naming, count unknown",
      {"RANK=0", "WORLD_SIZE=2", "NODE_RANK=0", NULL},
      "rank 0/2 local 0/2 node 0/-1 torchrun store='' backend=gloo"},
-    {"zeros are numbers", {"RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=00", "LOCAL_WORLD_SIZE=1", NULL},
+    {"zeros are numbers",
+     {"RANK=0", "WORLD_SIZE=1", "LOCAL_RANK=00", "LOCAL_WORLD_SIZE=1", NULL},
      "rank 0/1 local 0/1 node -1/-1 torchrun store='' backend=gloo"},
     {"empty values count as unset",
      {"RANK=", "WORLD_SIZE=", "SLURM_PROCID=", "FSDP_BACKEND=", "FSDP_STORE=", NULL},
@@ -70,8 +73,8 @@ static const ok_case_t ok_cases[] = {
       "SLURM_TASKS_PER_NODE=4(x2),3", NULL},
      "rank 7/11 local 3/4 node 1/3 slurm store='' backend=gloo"},
     {"slurm: 4(x2),3 on node 2",
-     {"SLURM_PROCID=10", "SLURM_NTASKS=11", "SLURM_LOCALID=2", "SLURM_NODEID=2",
-      "SLURM_NNODES=3", "SLURM_TASKS_PER_NODE=4(x2),3", "FSDP_STORE=redis://h:6379/j", NULL},
+     {"SLURM_PROCID=10", "SLURM_NTASKS=11", "SLURM_LOCALID=2", "SLURM_NODEID=2", "SLURM_NNODES=3",
+      "SLURM_TASKS_PER_NODE=4(x2),3", "FSDP_STORE=redis://h:6379/j", NULL},
      "rank 10/11 local 2/3 node 2/3 slurm store='redis://h:6379/j' backend=gloo"},
     {"slurm: 1,2(x2),5 on node 3",
      {"SLURM_PROCID=9", "SLURM_NTASKS=10", "SLURM_LOCALID=4", "SLURM_NODEID=3",
@@ -118,7 +121,8 @@ static const ok_case_t ok_cases[] = {
     {"precedence: a bad variable of a lower source is not read",
      {"RANK=0", "WORLD_SIZE=1", "SLURM_PROCID=x", "OMPI_COMM_WORLD_RANK=-3", NULL},
      "rank 0/1 local 0/1 node -1/-1 torchrun store='' backend=gloo"},
-    {"largest int", {"RANK=2147483646", "WORLD_SIZE=2147483647", NULL},
+    {"largest int",
+     {"RANK=2147483646", "WORLD_SIZE=2147483647", NULL},
      "rank 2147483646/2147483647 local 2147483646/2147483647 node -1/-1 torchrun store='' "
      "backend=gloo"},
 };
@@ -135,25 +139,29 @@ static const err_case_t err_cases[] = {
     {"RANK with a sign", {"RANK=+1", "WORLD_SIZE=2", NULL}, {"RANK='+1'", "not a number"}},
     {"RANK with a space", {"RANK= 1", "WORLD_SIZE=2", NULL}, {"RANK=' 1'", "not a number"}},
     {"RANK in hex", {"RANK=0x1", "WORLD_SIZE=2", NULL}, {"RANK='0x1'"}},
-    {"WORLD_SIZE with a decimal point", {"RANK=0", "WORLD_SIZE=2.0", NULL},
+    {"WORLD_SIZE with a decimal point",
+     {"RANK=0", "WORLD_SIZE=2.0", NULL},
      {"WORLD_SIZE='2.0'", "not a number"}},
     {"RANK negative", {"RANK=-1", "WORLD_SIZE=2", NULL}, {"RANK=-1", "negative"}},
     {"WORLD_SIZE negative", {"RANK=1", "WORLD_SIZE=-2", NULL}, {"WORLD_SIZE=-2", "negative"}},
-    {"RANK too large", {"RANK=99999999999", "WORLD_SIZE=2", NULL},
+    {"RANK too large",
+     {"RANK=99999999999", "WORLD_SIZE=2", NULL},
      {"RANK=99999999999", "too large"}},
     {"WORLD_SIZE 0", {"RANK=0", "WORLD_SIZE=0", NULL}, {"WORLD_SIZE=0", "at least 1"}},
-    {"RANK = WORLD_SIZE", {"RANK=2", "WORLD_SIZE=2", NULL},
+    {"RANK = WORLD_SIZE",
+     {"RANK=2", "WORLD_SIZE=2", NULL},
      {"RANK=2 is not less than WORLD_SIZE=2"}},
-    {"RANK without WORLD_SIZE", {"RANK=0", NULL},
-     {"RANK is set (0)", "WORLD_SIZE is not"}},
+    {"RANK without WORLD_SIZE", {"RANK=0", NULL}, {"RANK is set (0)", "WORLD_SIZE is not"}},
     {"WORLD_SIZE without RANK", {"WORLD_SIZE=4", NULL}, {"WORLD_SIZE is set (4)", "RANK is not"}},
     {"half-set RANK pair is reported even when Slurm is complete",
      {"WORLD_SIZE=4", "SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0", "SLURM_NNODES=1",
       NULL},
      {"WORLD_SIZE is set (4)", "RANK is not"}},
-    {"LOCAL_RANK without LOCAL_WORLD_SIZE", {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL},
+    {"LOCAL_RANK without LOCAL_WORLD_SIZE",
+     {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL},
      {"LOCAL_RANK is set (0)", "LOCAL_WORLD_SIZE is not"}},
-    {"LOCAL_WORLD_SIZE without LOCAL_RANK", {"RANK=0", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", NULL},
+    {"LOCAL_WORLD_SIZE without LOCAL_RANK",
+     {"RANK=0", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", NULL},
      {"LOCAL_WORLD_SIZE is set (2)", "LOCAL_RANK is not"}},
     {"LOCAL_RANK = LOCAL_WORLD_SIZE",
      {"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2", NULL},
@@ -161,33 +169,42 @@ static const err_case_t err_cases[] = {
     {"LOCAL_RANK not a number",
      {"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=one", "LOCAL_WORLD_SIZE=2", NULL},
      {"LOCAL_RANK='one'", "not a number"}},
-    {"LOCAL_WORLD_SIZE 0", {"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=0", NULL},
+    {"LOCAL_WORLD_SIZE 0",
+     {"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=0", NULL},
      {"LOCAL_WORLD_SIZE=0", "at least 1"}},
     {"LOCAL_WORLD_SIZE > WORLD_SIZE",
      {"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=8", NULL},
      {"LOCAL_WORLD_SIZE=8 is larger than WORLD_SIZE=4"}},
-    {"NODE_RANK = NNODES", {"RANK=0", "WORLD_SIZE=4", "NODE_RANK=2", "NNODES=2", NULL},
+    {"NODE_RANK = NNODES",
+     {"RANK=0", "WORLD_SIZE=4", "NODE_RANK=2", "NNODES=2", NULL},
      {"NODE_RANK=2 is not less than NNODES=2"}},
-    {"NNODES 0", {"RANK=0", "WORLD_SIZE=4", "NODE_RANK=0", "NNODES=0", NULL},
+    {"NNODES 0",
+     {"RANK=0", "WORLD_SIZE=4", "NODE_RANK=0", "NNODES=0", NULL},
      {"NNODES=0", "at least 1"}},
-    {"NODE_RANK negative", {"RANK=0", "WORLD_SIZE=4", "NODE_RANK=-1", "NNODES=2", NULL},
+    {"NODE_RANK negative",
+     {"RANK=0", "WORLD_SIZE=4", "NODE_RANK=-1", "NNODES=2", NULL},
      {"NODE_RANK=-1", "negative"}},
-    {"GROUP_RANK not a number", {"RANK=0", "WORLD_SIZE=4", "GROUP_RANK=x", NULL},
+    {"GROUP_RANK not a number",
+     {"RANK=0", "WORLD_SIZE=4", "GROUP_RANK=x", NULL},
      {"GROUP_RANK='x'", "not a number"}},
     {"GROUP_RANK = GROUP_WORLD_SIZE",
      {"RANK=0", "WORLD_SIZE=4", "GROUP_RANK=1", "GROUP_WORLD_SIZE=1", NULL},
      {"GROUP_RANK=1 is not less than GROUP_WORLD_SIZE=1"}},
     /* Slurm */
-    {"SLURM_PROCID without SLURM_NTASKS", {"SLURM_PROCID=0", "SLURM_LOCALID=0", NULL},
+    {"SLURM_PROCID without SLURM_NTASKS",
+     {"SLURM_PROCID=0", "SLURM_LOCALID=0", NULL},
      {"SLURM_PROCID is set (0)", "SLURM_NTASKS is not"}},
     {"SLURM_PROCID = SLURM_NTASKS",
      {"SLURM_PROCID=4", "SLURM_NTASKS=4", "SLURM_LOCALID=0", "SLURM_NNODES=1", NULL},
      {"SLURM_PROCID=4 is not less than SLURM_NTASKS=4"}},
-    {"SLURM_PROCID not a number", {"SLURM_PROCID=first", "SLURM_NTASKS=4", NULL},
+    {"SLURM_PROCID not a number",
+     {"SLURM_PROCID=first", "SLURM_NTASKS=4", NULL},
      {"SLURM_PROCID='first'", "not a number"}},
-    {"SLURM_NTASKS negative", {"SLURM_PROCID=0", "SLURM_NTASKS=-4", NULL},
+    {"SLURM_NTASKS negative",
+     {"SLURM_PROCID=0", "SLURM_NTASKS=-4", NULL},
      {"SLURM_NTASKS=-4", "negative"}},
-    {"no SLURM_LOCALID", {"SLURM_PROCID=1", "SLURM_NTASKS=4", "SLURM_NNODES=1", NULL},
+    {"no SLURM_LOCALID",
+     {"SLURM_PROCID=1", "SLURM_NTASKS=4", "SLURM_NNODES=1", NULL},
      {"SLURM_LOCALID is not", "SLURM_PROCID is set (1)"}},
     {"SLURM_LOCALID not a number",
      {"SLURM_PROCID=1", "SLURM_NTASKS=4", "SLURM_LOCALID=1a", "SLURM_NNODES=1", NULL},
@@ -201,8 +218,7 @@ static const err_case_t err_cases[] = {
       "SLURM_TASKS_PER_NODE=4(x2),3", NULL},
      {"SLURM_NODEID=3", "3 nodes", "SLURM_TASKS_PER_NODE='4(x2),3'"}},
     {"non-uniform SLURM_TASKS_PER_NODE without SLURM_NODEID",
-     {"SLURM_PROCID=1", "SLURM_NTASKS=11", "SLURM_LOCALID=1", "SLURM_TASKS_PER_NODE=4(x2),3",
-      NULL},
+     {"SLURM_PROCID=1", "SLURM_NTASKS=11", "SLURM_LOCALID=1", "SLURM_TASKS_PER_NODE=4(x2),3", NULL},
      {"SLURM_TASKS_PER_NODE='4(x2),3'", "SLURM_NODEID is not set"}},
     {"SLURM_LOCALID past this node's count",
      {"SLURM_PROCID=10", "SLURM_NTASKS=11", "SLURM_LOCALID=3", "SLURM_NODEID=2",
@@ -228,11 +244,14 @@ static const err_case_t err_cases[] = {
      {"SLURM_PROCID=0", "SLURM_NTASKS=8", "SLURM_LOCALID=0", NULL},
      {"SLURM_TASKS_PER_NODE", "SLURM_NNODES is unset"}},
     /* Open MPI */
-    {"OMPI_COMM_WORLD_RANK without its size", {"OMPI_COMM_WORLD_RANK=0", NULL},
+    {"OMPI_COMM_WORLD_RANK without its size",
+     {"OMPI_COMM_WORLD_RANK=0", NULL},
      {"OMPI_COMM_WORLD_RANK is set (0)", "OMPI_COMM_WORLD_SIZE is not"}},
-    {"OMPI_COMM_WORLD_SIZE without its rank", {"OMPI_COMM_WORLD_SIZE=3", NULL},
+    {"OMPI_COMM_WORLD_SIZE without its rank",
+     {"OMPI_COMM_WORLD_SIZE=3", NULL},
      {"OMPI_COMM_WORLD_SIZE is set (3)", "OMPI_COMM_WORLD_RANK is not"}},
-    {"OMPI_COMM_WORLD_RANK = size", {"OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=3", NULL},
+    {"OMPI_COMM_WORLD_RANK = size",
+     {"OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=3", NULL},
      {"OMPI_COMM_WORLD_RANK=3 is not less than OMPI_COMM_WORLD_SIZE=3"}},
     {"OMPI local rank = local size",
      {"OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_RANK=2",
@@ -241,14 +260,31 @@ static const err_case_t err_cases[] = {
     {"OMPI local rank without local size",
      {"OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_RANK=1", NULL},
      {"OMPI_COMM_WORLD_LOCAL_RANK is set (1)", "OMPI_COMM_WORLD_LOCAL_SIZE is not"}},
-    {"OMPI size not a number", {"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=four", NULL},
+    {"OMPI size not a number",
+     {"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=four", NULL},
      {"OMPI_COMM_WORLD_SIZE='four'", "not a number"}},
 };
 
 /* Malformed SLURM_TASKS_PER_NODE values: each must be refused, naming the variable and value. */
 static const char *const bad_tpn[] = {
-    "4(x2",  "4(2)", "4,,3", ",4", "4,",   "4(x0)",     "0",   "4x2", "4(x2)3",
-    "a",     "4(x)", "(x2)", "4 ",  "4(x2),", "4(x-1)", "-4", "99999999999", "4(x99999999999)",
+    "4(x2",
+    "4(2)",
+    "4,,3",
+    ",4",
+    "4,",
+    "4(x0)",
+    "0",
+    "4x2",
+    "4(x2)3",
+    "a",
+    "4(x)",
+    "(x2)",
+    "4 ",
+    "4(x2),",
+    "4(x-1)",
+    "-4",
+    "99999999999",
+    "4(x99999999999)",
     "4(x2147483647),1",
 };
 
@@ -258,8 +294,10 @@ static void run_ok_cases(void) {
         fsdp_launch_env_t e;
         char msg[512] = "untouched", got[1024];
         int rc = fsdp_launch_env_parse(table_get, (void *)c->env, &e, msg, sizeof msg);
-        if (rc == 0) describe(&e, got, sizeof got);
-        else snprintf(got, sizeof got, "%s: %s", fsdp_err_name(rc), msg);
+        if (rc == 0)
+            describe(&e, got, sizeof got);
+        else
+            snprintf(got, sizeof got, "%s: %s", fsdp_err_name(rc), msg);
         tap_is_str(got, c->want, "%s", c->name);
         if (rc == 0 && msg[0]) tap_diag("success left a message: %s", msg);
     }
@@ -286,8 +324,8 @@ static void run_bad_tpn(void) {
     for (size_t i = 0; i < sizeof bad_tpn / sizeof bad_tpn[0]; i++) {
         char var[128];
         snprintf(var, sizeof var, "SLURM_TASKS_PER_NODE=%s", bad_tpn[i]);
-        const char *env[] = {"SLURM_PROCID=0", "SLURM_NTASKS=4",
-                             "SLURM_LOCALID=0", "SLURM_NODEID=0", var, NULL};
+        const char *env[] = {
+            "SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_LOCALID=0", "SLURM_NODEID=0", var, NULL};
         fsdp_launch_env_t e;
         char msg[512] = "", want[128];
         int rc = fsdp_launch_env_parse(table_get, (void *)env, &e, msg, sizeof msg);
@@ -323,7 +361,8 @@ static void test_strings(void) {
     const char *env3[] = {long_backend, NULL};
     rc = fsdp_launch_env_parse(table_get, (void *)env3, &e, msg, sizeof msg);
     tap_is_int(rc, FSDP_EINVAL, "a 34-character FSDP_BACKEND does not fit (32 bytes with the NUL)");
-    tap_has_str(msg, "FSDP_BACKEND='a-backend-name-of-thirty-two-chars' is 34", "the message names FSDP_BACKEND and its value");
+    tap_has_str(msg, "FSDP_BACKEND='a-backend-name-of-thirty-two-chars' is 34",
+                "the message names FSDP_BACKEND and its value");
 }
 
 static void test_buffers(void) {
@@ -352,11 +391,21 @@ static void test_buffers(void) {
 
 /* fsdp_launch_env_read goes through the real environment. */
 static void test_process_env(void) {
-    static const char *const vars[] = {
-        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES",
-        "GROUP_RANK", "GROUP_WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE", "FSDP_STORE", "FSDP_BACKEND"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    static const char *const vars[] = {"RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_RANK",
+                                       "LOCAL_WORLD_SIZE",
+                                       "NODE_RANK",
+                                       "NNODES",
+                                       "GROUP_RANK",
+                                       "GROUP_WORLD_SIZE",
+                                       "SLURM_PROCID",
+                                       "OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "FSDP_STORE",
+                                       "FSDP_BACKEND"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
     setenv("RANK", "3", 1);
     setenv("WORLD_SIZE", "4", 1);
     setenv("LOCAL_RANK", "1", 1);
@@ -367,8 +416,10 @@ static void test_process_env(void) {
     fsdp_launch_env_t e;
     char msg[256], got[1024];
     int rc = fsdp_launch_env_read(&e, msg, sizeof msg);
-    if (rc == 0) describe(&e, got, sizeof got);
-    else snprintf(got, sizeof got, "%s", msg);
+    if (rc == 0)
+        describe(&e, got, sizeof got);
+    else
+        snprintf(got, sizeof got, "%s", msg);
     tap_is_str(got, "rank 3/4 local 1/2 node 1/2 fsdprun store='file:///tmp/s' backend=gloo",
                "fsdp_launch_env_read reads the process environment");
     setenv("RANK", "4", 1);

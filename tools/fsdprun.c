@@ -49,10 +49,10 @@
 
 extern char **environ;
 
-#define EXIT_USAGE 2    /* bad usage, or the job could not be started */
+#define EXIT_USAGE 2     /* bad usage, or the job could not be started */
 #define EXIT_TIMEOUT 124 /* --timeout expired, as timeout(1) */
-#define MAX_LINE 65536  /* a longer line without a newline is split */
-#define DRAIN_S 2.0     /* how long to keep reading after the last rank was reaped */
+#define MAX_LINE 65536   /* a longer line without a newline is split */
+#define DRAIN_S 2.0      /* how long to keep reading after the last rank was reaped */
 
 static const char usage_text[] =
     "NAME\n"
@@ -123,8 +123,8 @@ typedef struct options {
     const char *backend;
     double timeout_s; /* 0: none */
     double grace_s;
-    int prefix;    /* 0 with --no-prefix */
-    char **argv;   /* the program and its arguments */
+    int prefix;  /* 0 with --no-prefix */
+    char **argv; /* the program and its arguments */
 } options_t;
 
 typedef struct stream {
@@ -135,9 +135,9 @@ typedef struct stream {
 } stream_t;
 
 typedef struct rank {
-    int rank;   /* global rank */
-    pid_t pid;  /* 0 until started */
-    int live;   /* started and not reaped */
+    int rank;  /* global rank */
+    pid_t pid; /* 0 until started */
+    int live;  /* started and not reaped */
     stream_t out, err;
     char prefix[32];
     size_t prefix_len;
@@ -147,21 +147,21 @@ typedef struct job {
     options_t opt;
     rank_t *ranks;
     int nlive;
-    int nopen;              /* open streams */
-    char *store_dir;        /* the temporary store directory we own, or NULL */
+    int nopen;       /* open streams */
+    char *store_dir; /* the temporary store directory we own, or NULL */
     char store_url[PATH_MAX + 16];
-    int devnull;            /* stdin of the ranks when ours is a terminal, else -1 */
-    int first_fail;         /* index of the first failed rank, or -1 */
-    int first_status;       /* its wait status */
-    int stop_signal;        /* the first INT/TERM/HUP fsdprun received, or 0 */
-    int stopping;           /* SIGTERM (or a forwarded signal) went out */
+    int devnull;      /* stdin of the ranks when ours is a terminal, else -1 */
+    int first_fail;   /* index of the first failed rank, or -1 */
+    int first_status; /* its wait status */
+    int stop_signal;  /* the first INT/TERM/HUP fsdprun received, or 0 */
+    int stopping;     /* SIGTERM (or a forwarded signal) went out */
     int timed_out;
-    int launch_failed;      /* a rank could not be started */
-    double kill_at;         /* when to send SIGKILL (monotonic s), 0: not scheduled */
-    double deadline;        /* --timeout, 0: none */
-    double drain_until;     /* after the last rank was reaped, 0: not yet */
-    int out_dead[3];        /* writes to fd 1 or 2 failed for good: drop further output */
-    char *scratch;          /* assembled output of one write */
+    int launch_failed;  /* a rank could not be started */
+    double kill_at;     /* when to send SIGKILL (monotonic s), 0: not scheduled */
+    double deadline;    /* --timeout, 0: none */
+    double drain_until; /* after the last rank was reaped, 0: not yet */
+    int out_dead[3];    /* writes to fd 1 or 2 failed for good: drop further output */
+    char *scratch;      /* assembled output of one write */
     size_t scratch_cap;
 } job_t;
 
@@ -211,25 +211,44 @@ static int install_handlers(void) {
 
 static const char *signal_name(int sig) {
     switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    default: return NULL;
+    case SIGHUP:
+        return "SIGHUP";
+    case SIGINT:
+        return "SIGINT";
+    case SIGQUIT:
+        return "SIGQUIT";
+    case SIGILL:
+        return "SIGILL";
+    case SIGTRAP:
+        return "SIGTRAP";
+    case SIGABRT:
+        return "SIGABRT";
+    case SIGBUS:
+        return "SIGBUS";
+    case SIGFPE:
+        return "SIGFPE";
+    case SIGKILL:
+        return "SIGKILL";
+    case SIGUSR1:
+        return "SIGUSR1";
+    case SIGSEGV:
+        return "SIGSEGV";
+    case SIGUSR2:
+        return "SIGUSR2";
+    case SIGPIPE:
+        return "SIGPIPE";
+    case SIGALRM:
+        return "SIGALRM";
+    case SIGTERM:
+        return "SIGTERM";
+    case SIGXCPU:
+        return "SIGXCPU";
+    case SIGXFSZ:
+        return "SIGXFSZ";
+    case SIGSYS:
+        return "SIGSYS";
+    default:
+        return NULL;
     }
 }
 
@@ -300,7 +319,8 @@ static void close_fd(int *fd) {
 static int parse_count(const char *opt, const char *v, int min, int *out) {
     long x = 0;
     const char *p = v;
-    for (; *p >= '0' && *p <= '9' && x <= 1000000; p++) x = x * 10 + (*p - '0');
+    for (; *p >= '0' && *p <= '9' && x <= 1000000; p++)
+        x = x * 10 + (*p - '0');
     if (p == v || *p || x < min || x > 1000000) {
         usage_error("%s wants a whole number of at least %d, not '%s'", opt, min, v);
         return -1;
@@ -388,12 +408,18 @@ static int parse_options(int argc, char **argv, options_t *o) {
         int rc = 0;
         if (strcmp(name, "-n") == 0 || strcmp(name, "--nproc") == 0)
             rc = parse_count(name, val, 1, &o->nproc);
-        else if (strcmp(name, "--nnodes") == 0) rc = parse_count(name, val, 1, &o->nnodes);
-        else if (strcmp(name, "--node-rank") == 0) rc = parse_count(name, val, 0, &o->node_rank);
-        else if (strcmp(name, "--store") == 0) o->store = val;
-        else if (strcmp(name, "--backend") == 0) o->backend = val;
-        else if (strcmp(name, "--timeout") == 0) rc = parse_seconds(name, val, 0, &o->timeout_s);
-        else rc = parse_seconds(name, val, 1, &o->grace_s);
+        else if (strcmp(name, "--nnodes") == 0)
+            rc = parse_count(name, val, 1, &o->nnodes);
+        else if (strcmp(name, "--node-rank") == 0)
+            rc = parse_count(name, val, 0, &o->node_rank);
+        else if (strcmp(name, "--store") == 0)
+            o->store = val;
+        else if (strcmp(name, "--backend") == 0)
+            o->backend = val;
+        else if (strcmp(name, "--timeout") == 0)
+            rc = parse_seconds(name, val, 0, &o->timeout_s);
+        else
+            rc = parse_seconds(name, val, 1, &o->grace_s);
         if (rc < 0) return -1;
     }
     if (o->nproc == 0) {
@@ -513,7 +539,8 @@ static int write_all(job_t *job, int fd, const char *p, size_t n) {
 static int reserve(char **buf, size_t *cap, size_t need) {
     if (need <= *cap) return 0;
     size_t c = *cap ? *cap : 4096;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     char *p = realloc(*buf, c);
     if (!p) return -1;
     *buf = p;
@@ -533,7 +560,8 @@ static void flush_lines(job_t *job, rank_t *r, stream_t *s, int all) {
     if (all || s->len - upto >= MAX_LINE) upto = s->len;
     if (upto == 0) return;
     size_t lines = 0;
-    for (size_t i = 0; i < upto; i++) lines += s->buf[i] == '\n';
+    for (size_t i = 0; i < upto; i++)
+        lines += s->buf[i] == '\n';
     size_t need = upto + (lines + 1) * (r->prefix_len + 1);
     if (reserve(&job->scratch, &job->scratch_cap, need) < 0) {
         /* No memory for prefixes: pass the bytes through rather than lose them. */
@@ -615,8 +643,10 @@ static void rank_exited(job_t *job, int i, int status) {
     } else {
         int sig = WTERMSIG(status);
         const char *name = signal_name(sig);
-        if (name) say("fsdprun: rank %d was killed by signal %d (%s)", r->rank, sig, name);
-        else say("fsdprun: rank %d was killed by signal %d", r->rank, sig);
+        if (name)
+            say("fsdprun: rank %d was killed by signal %d (%s)", r->rank, sig, name);
+        else
+            say("fsdprun: rank %d was killed by signal %d", r->rank, sig);
     }
     if (job->nlive > 0) stop_ranks(job, SIGTERM);
 }
@@ -627,16 +657,17 @@ static void reap(job_t *job) {
         if (!r->live) continue;
         int status = 0;
         pid_t p = waitpid(r->pid, &status, WNOHANG);
-        if (p == r->pid) rank_exited(job, i, status);
-        else if (p < 0 && errno == ECHILD) rank_exited(job, i, 0); /* cannot happen */
+        if (p == r->pid)
+            rank_exited(job, i, status);
+        else if (p < 0 && errno == ECHILD)
+            rank_exited(job, i, 0); /* cannot happen */
     }
 }
 
 static void got_signal(job_t *job, int sig) {
     if (!job->stop_signal) {
         job->stop_signal = sig;
-        if (job->nlive > 0)
-            say("fsdprun: got %s; forwarding it to the ranks", signal_name(sig));
+        if (job->nlive > 0) say("fsdprun: got %s; forwarding it to the ranks", signal_name(sig));
         stop_ranks(job, sig);
     } else {
         if (job->nlive > 0) say("fsdprun: got %s again; killing the ranks", signal_name(sig));
@@ -645,18 +676,19 @@ static void got_signal(job_t *job, int sig) {
 }
 
 /* The environment of one rank: ours without the launch variables, plus them. */
-static const char *const launch_vars[] = {"RANK",      "WORLD_SIZE", "LOCAL_RANK",
-                                          "LOCAL_WORLD_SIZE", "NODE_RANK", "NNODES",
-                                          "FSDP_STORE", "FSDP_BACKEND"};
+static const char *const launch_vars[] = {
+    "RANK",      "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "NODE_RANK", "NNODES",     "FSDP_STORE", "FSDP_BACKEND"};
 #define NLAUNCH (sizeof launch_vars / sizeof launch_vars[0])
 
 typedef struct rank_env {
-    char **envp;             /* NULL-terminated */
-    char *own[NLAUNCH];      /* the strings we allocated */
+    char **envp;        /* NULL-terminated */
+    char *own[NLAUNCH]; /* the strings we allocated */
 } rank_env_t;
 
 static void rank_env_free(rank_env_t *e) {
-    for (size_t k = 0; k < NLAUNCH; k++) free(e->own[k]);
+    for (size_t k = 0; k < NLAUNCH; k++)
+        free(e->own[k]);
     free(e->envp);
     memset(e, 0, sizeof *e);
 }
@@ -673,7 +705,8 @@ static int rank_env_build(const job_t *job, int local, rank_env_t *e) {
     const options_t *o = &job->opt;
     memset(e, 0, sizeof *e);
     size_t n = 0;
-    for (char **p = environ; *p; p++) n++;
+    for (char **p = environ; *p; p++)
+        n++;
     e->envp = calloc(n + NLAUNCH + 1, sizeof *e->envp);
     if (!e->envp) return -1;
     size_t m = 0;
@@ -687,7 +720,8 @@ static int rank_env_build(const job_t *job, int local, rank_env_t *e) {
     snprintf(num[3], sizeof num[3], "%d", o->nproc);
     snprintf(num[4], sizeof num[4], "%d", o->node_rank);
     snprintf(num[5], sizeof num[5], "%d", o->nnodes);
-    for (int k = 0; k < 6; k++) vals[k] = num[k];
+    for (int k = 0; k < 6; k++)
+        vals[k] = num[k];
     vals[6] = o->store ? o->store : job->store_url;
     vals[7] = o->backend;
     for (size_t k = 0; k < NLAUNCH; k++) {
@@ -901,7 +935,8 @@ static int run_loop(job_t *job, int sig_rfd) {
         }
         reap(job);
         for (int k = 1; rc > 0 && k < np; k++)
-            if (pfds[k].revents & (POLLIN | POLLHUP | POLLERR)) read_stream(job, owner[k], which[k]);
+            if (pfds[k].revents & (POLLIN | POLLHUP | POLLERR))
+                read_stream(job, owner[k], which[k]);
         double t = now_s();
         if (job->kill_at > 0 && t >= job->kill_at) {
             job->kill_at = 0;
@@ -1001,8 +1036,8 @@ int main(int argc, char **argv) {
 out:
     if (job.store_dir) {
         if (remove_tree(AT_FDCWD, job.store_dir, 0) < 0)
-            say("fsdprun: warning: could not remove the store directory '%s': %s",
-                job.store_dir, strerror(errno));
+            say("fsdprun: warning: could not remove the store directory '%s': %s", job.store_dir,
+                strerror(errno));
         free(job.store_dir);
     }
     for (int i = 0; i < n; i++) {

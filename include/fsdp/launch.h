@@ -22,8 +22,9 @@
  *     SLURM_NODEID (not needed when every node has the same count). When SLURM_TASKS_PER_NODE
  *     is unset, SLURM_NTASKS_PER_NODE (the --ntasks-per-node request, a maximum, so capped at
  *     SLURM_NTASKS) is used; with neither, a job on one node (SLURM_NNODES=1) has
- *     local = global, and anything else is an error. Note that a batch script itself also carries SLURM_PROCID=0: start the ranks with
- *     srun (or fsdprun), not by running the program in the script.
+ *     local = global, and anything else is an error. Note that a batch script itself also
+ *     carries SLURM_PROCID=0: start the ranks with srun (or fsdprun), not by running the
+ *     program in the script.
  *  3. Open MPI (mpirun): OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
  *     OMPI_COMM_WORLD_LOCAL_SIZE. Open MPI gives no node index (OMPI_COMM_WORLD_NODE_RANK is a
  *     rank among the processes of a node), so node_rank and nnodes stay -1.
@@ -79,8 +80,8 @@ FSDP_EXTERN int fsdp_launch_env_read(fsdp_launch_env_t *out, char *msg, size_t m
 
 /* The same, with every variable looked up through get(name, arg) instead of getenv, so that
  * callers and tests can supply a table. get must not be NULL. */
-FSDP_EXTERN int fsdp_launch_env_parse(fsdp_launch_getenv_fn get, void *arg,
-                                      fsdp_launch_env_t *out, char *msg, size_t msg_cap);
+FSDP_EXTERN int fsdp_launch_env_parse(fsdp_launch_getenv_fn get, void *arg, fsdp_launch_env_t *out,
+                                      char *msg, size_t msg_cap);
 
 FSDP_END_DECLS
 

@@ -48,8 +48,7 @@ static int all_digits(const char *s) {
 
 /* Parses the value v of variable `name` as a non-negative decimal int. */
 static int parse_num(reader_t *r, const char *name, const char *v, int *out) {
-    if (v[0] == '-' && all_digits(v + 1))
-        return fail(r, "%s=" SHOWN " is negative", name, v);
+    if (v[0] == '-' && all_digits(v + 1)) return fail(r, "%s=" SHOWN " is negative", name, v);
     if (!all_digits(v)) return fail(r, "%s='" SHOWN "' is not a number", name, v);
     long long x = 0;
     for (const char *p = v; *p; p++) {
@@ -182,8 +181,10 @@ static int slurm_tasks_on_node(reader_t *r, const char *v, int node, int *count)
         if (node >= nodes && node < nodes + reps) found = (int)c;
         nodes += reps;
         if (nodes > INT_MAX) goto malformed;
-        if (first < 0) first = (int)c;
-        else if (c != first) uniform = 0;
+        if (first < 0)
+            first = (int)c;
+        else if (c != first)
+            uniform = 0;
         if (*p == 0) break;
         if (*p != ',') goto malformed;
         p++;
@@ -212,8 +213,7 @@ static int read_slurm(reader_t *r, fsdp_launch_env_t *e) {
     int rc = read_global(r, "SLURM_PROCID", "SLURM_NTASKS", e);
     if (rc < 0) return rc;
     const char *local = lookup(r, "SLURM_LOCALID");
-    if (!local)
-        return fail(r, "SLURM_PROCID is set (%d) but SLURM_LOCALID is not", e->rank);
+    if (!local) return fail(r, "SLURM_PROCID is set (%d) but SLURM_LOCALID is not", e->rank);
     rc = parse_num(r, "SLURM_LOCALID", local, &e->local_rank);
     if (rc == 0) rc = read_node(r, "SLURM_NODEID", "SLURM_NNODES", e);
     if (rc < 0) return rc;
@@ -284,25 +284,33 @@ static int parse(reader_t *r, fsdp_launch_env_t *e) {
     if (lookup(r, "RANK") || lookup(r, "WORLD_SIZE")) rc = read_torchrun(r, e);
     /* Only SLURM_PROCID marks a Slurm task: salloc shells carry SLURM_NTASKS too, and a single
      * process started there is not one of N ranks. */
-    else if (lookup(r, "SLURM_PROCID")) rc = read_slurm(r, e);
+    else if (lookup(r, "SLURM_PROCID"))
+        rc = read_slurm(r, e);
     else if (lookup(r, "OMPI_COMM_WORLD_RANK") || lookup(r, "OMPI_COMM_WORLD_SIZE"))
         rc = read_openmpi(r, e);
-    else rc = 0; /* the defaults set by the caller: rank 0 of 1, "none" */
+    else
+        rc = 0; /* the defaults set by the caller: rank 0 of 1, "none" */
     if (rc == 0) rc = read_string(r, "FSDP_STORE", "", e->store_url, sizeof e->store_url);
     if (rc == 0) rc = read_string(r, "FSDP_BACKEND", "gloo", e->backend, sizeof e->backend);
     return rc;
 }
 
-int fsdp_launch_env_parse(fsdp_launch_getenv_fn get, void *arg, fsdp_launch_env_t *out,
-                          char *msg, size_t msg_cap) {
+int fsdp_launch_env_parse(fsdp_launch_getenv_fn get, void *arg, fsdp_launch_env_t *out, char *msg,
+                          size_t msg_cap) {
     reader_t r = {.get = get, .arg = arg, .err = ""};
     int rc;
     if (!get || !out) {
         rc = fail(&r, "fsdp_launch_env_parse: %s is NULL", get ? "out" : "get");
     } else {
-        fsdp_launch_env_t e = {.rank = 0, .world_size = 1, .local_rank = 0,
-                               .local_world_size = 1, .node_rank = -1, .nnodes = -1,
-                               .store_url = "", .backend = "", .source = "none"};
+        fsdp_launch_env_t e = {.rank = 0,
+                               .world_size = 1,
+                               .local_rank = 0,
+                               .local_world_size = 1,
+                               .node_rank = -1,
+                               .nnodes = -1,
+                               .store_url = "",
+                               .backend = "",
+                               .source = "none"};
         rc = parse(&r, &e);
         if (rc == 0) *out = e;
     }
