@@ -166,7 +166,7 @@ AC_DEFUN([FSDP_CHECK_GLOO], [
   AS_IF([test "x$with_gloo" != xno], [
     AS_CASE([$with_gloo], [check|yes], [fsdp_gloo_dir=], [fsdp_gloo_dir=$with_gloo])
     AS_IF([test -n "$fsdp_gloo_dir"],
-      [GLOO_CPPFLAGS="-I$fsdp_gloo_dir/include"; GLOO_LDFLAGS="-L$fsdp_gloo_dir/lib"])
+      [GLOO_CPPFLAGS="-isystem $fsdp_gloo_dir/include"; GLOO_LDFLAGS="-L$fsdp_gloo_dir/lib"])
     AC_LANG_PUSH([C++])
     fsdp_save_CPPFLAGS=$CPPFLAGS
     fsdp_save_LDFLAGS=$LDFLAGS

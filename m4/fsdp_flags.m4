@@ -43,7 +43,33 @@ AC_DEFUN([FSDP_CHECK_CFLAGS], [
   AC_SUBST([FSDP_VISIBILITY_CFLAGS])
 ])
 
-# FSDP_ARG_SANITIZERS: --enable-sanitizers=address,undefined | thread.
+# FSDP_TRY_CXXFLAG(FLAG, VAR): append FLAG to VAR when the C++ compiler accepts it with -Werror.
+AC_DEFUN([FSDP_TRY_CXXFLAG], [
+  AC_MSG_CHECKING([whether $CXX accepts $1])
+  AC_LANG_PUSH([C++])
+  fsdp_save_CXXFLAGS=$CXXFLAGS
+  CXXFLAGS="$CXXFLAGS -Werror $1"
+  AC_COMPILE_IFELSE([AC_LANG_PROGRAM([], [])],
+    [AC_MSG_RESULT([yes]); $2="$$2 $1"], [AC_MSG_RESULT([no])])
+  CXXFLAGS=$fsdp_save_CXXFLAGS
+  AC_LANG_POP([C++])
+])
+
+# FSDP_CHECK_CXXFLAGS: warnings for the only C++ file (the Gloo transport): the C set minus the
+# C-only flags, plus -Werror with --enable-werror. Call after FSDP_CHECK_CFLAGS. Gloo's own
+# headers come in as system headers (-isystem), so their warnings do not count.
+AC_DEFUN([FSDP_CHECK_CXXFLAGS], [
+  FSDP_WARN_CXXFLAGS=
+  for fsdp_flag in -std=c++17 -Wall -Wextra -Wshadow -Wpointer-arith -Wvla \
+                   -Wno-unused-parameter; do
+    FSDP_TRY_CXXFLAG([$fsdp_flag], [FSDP_WARN_CXXFLAGS])
+  done
+  AS_IF([test "x$enable_werror" = xyes], [FSDP_WARN_CXXFLAGS="$FSDP_WARN_CXXFLAGS -Werror"])
+  AC_SUBST([FSDP_WARN_CXXFLAGS])
+])
+
+# FSDP_ARG_SANITIZERS: --enable-sanitizers=address,undefined | thread. The flags go to C and C++
+# alike (AM_CFLAGS and AM_CXXFLAGS both take FSDP_SANITIZER_CFLAGS).
 AC_DEFUN([FSDP_ARG_SANITIZERS], [
   AC_ARG_ENABLE([sanitizers],
     [AS_HELP_STRING([--enable-sanitizers=LIST],
