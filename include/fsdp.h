@@ -15,6 +15,7 @@
 #include <fsdp/store.h>
 #include <fsdp/pg.h>
 #include <fsdp/sim.h>
+#include <fsdp/gloo.h>
 #include <fsdp/device.h>
 #include <fsdp/tensor.h>
 #include <fsdp/autograd.h>

@@ -51,6 +51,9 @@ struct fsdp_ctx {
     /* Every live process group of this rank, so that destroy can reclaim forgotten ones. */
     pthread_mutex_t groups_mu;
     fsdp_pg_t *groups;
+    /* The Gloo backend's worker for this rank, shared by the rank's Gloo groups: created with
+     * the first and freed with the last (backends/gloo/gloo_pg.c); guarded by groups_mu. */
+    struct fsdp__gloo_rank *gloo;
     /* Layers above the core hang their per-rank state here; the core frees each through the
      * destructor stored beside it, so it never calls upward by name. */
     struct fsdp_device *dev;         /* default device (borrowed unless == dev_owned) */

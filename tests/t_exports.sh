@@ -1,7 +1,8 @@
 #!/bin/sh
 # t_exports.sh: the shared library exports the public API and nothing else.
-# Every dynamic symbol libfsdp.so defines must start with fsdp_ (not fsdp__, the internal prefix),
-# and a few public functions must be there.
+# Every dynamic symbol libfsdp.so defines (functions, data, weak and unique symbols, so C++
+# template instantiations count) must start with fsdp_ (not fsdp__, the internal prefix),
+# and a few public functions must be there (the Gloo API in every build: a stub without Gloo).
 lib="${top_builddir:-.}/.libs/libfsdp.so"
 if [ ! -f "$lib" ]; then
   echo "1..0 # SKIP no shared library was built ($lib)"
@@ -12,7 +13,7 @@ if ! command -v nm >/dev/null 2>&1; then
   exit 0
 fi
 echo "1..3"
-defined=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBR]$/ {print $3}' | sort)
+defined=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVWiu]$/ {print $3}' | sort)
 bad=$(printf '%s\n' "$defined" | grep -v '^fsdp_' ; printf '%s\n' "$defined" | grep '^fsdp__')
 if [ -z "$bad" ]; then
   echo "ok 1 - every exported symbol is public API (fsdp_*)"
@@ -23,7 +24,8 @@ fi
 missing=
 for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory fsdp_ctx_create \
          fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url fsdp_store_open_error \
-         fsdp_launch_env_read fsdp_launch_env_parse; do
+         fsdp_launch_env_read fsdp_launch_env_parse \
+         fsdp_pg_create_gloo fsdp_gloo_options_init fsdp_gloo_available; do
   printf '%s\n' "$defined" | grep -qx "$s" || missing="$missing $s"
 done
 if [ -z "$missing" ]; then

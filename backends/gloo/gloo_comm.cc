@@ -1,0 +1,588 @@
+/*
+ * gloo_comm.cc: the Gloo transport of the gloo process group (the only C++ in libfsdp).
+ *
+ * One comm is one rank's Gloo state for one group: a tcp device (shared by a world group and
+ * its sub-groups), a gloo::rendezvous::Context with one pair per peer, and the listening
+ * address of every peer's end of its pair with us, so that a Gloo error message that names an
+ * address can be turned into a rank. The C side (gloo_pg.c) calls in through gloo_comm.h; every
+ * entry point catches every exception and returns a status and a message instead.
+ *
+ * Collectives use Gloo's algorithms, except reduce-scatter, which Gloo only offers as a class
+ * over bound buffers whose chunks are not pg.h's: here every rank posts receives for its own
+ * chunk from every peer, sends each peer that peer's chunk, and reduces segment by segment, in
+ * rank order, with fsdp__reduce() as the segments arrive. Each rank sends and receives
+ * (size - 1) * count elements, the same volume as a ring, and the sums are bitwise the sim
+ * backend's. Reductions inside Gloo's algorithms go through fsdp__reduce() as well, on f32
+ * scratch for f16 and bf16, so the arithmetic is the library's everywhere.
+ */
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/device.h>
+#include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include "backends/gloo/gloo_comm.h"
+extern "C" {
+#include "core/reduce.h"
+}
+
+namespace {
+
+using Ms = std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
+
+/* Slot prefix of our reduce-scatter; Gloo's own collectives use 0x01 to 0x08. */
+constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+/* Reduce-scatter moves each peer's chunk in segments of this many bytes, with at most kWindow
+ * segments per peer received ahead of the reduction. */
+constexpr size_t kSegmentBytes = size_t(512) << 10;
+constexpr size_t kWindow = 4;
+/* Scratch space larger than this is freed after the collective that needed it. */
+constexpr size_t kKeepScratchBytes = size_t(16) << 20;
+
+/* A failed store call, with its status kept for the error mapping. */
+struct StoreError : public gloo::IoException {
+    StoreError(int rc_, const std::string &msg) : gloo::IoException(msg), rc(rc_) {}
+    int rc;
+};
+
+/* gloo::rendezvous::Store over an fsdp_store_t handle owned by the caller. */
+class StoreAdapter : public gloo::rendezvous::Store {
+  public:
+    explicit StoreAdapter(fsdp_store_t *store) : store_(store) {}
+
+    void set(const std::string &key, const std::vector<char> &data) override {
+        check(fsdp_store_set(store_, key.c_str(), data.data(), data.size()));
+    }
+
+    std::vector<char> get(const std::string &key) override {
+        std::vector<char> value(512);
+        for (;;) {
+            size_t len = 0;
+            int rc = fsdp_store_get(store_, key.c_str(), value.data(), value.size(), &len);
+            if (rc == FSDP_OK) {
+                value.resize(len);
+                return value;
+            }
+            if (rc == FSDP_EINVAL && len > value.size()) { /* the value did not fit */
+                value.resize(len);
+                continue;
+            }
+            check(rc);
+        }
+    }
+
+    void wait(const std::vector<std::string> &keys) override { wait(keys, kDefaultTimeout); }
+
+    void wait(const std::vector<std::string> &keys, const Ms &timeout) override {
+        if (timeout.count() > 0) check(fsdp_store_set_timeout(store_, timeout.count()));
+        std::vector<const char *> k;
+        for (const auto &key : keys) k.push_back(key.c_str());
+        check(fsdp_store_wait(store_, k.data(), k.size()));
+    }
+
+  private:
+    void check(int rc) {
+        if (rc < 0) throw StoreError(rc, std::string("store: ") + fsdp_store_last_error(store_));
+    }
+    fsdp_store_t *store_;
+};
+
+/* Scratch memory that grows as needed and is not zeroed (a vector would write it once). */
+class Scratch {
+  public:
+    void *get(size_t bytes) {
+        if (bytes > cap_) {
+            mem_.reset();
+            cap_ = 0;
+            mem_.reset(new unsigned char[bytes]);
+            cap_ = bytes;
+        }
+        return mem_.get();
+    }
+    void trim() {
+        if (cap_ > kKeepScratchBytes) {
+            mem_.reset();
+            cap_ = 0;
+        }
+    }
+
+  private:
+    std::unique_ptr<unsigned char[]> mem_;
+    size_t cap_ = 0;
+};
+
+} // namespace
+
+struct fsdp_gloo_comm {
+    std::shared_ptr<gloo::transport::Device> dev;
+    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    std::vector<std::string> peer_addr; /* [size]: the address of peer q's end of our pair */
+    Scratch scratch; /* staging for f16/bf16, non-root reduce and reduce-scatter windows */
+};
+
+namespace {
+
+/* ---------------------------------------------------------------------------------------- */
+/* Errors: the one place where exceptions become status codes. */
+
+bool contains(const std::string &hay, const char *needle) {
+    return hay.find(needle) != std::string::npos;
+}
+
+/* Gloo's message without its "[file:line] " prefix. */
+std::string strip_location(const char *what) {
+    std::string s(what ? what : "");
+    if (!s.empty() && s[0] == '[') {
+        size_t end = s.find("] ");
+        if (end != std::string::npos) s.erase(0, end + 2);
+    }
+    return s;
+}
+
+int classify(const std::string &what) {
+    std::string low(what);
+    for (auto &ch : low) ch = (char)std::tolower((unsigned char)ch);
+    if (contains(low, "timed out") || contains(low, "timeout")) return FSDP_ETIMEDOUT;
+    if (contains(low, "closed by peer") || contains(low, "connection reset") ||
+        contains(low, "broken pipe") || contains(low, "read error") ||
+        contains(low, "write error") || contains(low, "socket closed") ||
+        contains(low, "connection refused"))
+        return FSDP_EREMOTE;
+    return FSDP_EBACKEND;
+}
+
+/* The rank whose address occurs in the message (followed by something other than a digit, so
+ * that port 1234 does not match 12345); -1 when none does. */
+int find_peer(const fsdp_gloo_comm *c, const std::string &what) {
+    if (!c) return -1;
+    for (size_t q = 0; q < c->peer_addr.size(); q++) {
+        const std::string &a = c->peer_addr[q];
+        if (a.empty()) continue;
+        for (size_t pos = what.find(a); pos != std::string::npos; pos = what.find(a, pos + 1)) {
+            size_t after = pos + a.size();
+            if (after >= what.size() || !std::isdigit((unsigned char)what[after])) return (int)q;
+        }
+    }
+    return -1;
+}
+
+void put(char *msg, size_t cap, const std::string &text) {
+    if (cap) std::snprintf(msg, cap, "%s", text.c_str());
+}
+
+/* Maps the exception being handled to a status, a message and a peer. Called only from the
+ * catch (...) handlers of the entry points. */
+int translate(const fsdp_gloo_comm *c, int *peer, char *msg, size_t cap) {
+    if (peer) *peer = -1;
+    try {
+        throw;
+    } catch (const std::bad_alloc &) {
+        put(msg, cap, "out of memory");
+        return FSDP_ENOMEM;
+    } catch (const StoreError &e) {
+        put(msg, cap, e.what());
+        return e.rc;
+    } catch (const std::exception &e) {
+        std::string what = strip_location(e.what());
+        put(msg, cap, what);
+        if (peer) *peer = find_peer(c, what);
+        return classify(what);
+    } catch (...) {
+        put(msg, cap, "unknown C++ exception");
+        return FSDP_EBACKEND;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Connections */
+
+/* Publishes the address of our end of every pair, and learns the address of each peer's end of
+ * its pair with us (what Gloo prints when that connection fails). */
+void exchange_addresses(fsdp_gloo_comm *c, fsdp_store_t *store) {
+    const int n = c->ctx->size, r = c->ctx->rank;
+    std::string mine;
+    for (int q = 0; q < n; q++) {
+        if (q != r) mine += c->ctx->getPair(q)->address().str();
+        mine += '\n';
+    }
+    StoreAdapter s(store);
+    s.set("addr." + std::to_string(r), std::vector<char>(mine.begin(), mine.end()));
+    c->peer_addr.assign((size_t)n, std::string());
+    for (int q = 0; q < n; q++) {
+        if (q == r) continue;
+        std::vector<char> v = s.get("addr." + std::to_string(q));
+        std::string all(v.begin(), v.end());
+        size_t start = 0;
+        for (int i = 0; i < r && start != std::string::npos; i++) {
+            start = all.find('\n', start);
+            if (start != std::string::npos) start++;
+        }
+        if (start == std::string::npos) continue;
+        size_t end = all.find('\n', start);
+        c->peer_addr[(size_t)q] = all.substr(start, end == std::string::npos ? end : end - start);
+    }
+}
+
+void connect(fsdp_gloo_comm *c, fsdp_store_t *store, int rank, int size, int64_t timeout_ms) {
+    fsdp_store_set_timeout(store, timeout_ms);
+    c->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    c->ctx->setTimeout(Ms(timeout_ms));
+    StoreAdapter s(store);
+    c->ctx->connectFullMesh(s, c->dev);
+    exchange_addresses(c, store);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Collectives */
+
+bool is_half(fsdp_dtype_t dt) {
+    return dt == FSDP_DTYPE_F16 || dt == FSDP_DTYPE_BF16;
+}
+
+void reduce_or_throw(void *out, const void *const *ins, int nin, size_t n, fsdp_dtype_t dt,
+                     fsdp_redop_t op, int divisor) {
+    void *outs[1] = {out};
+    if (fsdp__reduce(outs, 1, ins, nin, n, dt, op, divisor) < 0) throw std::bad_alloc();
+}
+
+/* The reduction function given to Gloo's algorithms: c = a op b, on the accumulation type
+ * (avg sums; the division comes once at the end). */
+gloo::AllreduceOptions::Func pairwise(fsdp_dtype_t acc_dt, fsdp_redop_t op) {
+    fsdp_redop_t pop = op == FSDP_REDOP_AVG ? FSDP_REDOP_SUM : op;
+    return [acc_dt, pop](void *c, const void *a, const void *b, size_t n) {
+        const void *ins[2] = {a, b};
+        reduce_or_throw(c, ins, 2, n, acc_dt, pop, 1);
+    };
+}
+
+/* Divides n elements at buf by the group size in place (avg), on the accumulation type. */
+void divide(void *buf, size_t n, fsdp_dtype_t acc_dt, int size) {
+    const void *ins[1] = {buf};
+    reduce_or_throw(buf, ins, 1, n, acc_dt, FSDP_REDOP_AVG, size);
+}
+
+/* Calls f with a value of the unsigned type of `size` bytes (Gloo's options are templates on
+ * the element type but only use its size). */
+template <typename F> void with_type(size_t size, F f) {
+    switch (size) {
+    case 1:
+        f(uint8_t());
+        break;
+    case 2:
+        f(uint16_t());
+        break;
+    case 4:
+        f(uint32_t());
+        break;
+    default:
+        f(uint64_t());
+        break;
+    }
+}
+
+Buffer unbound(fsdp_gloo_comm *c, const void *p, size_t bytes) {
+    /* Gloo only reads the buffers it sends from, but takes them non-const. */
+    return c->ctx->createUnboundBuffer(const_cast<void *>(p), bytes);
+}
+
+void all_gather(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const size_t es = fsdp_dtype_size(op->dtype), bytes = op->count * es;
+    const size_t n = (size_t)c->ctx->size, r = (size_t)c->ctx->rank;
+    char *recv = static_cast<char *>(op->recv);
+    gloo::AllgatherOptions o(c->ctx);
+    with_type(es, [&](auto t) {
+        using T = decltype(t);
+        if (op->send != recv + r * bytes) o.setInput<T>(unbound(c, op->send, bytes));
+        o.setOutput<T>(unbound(c, recv, n * bytes));
+    });
+    o.setTag(op->tag);
+    o.setTimeout(Ms(op->timeout_ms));
+    gloo::allgather(o);
+}
+
+void broadcast(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const size_t es = fsdp_dtype_size(op->dtype), bytes = op->count * es;
+    gloo::BroadcastOptions o(c->ctx);
+    with_type(es, [&](auto t) {
+        using T = decltype(t);
+        if (c->ctx->rank == op->root && op->send != op->recv)
+            o.setInput<T>(unbound(c, op->send, bytes));
+        o.setOutput<T>(unbound(c, op->recv, bytes));
+    });
+    o.setRoot(op->root);
+    o.setTag(op->tag);
+    o.setTimeout(Ms(op->timeout_ms));
+    gloo::broadcast(o);
+}
+
+void all_to_all(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const size_t es = fsdp_dtype_size(op->dtype);
+    const size_t bytes = op->count * es * (size_t)c->ctx->size;
+    gloo::AlltoallOptions o(c->ctx);
+    with_type(es, [&](auto t) {
+        using T = decltype(t);
+        o.setInput<T>(unbound(c, op->send, bytes));
+        o.setOutput<T>(unbound(c, op->recv, bytes));
+    });
+    o.setTag(op->tag);
+    o.setTimeout(Ms(op->timeout_ms));
+    gloo::alltoall(o);
+}
+
+void barrier(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    gloo::BarrierOptions o(c->ctx);
+    o.setTag(op->tag);
+    o.setTimeout(Ms(op->timeout_ms));
+    gloo::barrier(o);
+}
+
+/* A reduction over one rank: what the sim backend computes (a copy, avg divides by 1, bool is
+ * normalized, f16/bf16 go through f32 exactly). */
+void reduce_alone(const fsdp_gloo_op_t *op) {
+    const void *ins[1] = {op->send};
+    reduce_or_throw(op->recv, ins, 1, op->count, op->dtype, op->op, 1);
+}
+
+void all_reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const int n = c->ctx->size;
+    if (n == 1) return reduce_alone(op);
+    gloo::AllreduceOptions o(c->ctx);
+    o.setTag(op->tag);
+    o.setTimeout(Ms(op->timeout_ms));
+    if (is_half(op->dtype)) {
+        float *acc = static_cast<float *>(c->scratch.get(op->count * sizeof(float)));
+        fsdp_dtype_convert(acc, FSDP_DTYPE_F32, op->send, op->dtype, op->count);
+        o.setOutput<float>(unbound(c, acc, op->count * sizeof(float)));
+        o.setReduceFunction(pairwise(FSDP_DTYPE_F32, op->op));
+        gloo::allreduce(o);
+        if (op->op == FSDP_REDOP_AVG) divide(acc, op->count, FSDP_DTYPE_F32, n);
+        fsdp_dtype_convert(op->recv, op->dtype, acc, FSDP_DTYPE_F32, op->count);
+        return;
+    }
+    const size_t es = fsdp_dtype_size(op->dtype), bytes = op->count * es;
+    with_type(es, [&](auto t) {
+        using T = decltype(t);
+        if (op->send != op->recv) o.setInput<T>(unbound(c, op->send, bytes));
+        o.setOutput<T>(unbound(c, op->recv, bytes));
+    });
+    o.setReduceFunction(pairwise(op->dtype, op->op));
+    gloo::allreduce(o);
+    if (op->op == FSDP_REDOP_AVG) divide(op->recv, op->count, op->dtype, n);
+}
+
+void reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const int n = c->ctx->size;
+    const bool root = c->ctx->rank == op->root;
+    if (n == 1) return reduce_alone(op);
+    gloo::ReduceOptions o(c->ctx);
+    o.setRoot(op->root);
+    o.setTag(op->tag);
+    o.setTimeout(Ms(op->timeout_ms));
+    if (is_half(op->dtype)) {
+        float *acc = static_cast<float *>(c->scratch.get(op->count * sizeof(float)));
+        fsdp_dtype_convert(acc, FSDP_DTYPE_F32, op->send, op->dtype, op->count);
+        o.setOutput<float>(unbound(c, acc, op->count * sizeof(float)));
+        o.setReduceFunction(pairwise(FSDP_DTYPE_F32, op->op));
+        gloo::reduce(o);
+        if (!root) return;
+        if (op->op == FSDP_REDOP_AVG) divide(acc, op->count, FSDP_DTYPE_F32, n);
+        fsdp_dtype_convert(op->recv, op->dtype, acc, FSDP_DTYPE_F32, op->count);
+        return;
+    }
+    /* Gloo's reduce writes partial results into every rank's output; pg.h leaves a non-root's
+     * recv untouched (it may be NULL), so non-roots reduce into scratch. */
+    const size_t es = fsdp_dtype_size(op->dtype), bytes = op->count * es;
+    void *out = root ? op->recv : c->scratch.get(bytes);
+    with_type(es, [&](auto t) {
+        using T = decltype(t);
+        if (op->send != out) o.setInput<T>(unbound(c, op->send, bytes));
+        o.setOutput<T>(unbound(c, out, bytes));
+    });
+    o.setReduceFunction(pairwise(op->dtype, op->op));
+    gloo::reduce(o);
+    if (root && op->op == FSDP_REDOP_AVG) divide(op->recv, op->count, op->dtype, n);
+}
+
+/*
+ * Reduce-scatter: rank r receives chunk r of every peer's input and reduces the n chunks in rank
+ * order. The chunk travels in segments; up to kWindow segments per peer are received ahead of
+ * the reduction, into scratch, and each receive is re-posted as soon as its segment has been
+ * reduced. Sends are all posted at once (Gloo's tcp transport moves a send only once the
+ * matching receive is posted, so they never overrun the window). In place, recv is send's
+ * chunk r, which no send reads.
+ */
+void reduce_scatter(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const int n = c->ctx->size, r = c->ctx->rank;
+    if (n == 1) return reduce_alone(op);
+    const size_t es = fsdp_dtype_size(op->dtype), chunk = op->count * es;
+    const size_t seg_elems = std::max<size_t>(1, kSegmentBytes / es), seg = seg_elems * es;
+    const size_t nseg = (op->count + seg_elems - 1) / seg_elems;
+    const size_t win = std::min(kWindow, nseg);
+    const char *send = static_cast<const char *>(op->send);
+    char *recv = static_cast<char *>(op->recv);
+    char *scratch = static_cast<char *>(c->scratch.get((size_t)(n - 1) * win * seg));
+    const Clock::time_point deadline = Clock::now() + Ms(op->timeout_ms);
+    auto left = [&]() {
+        auto ms = std::chrono::duration_cast<Ms>(deadline - Clock::now());
+        return std::max(ms, Ms(1));
+    };
+    auto seg_len = [&](size_t s) { return std::min(seg, chunk - s * seg); };
+    /* Peer q's window: the (q < r ? q : q - 1)-th region of the scratch. */
+    auto region = [&](int q) { return scratch + (size_t)(q < r ? q : q - 1) * win * seg; };
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, op->tag);
+
+    Buffer in = unbound(c, send, (size_t)n * chunk);
+    std::vector<Buffer> win_buf((size_t)n);
+    for (int q = 0; q < n; q++)
+        if (q != r) win_buf[(size_t)q] = unbound(c, region(q), win * seg);
+    for (size_t s = 0; s < win; s++)
+        for (int q = 0; q < n; q++)
+            if (q != r) win_buf[(size_t)q]->recv(q, slot, s * seg, seg_len(s));
+    /* Segment by segment, each to the ranks after us first, so that no rank is everybody's
+     * first destination. */
+    for (size_t s = 0; s < nseg; s++)
+        for (int k = 1; k < n; k++) {
+            int q = (r + k) % n;
+            in->send(q, slot, (size_t)q * chunk + s * seg, seg_len(s));
+        }
+    std::vector<const void *> ins((size_t)n);
+    for (size_t s = 0; s < nseg; s++) {
+        for (int q = 0; q < n; q++) {
+            if (q == r) {
+                ins[(size_t)q] = send + (size_t)r * chunk + s * seg;
+                continue;
+            }
+            if (!win_buf[(size_t)q]->waitRecv(nullptr, left()))
+                throw gloo::IoException("reduce_scatter: a receive was aborted");
+            ins[(size_t)q] = region(q) + (s % win) * seg;
+        }
+        reduce_or_throw(recv + s * seg, ins.data(), n, seg_len(s) / es, op->dtype, op->op, n);
+        if (s + win < nseg)
+            for (int q = 0; q < n; q++)
+                if (q != r) win_buf[(size_t)q]->recv(q, slot, (s % win) * seg, seg_len(s + win));
+    }
+    for (size_t i = 0; i < (size_t)(n - 1) * nseg; i++)
+        if (!in->waitSend(nullptr, left()))
+            throw gloo::IoException("reduce_scatter: a send was aborted");
+}
+
+} // namespace
+
+/* ---------------------------------------------------------------------------------------- */
+/* Entry points */
+
+extern "C" int fsdp__gloo_comm_create(fsdp_store_t *store, int rank, int size,
+                                      const char *hostname, const char *iface, int64_t timeout_ms,
+                                      fsdp_gloo_comm_t **out, char *msg, size_t cap) {
+    *out = nullptr;
+    fsdp_gloo_comm *c = nullptr;
+    try {
+        std::unique_ptr<fsdp_gloo_comm> owned(new fsdp_gloo_comm());
+        c = owned.get();
+        gloo::transport::tcp::attr attr;
+        if (iface && *iface)
+            attr.iface = iface;
+        else
+            attr.hostname = hostname && *hostname ? hostname : "127.0.0.1";
+        c->dev = gloo::transport::tcp::CreateDevice(attr);
+        connect(c, store, rank, size, timeout_ms);
+        *out = owned.release();
+        return FSDP_OK;
+    } catch (...) {
+        return translate(c, nullptr, msg, cap);
+    }
+}
+
+extern "C" int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, fsdp_store_t *store,
+                                          int rank, int size, int64_t timeout_ms,
+                                          fsdp_gloo_comm_t **out, char *msg, size_t cap) {
+    *out = nullptr;
+    fsdp_gloo_comm *c = nullptr;
+    try {
+        std::unique_ptr<fsdp_gloo_comm> owned(new fsdp_gloo_comm());
+        c = owned.get();
+        c->dev = parent->dev;
+        connect(c, store, rank, size, timeout_ms);
+        *out = owned.release();
+        return FSDP_OK;
+    } catch (...) {
+        return translate(c, nullptr, msg, cap);
+    }
+}
+
+extern "C" int fsdp__gloo_comm_run(fsdp_gloo_comm_t *c, const fsdp_gloo_op_t *op, int *peer,
+                                   char *msg, size_t cap) {
+    *peer = -1;
+    try {
+        switch (op->kind) {
+        case FSDP_COLL_ALL_GATHER:
+            all_gather(c, op);
+            break;
+        case FSDP_COLL_REDUCE_SCATTER:
+            reduce_scatter(c, op);
+            break;
+        case FSDP_COLL_ALL_REDUCE:
+            all_reduce(c, op);
+            break;
+        case FSDP_COLL_BROADCAST:
+            broadcast(c, op);
+            break;
+        case FSDP_COLL_REDUCE:
+            reduce(c, op);
+            break;
+        case FSDP_COLL_ALL_TO_ALL:
+            all_to_all(c, op);
+            break;
+        case FSDP_COLL_BARRIER:
+            barrier(c, op);
+            break;
+        default:
+            put(msg, cap, "unknown collective kind");
+            return FSDP_EINTERNAL;
+        }
+        c->scratch.trim();
+        return FSDP_OK;
+    } catch (...) {
+        c->scratch.trim();
+        return translate(c, peer, msg, cap);
+    }
+}
+
+extern "C" void fsdp__gloo_comm_close(fsdp_gloo_comm_t *c) {
+    if (!c || !c->ctx) return;
+    try {
+        c->ctx->closeConnections();
+    } catch (...) {
+        /* Closing is best effort: the connections are being abandoned anyway. */
+    }
+}
+
+extern "C" void fsdp__gloo_comm_destroy(fsdp_gloo_comm_t *c) {
+    try {
+        delete c;
+    } catch (...) {
+        /* Destructors of Gloo objects do not throw in practice; never let one escape. */
+    }
+}

@@ -1,0 +1,493 @@
+/*
+ * gloo_pg.c: the gloo process group: the vtable, the rank's worker, failures and the mismatch
+ * check. The transport itself (Gloo, in C++) is behind gloo_comm.h.
+ *
+ * Threads and ordering. pg.h requires that a rank's collectives execute in the order the rank
+ * issued them, over all its groups. Every context that has Gloo groups gets one worker thread
+ * (struct fsdp__gloo_rank, hung off the context) with one queue shared by all those groups, and
+ * one execution slot (`busy`): whoever holds the slot runs one collective at a time, on the
+ * group's own Gloo context. A blocking call takes the slot on the caller's thread when nothing is
+ * queued or running, which saves two thread hand-offs; otherwise it queues like an asynchronous
+ * call and the caller waits for its work. One worker per rank rather than one per group plus a
+ * rank-wide ticket: the ticket would make per-group workers wait for each other anyway, so they
+ * would only add threads.
+ *
+ * Everything a collective touches in a gloo_pg (the sticky failure, the comm) is used only by
+ * the slot's holder, and the slot passes between threads under the rank's mutex, so no other
+ * locking is needed. The worker never touches a work or its group after completing it: the
+ * group may be destroyed as soon as its last work completes.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/gloo/gloo_comm.h"
+#include "core/timeutil.h"
+#include "pg/pg_impl.h"
+
+/* The rank's worker, shared by its Gloo groups. refs is guarded by the context's groups_mu. */
+struct fsdp__gloo_rank {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    fsdp_work_t *head, *tail; /* works to execute, in issue order */
+    int busy;                 /* a work of this rank is executing (on either thread) */
+    int stop;
+    int refs;
+    pthread_t thread;
+};
+
+typedef struct gloo_pg {
+    fsdp_pg_t base;
+    struct fsdp__gloo_rank *gr;
+    fsdp_gloo_comm_t *comm;
+    fsdp_store_t *store; /* "gloo.<world number>" on the user's store; sub-groups clone it */
+    int check;           /* FSDP_GLOO_CHECK: exchange descriptors before each collective */
+    /* Sticky failure (0: none) and its message; used only in the execution slot. */
+    int broken_rc;
+    char broken_msg[FSDP_ERR_LEN];
+} gloo_pg_t;
+
+/* An EREMOTE that comes after the collective has waited this fraction of its timeout is
+ * reported as a timeout: see fail(). */
+#define REMOTE_AS_TIMEOUT_NUM 3
+#define REMOTE_AS_TIMEOUT_DEN 4
+
+/* ---------------------------------------------------------------------------------------- */
+/* Failures */
+
+static int has_op(fsdp_coll_kind_t k) {
+    return k == FSDP_COLL_REDUCE_SCATTER || k == FSDP_COLL_ALL_REDUCE || k == FSDP_COLL_REDUCE;
+}
+
+static int has_root(fsdp_coll_kind_t k) {
+    return k == FSDP_COLL_BROADCAST || k == FSDP_COLL_REDUCE;
+}
+
+/*
+ * Completes w with a transport failure, marks the group broken and, unless the failure is a
+ * timeout, closes the group's connections so that peers blocked on this rank fail at once
+ * (after a timeout Gloo has already closed them).
+ *
+ * When a peer times out first it closes its connections, and a rank that was waiting on it sees
+ * a closed connection a moment before its own timeout. If the collective had already waited for
+ * REMOTE_AS_TIMEOUT_NUM / REMOTE_AS_TIMEOUT_DEN of its timeout, that closure is reported as the
+ * timeout it almost certainly is, so that every rank that joined reports FSDP_ETIMEDOUT.
+ */
+static void fail(gloo_pg_t *gp, fsdp_work_t *w, int rc, int peer, const char *why,
+                 int64_t waited_ms) {
+    const fsdp_coll_t *c = &w->coll;
+    fsdp_pg_t *pg = &gp->base;
+    char desc[160], who[96], msg[FSDP_ERR_LEN];
+    fsdp__coll_describe(c, desc, sizeof desc);
+    who[0] = 0;
+    if (peer >= 0 && peer < pg->size)
+        snprintf(who, sizeof who, "peer rank %d (world rank %d)", peer, pg->world_ranks[peer]);
+    if (rc == FSDP_EREMOTE &&
+        waited_ms * REMOTE_AS_TIMEOUT_DEN >= c->timeout_ms * REMOTE_AS_TIMEOUT_NUM) {
+        fsdp__err(msg, FSDP_ETIMEDOUT,
+                  "timed out after %lld ms in %s seq %llu on group '%s' (rank %d): %s closed its "
+                  "connection after waiting as long (gloo: %s)",
+                  (long long)c->timeout_ms, desc, (unsigned long long)c->seq, pg->name, pg->rank,
+                  who[0] ? who : "a peer", why);
+        rc = FSDP_ETIMEDOUT;
+    } else if (rc == FSDP_ETIMEDOUT) {
+        fsdp__err(msg, rc,
+                  "timed out after %lld ms in %s seq %llu on group '%s' (rank %d): a peer did "
+                  "not join or stalled (gloo: %s)",
+                  (long long)c->timeout_ms, desc, (unsigned long long)c->seq, pg->name, pg->rank,
+                  why);
+    } else if (rc == FSDP_EREMOTE) {
+        fsdp__err(msg, rc,
+                  "%s seq %llu on group '%s' (rank %d): %s failed or closed its connection "
+                  "(gloo: %s)",
+                  desc, (unsigned long long)c->seq, pg->name, pg->rank, who[0] ? who : "a peer",
+                  why);
+    } else {
+        fsdp__err(msg, rc, "%s seq %llu on group '%s' (rank %d) failed: %s", desc,
+                  (unsigned long long)c->seq, pg->name, pg->rank, why);
+    }
+    gp->broken_rc = rc;
+    memcpy(gp->broken_msg, msg, sizeof msg);
+    if (rc != FSDP_ETIMEDOUT) fsdp__gloo_comm_close(gp->comm);
+    fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "gloo: %s: %s", fsdp_err_name(rc), msg);
+    fsdp__work_complete(w, rc, "%s", msg);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The mismatch check (FSDP_GLOO_CHECK=1) */
+
+enum { DESC_KIND, DESC_COUNT, DESC_DTYPE, DESC_OP, DESC_ROOT, DESC_SEQ, DESC_LEN };
+
+static void describe_desc(const int64_t *d, char *buf, size_t cap) {
+    fsdp_coll_t c;
+    memset(&c, 0, sizeof c);
+    c.kind = (fsdp_coll_kind_t)d[DESC_KIND];
+    c.count = (size_t)d[DESC_COUNT];
+    c.dtype = (fsdp_dtype_t)d[DESC_DTYPE];
+    c.op = (fsdp_redop_t)d[DESC_OP];
+    c.root = (int)d[DESC_ROOT];
+    fsdp__coll_describe(&c, buf, cap);
+}
+
+/*
+ * All-gathers every rank's descriptor of w's collective. Returns FSDP_OK when they agree,
+ * FSDP_EMISMATCH with every rank's call in msg when they do not (every rank sees the same
+ * descriptors, so all fail alike), or the transport's failure with *peer and Gloo's reason.
+ */
+static int check_descriptors(gloo_pg_t *gp, const fsdp_coll_t *c, int *peer, char *msg,
+                             size_t cap) {
+    fsdp_pg_t *pg = &gp->base;
+    int64_t mine[DESC_LEN] = {c->kind, 0, -1, -1, -1, (int64_t)c->seq};
+    if (c->kind != FSDP_COLL_BARRIER) {
+        mine[DESC_COUNT] = (int64_t)c->count;
+        mine[DESC_DTYPE] = c->dtype;
+    }
+    if (has_op(c->kind)) mine[DESC_OP] = c->op;
+    if (has_root(c->kind)) mine[DESC_ROOT] = c->root;
+    int64_t *all = malloc((size_t)pg->size * sizeof mine);
+    if (!all) {
+        snprintf(msg, cap, "out of memory for the descriptors of %d ranks", pg->size);
+        return FSDP_ENOMEM;
+    }
+    fsdp_gloo_op_t op = {.kind = FSDP_COLL_ALL_GATHER,
+                         .send = mine,
+                         .recv = all,
+                         .count = DESC_LEN,
+                         .dtype = FSDP_DTYPE_I64,
+                         .tag = (uint32_t)c->seq,
+                         .timeout_ms = c->timeout_ms};
+    int rc = fsdp__gloo_comm_run(gp->comm, &op, peer, msg, cap);
+    if (rc < 0) goto out;
+    int same = 1;
+    for (int q = 0; q < pg->size && same; q++)
+        same = memcmp(&all[(size_t)q * DESC_LEN], mine, sizeof mine) == 0;
+    if (same) goto out;
+    rc = FSDP_EMISMATCH;
+    size_t n = (size_t)snprintf(msg, cap, "ranks of group '%s' issued different collectives:",
+                                pg->name);
+    for (int q = 0; q < pg->size && n < cap; q++) {
+        char d[160];
+        const int64_t *dq = &all[(size_t)q * DESC_LEN];
+        describe_desc(dq, d, sizeof d);
+        n += (size_t)snprintf(msg + n, cap - n, "%s rank %d: %s seq %lld", q ? ";" : "", q, d,
+                              (long long)dq[DESC_SEQ]);
+    }
+out:
+    free(all);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Execution */
+
+static void execute(fsdp_work_t *w) {
+    gloo_pg_t *gp = (gloo_pg_t *)w->pg;
+    fsdp_pg_t *pg = &gp->base;
+    const fsdp_coll_t *c = &w->coll;
+    char why[FSDP_ERR_LEN], desc[160];
+    int peer = -1, rc;
+
+    if (gp->broken_rc < 0) {
+        fsdp__coll_describe(c, desc, sizeof desc);
+        fsdp__work_complete(w, gp->broken_rc,
+                            "%s seq %llu on group '%s' (rank %d) was not run: the group failed "
+                            "earlier: %s",
+                            desc, (unsigned long long)c->seq, pg->name, pg->rank, gp->broken_msg);
+        return;
+    }
+    int64_t t0 = fsdp__now_ns();
+    if (gp->check) {
+        rc = check_descriptors(gp, c, &peer, why, sizeof why);
+        if (rc == FSDP_EMISMATCH) {
+            fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "gloo: %s", why);
+            fsdp__work_complete(w, rc, "%s", why);
+            return;
+        }
+        if (rc < 0) {
+            fail(gp, w, rc, peer, why, (fsdp__now_ns() - t0) / 1000000);
+            return;
+        }
+    }
+    if (c->count == 0 && c->kind != FSDP_COLL_BARRIER) {
+        fsdp__work_complete(w, FSDP_OK, NULL);
+        return;
+    }
+    fsdp_gloo_op_t op = {.kind = c->kind,
+                         .send = c->send,
+                         .recv = c->recv,
+                         .count = c->count,
+                         .dtype = c->dtype,
+                         .op = c->op,
+                         .root = c->root,
+                         .tag = (uint32_t)c->seq,
+                         .timeout_ms = c->timeout_ms};
+    rc = fsdp__gloo_comm_run(gp->comm, &op, &peer, why, sizeof why);
+    if (rc < 0)
+        fail(gp, w, rc, peer, why, (fsdp__now_ns() - t0) / 1000000);
+    else
+        fsdp__work_complete(w, FSDP_OK, NULL);
+}
+
+/* Runs a work in the rank's execution slot (the caller set busy), then frees the slot and wakes
+ * the worker when works were queued meanwhile. */
+static void run_in_slot(struct fsdp__gloo_rank *gr, fsdp_work_t *w) {
+    execute(w);
+    pthread_mutex_lock(&gr->mu);
+    gr->busy = 0;
+    if (gr->head) pthread_cond_signal(&gr->cv);
+    pthread_mutex_unlock(&gr->mu);
+}
+
+static void *worker_main(void *arg) {
+    struct fsdp__gloo_rank *gr = arg;
+    for (;;) {
+        pthread_mutex_lock(&gr->mu);
+        while ((!gr->head || gr->busy) && !gr->stop) pthread_cond_wait(&gr->cv, &gr->mu);
+        fsdp_work_t *w = gr->head;
+        if (w) {
+            gr->head = w->next;
+            if (!gr->head) gr->tail = NULL;
+            gr->busy = 1;
+        }
+        pthread_mutex_unlock(&gr->mu);
+        if (!w) break;
+        run_in_slot(gr, w);
+    }
+    return NULL;
+}
+
+/* Takes a reference on ctx's worker, starting it for the rank's first Gloo group. */
+static int rank_acquire(fsdp_ctx_t *ctx, struct fsdp__gloo_rank **out) {
+    int rc = FSDP_OK;
+    pthread_mutex_lock(&ctx->groups_mu);
+    struct fsdp__gloo_rank *gr = ctx->gloo;
+    if (!gr) {
+        gr = calloc(1, sizeof *gr);
+        if (!gr) {
+            rc = FSDP_ENOMEM;
+            goto out;
+        }
+        pthread_mutex_init(&gr->mu, NULL);
+        pthread_cond_init(&gr->cv, NULL);
+        if (pthread_create(&gr->thread, NULL, worker_main, gr) != 0) {
+            pthread_mutex_destroy(&gr->mu);
+            pthread_cond_destroy(&gr->cv);
+            free(gr);
+            rc = FSDP_ENOMEM;
+            goto out;
+        }
+        ctx->gloo = gr;
+    }
+    gr->refs++;
+    *out = gr;
+out:
+    pthread_mutex_unlock(&ctx->groups_mu);
+    return rc;
+}
+
+/* Drops a reference; the last one stops the worker (its queue is empty: every group waited
+ * for its works before being destroyed). */
+static void rank_release(fsdp_ctx_t *ctx, struct fsdp__gloo_rank *gr) {
+    pthread_mutex_lock(&ctx->groups_mu);
+    int last = --gr->refs == 0;
+    if (last) ctx->gloo = NULL;
+    pthread_mutex_unlock(&ctx->groups_mu);
+    if (!last) return;
+    pthread_mutex_lock(&gr->mu);
+    gr->stop = 1;
+    pthread_cond_signal(&gr->cv);
+    pthread_mutex_unlock(&gr->mu);
+    pthread_join(gr->thread, NULL);
+    pthread_mutex_destroy(&gr->mu);
+    pthread_cond_destroy(&gr->cv);
+    free(gr);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The backend */
+
+static int gloo_post(fsdp_pg_t *pg, fsdp_work_t *w) {
+    struct fsdp__gloo_rank *gr = ((gloo_pg_t *)pg)->gr;
+    w->next = NULL;
+    pthread_mutex_lock(&gr->mu);
+    if (w->sync && !gr->head && !gr->busy) {
+        gr->busy = 1;
+        pthread_mutex_unlock(&gr->mu);
+        run_in_slot(gr, w);
+        return FSDP_OK;
+    }
+    if (gr->tail)
+        gr->tail->next = w;
+    else
+        gr->head = w;
+    gr->tail = w;
+    pthread_cond_signal(&gr->cv);
+    pthread_mutex_unlock(&gr->mu);
+    return FSDP_OK;
+}
+
+static void gloo_destroy(fsdp_pg_t *pg) {
+    gloo_pg_t *gp = (gloo_pg_t *)pg;
+    fsdp_ctx_t *ctx = pg->ctx;
+    struct fsdp__gloo_rank *gr = gp->gr;
+    fsdp__gloo_comm_destroy(gp->comm);
+    fsdp_store_destroy(gp->store);
+    fsdp__pg_fini(pg);
+    if (gr) rank_release(ctx, gr);
+    free(gp);
+}
+
+static int gloo_create_subgroup(fsdp_pg_t *parent, const int *members, int n, int new_rank,
+                                const char *name, fsdp_pg_t **out);
+
+static const struct fsdp_pg_ops gloo_ops = {
+    .name = "gloo",
+    .post = gloo_post,
+    .create_subgroup = gloo_create_subgroup,
+    .destroy = gloo_destroy,
+};
+
+/*
+ * The common part of creating a world group or a sub-group: the base, the worker reference and
+ * the comm (rendezvous under `name` on `store`, which gp takes over). `parent` is NULL for a
+ * world group. On failure everything is freed and msg says why.
+ */
+static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *parent,
+                        const char *name, int rank, int size, const int *world_ranks,
+                        const char *hostname, const char *iface, int64_t timeout_ms, int check,
+                        gloo_pg_t **out, char *msg, size_t cap) {
+    fsdp_store_t *rdv = NULL;
+    gloo_pg_t *gp = calloc(1, sizeof *gp);
+    if (!gp) {
+        fsdp_store_destroy(store);
+        snprintf(msg, cap, "out of memory");
+        return FSDP_ENOMEM;
+    }
+    gp->store = store;
+    gp->check = check;
+    int rc = fsdp__pg_init(&gp->base, &gloo_ops, ctx, rank, size, world_ranks, name);
+    if (rc < 0) {
+        snprintf(msg, cap, "out of memory");
+        goto fail;
+    }
+    rc = rank_acquire(ctx, &gp->gr);
+    if (rc < 0) {
+        snprintf(msg, cap, "cannot start the rank's Gloo worker thread");
+        goto fail;
+    }
+    rc = fsdp_store_clone(store, name, &rdv);
+    if (rc < 0) {
+        snprintf(msg, cap, "store: %s", fsdp_store_last_error(store));
+        goto fail;
+    }
+    if (parent)
+        rc = fsdp__gloo_comm_create_sub(parent->comm, rdv, rank, size, timeout_ms, &gp->comm, msg,
+                                        cap);
+    else
+        rc = fsdp__gloo_comm_create(rdv, rank, size, hostname, iface, timeout_ms, &gp->comm, msg,
+                                    cap);
+    fsdp_store_destroy(rdv);
+    if (rc < 0) goto fail;
+    *out = gp;
+    return FSDP_OK;
+fail:
+    gloo_destroy(&gp->base);
+    return rc;
+}
+
+static int gloo_create_subgroup(fsdp_pg_t *parent, const int *members, int n, int new_rank,
+                                const char *name, fsdp_pg_t **out) {
+    gloo_pg_t *pp = (gloo_pg_t *)parent;
+    char msg[FSDP_ERR_LEN];
+    fsdp_store_t *store = NULL;
+    int *world_ranks = malloc((size_t)n * sizeof *world_ranks);
+    if (!world_ranks) return fsdp__pg_err(parent, FSDP_ENOMEM, "gloo: out of memory");
+    for (int i = 0; i < n; i++) world_ranks[i] = parent->world_ranks[members[i]];
+    int rc = fsdp_store_clone(pp->store, NULL, &store);
+    if (rc < 0) {
+        free(world_ranks);
+        return fsdp__pg_err(parent, rc, "gloo: cannot create group '%s': store: %s", name,
+                            fsdp_store_last_error(pp->store));
+    }
+    gloo_pg_t *gp = NULL;
+    rc = create_group(parent->ctx, store, pp, name, new_rank, n, world_ranks, NULL, NULL,
+                      parent->timeout_ms, pp->check, &gp, msg, sizeof msg);
+    free(world_ranks);
+    if (rc < 0)
+        return fsdp__pg_err(parent, rc, "gloo: cannot create group '%s' (rank %d of %d): %s",
+                            name, new_rank, n, msg);
+    *out = &gp->base;
+    return FSDP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Public API */
+
+void fsdp_gloo_options_init(fsdp_gloo_options_t *o) {
+    if (o) memset(o, 0, sizeof *o);
+}
+
+int fsdp_gloo_available(void) {
+    return 1;
+}
+
+static int env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+int fsdp_pg_create_gloo(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_gloo_options_t *o,
+                        fsdp_pg_t **out) {
+    if (out) *out = NULL;
+    if (!ctx) return FSDP_EINVAL;
+    if (!store || !out)
+        return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_pg_create_gloo: %s is NULL",
+                             store ? "out" : "store");
+    fsdp_gloo_options_t defaults;
+    if (!o) {
+        fsdp_gloo_options_init(&defaults);
+        o = &defaults;
+    }
+    if (o->timeout_ms < 0)
+        return fsdp__ctx_err(ctx, FSDP_EINVAL,
+                             "fsdp_pg_create_gloo: timeout_ms %lld is negative (0 means the "
+                             "default, %d ms)",
+                             (long long)o->timeout_ms, FSDP_PG_DEFAULT_TIMEOUT_MS);
+    const char *iface = o->iface ? o->iface : getenv("FSDP_GLOO_IFNAME");
+    const char *host = o->hostname ? o->hostname : getenv("FSDP_GLOO_HOST");
+    if (!host || !*host) host = "127.0.0.1";
+    int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : FSDP_PG_DEFAULT_TIMEOUT_MS;
+    int rank = ctx->rank, size = ctx->world_size;
+
+    /* Number the Gloo worlds made on this store, so that a second world on the same store
+     * rendezvouses under fresh keys. A rank finishes creating world k only once every rank has
+     * published its address, which each does after counting itself, so the counts of world
+     * k + 1 all come after those of world k. */
+    int64_t n;
+    int rc = fsdp_store_add(store, "gloo.worlds", 1, &n);
+    if (rc < 0)
+        return fsdp__ctx_err(ctx, rc, "fsdp_pg_create_gloo (rank %d of %d): store: %s", rank,
+                             size, fsdp_store_last_error(store));
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "gloo.%lld", (long long)((n - 1) / size));
+    fsdp_store_t *mine = NULL;
+    rc = fsdp_store_clone(store, prefix, &mine);
+    if (rc < 0)
+        return fsdp__ctx_err(ctx, rc, "fsdp_pg_create_gloo (rank %d of %d): store: %s", rank,
+                             size, fsdp_store_last_error(store));
+    fsdp_store_set_timeout(mine, timeout);
+
+    char msg[FSDP_ERR_LEN];
+    gloo_pg_t *gp = NULL;
+    rc = create_group(ctx, mine, NULL, "world", rank, size, NULL, host, iface, timeout,
+                      env_flag("FSDP_GLOO_CHECK"), &gp, msg, sizeof msg);
+    if (rc < 0)
+        return fsdp__ctx_err(ctx, rc,
+                             "fsdp_pg_create_gloo (rank %d of %d, %s %s, timeout %lld ms): %s",
+                             rank, size, iface && *iface ? "interface" : "host",
+                             iface && *iface ? iface : host, (long long)timeout, msg);
+    fsdp_pg_set_timeout(&gp->base, timeout);
+    if (!ctx->pg) fsdp__ctx_attach(ctx, &gp->base, store);
+    *out = &gp->base;
+    return FSDP_OK;
+}

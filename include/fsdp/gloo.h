@@ -1,0 +1,105 @@
+/*
+ * fsdp/gloo.h: the Gloo process group (ranks connected over TCP).
+ *
+ * A Gloo group is one rank's handle on a group of ranks that talk over TCP through Gloo
+ * (https://github.com/facebookincubator/gloo). Ranks may be processes on one or many hosts, or
+ * threads of one process (each with its own context), as the tests and benchmarks do. Ranks
+ * find each other through a rendezvous store (fsdp/store.h): each publishes the addresses it
+ * listens on, then every pair connects. The collectives are those of fsdp/pg.h, with the same
+ * arguments, checks, works, timeouts and sub-groups; buffers are CPU memory.
+ *
+ * Execution. Each rank (context) has one worker thread shared by all its Gloo groups, which runs
+ * its collectives one at a time in the order the rank issued them, so the ordering rule of
+ * fsdp/pg.h holds across groups. A blocking call runs on the caller's thread when nothing of the
+ * rank is queued or running. Buffers are borrowed until the call returns (blocking) or until
+ * fsdp_work_wait()/fsdp_work_test() reports completion.
+ *
+ * Algorithms and results.
+ *   all_gather, broadcast, all_to_all, barrier: Gloo's (ring all-gather, binomial-tree
+ *       broadcast, pairwise all-to-all).
+ *   reduce_scatter: every rank sends each peer the peer's chunk of its input and reduces the
+ *       chunks it receives, in rank order, with libfsdp's kernels. Each rank sends and receives
+ *       (size - 1) / size of its input, as a ring does, and the result is bitwise that of the
+ *       sim backend at every group size.
+ *   all_reduce, reduce: Gloo's ring algorithms, with libfsdp's reduction kernels passed as the
+ *       reduction function. The ring combines the ranks' values in an order that depends on
+ *       the position in the buffer, not in rank order. With 1 or 2 ranks the result is bitwise
+ *       that of the sim backend (one IEEE addition or multiplication does not depend on the
+ *       order of its operands; min and max of a +0/-0 or NaN pair may pick the other operand).
+ *       With 3 or more ranks a floating-point sum or product whose partial results are not
+ *       exact may differ from the sim backend in the last bits; integer and bool results, min
+ *       and max, and exact floating-point values never differ.
+ *   f16 and bf16 reductions accumulate in f32 and round once, as fsdp/pg.h requires: all_reduce
+ *   and reduce widen the input to an f32 buffer, reduce it in f32 (so twice the bytes travel)
+ *   and round the result; reduce_scatter moves the 16-bit values and widens them when reducing.
+ *   avg divides the sum by the group size in the accumulation type; integer arithmetic wraps.
+ *
+ * Failures. A collective that does not complete within the group's timeout fails with
+ * FSDP_ETIMEDOUT; a peer that closed its connection (it failed, exited or destroyed its group)
+ * gives FSDP_EREMOTE, naming the peer where Gloo's message lets us tell which one. Messages name
+ * the group, the collective and its sequence number. Any failure other than a mismatch is sticky:
+ * every later collective on the group fails at once with the same status. A rank whose
+ * collective fails for any reason but a timeout closes its connections of that group, so its
+ * peers fail at once instead of at their timeout.
+ *
+ * Mismatch check. With the environment variable FSDP_GLOO_CHECK=1 when a group is created, each
+ * collective of that group (and of its sub-groups) first all-gathers every rank's descriptor
+ * (kind, count, dtype, op, root, sequence number). When they differ, every rank fails with
+ * FSDP_EMISMATCH and a message listing every rank's call, no data moves, and the group stays
+ * usable. The check costs one extra round trip per collective, so it is off by default;
+ * without it, ranks that issue different collectives block until the timeout.
+ */
+#ifndef FSDP_GLOO_H
+#define FSDP_GLOO_H
+
+#include <stdint.h>
+
+#include <fsdp/export.h>
+
+FSDP_BEGIN_DECLS
+
+typedef struct fsdp_ctx fsdp_ctx_t;
+typedef struct fsdp_pg fsdp_pg_t;
+typedef struct fsdp_store fsdp_store_t;
+
+typedef struct fsdp_gloo_options {
+    /* Address this rank listens on and advertises to its peers; NULL: $FSDP_GLOO_HOST, else
+     * 127.0.0.1. Ignored when an interface is given. */
+    const char *hostname;
+    /* Or a network interface name (e.g. "eth0") whose address is used; NULL: $FSDP_GLOO_IFNAME
+     * (unset or empty: none). */
+    const char *iface;
+    /* Milliseconds allowed for the rendezvous and connections, and the new group's collective
+     * timeout (fsdp_pg_set_timeout() changes the latter later); 0: FSDP_PG_DEFAULT_TIMEOUT_MS. */
+    int64_t timeout_ms;
+} fsdp_gloo_options_t;
+
+/* Fills o with the defaults: no hostname, no interface, timeout 0 (the default). */
+FSDP_EXTERN void fsdp_gloo_options_init(fsdp_gloo_options_t *o);
+
+/*
+ * Creates this rank's handle on the world group of ctx's rank and world size, rendezvousing
+ * through `store`, and connects to every peer. Collective over the world: every rank must call
+ * it, with stores sharing the same data (clones of one in-memory store for threads of one
+ * process). Blocks until all ranks are connected, or fails with FSDP_ETIMEDOUT after
+ * o->timeout_ms. `store` is borrowed for the group's lifetime; the group and its sub-groups use
+ * clones of it, under the prefix "gloo.<n>/" where n counts the Gloo worlds created on that
+ * store, so a store can serve several worlds one after the other. o may be NULL (defaults).
+ *
+ * When ctx has no world group yet, the new group becomes ctx's world group (fsdp_ctx_pg()) and
+ * store its store (fsdp_ctx_store()). The caller owns *out (fsdp_pg_destroy(), before ctx).
+ *
+ * Errors: FSDP_EINVAL (NULL ctx, store or out, negative timeout), FSDP_ETIMEDOUT, FSDP_EBACKEND
+ * (Gloo could not listen or connect; the message has Gloo's reason), FSDP_ENOMEM, and
+ * FSDP_ENOTSUP with a message when libfsdp was built without Gloo. Messages go to
+ * fsdp_ctx_last_error(ctx).
+ */
+FSDP_EXTERN int fsdp_pg_create_gloo(fsdp_ctx_t *ctx, fsdp_store_t *store,
+                                    const fsdp_gloo_options_t *o, fsdp_pg_t **out);
+
+/* 1 when this build of libfsdp has the Gloo backend, else 0. */
+FSDP_EXTERN int fsdp_gloo_available(void);
+
+FSDP_END_DECLS
+
+#endif /* FSDP_GLOO_H */

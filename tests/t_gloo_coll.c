@@ -1,0 +1,987 @@
+/*
+ * t_gloo_coll.c: the Gloo process group over TCP loopback (seed behaviour F02, "Collectives
+ * that FSDP and the references use", on the gloo backend).
+ *
+ * Ranks are threads of this process. Each creates its own context and its own Gloo world group
+ * over a clone of one shared in-memory store, so every byte goes through Gloo's tcp transport.
+ *
+ * 1. The F02 matrix of coll_check.h at world sizes 2, 3 and 4: every collective x dtype x
+ *    reduce op, in place and out of place, counts 0, 1, 1001 and a ~4 MiB message
+ *    (FSDP_TEST_LARGE_MB, default 4; 1 under ThreadSanitizer), roots 0 and size-1, NULL for
+ *    the buffers the contract does not use, the count-1 cases through works; barrier.
+ * 2. Bitwise agreement with the sim backend on random (inexact) f32/bf16/f16 values:
+ *    reduce_scatter at every world size (it reduces in rank order), all_reduce and reduce at
+ *    world size 2. At 3 and 4 ranks all_reduce combines in ring order; the test reports how many
+ *    elements differ from sim, as information.
+ * 3. Asynchronous works on two groups: issue order is execution order across groups, a blocking
+ *    call queues behind outstanding works, works complete and test as done.
+ * 4. Sub-groups from split (reordered by key) and new_group, nested, running collectives.
+ * 5. A rank that never joins: the others fail with FSDP_ETIMEDOUT after the group timeout, with
+ *    a message naming the collective; the failure is sticky.
+ * 6. A peer that destroys its group mid-run: FSDP_EREMOTE (or FSDP_ETIMEDOUT), well before the
+ *    timeout, sticky too.
+ * 7. FSDP_GLOO_CHECK=1: mismatched calls fail on every rank with FSDP_EMISMATCH listing every
+ *    rank's call; the group stays usable.
+ * 8. Creation: argument errors, a one-rank world, the context's world group and store, two
+ *    worlds one after the other on one store, and FSDP_ENOTSUP in a build without Gloo.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <fsdp.h>
+
+#include "coll_check.h"
+#include "tap.h"
+
+#define ODD_COUNT 1001
+#define MAX_WORLD 4
+#define KEEP_MSGS 3
+
+/* Connect timeout of every world in this test; collectives get their own (below). */
+#define CONNECT_MS 60000
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define LARGE_MB_DEFAULT 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LARGE_MB_DEFAULT 1
+#endif
+#endif
+#ifndef LARGE_MB_DEFAULT
+#define LARGE_MB_DEFAULT 4
+#endif
+
+static size_t large_bytes(void) {
+    const char *e = getenv("FSDP_TEST_LARGE_MB");
+    long mb = LARGE_MB_DEFAULT;
+    if (e && *e) mb = strtol(e, NULL, 10);
+    if (mb < 0) mb = 0;
+    return (size_t)mb << 20;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* A Gloo world of threads */
+
+typedef int (*gw_fn)(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg);
+
+typedef struct gw_rank {
+    pthread_t thread;
+    int rank, size;
+    fsdp_store_t *store; /* this rank's clone of the shared store (made by the main thread) */
+    gw_fn fn;
+    void *arg;
+    int status;
+    char err[600];
+} gw_rank_t;
+
+static void *gw_main(void *p) {
+    gw_rank_t *g = p;
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_pg_t *pg = NULL;
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.rank = g->rank;
+    co.world_size = g->size;
+    g->status = fsdp_ctx_create(&co, &ctx);
+    if (g->status < 0) {
+        snprintf(g->err, sizeof g->err, "fsdp_ctx_create failed");
+        return NULL;
+    }
+    fsdp_gloo_options_t o;
+    fsdp_gloo_options_init(&o);
+    o.timeout_ms = CONNECT_MS;
+    g->status = fsdp_pg_create_gloo(ctx, g->store, &o, &pg);
+    if (g->status < 0)
+        snprintf(g->err, sizeof g->err, "fsdp_pg_create_gloo: %s", fsdp_ctx_last_error(ctx));
+    else
+        g->status = g->fn(ctx, pg, g->arg);
+    /* The context destroys the groups the rank left (its world group among them); the store
+     * they borrow goes after it, in gw_run_on(). */
+    fsdp_ctx_destroy(ctx);
+    coll_check_release();
+    return NULL;
+}
+
+/* Runs fn on n ranks over `store` (NULL: a fresh in-memory store). Returns the first failing
+ * rank's status; status[] (may be NULL) gets every rank's. */
+static int gw_run_on(fsdp_store_t *store, int n, gw_fn fn, void *arg, int *status) {
+    gw_rank_t g[MAX_WORLD];
+    fsdp_store_t *own = NULL;
+    if (!store) {
+        if (fsdp_store_create_memory(&own) != FSDP_OK) tap_bail("cannot create a store");
+        store = own;
+    }
+    memset(g, 0, sizeof g);
+    for (int r = 0; r < n; r++) {
+        g[r].rank = r;
+        g[r].size = n;
+        if (fsdp_store_clone(store, NULL, &g[r].store) != FSDP_OK) tap_bail("fsdp_store_clone");
+        g[r].fn = fn;
+        g[r].arg = arg;
+        if (pthread_create(&g[r].thread, NULL, gw_main, &g[r]) != 0) tap_bail("pthread_create");
+    }
+    int rc = FSDP_OK;
+    for (int r = 0; r < n; r++) {
+        pthread_join(g[r].thread, NULL);
+        if (status) status[r] = g[r].status;
+        if (g[r].status < 0 && rc == FSDP_OK) rc = g[r].status;
+        if (g[r].err[0]) tap_diag("rank %d: %s", r, g[r].err);
+        fsdp_store_destroy(g[r].store);
+    }
+    fsdp_store_destroy(own);
+    return rc;
+}
+
+static int gw_run(int n, gw_fn fn, void *arg, int *status) {
+    return gw_run_on(NULL, n, fn, arg, status);
+}
+
+/* Failures recorded by ranks, reported by the main thread. */
+typedef struct rec {
+    pthread_mutex_t mu;
+    int checks, fails;
+    char msg[KEEP_MSGS][700];
+} rec_t;
+
+static void rec_init(rec_t *r) {
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+}
+
+static void rec_check(rec_t *r, int pass, const char *fmt, ...) FSDP_PRINTF(3, 4);
+static void rec_check(rec_t *r, int pass, const char *fmt, ...) {
+    pthread_mutex_lock(&r->mu);
+    r->checks++;
+    if (!pass) {
+        if (r->fails < KEEP_MSGS) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(r->msg[r->fails], sizeof r->msg[0], fmt, ap);
+            va_end(ap);
+        }
+        r->fails++;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* One TAP line for everything recorded; frees r's lock. */
+static void rec_report(rec_t *r, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+static void rec_report(rec_t *r, int rc, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    tap_ok(rc == FSDP_OK && r->fails == 0 && r->checks > 0, "%s (%d checks)", name, r->checks);
+    if (rc != FSDP_OK) tap_diag("a rank returned %s", fsdp_err_name(rc));
+    for (int i = 0; i < r->fails && i < KEEP_MSGS; i++) tap_diag("  %s", r->msg[i]);
+    pthread_mutex_destroy(&r->mu);
+}
+
+/* coll_check_run() on pg, recorded. */
+static void rec_coll(rec_t *rc, fsdp_pg_t *pg, const char *where, fsdp_coll_kind_t kind,
+                     fsdp_dtype_t dt, fsdp_redop_t op, size_t count, int in_place, int root) {
+    char why[1024];
+    int r = coll_check_run(pg, kind, dt, op, count, in_place, root, why, sizeof why);
+    rec_check(rc, r == 0, "%s: rank %d of %d: %s", where, fsdp_pg_rank(pg), fsdp_pg_size(pg),
+              why);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* 1. The F02 matrix */
+
+static const fsdp_coll_kind_t data_kinds[] = {FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER,
+                                              FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST,
+                                              FSDP_COLL_REDUCE,     FSDP_COLL_ALL_TO_ALL};
+#define NKINDS ((int)(sizeof data_kinds / sizeof data_kinds[0]))
+
+typedef struct cell {
+    int combos;
+    int fails;
+    char msg[KEEP_MSGS][640];
+} cell_t;
+
+typedef struct matrix {
+    size_t large;
+    pthread_mutex_t mu;
+    cell_t cell[FSDP_COLL_COUNT][FSDP_DTYPE_COUNT];
+    cell_t barrier;
+} matrix_t;
+
+static void record(matrix_t *m, cell_t *c, int rank, int rc, const char *why) {
+    pthread_mutex_lock(&m->mu);
+    if (rank == 0) c->combos++;
+    if (rc != 0) {
+        if (c->fails < KEEP_MSGS) snprintf(c->msg[c->fails], sizeof c->msg[0], "%.630s", why);
+        c->fails++;
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* The large message reduces with sum and one other operator, rotating over dtypes and worlds,
+ * as in t_pg_coll.c: the operators' semantics are covered by the small counts. */
+static int large_op_wanted(fsdp_dtype_t dt, fsdp_redop_t op, int world) {
+    static const fsdp_redop_t others[4] = {FSDP_REDOP_AVG, FSDP_REDOP_MIN, FSDP_REDOP_MAX,
+                                           FSDP_REDOP_PROD};
+    fsdp_redop_t other = others[((int)dt + world) % 4];
+    if (dt == FSDP_DTYPE_BOOL && other == FSDP_REDOP_AVG) other = FSDP_REDOP_PROD;
+    return op == FSDP_REDOP_SUM || op == other;
+}
+
+static int matrix_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
+    matrix_t *m = arg;
+    const int r = fsdp_pg_rank(pg), n = fsdp_pg_size(pg);
+    char why[1024];
+    (void)ctx;
+    fsdp_pg_set_timeout(pg, 60000);
+    for (int ki = 0; ki < NKINDS; ki++) {
+        fsdp_coll_kind_t kind = data_kinds[ki];
+        int nops = coll_check_has_op(kind) ? FSDP_REDOP_COUNT : 1;
+        int nroots = coll_check_has_root(kind) ? 2 : 1;
+        for (int dti = 0; dti < FSDP_DTYPE_COUNT; dti++) {
+            fsdp_dtype_t dt = (fsdp_dtype_t)dti;
+            cell_t *cell = &m->cell[kind][dt];
+            size_t counts[4] = {0, 1, ODD_COUNT, 0};
+            int ncounts = 3;
+            if (m->large) counts[ncounts++] = coll_check_count_for_bytes(kind, dt, n, m->large);
+            for (int ci = 0; ci < ncounts; ci++) {
+                int large = ci == 3;
+                for (int opi = 0; opi < nops; opi++) {
+                    fsdp_redop_t op = (fsdp_redop_t)opi;
+                    if (large && coll_check_has_op(kind) && !large_op_wanted(dt, op, n)) continue;
+                    for (int ip = 0; ip < 2; ip++) {
+                        for (int ri = 0; ri < nroots; ri++) {
+                            if (large && nroots == 2 && ri != ip) continue;
+                            int nnull =
+                                coll_check_has_root(kind) && !ip && counts[ci] == ODD_COUNT ? 2 : 1;
+                            for (int nu = 0; nu < nnull; nu++) {
+                                coll_check_args_t a;
+                                memset(&a, 0, sizeof a);
+                                a.kind = kind;
+                                a.dtype = dt;
+                                a.op = op;
+                                a.count = counts[ci];
+                                a.in_place = ip;
+                                a.root = ri == 0 ? 0 : n - 1;
+                                a.null_unused = nu;
+                                a.async = counts[ci] == 1;
+                                int rc = coll_check_run_args(pg, &a, why, sizeof why);
+                                record(m, cell, r, rc, why);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        int rc = coll_check_run(pg, FSDP_COLL_BARRIER, FSDP_DTYPE_U8, FSDP_REDOP_SUM, 0, 0, 0, why,
+                                sizeof why);
+        record(m, &m->barrier, r, rc, why);
+    }
+    return FSDP_OK;
+}
+
+static void report_cell(const cell_t *c, const char *fmt, ...) FSDP_PRINTF(2, 3);
+static void report_cell(const cell_t *c, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    tap_ok(c->fails == 0 && c->combos > 0, "%s", name);
+    if (c->fails) {
+        tap_diag("%d failing (combination, rank) pairs; the first:", c->fails);
+        for (int i = 0; i < c->fails && i < KEEP_MSGS; i++) tap_diag("  %s", c->msg[i]);
+    }
+}
+
+static int test_matrix(void) {
+    static const int worlds[] = {2, 3, 4};
+    int total = 0;
+    size_t large = large_bytes();
+    for (int wi = 0; wi < 3; wi++) {
+        int n = worlds[wi];
+        matrix_t *m = calloc(1, sizeof *m);
+        if (!m) tap_bail("out of memory");
+        m->large = large;
+        pthread_mutex_init(&m->mu, NULL);
+        double t0 = now_s();
+        int rc = gw_run(n, matrix_rank, m, NULL);
+        tap_is_int(rc, FSDP_OK, "F02 gloo world %d: the matrix ran on every rank (%.1f s)", n,
+                   now_s() - t0);
+        for (int ki = 0; ki < NKINDS; ki++) {
+            fsdp_coll_kind_t kind = data_kinds[ki];
+            for (int dt = 0; dt < FSDP_DTYPE_COUNT; dt++) {
+                const cell_t *c = &m->cell[kind][dt];
+                char counts[64];
+                if (large)
+                    snprintf(counts, sizeof counts, "0, 1, %d, %zu MiB", ODD_COUNT, large >> 20);
+                else
+                    snprintf(counts, sizeof counts, "0, 1, %d", ODD_COUNT);
+                report_cell(c, "F02 gloo world %d: %s %s: %d combinations (%scounts %s%s%s)", n,
+                            fsdp_coll_name(kind), fsdp_dtype_name((fsdp_dtype_t)dt), c->combos,
+                            coll_check_has_op(kind) ? "5 ops x " : "", counts,
+                            coll_check_has_root(kind) ? " x roots 0, size-1" : "",
+                            kind == FSDP_COLL_ALL_TO_ALL ? "; send == recv rejected"
+                                                         : " x in/out of place");
+                total += c->combos;
+            }
+        }
+        report_cell(&m->barrier, "F02 gloo world %d: barrier", n);
+        total += m->barrier.combos;
+        pthread_mutex_destroy(&m->mu);
+        free(m);
+    }
+    return total;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* 2. Bitwise agreement with sim */
+
+#define BW_RS_COUNT 300007 /* per rank; over 512 KiB for f32, so several segments */
+#define BW_AR_COUNT 100003
+
+typedef struct bw {
+    fsdp_coll_kind_t kind;
+    fsdp_dtype_t dt;
+    fsdp_redop_t op;
+    size_t count;
+    int which;                          /* 0: sim, 1: gloo */
+    unsigned char *out[2][MAX_WORLD];   /* each rank's result */
+    int fails;
+    pthread_mutex_t mu;
+    char msg[256];
+} bw_t;
+
+static int bw_body(fsdp_pg_t *pg, bw_t *b) {
+    const int r = fsdp_pg_rank(pg), n = fsdp_pg_size(pg);
+    const size_t es = fsdp_dtype_size(b->dt), c = b->count;
+    const int rs = b->kind == FSDP_COLL_REDUCE_SCATTER;
+    const size_t len = rs ? (size_t)n * c : c;
+    float *tmp = malloc(len * sizeof *tmp);
+    unsigned char *send = malloc(len * es), *recv = malloc(c * es);
+    int rc = FSDP_ENOMEM;
+    if (tmp && send && recv) {
+        fsdp_rng_t rng;
+        fsdp_rng_init(&rng, 0xb17b17ULL, (uint64_t)r);
+        fsdp_rng_uniform_f32(&rng, tmp, len, -1.0f, 1.0f);
+        fsdp_dtype_convert(send, b->dt, tmp, FSDP_DTYPE_F32, len);
+        memset(recv, 0xEE, c * es);
+        if (rs)
+            rc = fsdp_pg_reduce_scatter(pg, send, recv, c, b->dt, b->op, NULL);
+        else if (b->kind == FSDP_COLL_REDUCE)
+            rc = fsdp_pg_reduce(pg, send, recv, c, b->dt, b->op, 0, NULL);
+        else
+            rc = fsdp_pg_all_reduce(pg, send, recv, c, b->dt, b->op, NULL);
+        if (rc == FSDP_OK) {
+            b->out[b->which][r] = recv;
+            recv = NULL;
+        } else {
+            pthread_mutex_lock(&b->mu);
+            if (b->fails++ == 0)
+                snprintf(b->msg, sizeof b->msg, "rank %d: %s: %.200s", r, fsdp_err_name(rc),
+                         fsdp_pg_last_error(pg));
+            pthread_mutex_unlock(&b->mu);
+        }
+    }
+    free(tmp);
+    free(send);
+    free(recv);
+    return rc;
+}
+
+static int bw_sim_rank(fsdp_ctx_t *ctx, void *arg) {
+    return bw_body(fsdp_ctx_pg(ctx), arg);
+}
+
+static int bw_gloo_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
+    (void)ctx;
+    return bw_body(pg, arg);
+}
+
+/* Runs one case on sim and on gloo; returns the number of elements (over all ranks that hold a
+ * result) whose bits differ, or -1 when a run failed. */
+static long bw_case(bw_t *b, int n) {
+    pthread_mutex_init(&b->mu, NULL);
+    fsdp_sim_options_t o;
+    fsdp_sim_options_init(&o);
+    o.world_size = n;
+    o.timeout_ms = 60000;
+    b->which = 0;
+    int rc = fsdp_sim_run(&o, bw_sim_rank, b, NULL);
+    b->which = 1;
+    if (rc == FSDP_OK) rc = gw_run(n, bw_gloo_rank, b, NULL);
+    long diff = rc == FSDP_OK ? 0 : -1;
+    const size_t es = fsdp_dtype_size(b->dt);
+    for (int r = 0; r < n && diff >= 0; r++) {
+        if (b->kind == FSDP_COLL_REDUCE && r != 0) continue;
+        for (size_t i = 0; i < b->count; i++)
+            if (memcmp(b->out[0][r] + i * es, b->out[1][r] + i * es, es) != 0) diff++;
+    }
+    if (rc != FSDP_OK) tap_diag("%s", b->msg);
+    for (int w = 0; w < 2; w++)
+        for (int r = 0; r < n; r++) free(b->out[w][r]);
+    pthread_mutex_destroy(&b->mu);
+    return diff;
+}
+
+static void test_bitwise(void) {
+    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    static const fsdp_redop_t ops[] = {FSDP_REDOP_SUM, FSDP_REDOP_AVG};
+    for (int n = 2; n <= 4; n++) {
+        for (int di = 0; di < 3; di++) {
+            for (int oi = 0; oi < 2; oi++) {
+                bw_t b;
+                memset(&b, 0, sizeof b);
+                b.kind = FSDP_COLL_REDUCE_SCATTER;
+                b.dt = dts[di];
+                b.op = ops[oi];
+                b.count = BW_RS_COUNT;
+                long d = bw_case(&b, n);
+                tap_ok(d == 0,
+                       "bitwise: world %d reduce_scatter %s of random %s (%d elements per rank) "
+                       "equals the sim backend's bits",
+                       n, fsdp_redop_name(b.op), fsdp_dtype_name(b.dt), BW_RS_COUNT);
+                if (d) tap_diag("%ld elements differ", d);
+            }
+        }
+    }
+    static const fsdp_coll_kind_t kinds[] = {FSDP_COLL_ALL_REDUCE, FSDP_COLL_REDUCE};
+    for (int ki = 0; ki < 2; ki++) {
+        for (int di = 0; di < 3; di++) {
+            bw_t b;
+            memset(&b, 0, sizeof b);
+            b.kind = kinds[ki];
+            b.dt = dts[di];
+            b.op = di == 1 ? FSDP_REDOP_AVG : FSDP_REDOP_SUM;
+            b.count = BW_AR_COUNT;
+            long d = bw_case(&b, 2);
+            tap_ok(d == 0, "bitwise: world 2 %s %s of random %s equals the sim backend's bits",
+                   fsdp_coll_name(b.kind), fsdp_redop_name(b.op), fsdp_dtype_name(b.dt));
+            if (d) tap_diag("%ld elements differ", d);
+        }
+    }
+    /* Information only: at 3 and 4 ranks Gloo's ring sums in another order than sim. */
+    for (int n = 3; n <= 4; n++) {
+        bw_t b;
+        memset(&b, 0, sizeof b);
+        b.kind = FSDP_COLL_ALL_REDUCE;
+        b.dt = FSDP_DTYPE_F32;
+        b.op = FSDP_REDOP_SUM;
+        b.count = BW_AR_COUNT;
+        long d = bw_case(&b, n);
+        tap_ok(d >= 0, "bitwise: world %d all_reduce sum of random f32 ran on sim and gloo", n);
+        tap_diag("world %d all_reduce (ring order): %ld of %d elements differ from sim in their "
+                 "last bits (documented in fsdp/gloo.h)",
+                 n, d, n * BW_AR_COUNT);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* 3. Asynchronous works and ordering across groups */
+
+#define AS_COUNT 200000
+
+static int async_rank(fsdp_ctx_t *ctx, fsdp_pg_t *world, void *arg) {
+    rec_t *rc = arg;
+    const int r = fsdp_pg_rank(world), n = fsdp_pg_size(world);
+    (void)ctx;
+    int all[MAX_WORLD];
+    for (int i = 0; i < n; i++) all[i] = i;
+    fsdp_pg_t *g2 = NULL;
+    int s = fsdp_pg_new_group(world, all, n, &g2);
+    rec_check(rc, s == FSDP_OK && g2, "rank %d: new_group over all ranks: %s: %s", r,
+              fsdp_err_name(s), fsdp_pg_last_error(world));
+    if (s != FSDP_OK) return s;
+    float *x = malloc(AS_COUNT * sizeof *x), *y = malloc(AS_COUNT * sizeof *y);
+    float *z = malloc(AS_COUNT * sizeof *z), *g = malloc((size_t)n * 4 * sizeof *g);
+    float *bc = malloc(AS_COUNT * sizeof *bc);
+    if (!x || !y || !z || !g || !bc) tap_bail("out of memory");
+    for (size_t i = 0; i < AS_COUNT; i++) {
+        x[i] = (float)(r + 1);
+        y[i] = z[i] = bc[i] = -1.0f;
+    }
+    const float s1 = (float)(n * (n + 1) / 2); /* the sum of x over ranks */
+    fsdp_work_t *w[5] = {NULL};
+    /* y = sum x on the world; z = sum y on g2 (reads y: needs w0 done first); g gathers z's
+     * first 4 elements on the world; bc gets root 0's z on g2. All issued without waiting. */
+    int e = fsdp_pg_all_reduce(world, x, y, AS_COUNT, FSDP_DTYPE_F32, FSDP_REDOP_SUM, &w[0]);
+    e |= fsdp_pg_all_reduce(g2, y, z, AS_COUNT, FSDP_DTYPE_F32, FSDP_REDOP_SUM, &w[1]);
+    e |= fsdp_pg_all_gather(world, z, g, 4, FSDP_DTYPE_F32, &w[2]);
+    e |= fsdp_pg_broadcast(g2, z, bc, AS_COUNT, FSDP_DTYPE_F32, 0, &w[3]);
+    rec_check(rc, e == FSDP_OK, "rank %d: issuing four works failed", r);
+    /* A blocking call queues behind them: when it returns they are done. */
+    e = fsdp_pg_barrier(world, NULL);
+    rec_check(rc, e == FSDP_OK, "rank %d: barrier after the works: %s", r, fsdp_err_name(e));
+    for (int i = 0; i < 4; i++) {
+        int done = 0;
+        e = w[i] ? fsdp_work_test(w[i], &done) : FSDP_EINVAL;
+        rec_check(rc, e == FSDP_OK && done,
+                  "rank %d: work %d not done (%s) after a later blocking call returned", r, i,
+                  fsdp_err_name(e));
+    }
+    /* Wait in reverse order, release. */
+    for (int i = 3; i >= 0; i--) {
+        e = fsdp_work_wait(w[i], 10000);
+        rec_check(rc, e == FSDP_OK, "rank %d: work %d: %s: %s", r, i, fsdp_err_name(e),
+                  fsdp_work_error(w[i]));
+        fsdp_work_release(w[i]);
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < AS_COUNT; i++)
+        bad += y[i] != s1 || z[i] != s1 * (float)n || bc[i] != s1 * (float)n;
+    for (int i = 0; i < n * 4; i++) bad += g[i] != s1 * (float)n;
+    rec_check(rc, bad == 0,
+              "rank %d: %zu wrong elements: y[0] %g (want %g), z[0] %g, bc[0] %g (want %g)", r,
+              bad, (double)y[0], (double)s1, (double)z[0], (double)bc[0], (double)(s1 * n));
+    /* Many small works back to back, alternating groups, then one wait on the last: every
+     * earlier one has completed by then (issue order). */
+    enum { NW = 24 };
+    fsdp_work_t *many[NW];
+    float v[NW];
+    for (int i = 0; i < NW; i++) {
+        v[i] = (float)(i + r);
+        e = fsdp_pg_all_reduce(i % 2 ? g2 : world, &v[i], &v[i], 1, FSDP_DTYPE_F32,
+                               FSDP_REDOP_MAX, &many[i]);
+        if (e != FSDP_OK) many[i] = NULL;
+    }
+    e = many[NW - 1] ? fsdp_work_wait(many[NW - 1], 10000) : FSDP_EINVAL;
+    int early = 0;
+    for (int i = 0; i < NW; i++) {
+        int done = 0;
+        if (!many[i] || fsdp_work_test(many[i], &done) != FSDP_OK || !done) early++;
+        else if (v[i] != (float)(i + n - 1))
+            early++;
+        fsdp_work_release(many[i]);
+    }
+    rec_check(rc, e == FSDP_OK && early == 0,
+              "rank %d: %d of %d alternating works were not done or wrong after the last one "
+              "completed (%s)",
+              r, early, NW, fsdp_err_name(e));
+    free(x), free(y), free(z), free(g), free(bc);
+    fsdp_pg_destroy(g2);
+    return FSDP_OK;
+}
+
+static void test_async(void) {
+    rec_t rc;
+    rec_init(&rc);
+    int s = gw_run(3, async_rank, &rc, NULL);
+    rec_report(&rc, s,
+               "async: world 3, works on two groups run in issue order, a blocking call queues "
+               "behind them, alternating works complete in order");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* 4. Sub-groups */
+
+static void sub_colls(rec_t *rc, fsdp_pg_t *pg, const char *where) {
+    int n = fsdp_pg_size(pg);
+    rec_coll(rc, pg, where, FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_F32, FSDP_REDOP_SUM, ODD_COUNT, 0, 0);
+    rec_coll(rc, pg, where, FSDP_COLL_REDUCE_SCATTER, FSDP_DTYPE_BF16, FSDP_REDOP_AVG, ODD_COUNT, 1,
+             0);
+    rec_coll(rc, pg, where, FSDP_COLL_ALL_GATHER, FSDP_DTYPE_I64, FSDP_REDOP_SUM, ODD_COUNT, 1, 0);
+    rec_coll(rc, pg, where, FSDP_COLL_BROADCAST, FSDP_DTYPE_U8, FSDP_REDOP_SUM, ODD_COUNT, 0, n - 1);
+    rec_coll(rc, pg, where, FSDP_COLL_REDUCE, FSDP_DTYPE_I32, FSDP_REDOP_PROD, ODD_COUNT, 0, n - 1);
+    rec_coll(rc, pg, where, FSDP_COLL_ALL_TO_ALL, FSDP_DTYPE_F16, FSDP_REDOP_SUM, 77, 0, 0);
+    rec_coll(rc, pg, where, FSDP_COLL_BARRIER, FSDP_DTYPE_U8, FSDP_REDOP_SUM, 0, 0, 0);
+}
+
+static int groups_rank(fsdp_ctx_t *ctx, fsdp_pg_t *world, void *arg) {
+    rec_t *rc = arg;
+    const int r = fsdp_pg_rank(world);
+    (void)ctx;
+    /* split: colors by parity, keys reversing the order. */
+    fsdp_pg_t *half = NULL, *nested = NULL, *trio = NULL;
+    int s = fsdp_pg_split(world, r % 2, -r, &half);
+    rec_check(rc, s == FSDP_OK && half, "rank %d: split: %s: %s", r, fsdp_err_name(s),
+              fsdp_pg_last_error(world));
+    if (!half) return s;
+    int want_rank = r >= 2 ? 0 : 1; /* {3, 1} and {2, 0} */
+    rec_check(rc,
+              fsdp_pg_size(half) == 2 && fsdp_pg_rank(half) == want_rank &&
+                  fsdp_pg_world_rank(half, 0) == 2 + r % 2 &&
+                  strcmp(fsdp_pg_backend(half), "gloo") == 0,
+              "rank %d: split gave rank %d of %d, world rank of 0 %d, backend %s", r,
+              fsdp_pg_rank(half), fsdp_pg_size(half), fsdp_pg_world_rank(half, 0),
+              fsdp_pg_backend(half));
+    sub_colls(rc, half, "split");
+    /* A world collective between sub-group collectives. */
+    rec_coll(rc, world, "world between", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_I32, FSDP_REDOP_SUM,
+             ODD_COUNT, 1, 0);
+    /* Nested: split the half again, everybody in one color. */
+    s = fsdp_pg_split(half, 7, 0, &nested);
+    rec_check(rc, s == FSDP_OK && nested && fsdp_pg_size(nested) == 2,
+              "rank %d: nested split: %s: %s", r, fsdp_err_name(s), fsdp_pg_last_error(half));
+    if (nested) {
+        rec_coll(rc, nested, "nested", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_F64, FSDP_REDOP_MAX,
+                 ODD_COUNT, 0, 0);
+        rec_coll(rc, nested, "nested", FSDP_COLL_REDUCE_SCATTER, FSDP_DTYPE_F32, FSDP_REDOP_SUM,
+                 ODD_COUNT, 0, 0);
+    }
+    /* new_group over {3, 1, 0}: rank 2 is left out. */
+    static const int list[3] = {3, 1, 0};
+    s = fsdp_pg_new_group(world, list, 3, &trio);
+    rec_check(rc, s == FSDP_OK && (r == 2 ? trio == NULL : trio != NULL),
+              "rank %d: new_group {3, 1, 0}: %s (group %p): %s", r, fsdp_err_name(s),
+              (void *)trio, fsdp_pg_last_error(world));
+    if (trio) {
+        int want = r == 3 ? 0 : r == 1 ? 1 : 2;
+        rec_check(rc, fsdp_pg_rank(trio) == want && fsdp_pg_size(trio) == 3,
+                  "rank %d: new_group rank %d of %d (want %d of 3)", r, fsdp_pg_rank(trio),
+                  fsdp_pg_size(trio), want);
+        sub_colls(rc, trio, "new_group");
+    }
+    rec_coll(rc, world, "world after", FSDP_COLL_ALL_GATHER, FSDP_DTYPE_F32, FSDP_REDOP_SUM,
+             ODD_COUNT, 0, 0);
+    fsdp_pg_destroy(trio);
+    fsdp_pg_destroy(nested);
+    fsdp_pg_destroy(half);
+    return FSDP_OK;
+}
+
+static void test_groups(void) {
+    rec_t rc;
+    rec_init(&rc);
+    int s = gw_run(4, groups_rank, &rc, NULL);
+    rec_report(&rc, s,
+               "sub-groups: world 4, split by parity (reversed by key), a nested split and "
+               "new_group {3, 1, 0} run every collective, the world keeps working");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* 5. A rank that never joins; 6. a peer that destroys its group */
+
+typedef struct fault {
+    rec_t rec;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int failed; /* ranks whose collective has failed */
+    int64_t timeout_ms;
+} fault_t;
+
+static void fault_init(fault_t *f, int64_t timeout_ms) {
+    rec_init(&f->rec);
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    f->failed = 0;
+    f->timeout_ms = timeout_ms;
+}
+
+static void fault_fini(fault_t *f) {
+    pthread_mutex_destroy(&f->mu);
+    pthread_cond_destroy(&f->cv);
+}
+
+static void fault_mark(fault_t *f) {
+    pthread_mutex_lock(&f->mu);
+    f->failed++;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void fault_wait(fault_t *f, int count) {
+    pthread_mutex_lock(&f->mu);
+    while (f->failed < count) pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* The stickiness check after a failure with status `want`. */
+static void check_sticky(fault_t *f, fsdp_pg_t *pg, int want) {
+    const int r = fsdp_pg_rank(pg);
+    double t0 = now_s();
+    int e = fsdp_pg_barrier(pg, NULL);
+    double dt = now_s() - t0;
+    rec_check(&f->rec, e == want && dt < 0.5 && strstr(fsdp_pg_last_error(pg), "failed earlier"),
+              "rank %d: the next collective returned %s after %.3f s (want %s at once): %.300s", r,
+              fsdp_err_name(e), dt, fsdp_err_name(want), fsdp_pg_last_error(pg));
+    float x = 1.0f;
+    fsdp_work_t *w = NULL;
+    e = fsdp_pg_all_reduce(pg, &x, &x, 1, FSDP_DTYPE_F32, FSDP_REDOP_SUM, &w);
+    if (e == FSDP_OK) e = fsdp_work_wait(w, 5000);
+    fsdp_work_release(w);
+    rec_check(&f->rec, e == want, "rank %d: an async collective after the failure returned %s", r,
+              fsdp_err_name(e));
+}
+
+static int timeout_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
+    fault_t *f = arg;
+    const int r = fsdp_pg_rank(pg), n = fsdp_pg_size(pg);
+    (void)ctx;
+    float buf[1000];
+    for (int i = 0; i < 1000; i++) buf[i] = (float)r;
+    int e = fsdp_pg_barrier(pg, NULL);
+    rec_check(&f->rec, e == FSDP_OK, "rank %d: warm-up barrier: %s", r, fsdp_err_name(e));
+    fsdp_pg_set_timeout(pg, f->timeout_ms);
+    if (r == n - 1) {
+        /* Never joins the all_reduce: waits until the others have failed, then tries. */
+        fault_wait(f, n - 1);
+        e = fsdp_pg_all_reduce(pg, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
+        rec_check(&f->rec, e < 0, "rank %d (late): the all_reduce after the others failed "
+                  "returned %s", r, fsdp_err_name(e));
+        return FSDP_OK;
+    }
+    double t0 = now_s();
+    if (r == 1) {
+        fsdp_work_t *w = NULL;
+        e = fsdp_pg_all_reduce(pg, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDOP_SUM, &w);
+        if (e == FSDP_OK) e = fsdp_work_wait(w, -1);
+        fsdp_work_release(w);
+    } else {
+        e = fsdp_pg_all_reduce(pg, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
+    }
+    double dt = now_s() - t0;
+    const char *err = fsdp_pg_last_error(pg);
+    double lo = (double)f->timeout_ms * 0.7e-3, hi = (double)f->timeout_ms * 1e-3 + 3.0;
+    rec_check(&f->rec,
+              e == FSDP_ETIMEDOUT && dt >= lo && dt <= hi &&
+                  strstr(err, "all_reduce(f32, count=1000, op=sum)") && strstr(err, "timed out") &&
+                  strstr(err, "group 'world'"),
+              "rank %d: %s after %.3f s (want FSDP_ETIMEDOUT in [%.2f, %.2f] s naming the "
+              "collective): %.400s",
+              r, fsdp_err_name(e), dt, lo, hi, err);
+    if (r == 0) tap_diag("timeout message: %s", err);
+    fault_mark(f);
+    check_sticky(f, pg, FSDP_ETIMEDOUT);
+    return FSDP_OK;
+}
+
+static int destroy_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
+    fault_t *f = arg;
+    const int r = fsdp_pg_rank(pg);
+    (void)ctx;
+    enum { C = 300000 };
+    float *buf = malloc(C * sizeof *buf);
+    if (!buf) tap_bail("out of memory");
+    for (int i = 0; i < C; i++) buf[i] = 1.0f;
+    fsdp_pg_set_timeout(pg, f->timeout_ms);
+    int e = FSDP_OK;
+    for (int it = 0; it < 3 && e == FSDP_OK; it++)
+        e = fsdp_pg_all_reduce(pg, buf, buf, C, FSDP_DTYPE_F32, FSDP_REDOP_MAX, NULL);
+    rec_check(&f->rec, e == FSDP_OK, "rank %d: all_reduce before the destroy: %s", r,
+              fsdp_err_name(e));
+    if (r == 1) {
+        /* Lets the others block in the next collective, then leaves. */
+        sleep_ms(150);
+        fsdp_pg_destroy(pg);
+        free(buf);
+        return FSDP_OK;
+    }
+    double t0 = now_s();
+    e = fsdp_pg_all_reduce(pg, buf, buf, C, FSDP_DTYPE_F32, FSDP_REDOP_MAX, NULL);
+    double dt = now_s() - t0;
+    rec_check(&f->rec, (e == FSDP_EREMOTE || e == FSDP_ETIMEDOUT) && dt < 3.0,
+              "rank %d: %s after %.3f s (want FSDP_EREMOTE or FSDP_ETIMEDOUT, well before the "
+              "%lld ms timeout): %.400s",
+              r, fsdp_err_name(e), dt, (long long)f->timeout_ms, fsdp_pg_last_error(pg));
+    if (r == 0) tap_diag("peer-destroyed message: %s", fsdp_pg_last_error(pg));
+    if (e < 0) check_sticky(f, pg, e);
+    free(buf);
+    return FSDP_OK;
+}
+
+static void test_faults(void) {
+    for (int n = 2; n <= 3; n++) {
+        fault_t f;
+        fault_init(&f, 500);
+        double t0 = now_s();
+        int s = gw_run(n, timeout_rank, &f, NULL);
+        rec_report(&f.rec, s,
+                   "timeout: world %d, rank %d never joins an all_reduce: the others get "
+                   "FSDP_ETIMEDOUT after the 500 ms group timeout naming the collective, then "
+                   "every later call fails at once (sticky) (%.1f s)",
+                   n, n - 1, now_s() - t0);
+        fault_fini(&f);
+    }
+    fault_t f;
+    fault_init(&f, 20000);
+    double t0 = now_s();
+    int s = gw_run(3, destroy_rank, &f, NULL);
+    rec_report(&f.rec, s,
+               "peer exit: world 3, rank 1 destroys its group while ranks 0 and 2 wait in an "
+               "all_reduce: they fail with FSDP_EREMOTE or FSDP_ETIMEDOUT in under 3 s of a 20 s "
+               "timeout, sticky (%.1f s)",
+               now_s() - t0);
+    fault_fini(&f);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* 7. The mismatch check */
+
+static int check_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
+    rec_t *rc = arg;
+    const int r = fsdp_pg_rank(pg);
+    (void)ctx;
+    fsdp_pg_set_timeout(pg, 20000);
+    rec_coll(rc, pg, "checked", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_F32, FSDP_REDOP_SUM, ODD_COUNT, 0,
+             0);
+    rec_coll(rc, pg, "checked", FSDP_COLL_BROADCAST, FSDP_DTYPE_I32, FSDP_REDOP_SUM, ODD_COUNT, 1,
+             2);
+    float a[16], b[16];
+    for (int i = 0; i < 16; i++) a[i] = 1.0f, b[i] = 42.0f;
+    int e;
+    if (r == 0)
+        e = fsdp_pg_all_reduce(pg, a, b, 8, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
+    else if (r == 1)
+        e = fsdp_pg_all_reduce(pg, a, b, 9, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
+    else
+        e = fsdp_pg_broadcast(pg, a, b, 8, FSDP_DTYPE_F32, 0, NULL);
+    const char *err = fsdp_pg_last_error(pg);
+    int untouched = 1;
+    for (int i = 0; i < 16; i++) untouched &= b[i] == 42.0f;
+    rec_check(rc,
+              e == FSDP_EMISMATCH && untouched &&
+                  strstr(err, "rank 0: all_reduce(f32, count=8, op=sum)") &&
+                  strstr(err, "rank 1: all_reduce(f32, count=9, op=sum)") &&
+                  strstr(err, "rank 2: broadcast(f32, count=8, root=0)"),
+              "rank %d: %s (want FSDP_EMISMATCH listing every call, recv untouched %d): %.400s", r,
+              fsdp_err_name(e), untouched, err);
+    if (r == 0) tap_diag("mismatch message: %s", err);
+    /* An empty call against non-empty ones is a mismatch too (checked before the shortcut). */
+    e = fsdp_pg_all_reduce(pg, a, b, r == 0 ? 0 : 4, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
+    rec_check(rc, e == FSDP_EMISMATCH, "rank %d: count 0 against 4: %s", r, fsdp_err_name(e));
+    /* The group stays usable. */
+    rec_coll(rc, pg, "after a mismatch", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_BF16, FSDP_REDOP_MAX,
+             ODD_COUNT, 1, 0);
+    rec_coll(rc, pg, "after a mismatch", FSDP_COLL_REDUCE_SCATTER, FSDP_DTYPE_F32, FSDP_REDOP_SUM,
+             ODD_COUNT, 0, 0);
+    /* Sub-groups inherit the check. */
+    fsdp_pg_t *sub = NULL;
+    e = fsdp_pg_split(pg, 0, 0, &sub);
+    if (sub) {
+        e = r == 0 ? fsdp_pg_barrier(sub, NULL)
+                   : fsdp_pg_all_reduce(sub, a, b, 4, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
+        rec_check(rc, e == FSDP_EMISMATCH, "rank %d: mismatch on a sub-group: %s: %s", r,
+                  fsdp_err_name(e), fsdp_pg_last_error(sub));
+        fsdp_pg_destroy(sub);
+    } else {
+        rec_check(rc, 0, "rank %d: split: %s", r, fsdp_err_name(e));
+    }
+    return FSDP_OK;
+}
+
+static void test_check(void) {
+    /* Set before the ranks start: groups read it when they are created. */
+    setenv("FSDP_GLOO_CHECK", "1", 1);
+    rec_t rc;
+    rec_init(&rc);
+    int s = gw_run(3, check_rank, &rc, NULL);
+    unsetenv("FSDP_GLOO_CHECK");
+    rec_report(&rc, s,
+               "FSDP_GLOO_CHECK=1: different calls at one sequence number fail with "
+               "FSDP_EMISMATCH on every rank, listing every call, buffers untouched; the group "
+               "stays usable; sub-groups inherit the check");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* 8. Creation */
+
+static int one_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
+    rec_t *rc = arg;
+    rec_check(rc, fsdp_ctx_pg(ctx) == pg && fsdp_ctx_store(ctx) != NULL,
+              "the group is not the context's world group (%p, %p)", (void *)fsdp_ctx_pg(ctx),
+              (void *)pg);
+    rec_check(rc, strcmp(fsdp_pg_backend(pg), "gloo") == 0 && strcmp(fsdp_pg_name(pg), "world") == 0,
+              "backend '%s', name '%s'", fsdp_pg_backend(pg), fsdp_pg_name(pg));
+    for (int k = 0; k < NKINDS; k++)
+        rec_coll(rc, pg, "world 1", data_kinds[k], FSDP_DTYPE_BF16,
+                 data_kinds[k] == FSDP_COLL_ALL_TO_ALL ? FSDP_REDOP_SUM : FSDP_REDOP_AVG,
+                 ODD_COUNT, data_kinds[k] != FSDP_COLL_ALL_TO_ALL, 0);
+    rec_coll(rc, pg, "world 1", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_BOOL, FSDP_REDOP_MIN, ODD_COUNT, 0,
+             0);
+    return FSDP_OK;
+}
+
+static int reuse_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
+    rec_t *rc = arg;
+    (void)ctx;
+    rec_coll(rc, pg, "a later world", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_I64, FSDP_REDOP_SUM,
+             ODD_COUNT, 0, 0);
+    return FSDP_OK;
+}
+
+static void test_create(void) {
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_store_t *store = NULL;
+    fsdp_pg_t *pg = (fsdp_pg_t *)(void *)&ctx;
+    if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK || fsdp_store_create_memory(&store) != FSDP_OK)
+        tap_bail("cannot create a context and a store");
+    if (!fsdp_gloo_available()) {
+        int e = fsdp_pg_create_gloo(ctx, store, NULL, &pg);
+        tap_ok(e == FSDP_ENOTSUP && pg == NULL &&
+                   strstr(fsdp_ctx_last_error(ctx), "without Gloo") != NULL,
+               "a build without Gloo: fsdp_pg_create_gloo returns FSDP_ENOTSUP and says why");
+        tap_diag("%s", fsdp_ctx_last_error(ctx));
+        fsdp_store_destroy(store);
+        fsdp_ctx_destroy(ctx);
+        return;
+    }
+    tap_skip(1, "FSDP_ENOTSUP is checked in builds without Gloo");
+    fsdp_gloo_options_t o;
+    fsdp_gloo_options_init(&o);
+    tap_is_int(fsdp_pg_create_gloo(ctx, NULL, &o, &pg), FSDP_EINVAL,
+               "create: a NULL store is FSDP_EINVAL");
+    tap_ok(pg == NULL, "create: *out is NULL after a failure");
+    tap_is_int(fsdp_pg_create_gloo(NULL, store, &o, &pg), FSDP_EINVAL,
+               "create: a NULL context is FSDP_EINVAL");
+    o.timeout_ms = -1;
+    int e = fsdp_pg_create_gloo(ctx, store, &o, &pg);
+    tap_ok(e == FSDP_EINVAL && strstr(fsdp_ctx_last_error(ctx), "timeout_ms"),
+           "create: a negative timeout is FSDP_EINVAL and named");
+    fsdp_store_destroy(store);
+    fsdp_ctx_destroy(ctx);
+
+    rec_t rc;
+    rec_init(&rc);
+    int s = gw_run(1, one_rank, &rc, NULL);
+    rec_report(&rc, s,
+               "world 1: the group becomes the context's world group; every collective works "
+               "alone");
+    /* Two worlds, one after the other, on one store. */
+    if (fsdp_store_create_memory(&store) != FSDP_OK) tap_bail("store");
+    rec_init(&rc);
+    s = gw_run_on(store, 3, reuse_rank, &rc, NULL);
+    if (s == FSDP_OK) s = gw_run_on(store, 3, reuse_rank, &rc, NULL);
+    if (s == FSDP_OK) s = gw_run_on(store, 2, reuse_rank, &rc, NULL);
+    rec_report(&rc, s, "one store serves three Gloo worlds in turn (3, 3, then 2 ranks)");
+    fsdp_store_destroy(store);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+int main(void) {
+    tap_plan_lazy();
+    double t0 = now_s();
+    test_create();
+    if (!fsdp_gloo_available()) return tap_done();
+    test_check();
+    test_async();
+    test_groups();
+    test_faults();
+    test_bitwise();
+    int combos = test_matrix();
+    tap_diag("matrix: %d combinations per rank over worlds 2, 3, 4; large case %zu MiB; "
+             "%.1f s in all",
+             combos, large_bytes() >> 20, now_s() - t0);
+    return tap_done();
+}
