@@ -22,8 +22,9 @@
  *    timeout, sticky too.
  * 7. FSDP_GLOO_CHECK=1: mismatched calls fail on every rank with FSDP_EMISMATCH listing every
  *    rank's call; the group stays usable.
- * 8. Creation: argument errors, a one-rank world, the context's world group and store, two
- *    worlds one after the other on one store, and FSDP_ENOTSUP in a build without Gloo.
+ * 8. Creation: argument errors, a peer that never comes (FSDP_ETIMEDOUT), a one-rank world, the
+ *    context's world group and store, worlds one after the other on one store, and
+ *    FSDP_ENOTSUP in a build without Gloo.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -948,6 +949,23 @@ static void test_create(void) {
     int e = fsdp_pg_create_gloo(ctx, store, &o, &pg);
     tap_ok(e == FSDP_EINVAL && strstr(fsdp_ctx_last_error(ctx), "timeout_ms"),
            "create: a negative timeout is FSDP_EINVAL and named");
+    /* Rank 0 of a world of 2 whose rank 1 never comes. */
+    fsdp_ctx_t *lone = NULL;
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.world_size = 2;
+    if (fsdp_ctx_create(&co, &lone) != FSDP_OK) tap_bail("fsdp_ctx_create");
+    o.timeout_ms = 300;
+    double t0 = now_s();
+    e = fsdp_pg_create_gloo(lone, store, &o, &pg);
+    double dt = now_s() - t0;
+    tap_ok(e == FSDP_ETIMEDOUT && pg == NULL && dt < 5.0 &&
+               strstr(fsdp_ctx_last_error(lone), "rank 0 of 2"),
+           "create: a peer that never comes gives FSDP_ETIMEDOUT after the 300 ms timeout "
+           "(%.2f s)",
+           dt);
+    tap_diag("%s", fsdp_ctx_last_error(lone));
+    fsdp_ctx_destroy(lone);
     fsdp_store_destroy(store);
     fsdp_ctx_destroy(ctx);
 

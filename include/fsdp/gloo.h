@@ -84,7 +84,9 @@ FSDP_EXTERN void fsdp_gloo_options_init(fsdp_gloo_options_t *o);
  * process). Blocks until all ranks are connected, or fails with FSDP_ETIMEDOUT after
  * o->timeout_ms. `store` is borrowed for the group's lifetime; the group and its sub-groups use
  * clones of it, under the prefix "gloo.<n>/" where n counts the Gloo worlds created on that
- * store, so a store can serve several worlds one after the other. o may be NULL (defaults).
+ * store, so a store can serve several worlds one after the other. After a failed creation that
+ * count may be off on the ranks that did call, so retry on a fresh store (or a clone with a new
+ * prefix). o may be NULL (defaults).
  *
  * When ctx has no world group yet, the new group becomes ctx's world group (fsdp_ctx_pg()) and
  * store its store (fsdp_ctx_store()). The caller owns *out (fsdp_pg_destroy(), before ctx).
