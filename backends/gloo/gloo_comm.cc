@@ -93,7 +93,8 @@ class StoreAdapter : public gloo::rendezvous::Store {
         }
     }
 
-    void wait(const std::vector<std::string> &keys) override { wait(keys, kDefaultTimeout); }
+    /* Without a timeout: the handle's own, which connect() set to the group's. */
+    void wait(const std::vector<std::string> &keys) override { wait(keys, Ms(0)); }
 
     void wait(const std::vector<std::string> &keys, const Ms &timeout) override {
         if (timeout.count() > 0) check(fsdp_store_set_timeout(store_, timeout.count()));

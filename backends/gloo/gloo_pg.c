@@ -16,10 +16,20 @@
  * the slot's holder, and the slot passes between threads under the rank's mutex, so no other
  * locking is needed. The worker never touches a work or its group after completing it: the
  * group may be destroyed as soon as its last work completes.
+ *
+ * SIGPIPE. Gloo writes with writev(), which raises SIGPIPE when a peer has reset its connection,
+ * and SIGPIPE kills the process by default. The library leaves process-wide dispositions alone;
+ * instead, every thread that may write on a Gloo socket runs with SIGPIPE blocked, so the write
+ * fails with EPIPE and Gloo reports it: the worker and Gloo's event-loop threads for good (they
+ * are created while their creator blocks it, and inherit the mask), the caller's thread only
+ * while it runs a collective or a rendezvous, consuming a SIGPIPE it raised before unblocking.
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backends/gloo/gloo_comm.h"
 #include "core/timeutil.h"
@@ -51,6 +61,39 @@ typedef struct gloo_pg {
  * reported as a timeout: see fail(). */
 #define REMOTE_AS_TIMEOUT_NUM 3
 #define REMOTE_AS_TIMEOUT_DEN 4
+
+/* ---------------------------------------------------------------------------------------- */
+/* SIGPIPE */
+
+typedef struct sigpipe_guard {
+    sigset_t old;
+    int pending_before;
+} sigpipe_guard_t;
+
+static void sigpipe_block(sigpipe_guard_t *g) {
+    sigset_t set, pending;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pending);
+    g->pending_before = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+/* Restores the mask, first consuming a SIGPIPE raised since sigpipe_block() when the thread had
+ * it unblocked (it would be delivered, and kill, on unblocking). */
+static void sigpipe_restore(sigpipe_guard_t *g) {
+    sigset_t set, pending;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pending);
+    if (!g->pending_before && sigismember(&pending, SIGPIPE) == 1 &&
+        sigismember(&g->old, SIGPIPE) == 0) {
+        const struct timespec zero = {0, 0};
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Failures */
@@ -269,7 +312,11 @@ static int rank_acquire(fsdp_ctx_t *ctx, struct fsdp__gloo_rank **out) {
         }
         pthread_mutex_init(&gr->mu, NULL);
         pthread_cond_init(&gr->cv, NULL);
-        if (pthread_create(&gr->thread, NULL, worker_main, gr) != 0) {
+        sigpipe_guard_t guard;
+        sigpipe_block(&guard); /* the worker inherits the blocked SIGPIPE */
+        int started = pthread_create(&gr->thread, NULL, worker_main, gr) == 0;
+        sigpipe_restore(&guard);
+        if (!started) {
             pthread_mutex_destroy(&gr->mu);
             pthread_cond_destroy(&gr->cv);
             free(gr);
@@ -313,7 +360,10 @@ static int gloo_post(fsdp_pg_t *pg, fsdp_work_t *w) {
     if (w->sync && !gr->head && !gr->busy) {
         gr->busy = 1;
         pthread_mutex_unlock(&gr->mu);
+        sigpipe_guard_t guard;
+        sigpipe_block(&guard);
         run_in_slot(gr, w);
+        sigpipe_restore(&guard);
         return FSDP_OK;
     }
     if (gr->tail)
@@ -380,12 +430,16 @@ static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *p
         snprintf(msg, cap, "store: %s", fsdp_store_last_error(store));
         goto fail;
     }
+    /* Gloo's event-loop thread, started with the device, inherits the blocked SIGPIPE. */
+    sigpipe_guard_t guard;
+    sigpipe_block(&guard);
     if (parent)
         rc = fsdp__gloo_comm_create_sub(parent->comm, rdv, rank, size, timeout_ms, &gp->comm, msg,
                                         cap);
     else
         rc = fsdp__gloo_comm_create(rdv, rank, size, hostname, iface, timeout_ms, &gp->comm, msg,
                                     cap);
+    sigpipe_restore(&guard);
     fsdp_store_destroy(rdv);
     if (rc < 0) goto fail;
     *out = gp;

@@ -36,7 +36,9 @@
  *
  * Failures. A collective that does not complete within the group's timeout fails with
  * FSDP_ETIMEDOUT; a peer that closed its connection (it failed, exited or destroyed its group)
- * gives FSDP_EREMOTE, naming the peer where Gloo's message lets us tell which one. Messages name
+ * gives FSDP_EREMOTE, naming the peer where Gloo's message lets us tell which one. A peer's reset
+ * connection never raises SIGPIPE in the process: the threads that write on Gloo's sockets block
+ * it while they do (the process's signal dispositions are left alone). Messages name
  * the group, the collective and its sequence number. Any failure other than a mismatch is sticky:
  * every later collective on the group fails at once with the same status. A rank whose
  * collective fails for any reason but a timeout closes its connections of that group, so its
@@ -91,8 +93,9 @@ FSDP_EXTERN void fsdp_gloo_options_init(fsdp_gloo_options_t *o);
  * When ctx has no world group yet, the new group becomes ctx's world group (fsdp_ctx_pg()) and
  * store its store (fsdp_ctx_store()). The caller owns *out (fsdp_pg_destroy(), before ctx).
  *
- * Errors: FSDP_EINVAL (NULL ctx, store or out, negative timeout), FSDP_ETIMEDOUT, FSDP_EBACKEND
- * (Gloo could not listen or connect; the message has Gloo's reason), FSDP_ENOMEM, and
+ * Errors: FSDP_EINVAL (NULL ctx, store or out, negative timeout), FSDP_ETIMEDOUT, FSDP_EREMOTE
+ * (a peer closed a connection during the rendezvous), FSDP_EBACKEND (Gloo could not listen or
+ * connect; the message has Gloo's reason), FSDP_ENOMEM, and
  * FSDP_ENOTSUP with a message when libfsdp was built without Gloo. Messages go to
  * fsdp_ctx_last_error(ctx).
  */
