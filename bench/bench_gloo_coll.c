@@ -85,7 +85,8 @@ static float value_sum(int n, size_t i) {
 }
 
 static void fill(float *p, int q, size_t first, size_t n) {
-    for (size_t i = 0; i < n; i++) p[i] = value(q, first + i);
+    for (size_t i = 0; i < n; i++)
+        p[i] = value(q, first + i);
 }
 
 static void *xalloc(size_t bytes) {
@@ -199,11 +200,11 @@ typedef struct row {
     variant_t v;
     size_t bytes; /* requested message size */
     size_t count, size;
-    double tcp_bw;  /* floor, bytes/s */
-    double time_s;  /* mean per call, slowest rank (rank 0 writes) */
-    long iters;     /* rank 0 writes */
-    long bad;       /* wrong elements, all ranks (under the world's lock) */
-    char err[300];  /* first failure */
+    double tcp_bw; /* floor, bytes/s */
+    double time_s; /* mean per call, slowest rank (rank 0 writes) */
+    long iters;    /* rank 0 writes */
+    long bad;      /* wrong elements, all ranks (under the world's lock) */
+    char err[300]; /* first failure */
 } row_t;
 
 typedef struct world {
@@ -227,15 +228,14 @@ static int call(fsdp_pg_t *pg, variant_t v, const float *send, float *recv, size
     case V_AG:
         return fsdp_pg_all_gather(pg, send, recv, count, FSDP_DTYPE_F32, NULL);
     case V_RS:
-        return fsdp_pg_reduce_scatter(pg, send, recv, count, FSDP_DTYPE_F32, FSDP_REDOP_SUM,
-                                      NULL);
+        return fsdp_pg_reduce_scatter(pg, send, recv, count, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
     default:
         return fsdp_pg_all_reduce(pg, send, recv, count, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
     }
 }
 
 static float expected(variant_t v, int r, int n, size_t count, size_t k) {
-    return v == V_AG ? value((int)(k / count), k % count)
+    return v == V_AG   ? value((int)(k / count), k % count)
            : v == V_RS ? value_sum(n, (size_t)r * count + k)
                        : value_sum(n, k);
 }
@@ -269,7 +269,8 @@ static int timed(fsdp_pg_t *pg, variant_t v, const float *send, float *recv, siz
                  long iters, double *t) {
     int rc = fsdp_pg_barrier(pg, NULL);
     double t0 = now_s();
-    for (long i = 0; i < iters && rc == FSDP_OK; i++) rc = call(pg, v, send, recv, count);
+    for (long i = 0; i < iters && rc == FSDP_OK; i++)
+        rc = call(pg, v, send, recv, count);
     *t = now_s() - t0;
     if (rc == FSDP_OK) rc = fsdp_pg_all_reduce(pg, t, t, 1, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL);
     return rc;
@@ -341,7 +342,8 @@ static void *rank_main(void *p) {
         if (rc != FSDP_OK)
             fprintf(stderr, "bench_gloo_coll: rank %d: %s\n", a->rank, fsdp_ctx_last_error(ctx));
     }
-    for (int i = 0; i < w->nrows && rc == FSDP_OK; i++) rc = run_row(pg, w, &w->rows[i], a->rank);
+    for (int i = 0; i < w->nrows && rc == FSDP_OK; i++)
+        rc = run_row(pg, w, &w->rows[i], a->rank);
     fsdp_ctx_destroy(ctx);
     return NULL;
 }
@@ -541,7 +543,8 @@ int main(int argc, char **argv) {
         nworlds = 1;
     }
     double t0 = now_s();
-    for (int i = 0; i < nworlds; i++) failed |= run_world(&o, worlds[i]);
+    for (int i = 0; i < nworlds; i++)
+        failed |= run_world(&o, worlds[i]);
     printf("\n# total %.1f s\n", now_s() - t0);
     return failed;
 }

@@ -39,14 +39,12 @@
 #include <fsdp.h>
 
 #include "coll_check.h"
+#include "gloo_world.h"
 #include "tap.h"
 
 #define ODD_COUNT 1001
-#define MAX_WORLD 4
-#define KEEP_MSGS 3
-
-/* Connect timeout of every world in this test; collectives get their own (below). */
-#define CONNECT_MS 60000
+#define MAX_WORLD GW_MAX_WORLD
+#define KEEP_MSGS REC_KEEP
 
 static double now_s(void) {
     struct timespec ts;
@@ -77,134 +75,6 @@ static size_t large_bytes(void) {
     if (e && *e) mb = strtol(e, NULL, 10);
     if (mb < 0) mb = 0;
     return (size_t)mb << 20;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* A Gloo world of threads */
-
-typedef int (*gw_fn)(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg);
-
-typedef struct gw_rank {
-    pthread_t thread;
-    int rank, size;
-    fsdp_store_t *store; /* this rank's clone of the shared store (made by the main thread) */
-    gw_fn fn;
-    void *arg;
-    int status;
-    char err[600];
-} gw_rank_t;
-
-static void *gw_main(void *p) {
-    gw_rank_t *g = p;
-    fsdp_ctx_t *ctx = NULL;
-    fsdp_pg_t *pg = NULL;
-    fsdp_ctx_options_t co;
-    fsdp_ctx_options_init(&co);
-    co.rank = g->rank;
-    co.world_size = g->size;
-    g->status = fsdp_ctx_create(&co, &ctx);
-    if (g->status < 0) {
-        snprintf(g->err, sizeof g->err, "fsdp_ctx_create failed");
-        return NULL;
-    }
-    fsdp_gloo_options_t o;
-    fsdp_gloo_options_init(&o);
-    o.timeout_ms = CONNECT_MS;
-    g->status = fsdp_pg_create_gloo(ctx, g->store, &o, &pg);
-    if (g->status < 0)
-        snprintf(g->err, sizeof g->err, "fsdp_pg_create_gloo: %s", fsdp_ctx_last_error(ctx));
-    else
-        g->status = g->fn(ctx, pg, g->arg);
-    /* The context destroys the groups the rank left (its world group among them); the store
-     * they borrow goes after it, in gw_run_on(). */
-    fsdp_ctx_destroy(ctx);
-    coll_check_release();
-    return NULL;
-}
-
-/* Runs fn on n ranks over `store` (NULL: a fresh in-memory store). Returns the first failing
- * rank's status; status[] (may be NULL) gets every rank's. */
-static int gw_run_on(fsdp_store_t *store, int n, gw_fn fn, void *arg, int *status) {
-    gw_rank_t g[MAX_WORLD];
-    fsdp_store_t *own = NULL;
-    if (!store) {
-        if (fsdp_store_create_memory(&own) != FSDP_OK) tap_bail("cannot create a store");
-        store = own;
-    }
-    memset(g, 0, sizeof g);
-    for (int r = 0; r < n; r++) {
-        g[r].rank = r;
-        g[r].size = n;
-        if (fsdp_store_clone(store, NULL, &g[r].store) != FSDP_OK) tap_bail("fsdp_store_clone");
-        g[r].fn = fn;
-        g[r].arg = arg;
-        if (pthread_create(&g[r].thread, NULL, gw_main, &g[r]) != 0) tap_bail("pthread_create");
-    }
-    int rc = FSDP_OK;
-    for (int r = 0; r < n; r++) {
-        pthread_join(g[r].thread, NULL);
-        if (status) status[r] = g[r].status;
-        if (g[r].status < 0 && rc == FSDP_OK) rc = g[r].status;
-        if (g[r].err[0]) tap_diag("rank %d: %s", r, g[r].err);
-        fsdp_store_destroy(g[r].store);
-    }
-    fsdp_store_destroy(own);
-    return rc;
-}
-
-static int gw_run(int n, gw_fn fn, void *arg, int *status) {
-    return gw_run_on(NULL, n, fn, arg, status);
-}
-
-/* Failures recorded by ranks, reported by the main thread. */
-typedef struct rec {
-    pthread_mutex_t mu;
-    int checks, fails;
-    char msg[KEEP_MSGS][700];
-} rec_t;
-
-static void rec_init(rec_t *r) {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-}
-
-static void rec_check(rec_t *r, int pass, const char *fmt, ...) FSDP_PRINTF(3, 4);
-static void rec_check(rec_t *r, int pass, const char *fmt, ...) {
-    pthread_mutex_lock(&r->mu);
-    r->checks++;
-    if (!pass) {
-        if (r->fails < KEEP_MSGS) {
-            va_list ap;
-            va_start(ap, fmt);
-            vsnprintf(r->msg[r->fails], sizeof r->msg[0], fmt, ap);
-            va_end(ap);
-        }
-        r->fails++;
-    }
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* One TAP line for everything recorded; frees r's lock. */
-static void rec_report(rec_t *r, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
-static void rec_report(rec_t *r, int rc, const char *fmt, ...) {
-    char name[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    tap_ok(rc == FSDP_OK && r->fails == 0 && r->checks > 0, "%s (%d checks)", name, r->checks);
-    if (rc != FSDP_OK) tap_diag("a rank returned %s", fsdp_err_name(rc));
-    for (int i = 0; i < r->fails && i < KEEP_MSGS; i++) tap_diag("  %s", r->msg[i]);
-    pthread_mutex_destroy(&r->mu);
-}
-
-/* coll_check_run() on pg, recorded. */
-static void rec_coll(rec_t *rc, fsdp_pg_t *pg, const char *where, fsdp_coll_kind_t kind,
-                     fsdp_dtype_t dt, fsdp_redop_t op, size_t count, int in_place, int root) {
-    char why[1024];
-    int r = coll_check_run(pg, kind, dt, op, count, in_place, root, why, sizeof why);
-    rec_check(rc, r == 0, "%s: rank %d of %d: %s", where, fsdp_pg_rank(pg), fsdp_pg_size(pg),
-              why);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -312,7 +182,8 @@ static void report_cell(const cell_t *c, const char *fmt, ...) {
     tap_ok(c->fails == 0 && c->combos > 0, "%s", name);
     if (c->fails) {
         tap_diag("%d failing (combination, rank) pairs; the first:", c->fails);
-        for (int i = 0; i < c->fails && i < KEEP_MSGS; i++) tap_diag("  %s", c->msg[i]);
+        for (int i = 0; i < c->fails && i < KEEP_MSGS; i++)
+            tap_diag("  %s", c->msg[i]);
     }
 }
 
@@ -367,8 +238,8 @@ typedef struct bw {
     fsdp_dtype_t dt;
     fsdp_redop_t op;
     size_t count;
-    int which;                          /* 0: sim, 1: gloo */
-    unsigned char *out[2][MAX_WORLD];   /* each rank's result */
+    int which;                        /* 0: sim, 1: gloo */
+    unsigned char *out[2][MAX_WORLD]; /* each rank's result */
     int fails;
     pthread_mutex_t mu;
     char msg[256];
@@ -441,7 +312,8 @@ static long bw_case(bw_t *b, int n) {
     }
     if (rc != FSDP_OK) tap_diag("%s", b->msg);
     for (int w = 0; w < 2; w++)
-        for (int r = 0; r < n; r++) free(b->out[w][r]);
+        for (int r = 0; r < n; r++)
+            free(b->out[w][r]);
     pthread_mutex_destroy(&b->mu);
     return diff;
 }
@@ -508,7 +380,8 @@ static int async_rank(fsdp_ctx_t *ctx, fsdp_pg_t *world, void *arg) {
     const int r = fsdp_pg_rank(world), n = fsdp_pg_size(world);
     (void)ctx;
     int all[MAX_WORLD];
-    for (int i = 0; i < n; i++) all[i] = i;
+    for (int i = 0; i < n; i++)
+        all[i] = i;
     fsdp_pg_t *g2 = NULL;
     int s = fsdp_pg_new_group(world, all, n, &g2);
     rec_check(rc, s == FSDP_OK && g2, "rank %d: new_group over all ranks: %s: %s", r,
@@ -551,10 +424,11 @@ static int async_rank(fsdp_ctx_t *ctx, fsdp_pg_t *world, void *arg) {
     size_t bad = 0;
     for (size_t i = 0; i < AS_COUNT; i++)
         bad += y[i] != s1 || z[i] != s1 * (float)n || bc[i] != s1 * (float)n;
-    for (int i = 0; i < n * 4; i++) bad += g[i] != s1 * (float)n;
+    for (int i = 0; i < n * 4; i++)
+        bad += g[i] != s1 * (float)n;
     rec_check(rc, bad == 0,
-              "rank %d: %zu wrong elements: y[0] %g (want %g), z[0] %g, bc[0] %g (want %g)", r,
-              bad, (double)y[0], (double)s1, (double)z[0], (double)bc[0], (double)(s1 * n));
+              "rank %d: %zu wrong elements: y[0] %g (want %g), z[0] %g, bc[0] %g (want %g)", r, bad,
+              (double)y[0], (double)s1, (double)z[0], (double)bc[0], (double)(s1 * n));
     /* Many small works back to back, alternating groups, then one wait on the last: every
      * earlier one has completed by then (issue order). */
     enum { NW = 24 };
@@ -562,15 +436,16 @@ static int async_rank(fsdp_ctx_t *ctx, fsdp_pg_t *world, void *arg) {
     float v[NW];
     for (int i = 0; i < NW; i++) {
         v[i] = (float)(i + r);
-        e = fsdp_pg_all_reduce(i % 2 ? g2 : world, &v[i], &v[i], 1, FSDP_DTYPE_F32,
-                               FSDP_REDOP_MAX, &many[i]);
+        e = fsdp_pg_all_reduce(i % 2 ? g2 : world, &v[i], &v[i], 1, FSDP_DTYPE_F32, FSDP_REDOP_MAX,
+                               &many[i]);
         if (e != FSDP_OK) many[i] = NULL;
     }
     e = many[NW - 1] ? fsdp_work_wait(many[NW - 1], 10000) : FSDP_EINVAL;
     int early = 0;
     for (int i = 0; i < NW; i++) {
         int done = 0;
-        if (!many[i] || fsdp_work_test(many[i], &done) != FSDP_OK || !done) early++;
+        if (!many[i] || fsdp_work_test(many[i], &done) != FSDP_OK || !done)
+            early++;
         else if (v[i] != (float)(i + n - 1))
             early++;
         fsdp_work_release(many[i]);
@@ -602,7 +477,8 @@ static void sub_colls(rec_t *rc, fsdp_pg_t *pg, const char *where) {
     rec_coll(rc, pg, where, FSDP_COLL_REDUCE_SCATTER, FSDP_DTYPE_BF16, FSDP_REDOP_AVG, ODD_COUNT, 1,
              0);
     rec_coll(rc, pg, where, FSDP_COLL_ALL_GATHER, FSDP_DTYPE_I64, FSDP_REDOP_SUM, ODD_COUNT, 1, 0);
-    rec_coll(rc, pg, where, FSDP_COLL_BROADCAST, FSDP_DTYPE_U8, FSDP_REDOP_SUM, ODD_COUNT, 0, n - 1);
+    rec_coll(rc, pg, where, FSDP_COLL_BROADCAST, FSDP_DTYPE_U8, FSDP_REDOP_SUM, ODD_COUNT, 0,
+             n - 1);
     rec_coll(rc, pg, where, FSDP_COLL_REDUCE, FSDP_DTYPE_I32, FSDP_REDOP_PROD, ODD_COUNT, 0, n - 1);
     rec_coll(rc, pg, where, FSDP_COLL_ALL_TO_ALL, FSDP_DTYPE_F16, FSDP_REDOP_SUM, 77, 0, 0);
     rec_coll(rc, pg, where, FSDP_COLL_BARRIER, FSDP_DTYPE_U8, FSDP_REDOP_SUM, 0, 0, 0);
@@ -619,13 +495,12 @@ static int groups_rank(fsdp_ctx_t *ctx, fsdp_pg_t *world, void *arg) {
               fsdp_pg_last_error(world));
     if (!half) return s;
     int want_rank = r >= 2 ? 0 : 1; /* {3, 1} and {2, 0} */
-    rec_check(rc,
-              fsdp_pg_size(half) == 2 && fsdp_pg_rank(half) == want_rank &&
-                  fsdp_pg_world_rank(half, 0) == 2 + r % 2 &&
-                  strcmp(fsdp_pg_backend(half), "gloo") == 0,
-              "rank %d: split gave rank %d of %d, world rank of 0 %d, backend %s", r,
-              fsdp_pg_rank(half), fsdp_pg_size(half), fsdp_pg_world_rank(half, 0),
-              fsdp_pg_backend(half));
+    rec_check(
+        rc,
+        fsdp_pg_size(half) == 2 && fsdp_pg_rank(half) == want_rank &&
+            fsdp_pg_world_rank(half, 0) == 2 + r % 2 && strcmp(fsdp_pg_backend(half), "gloo") == 0,
+        "rank %d: split gave rank %d of %d, world rank of 0 %d, backend %s", r, fsdp_pg_rank(half),
+        fsdp_pg_size(half), fsdp_pg_world_rank(half, 0), fsdp_pg_backend(half));
     sub_colls(rc, half, "split");
     /* A world collective between sub-group collectives. */
     rec_coll(rc, world, "world between", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_I32, FSDP_REDOP_SUM,
@@ -644,8 +519,8 @@ static int groups_rank(fsdp_ctx_t *ctx, fsdp_pg_t *world, void *arg) {
     static const int list[3] = {3, 1, 0};
     s = fsdp_pg_new_group(world, list, 3, &trio);
     rec_check(rc, s == FSDP_OK && (r == 2 ? trio == NULL : trio != NULL),
-              "rank %d: new_group {3, 1, 0}: %s (group %p): %s", r, fsdp_err_name(s),
-              (void *)trio, fsdp_pg_last_error(world));
+              "rank %d: new_group {3, 1, 0}: %s (group %p): %s", r, fsdp_err_name(s), (void *)trio,
+              fsdp_pg_last_error(world));
     if (trio) {
         int want = r == 3 ? 0 : r == 1 ? 1 : 2;
         rec_check(rc, fsdp_pg_rank(trio) == want && fsdp_pg_size(trio) == 3,
@@ -703,7 +578,8 @@ static void fault_mark(fault_t *f) {
 
 static void fault_wait(fault_t *f, int count) {
     pthread_mutex_lock(&f->mu);
-    while (f->failed < count) pthread_cond_wait(&f->cv, &f->mu);
+    while (f->failed < count)
+        pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -730,7 +606,8 @@ static int timeout_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     const int r = fsdp_pg_rank(pg), n = fsdp_pg_size(pg);
     (void)ctx;
     float buf[1000];
-    for (int i = 0; i < 1000; i++) buf[i] = (float)r;
+    for (int i = 0; i < 1000; i++)
+        buf[i] = (float)r;
     int e = fsdp_pg_barrier(pg, NULL);
     rec_check(&f->rec, e == FSDP_OK, "rank %d: warm-up barrier: %s", r, fsdp_err_name(e));
     fsdp_pg_set_timeout(pg, f->timeout_ms);
@@ -738,8 +615,10 @@ static int timeout_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
         /* Never joins the all_reduce: waits until the others have failed, then tries. */
         fault_wait(f, n - 1);
         e = fsdp_pg_all_reduce(pg, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
-        rec_check(&f->rec, e < 0, "rank %d (late): the all_reduce after the others failed "
-                  "returned %s", r, fsdp_err_name(e));
+        rec_check(&f->rec, e < 0,
+                  "rank %d (late): the all_reduce after the others failed "
+                  "returned %s",
+                  r, fsdp_err_name(e));
         return FSDP_OK;
     }
     double t0 = now_s();
@@ -774,7 +653,8 @@ static int destroy_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     enum { C = 300000 };
     float *buf = malloc(C * sizeof *buf);
     if (!buf) tap_bail("out of memory");
-    for (int i = 0; i < C; i++) buf[i] = 1.0f;
+    for (int i = 0; i < C; i++)
+        buf[i] = 1.0f;
     fsdp_pg_set_timeout(pg, f->timeout_ms);
     int e = FSDP_OK;
     for (int it = 0; it < 3 && e == FSDP_OK; it++)
@@ -839,7 +719,8 @@ static int check_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     rec_coll(rc, pg, "checked", FSDP_COLL_BROADCAST, FSDP_DTYPE_I32, FSDP_REDOP_SUM, ODD_COUNT, 1,
              2);
     float a[16], b[16];
-    for (int i = 0; i < 16; i++) a[i] = 1.0f, b[i] = 42.0f;
+    for (int i = 0; i < 16; i++)
+        a[i] = 1.0f, b[i] = 42.0f;
     int e;
     if (r == 0)
         e = fsdp_pg_all_reduce(pg, a, b, 8, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
@@ -849,7 +730,8 @@ static int check_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
         e = fsdp_pg_broadcast(pg, a, b, 8, FSDP_DTYPE_F32, 0, NULL);
     const char *err = fsdp_pg_last_error(pg);
     int untouched = 1;
-    for (int i = 0; i < 16; i++) untouched &= b[i] == 42.0f;
+    for (int i = 0; i < 16; i++)
+        untouched &= b[i] == 42.0f;
     rec_check(rc,
               e == FSDP_EMISMATCH && untouched &&
                   strstr(err, "rank 0: all_reduce(f32, count=8, op=sum)") &&
@@ -902,12 +784,13 @@ static int one_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     rec_check(rc, fsdp_ctx_pg(ctx) == pg && fsdp_ctx_store(ctx) != NULL,
               "the group is not the context's world group (%p, %p)", (void *)fsdp_ctx_pg(ctx),
               (void *)pg);
-    rec_check(rc, strcmp(fsdp_pg_backend(pg), "gloo") == 0 && strcmp(fsdp_pg_name(pg), "world") == 0,
+    rec_check(rc,
+              strcmp(fsdp_pg_backend(pg), "gloo") == 0 && strcmp(fsdp_pg_name(pg), "world") == 0,
               "backend '%s', name '%s'", fsdp_pg_backend(pg), fsdp_pg_name(pg));
     for (int k = 0; k < NKINDS; k++)
         rec_coll(rc, pg, "world 1", data_kinds[k], FSDP_DTYPE_BF16,
-                 data_kinds[k] == FSDP_COLL_ALL_TO_ALL ? FSDP_REDOP_SUM : FSDP_REDOP_AVG,
-                 ODD_COUNT, data_kinds[k] != FSDP_COLL_ALL_TO_ALL, 0);
+                 data_kinds[k] == FSDP_COLL_ALL_TO_ALL ? FSDP_REDOP_SUM : FSDP_REDOP_AVG, ODD_COUNT,
+                 data_kinds[k] != FSDP_COLL_ALL_TO_ALL, 0);
     rec_coll(rc, pg, "world 1", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_BOOL, FSDP_REDOP_MIN, ODD_COUNT, 0,
              0);
     return FSDP_OK;

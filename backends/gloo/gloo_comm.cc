@@ -94,12 +94,15 @@ class StoreAdapter : public gloo::rendezvous::Store {
     }
 
     /* Without a timeout: the handle's own, which connect() set to the group's. */
-    void wait(const std::vector<std::string> &keys) override { wait(keys, Ms(0)); }
+    void wait(const std::vector<std::string> &keys) override {
+        wait(keys, Ms(0));
+    }
 
     void wait(const std::vector<std::string> &keys, const Ms &timeout) override {
         if (timeout.count() > 0) check(fsdp_store_set_timeout(store_, timeout.count()));
         std::vector<const char *> k;
-        for (const auto &key : keys) k.push_back(key.c_str());
+        for (const auto &key : keys)
+            k.push_back(key.c_str());
         check(fsdp_store_wait(store_, k.data(), k.size()));
     }
 
@@ -164,7 +167,8 @@ std::string strip_location(const char *what) {
 
 int classify(const std::string &what) {
     std::string low(what);
-    for (auto &ch : low) ch = (char)std::tolower((unsigned char)ch);
+    for (auto &ch : low)
+        ch = (char)std::tolower((unsigned char)ch);
     if (contains(low, "timed out") || contains(low, "timeout")) return FSDP_ETIMEDOUT;
     if (contains(low, "closed by peer") || contains(low, "connection reset") ||
         contains(low, "broken pipe") || contains(low, "read error") ||
@@ -494,9 +498,9 @@ void reduce_scatter(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
 /* ---------------------------------------------------------------------------------------- */
 /* Entry points */
 
-extern "C" int fsdp__gloo_comm_create(fsdp_store_t *store, int rank, int size,
-                                      const char *hostname, const char *iface, int64_t timeout_ms,
-                                      fsdp_gloo_comm_t **out, char *msg, size_t cap) {
+extern "C" int fsdp__gloo_comm_create(fsdp_store_t *store, int rank, int size, const char *hostname,
+                                      const char *iface, int64_t timeout_ms, fsdp_gloo_comm_t **out,
+                                      char *msg, size_t cap) {
     *out = nullptr;
     fsdp_gloo_comm *c = nullptr;
     try {
@@ -516,9 +520,9 @@ extern "C" int fsdp__gloo_comm_create(fsdp_store_t *store, int rank, int size,
     }
 }
 
-extern "C" int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, fsdp_store_t *store,
-                                          int rank, int size, int64_t timeout_ms,
-                                          fsdp_gloo_comm_t **out, char *msg, size_t cap) {
+extern "C" int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, fsdp_store_t *store, int rank,
+                                          int size, int64_t timeout_ms, fsdp_gloo_comm_t **out,
+                                          char *msg, size_t cap) {
     *out = nullptr;
     fsdp_gloo_comm *c = nullptr;
     try {

@@ -36,7 +36,7 @@ typedef struct fsdp_gloo_op {
     fsdp_coll_kind_t kind;
     const void *send;
     void *recv;
-    size_t count;       /* elements per rank */
+    size_t count; /* elements per rank */
     fsdp_dtype_t dtype;
     fsdp_redop_t op;
     int root;
@@ -51,14 +51,13 @@ typedef struct fsdp_gloo_op {
  * FSDP_OK, or a status with its reason in msg (cap bytes).
  */
 int fsdp__gloo_comm_create(fsdp_store_t *store, int rank, int size, const char *hostname,
-                           const char *iface, int64_t timeout_ms, fsdp_gloo_comm_t **out,
-                           char *msg, size_t cap);
+                           const char *iface, int64_t timeout_ms, fsdp_gloo_comm_t **out, char *msg,
+                           size_t cap);
 
 /* Creates the comm of a sub-group on the parent's device, with its own context and pairs,
  * rendezvousing through `store`. */
-int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, fsdp_store_t *store, int rank,
-                               int size, int64_t timeout_ms, fsdp_gloo_comm_t **out, char *msg,
-                               size_t cap);
+int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, fsdp_store_t *store, int rank, int size,
+                               int64_t timeout_ms, fsdp_gloo_comm_t **out, char *msg, size_t cap);
 
 /*
  * Runs one collective to completion. count must be > 0 for data collectives (the caller handles

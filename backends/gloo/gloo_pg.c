@@ -206,8 +206,8 @@ static int check_descriptors(gloo_pg_t *gp, const fsdp_coll_t *c, int *peer, cha
         same = memcmp(&all[(size_t)q * DESC_LEN], mine, sizeof mine) == 0;
     if (same) goto out;
     rc = FSDP_EMISMATCH;
-    size_t n = (size_t)snprintf(msg, cap, "ranks of group '%s' issued different collectives:",
-                                pg->name);
+    size_t n =
+        (size_t)snprintf(msg, cap, "ranks of group '%s' issued different collectives:", pg->name);
     for (int q = 0; q < pg->size && n < cap; q++) {
         char d[160];
         const int64_t *dq = &all[(size_t)q * DESC_LEN];
@@ -285,7 +285,8 @@ static void *worker_main(void *arg) {
     struct fsdp__gloo_rank *gr = arg;
     for (;;) {
         pthread_mutex_lock(&gr->mu);
-        while ((!gr->head || gr->busy) && !gr->stop) pthread_cond_wait(&gr->cv, &gr->mu);
+        while ((!gr->head || gr->busy) && !gr->stop)
+            pthread_cond_wait(&gr->cv, &gr->mu);
         fsdp_work_t *w = gr->head;
         if (w) {
             gr->head = w->next;
@@ -456,7 +457,8 @@ static int gloo_create_subgroup(fsdp_pg_t *parent, const int *members, int n, in
     fsdp_store_t *store = NULL;
     int *world_ranks = malloc((size_t)n * sizeof *world_ranks);
     if (!world_ranks) return fsdp__pg_err(parent, FSDP_ENOMEM, "gloo: out of memory");
-    for (int i = 0; i < n; i++) world_ranks[i] = parent->world_ranks[members[i]];
+    for (int i = 0; i < n; i++)
+        world_ranks[i] = parent->world_ranks[members[i]];
     int rc = fsdp_store_clone(pp->store, NULL, &store);
     if (rc < 0) {
         free(world_ranks);
@@ -468,8 +470,8 @@ static int gloo_create_subgroup(fsdp_pg_t *parent, const int *members, int n, in
                       parent->timeout_ms, pp->check, &gp, msg, sizeof msg);
     free(world_ranks);
     if (rc < 0)
-        return fsdp__pg_err(parent, rc, "gloo: cannot create group '%s' (rank %d of %d): %s",
-                            name, new_rank, n, msg);
+        return fsdp__pg_err(parent, rc, "gloo: cannot create group '%s' (rank %d of %d): %s", name,
+                            new_rank, n, msg);
     *out = &gp->base;
     return FSDP_OK;
 }
@@ -520,15 +522,15 @@ int fsdp_pg_create_gloo(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_gloo_op
     int64_t n;
     int rc = fsdp_store_add(store, "gloo.worlds", 1, &n);
     if (rc < 0)
-        return fsdp__ctx_err(ctx, rc, "fsdp_pg_create_gloo (rank %d of %d): store: %s", rank,
-                             size, fsdp_store_last_error(store));
+        return fsdp__ctx_err(ctx, rc, "fsdp_pg_create_gloo (rank %d of %d): store: %s", rank, size,
+                             fsdp_store_last_error(store));
     char prefix[48];
     snprintf(prefix, sizeof prefix, "gloo.%lld", (long long)((n - 1) / size));
     fsdp_store_t *mine = NULL;
     rc = fsdp_store_clone(store, prefix, &mine);
     if (rc < 0)
-        return fsdp__ctx_err(ctx, rc, "fsdp_pg_create_gloo (rank %d of %d): store: %s", rank,
-                             size, fsdp_store_last_error(store));
+        return fsdp__ctx_err(ctx, rc, "fsdp_pg_create_gloo (rank %d of %d): store: %s", rank, size,
+                             fsdp_store_last_error(store));
     fsdp_store_set_timeout(mine, timeout);
 
     char msg[FSDP_ERR_LEN];

@@ -1,0 +1,114 @@
+/*
+ * gloo_world.c: Gloo worlds of threads for the gloo tests, and failure recording (see
+ * gloo_world.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll_check.h"
+#include "gloo_world.h"
+#include "tap.h"
+
+static void *gw_main(void *p) {
+    gw_rank_t *g = p;
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_pg_t *pg = NULL;
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.rank = g->rank;
+    co.world_size = g->size;
+    g->status = fsdp_ctx_create(&co, &ctx);
+    if (g->status < 0) {
+        snprintf(g->err, sizeof g->err, "fsdp_ctx_create failed");
+        return NULL;
+    }
+    fsdp_gloo_options_t o;
+    fsdp_gloo_options_init(&o);
+    o.timeout_ms = GW_CONNECT_MS;
+    g->status = fsdp_pg_create_gloo(ctx, g->store, &o, &pg);
+    if (g->status < 0)
+        snprintf(g->err, sizeof g->err, "fsdp_pg_create_gloo: %s", fsdp_ctx_last_error(ctx));
+    else
+        g->status = g->fn(ctx, pg, g->arg);
+    /* The context destroys the groups the rank left (its world group among them); the store
+     * they borrow goes after it, in gw_run_on(). */
+    fsdp_ctx_destroy(ctx);
+    coll_check_release();
+    return NULL;
+}
+
+int gw_run_on(fsdp_store_t *store, int n, gw_fn fn, void *arg, int *status) {
+    gw_rank_t g[GW_MAX_WORLD];
+    fsdp_store_t *own = NULL;
+    if (!store) {
+        if (fsdp_store_create_memory(&own) != FSDP_OK) tap_bail("cannot create a store");
+        store = own;
+    }
+    memset(g, 0, sizeof g);
+    for (int r = 0; r < n; r++) {
+        g[r].rank = r;
+        g[r].size = n;
+        if (fsdp_store_clone(store, NULL, &g[r].store) != FSDP_OK) tap_bail("fsdp_store_clone");
+        g[r].fn = fn;
+        g[r].arg = arg;
+        if (pthread_create(&g[r].thread, NULL, gw_main, &g[r]) != 0) tap_bail("pthread_create");
+    }
+    int rc = FSDP_OK;
+    for (int r = 0; r < n; r++) {
+        pthread_join(g[r].thread, NULL);
+        if (status) status[r] = g[r].status;
+        if (g[r].status < 0 && rc == FSDP_OK) rc = g[r].status;
+        if (g[r].err[0]) tap_diag("rank %d: %s", r, g[r].err);
+        fsdp_store_destroy(g[r].store);
+    }
+    fsdp_store_destroy(own);
+    return rc;
+}
+
+int gw_run(int n, gw_fn fn, void *arg, int *status) {
+    return gw_run_on(NULL, n, fn, arg, status);
+}
+
+void rec_init(rec_t *r) {
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+}
+
+void rec_check(rec_t *r, int pass, const char *fmt, ...) {
+    pthread_mutex_lock(&r->mu);
+    r->checks++;
+    if (!pass) {
+        if (r->fails < REC_KEEP) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(r->msg[r->fails], sizeof r->msg[0], fmt, ap);
+            va_end(ap);
+        }
+        r->fails++;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void rec_report(rec_t *r, int rc, const char *fmt, ...) {
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    tap_ok(rc == FSDP_OK && r->fails == 0 && r->checks > 0, "%s (%d checks)", name, r->checks);
+    if (rc != FSDP_OK) tap_diag("a rank returned %s", fsdp_err_name(rc));
+    for (int i = 0; i < r->fails && i < REC_KEEP; i++)
+        tap_diag("  %s", r->msg[i]);
+    pthread_mutex_destroy(&r->mu);
+}
+
+void rec_coll(rec_t *rc, fsdp_pg_t *pg, const char *where, fsdp_coll_kind_t kind, fsdp_dtype_t dt,
+              fsdp_redop_t op, size_t count, int in_place, int root) {
+    char why[1024];
+    int r = coll_check_run(pg, kind, dt, op, count, in_place, root, why, sizeof why);
+    rec_check(rc, r == 0, "%s: rank %d of %d: %s", where, fsdp_pg_rank(pg), fsdp_pg_size(pg), why);
+}
