@@ -186,7 +186,8 @@ AC_DEFUN([FSDP_CHECK_GLOO], [
     LDFLAGS=$fsdp_save_LDFLAGS
     LIBS=$fsdp_save_LIBS
     AC_LANG_POP([C++])
-    AS_IF([test $fsdp_have_gloo = yes], [GLOO_LIBS=-lgloo], [
+    dnl Gloo is C++: programs linked with the C driver need its runtime too.
+    AS_IF([test $fsdp_have_gloo = yes], [GLOO_LIBS="-lgloo -lstdc++"], [
       GLOO_CPPFLAGS=
       GLOO_LDFLAGS=
       AS_IF([FSDP_DEP_REQUIRED([$with_gloo])],

@@ -16,6 +16,29 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     return rc == FSDP_OK && sum == 6.0f ? FSDP_OK : FSDP_EINTERNAL;
 }
 
+/* A one-rank Gloo world, when the library has the backend: the installed library finds libgloo
+ * and the C++ runtime. */
+static int gloo_alone(void) {
+    if (!fsdp_gloo_available()) {
+        printf("installed libfsdp: built without Gloo\n");
+        return FSDP_OK;
+    }
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_store_t *store = NULL;
+    fsdp_pg_t *pg = NULL;
+    float x = 2.0f, y = 0.0f;
+    int rc = fsdp_ctx_create(NULL, &ctx);
+    if (rc == FSDP_OK) rc = fsdp_store_create_memory(&store);
+    if (rc == FSDP_OK) rc = fsdp_pg_create_gloo(ctx, store, NULL, &pg);
+    if (rc == FSDP_OK) rc = fsdp_pg_all_reduce(pg, &x, &y, 1, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
+    if (rc == FSDP_OK && y != 2.0f) rc = FSDP_EINTERNAL;
+    printf("installed libfsdp: gloo all_reduce over 1 rank: %s\n", fsdp_err_name(rc));
+    fsdp_pg_destroy(pg);
+    fsdp_ctx_destroy(ctx);
+    fsdp_store_destroy(store);
+    return rc;
+}
+
 int main(void) {
     if (strcmp(fsdp_version_string(), FSDP_VERSION_STRING) != 0) {
         fprintf(stderr, "header version %s, library %s\n", FSDP_VERSION_STRING,
@@ -28,5 +51,6 @@ int main(void) {
     int rc = fsdp_sim_run(&opts, rank_main, NULL, NULL);
     printf("installed libfsdp %s: sim all_reduce over 3 ranks: %s\n", fsdp_version_string(),
            fsdp_err_name(rc));
-    return rc == FSDP_OK ? 0 : 1;
+    if (rc != FSDP_OK) return 1;
+    return gloo_alone() == FSDP_OK ? 0 : 1;
 }
