@@ -48,6 +48,9 @@ struct fsdp_ctx {
     /* Borrowed world group and store (set by whoever created the rank: the sim runner). */
     fsdp_pg_t *pg;
     fsdp_store_t *store;
+    /* A store the context owns (fsdp_init_from_env), freed after its groups. */
+    fsdp_store_t *store_owned;
+    void (*store_destroy)(fsdp_store_t *store);
     /* Every live process group of this rank, so that destroy can reclaim forgotten ones. */
     pthread_mutex_t groups_mu;
     fsdp_pg_t *groups;

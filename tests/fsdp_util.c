@@ -96,6 +96,10 @@ void fu_run_job(fu_job_t *j, fsdp_sim_fn fn) {
     for (int r = 0; r < FU_MAXR; r++)
         j->r[r].n = 0;
     int rc = fsdp_sim_run(&so, fn, j, st);
+    fu_report_job(j, rc, st);
+}
+
+void fu_report_job(const fu_job_t *j, int rc, const int *st) {
     int n = 0;
     for (int r = 0; r < j->world; r++)
         if (j->r[r].n > n) n = j->r[r].n;

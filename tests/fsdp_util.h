@@ -43,7 +43,7 @@ extern const fsdp_backward_prefetch_t fu_bwd_prefetches[3];
 
 /* ---- per-rank check lists -------------------------------------------------------------------- */
 
-#define FU_MAXR 3  /* largest world a job runs at */
+#define FU_MAXR 4  /* largest world a job runs at */
 #define FU_MAXC 96 /* checks one rank may record in one job */
 
 typedef struct fu_rec {
@@ -114,6 +114,10 @@ void fu_ck_einval(fu_res_t *r, fsdp_ctx_t *ctx, int rc, const char *k1, const ch
 /* Runs fn on j->world sim ranks (fn gets j as its argument) and prints the job's TAP lines:
  * "<prefix> W=<world>: <check>". */
 void fu_run_job(fu_job_t *j, fsdp_sim_fn fn);
+
+/* Prints a finished job's TAP lines (what fu_run_job() does after the run): rc is the run's
+ * status, st[r] rank r's. */
+void fu_report_job(const fu_job_t *j, int rc, const int *st);
 
 /* fu_run_job() of a new job with fu_job_new()'s defaults, freed afterwards. */
 void fu_run(const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig, fsdp_sim_fn fn);

@@ -40,6 +40,7 @@
 #define FSDP_LAUNCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <fsdp/export.h>
 
@@ -82,6 +83,39 @@ FSDP_EXTERN int fsdp_launch_env_read(fsdp_launch_env_t *out, char *msg, size_t m
  * callers and tests can supply a table. get must not be NULL. */
 FSDP_EXTERN int fsdp_launch_env_parse(fsdp_launch_getenv_fn get, void *arg, fsdp_launch_env_t *out,
                                       char *msg, size_t msg_cap);
+
+/* ---- making the rank from its environment ------------------------------------------------------ */
+
+typedef struct fsdp_ctx fsdp_ctx_t;
+
+typedef struct fsdp_init_options {
+    uint64_t seed;      /* of the context's random stream (stream id = rank); default 0 */
+    int log_level;      /* a fsdp_log_level_t, or -1 (default) for the level FSDP_LOG asks for */
+    int64_t timeout_ms; /* rendezvous, store waits and the world group's collectives; 0 (the
+                           default): $FSDP_TIMEOUT_MS when set, else FSDP_PG_DEFAULT_TIMEOUT_MS */
+} fsdp_init_options_t;
+
+/* Fills o with the defaults above. */
+FSDP_EXTERN void fsdp_init_options_init(fsdp_init_options_t *o);
+
+/*
+ * Makes this process's rank from its launch environment, so that one program runs unchanged
+ * under fsdprun, torchrun-style launchers, srun and mpirun (fsdp_launch_env_read):
+ *   - a context for RANK of WORLD_SIZE;
+ *   - the rendezvous store FSDP_STORE names (fsdp_store_open_url: file:///dir,
+ *     redis://host:port/prefix); a world of one without FSDP_STORE gets an in-memory store;
+ *   - the world group of FSDP_BACKEND ("gloo", the default), connected to every peer and
+ *     attached to the context (fsdp_ctx_pg, fsdp_ctx_store).
+ * Collective: every rank of the job must call it. The context owns the group and the store:
+ * fsdp_ctx_destroy(*out) frees all three. o may be NULL (defaults). Errors, each naming the
+ * variable, URL or backend at fault and the rank: FSDP_EINVAL for the environment or an unknown
+ * backend (the sim backend runs ranks as threads: fsdp_sim_run), FSDP_ENOTSUP for a backend
+ * this build lacks, and the store's and the backend's statuses (FSDP_ETIMEDOUT when peers do
+ * not arrive). The message is logged at error level and, when msg is not NULL, copied there
+ * (msg_cap bytes). On failure *out is NULL and nothing is left behind.
+ */
+FSDP_EXTERN int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg,
+                                   size_t msg_cap);
 
 FSDP_END_DECLS
 

@@ -81,6 +81,8 @@ void fsdp__ctx_destroy_groups(fsdp_ctx_t *ctx, const char *why) {
 void fsdp_ctx_destroy(fsdp_ctx_t *ctx) {
     if (!ctx) return;
     fsdp__ctx_destroy_groups(ctx, "context destroyed");
+    if (ctx->store_owned && ctx->store_destroy) ctx->store_destroy(ctx->store_owned);
+    ctx->store = ctx->store_owned = NULL;
     /* The tape holds tensors, which hold device memory: it goes before the device. */
     if (ctx->fsdp && ctx->fsdp_destroy) ctx->fsdp_destroy(ctx->fsdp);
     if (ctx->tape && ctx->tape_destroy) ctx->tape_destroy(ctx->tape);

@@ -247,6 +247,8 @@ static void ag_queue_remove(fsdp_unit_t *root, fsdp_unit_t *u) {
 static int unshard_wait(fsdp_unit_t *u) {
     if (!u->ag_work) return FSDP_OK;
     int rc = fsdp_work_wait(u->ag_work, -1);
+    char why[FSDP_ERR_LEN];
+    snprintf(why, sizeof why, "%s", rc < 0 ? fsdp_work_error(u->ag_work) : "");
     fsdp_work_release(u->ag_work);
     u->ag_work = NULL;
     fsdp_tensor_release(u->staging);
@@ -255,8 +257,7 @@ static int unshard_wait(fsdp_unit_t *u) {
     if (rc < 0) {
         u->unsharded = false;
         fsdp_tensor_storage_resize(u->full, 0);
-        return fsdp__unit_err(u, rc, "all-gather of the flat parameter failed: %s",
-                              fsdp_ctx_last_error(u->ctx));
+        return fsdp__unit_err(u, rc, "all-gather of the flat parameter failed: %s", why);
     }
     return FSDP_OK;
 }

@@ -1,0 +1,154 @@
+/*
+ * init_env.c: fsdp_init_from_env, a rank made from its launch environment (fsdp/launch.h).
+ *
+ * It sits in the process-group layer because it ties the pieces of that layer together: the
+ * launch environment (core), a store (src/store) and a backend's world group (backends/).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+void fsdp_init_options_init(fsdp_init_options_t *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->log_level = -1;
+}
+
+/* Logs the message on ctx (NULL: stderr), copies it to msg, and returns rc. */
+static int init_fail(fsdp_ctx_t *ctx, char *msg, size_t cap, int rc, const char *fmt, ...)
+    FSDP_PRINTF(5, 6);
+static int init_fail(fsdp_ctx_t *ctx, char *msg, size_t cap, int rc, const char *fmt, ...) {
+    char buf[FSDP_ERR_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fsdp_log(ctx, FSDP_LOG_ERROR, "%s", buf);
+    if (msg && cap) snprintf(msg, cap, "%s", buf);
+    return rc;
+}
+
+/* $FSDP_TIMEOUT_MS as a positive number of milliseconds; 0 when unset; -1 when malformed. */
+static int64_t env_timeout(void) {
+    const char *v = getenv("FSDP_TIMEOUT_MS");
+    if (!v || !*v) return 0;
+    char *end = NULL;
+    errno = 0;
+    long long t = strtoll(v, &end, 10);
+    if (errno || *end || t <= 0) return -1;
+    return (int64_t)t;
+}
+
+int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg,
+                       size_t msg_cap) {
+    if (msg && msg_cap) msg[0] = 0;
+    if (!out)
+        return init_fail(NULL, msg, msg_cap, FSDP_EINVAL, "fsdp_init_from_env: out is NULL");
+    *out = NULL;
+    fsdp_init_options_t def;
+    if (!o) {
+        fsdp_init_options_init(&def);
+        o = &def;
+    }
+    char why[FSDP_ERR_LEN];
+    fsdp_launch_env_t env;
+    int rc = fsdp_launch_env_read(&env, why, sizeof why);
+    if (rc < 0)
+        return init_fail(NULL, msg, msg_cap, rc, "fsdp_init_from_env: launch environment: %s",
+                         why);
+    int64_t timeout = o->timeout_ms;
+    if (timeout < 0)
+        return init_fail(NULL, msg, msg_cap, FSDP_EINVAL,
+                         "fsdp_init_from_env: options.timeout_ms is %lld; it must be >= 0",
+                         (long long)timeout);
+    if (timeout == 0) timeout = env_timeout();
+    if (timeout < 0)
+        return init_fail(NULL, msg, msg_cap, FSDP_EINVAL,
+                         "fsdp_init_from_env: FSDP_TIMEOUT_MS='%s' is not a positive number of "
+                         "milliseconds",
+                         getenv("FSDP_TIMEOUT_MS"));
+    if (timeout == 0) timeout = FSDP_PG_DEFAULT_TIMEOUT_MS;
+
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.rank = env.rank;
+    co.world_size = env.world_size;
+    co.seed = o->seed;
+    co.log_level = o->log_level;
+    fsdp_ctx_t *ctx = NULL;
+    if ((rc = fsdp_ctx_create(&co, &ctx)) < 0)
+        return init_fail(NULL, msg, msg_cap, rc, "fsdp_init_from_env: rank %d of %d: %s",
+                         env.rank, env.world_size, fsdp_strerror(rc));
+
+    /* The store. */
+    fsdp_store_t *store = NULL;
+    if (env.store_url[0]) {
+        if ((rc = fsdp_store_open_url(env.store_url, &store)) < 0) {
+            init_fail(ctx, msg, msg_cap, rc, "fsdp_init_from_env: rank %d: FSDP_STORE='%s': %s",
+                      env.rank, env.store_url, fsdp_store_open_error());
+            goto fail;
+        }
+    } else if (env.world_size == 1) {
+        if ((rc = fsdp_store_create_memory(&store)) < 0) {
+            init_fail(ctx, msg, msg_cap, rc, "fsdp_init_from_env: out of memory");
+            goto fail;
+        }
+    } else {
+        rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL,
+                       "fsdp_init_from_env: rank %d of %d: FSDP_STORE is not set; ranks of "
+                       "several processes meet through a shared store (file:///dir or "
+                       "redis://host:port/prefix; fsdprun sets one)",
+                       env.rank, env.world_size);
+        goto fail;
+    }
+    if ((rc = fsdp_store_set_timeout(store, timeout)) < 0) {
+        init_fail(ctx, msg, msg_cap, rc, "fsdp_init_from_env: store timeout: %s",
+                  fsdp_store_last_error(store));
+        goto fail;
+    }
+    ctx->store_owned = store;
+    ctx->store_destroy = fsdp_store_destroy;
+
+    /* The world group. */
+    fsdp_pg_t *pg = NULL;
+    if (strcmp(env.backend, "gloo") == 0) {
+        fsdp_gloo_options_t go;
+        fsdp_gloo_options_init(&go);
+        go.timeout_ms = timeout;
+        if ((rc = fsdp_pg_create_gloo(ctx, store, &go, &pg)) < 0) {
+            init_fail(ctx, msg, msg_cap, rc,
+                      "fsdp_init_from_env: rank %d of %d: the gloo world group over '%s': %s",
+                      env.rank, env.world_size, env.store_url[0] ? env.store_url : "memory:",
+                      fsdp_ctx_last_error(ctx));
+            goto fail;
+        }
+    } else if (strcmp(env.backend, "sim") == 0) {
+        rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL,
+                       "fsdp_init_from_env: FSDP_BACKEND=sim: the sim backend runs ranks as "
+                       "threads of one process (fsdp_sim_run); processes use gloo");
+        goto fail;
+    } else {
+        rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL,
+                       "fsdp_init_from_env: FSDP_BACKEND='%s' is not a backend this build has "
+                       "(gloo)",
+                       env.backend);
+        goto fail;
+    }
+    if (fsdp_ctx_pg(ctx) != pg) { /* the group attaches itself to a context without one */
+        rc = init_fail(ctx, msg, msg_cap, FSDP_EINTERNAL,
+                       "fsdp_init_from_env: the world group did not attach to the context");
+        goto fail;
+    }
+    *out = ctx;
+    return FSDP_OK;
+fail: {
+    bool owned = ctx->store_owned == store;
+    fsdp_ctx_destroy(ctx); /* its groups, then the store once it owns it */
+    if (!owned) fsdp_store_destroy(store);
+    return rc;
+}
+}
