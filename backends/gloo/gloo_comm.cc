@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
@@ -370,33 +371,6 @@ void reduce_alone(const fsdp_gloo_op_t *op) {
     reduce_or_throw(op->recv, ins, 1, op->count, op->dtype, op->op, 1);
 }
 
-void all_reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
-    const int n = c->ctx->size;
-    if (n == 1) return reduce_alone(op);
-    gloo::AllreduceOptions o(c->ctx);
-    o.setTag(op->tag);
-    o.setTimeout(Ms(op->timeout_ms));
-    if (is_half(op->dtype)) {
-        float *acc = static_cast<float *>(c->scratch.get(op->count * sizeof(float)));
-        fsdp_dtype_convert(acc, FSDP_DTYPE_F32, op->send, op->dtype, op->count);
-        o.setOutput<float>(unbound(c, acc, op->count * sizeof(float)));
-        o.setReduceFunction(pairwise(FSDP_DTYPE_F32, op->op));
-        gloo::allreduce(o);
-        if (op->op == FSDP_REDOP_AVG) divide(acc, op->count, FSDP_DTYPE_F32, n);
-        fsdp_dtype_convert(op->recv, op->dtype, acc, FSDP_DTYPE_F32, op->count);
-        return;
-    }
-    const size_t es = fsdp_dtype_size(op->dtype), bytes = op->count * es;
-    with_type(es, [&](auto t) {
-        using T = decltype(t);
-        if (op->send != op->recv) o.setInput<T>(unbound(c, op->send, bytes));
-        o.setOutput<T>(unbound(c, op->recv, bytes));
-    });
-    o.setReduceFunction(pairwise(op->dtype, op->op));
-    gloo::allreduce(o);
-    if (op->op == FSDP_REDOP_AVG) divide(op->recv, op->count, op->dtype, n);
-}
-
 void reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
     const int n = c->ctx->size;
     const bool root = c->ctx->rank == op->root;
@@ -431,66 +405,122 @@ void reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
 }
 
 /*
- * Reduce-scatter: rank r receives chunk r of every peer's input and reduces the n chunks in rank
- * order. The chunk travels in segments; up to kWindow segments per peer are received ahead of
- * the reduction, into scratch, and each receive is re-posted as soon as its segment has been
- * reduced. Sends are all posted at once (Gloo's tcp transport moves a send only once the
- * matching receive is posted, so they never overrun the window). In place, recv is send's
- * chunk r, which no send reads.
+ * The rank-ordered reduce-scatter under both reduce_scatter and all_reduce: rank q's chunk is
+ * elements [off[q], off[q] + len[q]) of every rank's `send`; rank r receives chunk r of every
+ * peer's input and reduces the n chunks in rank order into `out` (len[r] elements). The chunk
+ * travels in segments; up to kWindow segments per peer are received ahead of the reduction,
+ * into scratch, and each receive is re-posted as soon as its segment has been reduced. Sends
+ * are all posted at once (Gloo's tcp transport moves a send only once the matching receive is
+ * posted, so they never overrun the window). out may be send's chunk r, which no send reads.
  */
-void reduce_scatter(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+void rs_chunks(fsdp_gloo_comm *c, const void *send_v, void *out_v, const size_t *off,
+               const size_t *len, fsdp_dtype_t dt, fsdp_redop_t rop, uint32_t tag,
+               int64_t timeout_ms) {
     const int n = c->ctx->size, r = c->ctx->rank;
-    if (n == 1) return reduce_alone(op);
-    const size_t es = fsdp_dtype_size(op->dtype), chunk = op->count * es;
+    const size_t es = fsdp_dtype_size(dt);
     const size_t seg_elems = std::max<size_t>(1, kSegmentBytes / es), seg = seg_elems * es;
-    const size_t nseg = (op->count + seg_elems - 1) / seg_elems;
-    const size_t win = std::min(kWindow, nseg);
-    const char *send = static_cast<const char *>(op->send);
-    char *recv = static_cast<char *>(op->recv);
-    char *scratch = static_cast<char *>(c->scratch.get((size_t)(n - 1) * win * seg));
-    const Clock::time_point deadline = Clock::now() + Ms(op->timeout_ms);
+    auto nseg_of = [&](int q) { return (len[q] + seg_elems - 1) / seg_elems; };
+    const size_t nseg = nseg_of(r), win = std::min(kWindow, nseg);
+    const char *send = static_cast<const char *>(send_v);
+    char *out = static_cast<char *>(out_v);
+    char *scratch =
+        win ? static_cast<char *>(c->scratch.get((size_t)(n - 1) * win * seg)) : nullptr;
+    const Clock::time_point deadline = Clock::now() + Ms(timeout_ms);
     auto left = [&]() {
         auto ms = std::chrono::duration_cast<Ms>(deadline - Clock::now());
         return std::max(ms, Ms(1));
     };
-    auto seg_len = [&](size_t s) { return std::min(seg, chunk - s * seg); };
+    /* Bytes of segment s of rank q's chunk. */
+    auto seg_len_of = [&](int q, size_t s) { return std::min(seg, len[q] * es - s * seg); };
+    auto seg_len = [&](size_t s) { return seg_len_of(r, s); };
     /* Peer q's window: the (q < r ? q : q - 1)-th region of the scratch. */
     auto region = [&](int q) { return scratch + (size_t)(q < r ? q : q - 1) * win * seg; };
-    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, op->tag);
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
 
-    Buffer in = unbound(c, send, (size_t)n * chunk);
+    size_t total = 0, nsends = 0;
+    for (int q = 0; q < n; q++) {
+        total = std::max(total, off[q] + len[q]);
+        if (q != r) nsends += nseg_of(q);
+    }
+    Buffer in = total ? unbound(c, send, total * es) : nullptr;
     std::vector<Buffer> win_buf((size_t)n);
-    for (int q = 0; q < n; q++)
-        if (q != r) win_buf[(size_t)q] = unbound(c, region(q), win * seg);
+    if (win)
+        for (int q = 0; q < n; q++)
+            if (q != r) win_buf[(size_t)q] = unbound(c, region(q), win * seg);
     for (size_t s = 0; s < win; s++)
         for (int q = 0; q < n; q++)
             if (q != r) win_buf[(size_t)q]->recv(q, slot, s * seg, seg_len(s));
     /* Segment by segment, each to the ranks after us first, so that no rank is everybody's
      * first destination. */
-    for (size_t s = 0; s < nseg; s++)
+    size_t most = 0;
+    for (int q = 0; q < n; q++)
+        if (q != r) most = std::max(most, nseg_of(q));
+    for (size_t s = 0; s < most; s++)
         for (int k = 1; k < n; k++) {
             int q = (r + k) % n;
-            in->send(q, slot, (size_t)q * chunk + s * seg, seg_len(s));
+            if (s < nseg_of(q)) in->send(q, slot, off[q] * es + s * seg, seg_len_of(q, s));
         }
     std::vector<const void *> ins((size_t)n);
     for (size_t s = 0; s < nseg; s++) {
         for (int q = 0; q < n; q++) {
             if (q == r) {
-                ins[(size_t)q] = send + (size_t)r * chunk + s * seg;
+                ins[(size_t)q] = send + off[r] * es + s * seg;
                 continue;
             }
             if (!win_buf[(size_t)q]->waitRecv(nullptr, left()))
                 throw gloo::IoException("reduce_scatter: a receive was aborted");
             ins[(size_t)q] = region(q) + (s % win) * seg;
         }
-        reduce_or_throw(recv + s * seg, ins.data(), n, seg_len(s) / es, op->dtype, op->op, n);
+        reduce_or_throw(out + s * seg, ins.data(), n, seg_len(s) / es, dt, rop, n);
         if (s + win < nseg)
             for (int q = 0; q < n; q++)
                 if (q != r) win_buf[(size_t)q]->recv(q, slot, (s % win) * seg, seg_len(s + win));
     }
-    for (size_t i = 0; i < (size_t)(n - 1) * nseg; i++)
+    for (size_t i = 0; i < nsends; i++)
         if (!in->waitSend(nullptr, left()))
             throw gloo::IoException("reduce_scatter: a send was aborted");
+}
+
+/* Reduce-scatter: rs_chunks over n equal chunks of op->count elements. */
+void reduce_scatter(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const int n = c->ctx->size;
+    if (n == 1) return reduce_alone(op);
+    std::vector<size_t> off((size_t)n), len((size_t)n, op->count);
+    for (int q = 0; q < n; q++)
+        off[(size_t)q] = (size_t)q * op->count;
+    rs_chunks(c, op->send, op->recv, off.data(), len.data(), op->dtype, op->op, op->tag,
+              op->timeout_ms);
+}
+
+/*
+ * All-reduce: the count is cut into n nearly equal chunks (the first count % n one element
+ * longer); rs_chunks reduces chunk r into recv in rank order, then Gloo's allgatherv gathers
+ * the chunks in place. Each rank sends and receives 2 (n - 1) / n of the buffer, as a ring does,
+ * and the result is bitwise the sim backend's at every group size. The 16-bit floats travel as
+ * they are: the reduction widens them to f32 and rounds once.
+ */
+void all_reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const int n = c->ctx->size, r = c->ctx->rank;
+    if (n == 1) return reduce_alone(op);
+    const size_t es = fsdp_dtype_size(op->dtype);
+    std::vector<size_t> off((size_t)n), len((size_t)n);
+    for (int q = 0, at = 0; q < n; q++) {
+        len[(size_t)q] = op->count / (size_t)n + ((size_t)q < op->count % (size_t)n ? 1 : 0);
+        off[(size_t)q] = (size_t)at;
+        at += (int)len[(size_t)q];
+    }
+    char *recv = static_cast<char *>(op->recv);
+    rs_chunks(c, op->send, recv + off[(size_t)r] * es, off.data(), len.data(), op->dtype, op->op,
+              op->tag, op->timeout_ms);
+    if (op->count == 0) return;
+    gloo::AllgathervOptions o(c->ctx);
+    with_type(es, [&](auto t) {
+        using T = decltype(t);
+        o.setOutput<T>(unbound(c, recv, op->count * es), len);
+    });
+    o.setTag(op->tag);
+    o.setTimeout(Ms(op->timeout_ms));
+    gloo::allgatherv(o);
 }
 
 } // namespace

@@ -21,17 +21,17 @@
  *       chunks it receives, in rank order, with libfsdp's kernels. Each rank sends and receives
  *       (size - 1) / size of its input, as a ring does, and the result is bitwise that of the
  *       sim backend at every group size.
- *   all_reduce, reduce: Gloo's ring algorithms, with libfsdp's reduction kernels passed as the
- *       reduction function. The ring combines the ranks' values in an order that depends on
- *       the position in the buffer, not in rank order. With 1 or 2 ranks the result is bitwise
- *       that of the sim backend (one IEEE addition or multiplication does not depend on the
- *       order of its operands; min and max of a +0/-0 or NaN pair may pick the other operand).
- *       With 3 or more ranks a floating-point sum or product whose partial results are not
- *       exact may differ from the sim backend in the last bits; integer and bool results, min
- *       and max, and exact floating-point values never differ.
- *   f16 and bf16 reductions accumulate in f32 and round once, as fsdp/pg.h requires: all_reduce
- *   and reduce widen the input to an f32 buffer, reduce it in f32 (so twice the bytes travel)
- *   and round the result; reduce_scatter moves the 16-bit values and widens them when reducing.
+ *   all_reduce: that reduce-scatter over size nearly equal chunks of the buffer, then Gloo's
+ *       allgatherv in place: 2 (size - 1) / size of the buffer each way, as a ring, and bitwise
+ *       the sim backend's result at every group size.
+ *   reduce: Gloo's ring reduce with libfsdp's kernels as the reduction function. The ring
+ *       combines the ranks' values in an order that depends on the position in the buffer, so
+ *       from 3 ranks on a floating-point sum or product whose partial results are not exact may
+ *       differ from the sim backend in the last bits; integer and bool results, min and max, and
+ *       exact values never differ. (FSDP and DDP do not use reduce.)
+ *   f16 and bf16 reductions accumulate in f32 and round once, as fsdp/pg.h requires:
+ *   reduce_scatter and all_reduce move the 16-bit values and widen them when reducing; reduce
+ *   widens the input to an f32 buffer, reduces it in f32 (twice the bytes travel) and rounds.
  *   avg divides the sum by the group size in the accumulation type; integer arithmetic wraps.
  *
  * Failures. A collective that does not complete within the group's timeout fails with
