@@ -26,5 +26,6 @@
 #include <fsdp/fsdp.h>
 #include <fsdp/policy.h>
 #include <fsdp/launch.h>
+#include <fsdp/data.h>
 
 #endif /* FSDP_H */

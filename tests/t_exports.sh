@@ -25,7 +25,14 @@ missing=
 for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory fsdp_ctx_create \
          fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url fsdp_store_open_error \
          fsdp_launch_env_read fsdp_launch_env_parse \
-         fsdp_pg_create_gloo fsdp_gloo_options_init fsdp_gloo_available; do
+         fsdp_pg_create_gloo fsdp_gloo_options_init fsdp_gloo_available \
+         fsdp_dataset_open fsdp_dataset_view fsdp_dataset_split fsdp_dataset_destroy \
+         fsdp_dataset_num_tokens fsdp_dataset_format fsdp_dataset_path fsdp_dataset_max_token \
+         fsdp_dataset_read fsdp_data_last_error fsdp_data_default_corpus \
+         fsdp_loader_options_init fsdp_loader_create fsdp_loader_destroy fsdp_loader_options \
+         fsdp_loader_rows fsdp_loader_num_batches fsdp_loader_get_position \
+         fsdp_loader_set_position fsdp_loader_batch fsdp_loader_next fsdp_loader_next_tensors \
+         fsdp_loader_last_error; do
   printf '%s\n' "$defined" | grep -qx "$s" || missing="$missing $s"
 done
 if [ -z "$missing" ]; then
