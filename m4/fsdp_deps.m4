@@ -1,7 +1,8 @@
-# fsdp_deps.m4: optional dependencies of libfsdp (BLAS, CUDA, NCCL, Gloo, hiredis).
+# fsdp_deps.m4: dependencies of libfsdp (BLAS, CUDA, NCCL, Gloo, hiredis, jansson).
 #
 # Each --with-X takes yes, no, DIR or nothing. Nothing means "check": use it when found and
 # say so in the summary. yes or DIR means required: a missing dependency stops configure.
+# jansson is the exception: it is always required (see FSDP_CHECK_JANSSON).
 
 # FSDP_DEP_REQUIRED(VALUE): true when the user asked for the dependency explicitly.
 m4_define([FSDP_DEP_REQUIRED], [test "x$1" != xcheck && test "x$1" != xno])
@@ -251,4 +252,49 @@ AC_DEFUN([FSDP_CHECK_HIREDIS], [
   AC_SUBST([HIREDIS_CPPFLAGS])
   AC_SUBST([HIREDIS_LDFLAGS])
   AC_SUBST([HIREDIS_LIBS])
+])
+
+# FSDP_CHECK_JANSSON: Debian's libjansson-dev, the JSON parser of the safetensors reader and
+# writer (src/io/). Required, unlike the dependencies above: checkpoints are part of every
+# build, so a missing jansson stops configure instead of producing a library whose
+# safetensors functions all fail. --with-jansson=DIR looks in DIR/include and DIR/lib.
+AC_DEFUN([FSDP_CHECK_JANSSON], [
+  AC_ARG_WITH([jansson],
+    [AS_HELP_STRING([--with-jansson[[=DIR]]], [jansson for safetensors checkpoints (required)])],
+    [], [with_jansson=check])
+  AS_IF([test "x$with_jansson" = xno],
+    [AC_MSG_ERROR([jansson cannot be disabled: libfsdp reads and writes safetensors checkpoints with it (install libjansson-dev)])])
+  JANSSON_CPPFLAGS=
+  JANSSON_LDFLAGS=
+  JANSSON_LIBS=
+  AS_CASE([$with_jansson], [check|yes], [fsdp_jansson_dir=], [fsdp_jansson_dir=$with_jansson])
+  AS_IF([test -n "$fsdp_jansson_dir"],
+    [JANSSON_CPPFLAGS="-I$fsdp_jansson_dir/include"; JANSSON_LDFLAGS="-L$fsdp_jansson_dir/lib"])
+  fsdp_save_CPPFLAGS=$CPPFLAGS
+  fsdp_save_LDFLAGS=$LDFLAGS
+  fsdp_save_LIBS=$LIBS
+  CPPFLAGS="$CPPFLAGS $JANSSON_CPPFLAGS"
+  LDFLAGS="$LDFLAGS $JANSSON_LDFLAGS"
+  LIBS="-ljansson $LIBS"
+  dnl JSON_REJECT_DUPLICATES and json_loadb are what the reader relies on (jansson >= 2.1).
+  AC_MSG_CHECKING([for jansson (jansson.h, -ljansson)${fsdp_jansson_dir:+ in $fsdp_jansson_dir}])
+  AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <jansson.h>]],
+                                  [[json_error_t e;
+                                    json_t *j = json_loadb("{}", 2, JSON_REJECT_DUPLICATES, &e);
+                                    int ok = j && json_is_object(j); json_decref(j);
+                                    return !ok;]])],
+    [fsdp_have_jansson=yes], [fsdp_have_jansson=no])
+  dnl A directory given explicitly must hold the headers itself, not the system.
+  AS_IF([test -n "$fsdp_jansson_dir" && test ! -f "$fsdp_jansson_dir/include/jansson.h"],
+    [fsdp_have_jansson=no])
+  AC_MSG_RESULT([$fsdp_have_jansson])
+  CPPFLAGS=$fsdp_save_CPPFLAGS
+  LDFLAGS=$fsdp_save_LDFLAGS
+  LIBS=$fsdp_save_LIBS
+  AS_IF([test $fsdp_have_jansson = yes], [JANSSON_LIBS=-ljansson],
+    [AC_MSG_ERROR([jansson (jansson.h and -ljansson) was not found${fsdp_jansson_dir:+ in $fsdp_jansson_dir}; libfsdp needs it for safetensors checkpoints: install libjansson-dev, or give --with-jansson=DIR])])
+  fsdp_jansson_summary="found${fsdp_jansson_dir:+ ($fsdp_jansson_dir)}"
+  AC_SUBST([JANSSON_CPPFLAGS])
+  AC_SUBST([JANSSON_LDFLAGS])
+  AC_SUBST([JANSSON_LIBS])
 ])
