@@ -22,6 +22,7 @@
 #include <fsdp/nn.h>
 #include <fsdp/transformer.h>
 #include <fsdp/optim.h>
+#include <fsdp/safetensors.h>
 #include <fsdp/ddp.h>
 #include <fsdp/fsdp.h>
 #include <fsdp/policy.h>

@@ -2,7 +2,8 @@
 # t_exports.sh: the shared library exports the public API and nothing else.
 # Every dynamic symbol libfsdp.so defines (functions, data, weak and unique symbols, so C++
 # template instantiations count) must start with fsdp_ (not fsdp__, the internal prefix),
-# and a few public functions must be there (the Gloo API in every build: a stub without Gloo).
+# and a few public functions must be there (the Gloo API in every build: a stub without Gloo;
+# the safetensors API).
 lib="${top_builddir:-.}/.libs/libfsdp.so"
 if [ ! -f "$lib" ]; then
   echo "1..0 # SKIP no shared library was built ($lib)"
@@ -32,7 +33,15 @@ for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory 
          fsdp_loader_options_init fsdp_loader_create fsdp_loader_destroy fsdp_loader_options \
          fsdp_loader_rows fsdp_loader_num_batches fsdp_loader_get_position \
          fsdp_loader_set_position fsdp_loader_batch fsdp_loader_next fsdp_loader_next_tensors \
-         fsdp_loader_last_error; do
+         fsdp_loader_last_error \
+         fsdp_safetensors_open fsdp_safetensors_close fsdp_safetensors_last_error \
+         fsdp_safetensors_count fsdp_safetensors_info fsdp_safetensors_find \
+         fsdp_safetensors_metadata_count fsdp_safetensors_metadata_at fsdp_safetensors_metadata \
+         fsdp_safetensors_read_raw fsdp_safetensors_read fsdp_safetensors_read_tensor \
+         fsdp_safetensors_load_tensor fsdp_safetensors_load_all fsdp_safetensors_load_into \
+         fsdp_safetensors_load_module fsdp_safetensors_save fsdp_safetensors_save_module \
+         fsdp_gpt2_hf_name fsdp_gpt2_name_from_hf fsdp_gpt2_hf_is_conv1d fsdp_gpt2_hf_save \
+         fsdp_gpt2_hf_load; do
   printf '%s\n' "$defined" | grep -qx "$s" || missing="$missing $s"
 done
 if [ -z "$missing" ]; then

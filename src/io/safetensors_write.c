@@ -1,0 +1,404 @@
+/*
+ * safetensors_write.c: writing safetensors files atomically.
+ *
+ * Everything that can be checked is checked before the file system is touched (names, dtypes,
+ * metadata, sizes, the JSON). Then the file is written under a temporary name in the
+ * destination's directory (rename is atomic only within one file system), fsync'ed, closed
+ * (some file systems report write errors only at close), renamed over the destination, and the
+ * directory is fsync'ed so that the rename itself survives a power cut. Until the rename, the
+ * destination is the previous file; any failure before it removes the temporary file.
+ *
+ * The header is compact JSON ("__metadata__" first, then the tensors in the caller's order),
+ * padded with spaces to a multiple of 8 bytes so that the data section, which starts at
+ * 8 + header length, is 8-byte aligned; the tensors follow one another in the same order.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "io/io_impl.h"
+
+/* The context errors go to, and a fallback log line when there is none. */
+static int werr(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+
+static int werr(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) {
+    char buf[FSDP_ERR_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__verr(buf, rc, fmt, ap);
+    va_end(ap);
+    if (ctx)
+        fsdp__ctx_err(ctx, rc, "%s", buf);
+    else
+        fsdp_log(NULL, FSDP_LOG_ERROR, "%s", buf);
+    return rc;
+}
+
+static bool host_is_le(void) {
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+static void to_le(void *buf, size_t n, size_t es) {
+    if (host_is_le() || es == 1) return;
+    unsigned char *p = buf;
+    for (size_t i = 0; i < n; i++, p += es)
+        for (size_t a = 0, b = es - 1; a < b; a++, b--) {
+            unsigned char t = p[a];
+            p[a] = p[b];
+            p[b] = t;
+        }
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Finds a string that occurs twice among n; NULL when all differ. */
+static int find_dup(const char *const *s, size_t n, const char **dup) {
+    *dup = NULL;
+    if (n < 2) return FSDP_OK;
+    const char **c = malloc(n * sizeof *c);
+    if (!c) return FSDP_ENOMEM;
+    memcpy(c, s, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_str);
+    for (size_t i = 1; i < n && !*dup; i++)
+        if (strcmp(c[i - 1], c[i]) == 0) *dup = c[i];
+    free(c);
+    return FSDP_OK;
+}
+
+/* Writes all n bytes. */
+static int write_all(int fd, const void *p, size_t n) {
+    const unsigned char *b = p;
+    while (n > 0) {
+        ssize_t k = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) {
+            errno = EIO;
+            return -1;
+        }
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Creates "<path>.tmp-<pid>-<n>" exclusively, with the permissions a new file gets. */
+static int open_temp(const char *path, char **tmp_out) {
+    size_t len = strlen(path) + 64;
+    char *tmp = malloc(len);
+    if (!tmp) {
+        errno = ENOMEM;
+        return -1;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long k =
+        (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+    for (int attempt = 0; attempt < 100; attempt++, k++) {
+        snprintf(tmp, len, "%s.tmp-%ld-%llx", path, (long)getpid(), k);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0) {
+            *tmp_out = tmp;
+            return fd;
+        }
+        if (errno != EEXIST) break;
+    }
+    int e = errno;
+    free(tmp);
+    errno = e;
+    return -1;
+}
+
+/* fsyncs the directory holding path, so that a rename in it is durable. File systems that
+ * cannot sync a directory (EINVAL) are taken at their word. */
+static int sync_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e == EINVAL) rc = 0;
+    errno = e;
+    return rc;
+}
+
+/* The header: compact JSON padded with spaces to a multiple of 8 bytes. */
+static int build_header(fsdp_ctx_t *ctx, const char *fn, size_t n, char *const *names,
+                        fsdp_tensor_t *const *tensors, const fsdp_safetensors_kv_t *meta,
+                        size_t nmeta, char **text, size_t *len) {
+    int rc = FSDP_OK;
+    char nm[224];
+    json_t *root = json_object();
+    if (!root) return werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+    if (nmeta) {
+        json_t *m = json_object();
+        if (!m || json_object_set_new(root, "__metadata__", m) != 0) {
+            rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+            goto out;
+        }
+        for (size_t i = 0; i < nmeta; i++) {
+            json_t *v = json_string(meta[i].value);
+            if (!v || json_object_set_new(m, meta[i].key, v) != 0) {
+                rc = werr(ctx, FSDP_EINVAL,
+                          "%s: metadata entry '%s': the key or the value is not valid UTF-8", fn,
+                          fsdp__st_shown(meta[i].key, nm, sizeof nm));
+                goto out;
+            }
+        }
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        const fsdp_tensor_t *t = tensors[i];
+        int nd = fsdp_tensor_ndim(t);
+        uint64_t nb = (uint64_t)fsdp_tensor_numel(t) * fsdp_dtype_size(fsdp_tensor_dtype(t));
+        json_t *e = json_object(), *shape = json_array(), *offs = json_array();
+        json_t *dt = json_string(fsdp__st_dtype_name(fsdp_tensor_dtype(t)));
+        bool ok = e && shape && offs && dt;
+        for (int d = 0; d < nd && ok; d++)
+            ok = json_array_append_new(shape, json_integer(fsdp_tensor_shape(t)[d])) == 0;
+        ok = ok && json_array_append_new(offs, json_integer((json_int_t)off)) == 0 &&
+             json_array_append_new(offs, json_integer((json_int_t)(off + nb))) == 0;
+        if (ok) {
+            /* The _new setters take their value's reference even when they fail. */
+            ok = json_object_set_new(e, "dtype", dt) == 0;
+            ok = json_object_set_new(e, "shape", shape) == 0 && ok;
+            ok = json_object_set_new(e, "data_offsets", offs) == 0 && ok;
+            dt = shape = offs = NULL;
+        }
+        json_decref(dt);
+        json_decref(shape);
+        json_decref(offs);
+        if (!ok) {
+            json_decref(e);
+            rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+            goto out;
+        }
+        if (json_object_set_new(root, names[i], e) != 0) {
+            rc = werr(ctx, FSDP_EINVAL, "%s: tensor '%s': the name is not valid UTF-8", fn,
+                      fsdp__st_shown(names[i], nm, sizeof nm));
+            goto out;
+        }
+        off += nb;
+    }
+    char *s = json_dumps(root, JSON_COMPACT);
+    if (!s) {
+        rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory for the header", fn);
+        goto out;
+    }
+    size_t sl = strlen(s), pad = (8 - sl % 8) % 8;
+    if (sl + pad > FSDP_SAFETENSORS_MAX_HEADER) {
+        free(s);
+        rc = werr(ctx, FSDP_EINVAL, "%s: the header would have %zu bytes (the limit is %u)", fn,
+                  sl + pad, FSDP_SAFETENSORS_MAX_HEADER);
+        goto out;
+    }
+    char *p = realloc(s, sl + pad + 1);
+    if (!p) {
+        free(s);
+        rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory for the header", fn);
+        goto out;
+    }
+    memset(p + sl, ' ', pad);
+    p[sl + pad] = 0;
+    *text = p;
+    *len = sl + pad;
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* Arguments, checked before anything is written. */
+static int check_args(fsdp_ctx_t *ctx, const char *fn, const char *path, size_t n,
+                      char *const *names, fsdp_tensor_t *const *tensors,
+                      const fsdp_safetensors_kv_t *meta, size_t nmeta) {
+    char nm[224];
+    if (!path || !path[0]) return werr(ctx, FSDP_EINVAL, "%s: the path is NULL or empty", fn);
+    if (n > 0 && (!names || !tensors))
+        return werr(ctx, FSDP_EINVAL, "%s: the list has no names or tensors", fn);
+    if (nmeta > 0 && !meta) return werr(ctx, FSDP_EINVAL, "%s: meta is NULL", fn);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!names[i] || !names[i][0])
+            return werr(ctx, FSDP_EINVAL, "%s: entry %zu has a NULL or empty name", fn, i);
+        fsdp__st_shown(names[i], nm, sizeof nm);
+        if (strcmp(names[i], "__metadata__") == 0)
+            return werr(ctx, FSDP_EINVAL,
+                        "%s: tensor '__metadata__': the name is reserved for metadata", fn);
+        if (!tensors[i]) return werr(ctx, FSDP_EINVAL, "%s: tensor '%s' is NULL", fn, nm);
+        fsdp_dtype_t dt = fsdp_tensor_dtype(tensors[i]);
+        if (!fsdp__st_dtype_name(dt))
+            return werr(ctx, FSDP_EINVAL,
+                        "%s: tensor '%s' has dtype %d, which safetensors "
+                        "cannot store",
+                        fn, nm, (int)dt);
+        uint64_t nb = (uint64_t)fsdp_tensor_numel(tensors[i]) * fsdp_dtype_size(dt);
+        if (nb > (uint64_t)INT64_MAX - total)
+            return werr(ctx, FSDP_EINVAL, "%s: tensor '%s': the data exceeds 2^63 bytes", fn, nm);
+        total += nb;
+    }
+    const char *dup = NULL;
+    if (find_dup((const char *const *)names, n, &dup) < 0)
+        return werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+    if (dup)
+        return werr(ctx, FSDP_EINVAL, "%s: tensor '%s': the name appears twice", fn,
+                    fsdp__st_shown(dup, nm, sizeof nm));
+    const char **keys = malloc((nmeta ? nmeta : 1) * sizeof *keys);
+    if (!keys) return werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < nmeta && rc == FSDP_OK; i++) {
+        keys[i] = meta[i].key;
+        if (!meta[i].key || !meta[i].value)
+            rc = werr(ctx, FSDP_EINVAL, "%s: metadata entry %zu has a NULL key or value", fn, i);
+    }
+    if (rc == FSDP_OK && find_dup(keys, nmeta, &dup) < 0)
+        rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+    else if (rc == FSDP_OK && dup)
+        rc = werr(ctx, FSDP_EINVAL, "%s: metadata key '%s' appears twice", fn,
+                  fsdp__st_shown(dup, nm, sizeof nm));
+    free(keys);
+    return rc;
+}
+
+int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *names,
+                   fsdp_tensor_t *const *tensors, const fsdp_safetensors_kv_t *meta, size_t nmeta,
+                   const char *fn) {
+    for (size_t i = 0; !ctx && tensors && i < n; i++)
+        if (tensors[i]) ctx = fsdp_tensor_ctx(tensors[i]);
+    int rc = check_args(ctx, fn, path, n, names, tensors, meta, nmeta);
+    if (rc < 0) return rc;
+    char *hdr = NULL, *tmp = NULL, nm[224];
+    void *buf = NULL;
+    size_t hlen = 0, bufcap = 0;
+    int fd = -1;
+    FSDP_TRY(rc, out, build_header(ctx, fn, n, names, tensors, meta, nmeta, &hdr, &hlen));
+    fd = open_temp(path, &tmp);
+    if (fd < 0) {
+        rc = werr(ctx, FSDP_EINVAL, "%s: '%s': cannot create a temporary file beside it: %s", fn,
+                  path, strerror(errno));
+        goto out;
+    }
+    unsigned char lenb[8];
+    for (int i = 0; i < 8; i++)
+        lenb[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    if (write_all(fd, lenb, 8) != 0 || write_all(fd, hdr, hlen) != 0) {
+        rc = werr(ctx, FSDP_EINVAL, "%s: '%s': writing the header failed: %s", fn, tmp,
+                  strerror(errno));
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const fsdp_tensor_t *t = tensors[i];
+        size_t es = fsdp_dtype_size(fsdp_tensor_dtype(t)), cnt = (size_t)fsdp_tensor_numel(t);
+        size_t nb = cnt * es;
+        if (nb == 0) continue;
+        if (nb > bufcap) {
+            free(buf);
+            buf = malloc(nb);
+            bufcap = buf ? nb : 0;
+            if (!buf) {
+                rc = werr(ctx, FSDP_ENOMEM, "%s: tensor '%s': out of memory (%zu bytes)", fn,
+                          fsdp__st_shown(names[i], nm, sizeof nm), nb);
+                goto out;
+            }
+        }
+        rc = fsdp_tensor_to_host(t, buf, nb);
+        if (rc < 0) {
+            rc = werr(ctx, rc, "%s: tensor '%s': reading its elements failed: %s", fn,
+                      fsdp__st_shown(names[i], nm, sizeof nm),
+                      fsdp_ctx_last_error(fsdp_tensor_ctx(t)));
+            goto out;
+        }
+        to_le(buf, cnt, es);
+        if (write_all(fd, buf, nb) != 0) {
+            rc = werr(ctx, FSDP_EINVAL, "%s: '%s': writing tensor '%s' failed: %s", fn, tmp,
+                      fsdp__st_shown(names[i], nm, sizeof nm), strerror(errno));
+            goto out;
+        }
+    }
+    if (fsync(fd) != 0) {
+        rc = werr(ctx, FSDP_EINVAL, "%s: '%s': fsync failed: %s", fn, tmp, strerror(errno));
+        goto out;
+    }
+    int crc = close(fd);
+    fd = -1;
+    if (crc != 0) {
+        rc = werr(ctx, FSDP_EINVAL, "%s: '%s': close failed: %s", fn, tmp, strerror(errno));
+        goto out;
+    }
+    if (rename(tmp, path) != 0) {
+        rc = werr(ctx, FSDP_EINVAL, "%s: renaming '%s' to '%s' failed: %s", fn, tmp, path,
+                  strerror(errno));
+        goto out;
+    }
+    free(tmp);
+    tmp = NULL;
+    if (sync_dir(path) != 0)
+        rc = werr(ctx, FSDP_EINVAL,
+                  "%s: '%s' is in place, but syncing its directory failed, so the rename may not "
+                  "survive a crash: %s",
+                  fn, path, strerror(errno));
+out:
+    if (fd >= 0) close(fd);
+    if (tmp) unlink(tmp);
+    free(tmp);
+    free(hdr);
+    free(buf);
+    return rc;
+}
+
+int fsdp_safetensors_save(fsdp_ctx_t *ctx, const char *path, const fsdp_named_list_t *tensors,
+                          const fsdp_safetensors_kv_t *meta, size_t nmeta) {
+    static const char fn[] = "fsdp_safetensors_save";
+    if (!tensors) return werr(ctx, FSDP_EINVAL, "%s: the list is NULL", fn);
+    return fsdp__st_write(ctx, path, tensors->n, tensors->names, tensors->tensors, meta, nmeta, fn);
+}
+
+int fsdp__st_state_dict_unique(const fsdp_module_t *m, fsdp_named_list_t *out) {
+    int rc = fsdp_module_state_dict(m, out);
+    if (rc < 0) return rc;
+    size_t k = 0;
+    for (size_t i = 0; i < out->n; i++) {
+        bool alias = false;
+        for (size_t j = 0; j < k && !alias; j++)
+            alias = fsdp__st_same_view(out->tensors[i], out->tensors[j]);
+        if (alias) {
+            free(out->names[i]);
+            fsdp_tensor_release(out->tensors[i]);
+            continue;
+        }
+        out->names[k] = out->names[i];
+        out->tensors[k] = out->tensors[i];
+        if (out->modules) out->modules[k] = out->modules[i];
+        k++;
+    }
+    out->n = k;
+    return FSDP_OK;
+}
+
+int fsdp_safetensors_save_module(const fsdp_module_t *m, const char *path,
+                                 const fsdp_safetensors_kv_t *meta, size_t nmeta) {
+    static const char fn[] = "fsdp_safetensors_save_module";
+    if (!m) return werr(NULL, FSDP_EINVAL, "%s: the module is NULL", fn);
+    fsdp_ctx_t *ctx = fsdp_module_ctx(m);
+    fsdp_named_list_t sd;
+    int rc = fsdp__st_state_dict_unique(m, &sd);
+    if (rc < 0) return werr(ctx, rc, "%s: %s", fn, fsdp_ctx_last_error(ctx));
+    rc = fsdp__st_write(ctx, path, sd.n, sd.names, sd.tensors, meta, nmeta, fn);
+    fsdp_named_list_free(&sd);
+    return rc;
+}
