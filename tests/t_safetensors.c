@@ -692,7 +692,8 @@ static void test_atomic(void) {
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
-        struct rlimit rl;
+        struct rlimit rl = {0, 0};
+        setrlimit(RLIMIT_CORE, &rl); /* SIGXFSZ dumps core by default; no core file here */
         getrlimit(RLIMIT_FSIZE, &rl);
         rl.rlim_cur = 64 * 1024;
         setrlimit(RLIMIT_FSIZE, &rl);
