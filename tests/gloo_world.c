@@ -1,6 +1,6 @@
 /*
- * gloo_world.c: Gloo worlds of threads for the gloo tests, and failure recording (see
- * gloo_world.h).
+ * gloo_world.c: Gloo worlds of threads or processes for the gloo tests, and failure recording
+ * (see gloo_world.h).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -8,36 +8,36 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "coll_check.h"
 #include "gloo_world.h"
+#include "mp_fork.h"
 #include "tap.h"
+
+double gw_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One rank, on a thread or in a process: its own context and Gloo world group over `store`, then
+ * fn. The context destroys the groups the rank left (its world group among them); the store
+ * they borrow is the caller's. */
+static int gw_rank_body(int rank, int n, fsdp_store_t *store, gw_fn fn, void *arg, char *err,
+                        size_t cap) {
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_pg_t *pg = NULL;
+    int rc = mp_gloo_rank(rank, n, 0, store, &ctx, &pg, err, cap);
+    if (rc == FSDP_OK) rc = fn(ctx, pg, arg);
+    fsdp_ctx_destroy(ctx);
+    coll_check_release();
+    return rc;
+}
 
 static void *gw_main(void *p) {
     gw_rank_t *g = p;
-    fsdp_ctx_t *ctx = NULL;
-    fsdp_pg_t *pg = NULL;
-    fsdp_ctx_options_t co;
-    fsdp_ctx_options_init(&co);
-    co.rank = g->rank;
-    co.world_size = g->size;
-    g->status = fsdp_ctx_create(&co, &ctx);
-    if (g->status < 0) {
-        snprintf(g->err, sizeof g->err, "fsdp_ctx_create failed");
-        return NULL;
-    }
-    fsdp_gloo_options_t o;
-    fsdp_gloo_options_init(&o);
-    o.timeout_ms = GW_CONNECT_MS;
-    g->status = fsdp_pg_create_gloo(ctx, g->store, &o, &pg);
-    if (g->status < 0)
-        snprintf(g->err, sizeof g->err, "fsdp_pg_create_gloo: %s", fsdp_ctx_last_error(ctx));
-    else
-        g->status = g->fn(ctx, pg, g->arg);
-    /* The context destroys the groups the rank left (its world group among them); the store
-     * they borrow goes after it, in gw_run_on(). */
-    fsdp_ctx_destroy(ctx);
-    coll_check_release();
+    g->status = gw_rank_body(g->rank, g->size, g->store, g->fn, g->arg, g->err, sizeof g->err);
     return NULL;
 }
 
@@ -73,9 +73,35 @@ int gw_run(int n, gw_fn fn, void *arg, int *status) {
     return gw_run_on(NULL, n, fn, arg, status);
 }
 
+typedef struct gw_procs {
+    gw_fn fn;
+    void *arg;
+} gw_procs_t;
+
+static int gw_proc_main(int rank, int n, const char *dir, void *arg) {
+    const gw_procs_t *gp = arg;
+    fsdp_store_t *store = NULL;
+    char err[600] = "";
+    int rc = fsdp_store_create_file(dir, &store);
+    if (rc < 0)
+        snprintf(err, sizeof err, "fsdp_store_create_file: %s: %s", fsdp_err_name(rc),
+                 fsdp_store_open_error());
+    else
+        rc = gw_rank_body(rank, n, store, gp->fn, gp->arg, err, sizeof err);
+    fsdp_store_destroy(store);
+    if (err[0]) tap_diag("rank %d: %s", rank, err);
+    return rc;
+}
+
+int gw_run_procs(int n, gw_fn fn, void *arg, int *status) {
+    if (!fsdp_gloo_available()) return FSDP_ENOTSUP;
+    gw_procs_t gp = {fn, arg};
+    return mp_fork_ranks(n, gw_proc_main, &gp, GW_DEADLINE_S, status);
+}
+
 void rec_init(rec_t *r) {
     memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
+    mp_mutex_init(&r->mu);
 }
 
 void rec_check(rec_t *r, int pass, const char *fmt, ...) {

@@ -12,6 +12,7 @@
  * 2. Bitwise agreement with the sim backend on random (inexact) f32/bf16/f16 values:
  *    reduce_scatter and all_reduce at every world size (both reduce in rank order), reduce at
  *    world size 2 (Gloo's ring reduce combines in another order from 3 ranks on).
+ *    Parts 1 and 2 are in gloo_coll_suite.c, which t_gloo_coll_mp.c runs on rank processes.
  * 3. Asynchronous works on two groups: issue order is execution order across groups, a blocking
  *    call queues behind outstanding works, works complete and test as done.
  * 4. Sub-groups from split (reordered by key) and new_group, nested, running collectives.
@@ -38,336 +39,18 @@
 #include <fsdp.h>
 
 #include "coll_check.h"
+#include "gloo_coll_suite.h"
 #include "gloo_world.h"
 #include "tap.h"
 
-#define ODD_COUNT 1001
+#define ODD_COUNT GCS_ODD_COUNT
 #define MAX_WORLD GW_MAX_WORLD
 #define KEEP_MSGS REC_KEEP
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void sleep_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0) {
     }
-}
-
-#if defined(__SANITIZE_THREAD__)
-#define LARGE_MB_DEFAULT 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define LARGE_MB_DEFAULT 1
-#endif
-#endif
-#ifndef LARGE_MB_DEFAULT
-#define LARGE_MB_DEFAULT 4
-#endif
-
-static size_t large_bytes(void) {
-    const char *e = getenv("FSDP_TEST_LARGE_MB");
-    long mb = LARGE_MB_DEFAULT;
-    if (e && *e) mb = strtol(e, NULL, 10);
-    if (mb < 0) mb = 0;
-    return (size_t)mb << 20;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* 1. The F02 matrix */
-
-static const fsdp_coll_kind_t data_kinds[] = {FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER,
-                                              FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST,
-                                              FSDP_COLL_REDUCE,     FSDP_COLL_ALL_TO_ALL};
-#define NKINDS ((int)(sizeof data_kinds / sizeof data_kinds[0]))
-
-typedef struct cell {
-    int combos;
-    int fails;
-    char msg[KEEP_MSGS][640];
-} cell_t;
-
-typedef struct matrix {
-    size_t large;
-    pthread_mutex_t mu;
-    cell_t cell[FSDP_COLL_COUNT][FSDP_DTYPE_COUNT];
-    cell_t barrier;
-} matrix_t;
-
-static void record(matrix_t *m, cell_t *c, int rank, int rc, const char *why) {
-    pthread_mutex_lock(&m->mu);
-    if (rank == 0) c->combos++;
-    if (rc != 0) {
-        if (c->fails < KEEP_MSGS) snprintf(c->msg[c->fails], sizeof c->msg[0], "%.630s", why);
-        c->fails++;
-    }
-    pthread_mutex_unlock(&m->mu);
-}
-
-/* The large message reduces with sum and one other operator, rotating over dtypes and worlds,
- * as in t_pg_coll.c: the operators' semantics are covered by the small counts. */
-static int large_op_wanted(fsdp_dtype_t dt, fsdp_redop_t op, int world) {
-    static const fsdp_redop_t others[4] = {FSDP_REDOP_AVG, FSDP_REDOP_MIN, FSDP_REDOP_MAX,
-                                           FSDP_REDOP_PROD};
-    fsdp_redop_t other = others[((int)dt + world) % 4];
-    if (dt == FSDP_DTYPE_BOOL && other == FSDP_REDOP_AVG) other = FSDP_REDOP_PROD;
-    return op == FSDP_REDOP_SUM || op == other;
-}
-
-static int matrix_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
-    matrix_t *m = arg;
-    const int r = fsdp_pg_rank(pg), n = fsdp_pg_size(pg);
-    char why[1024];
-    (void)ctx;
-    fsdp_pg_set_timeout(pg, 60000);
-    for (int ki = 0; ki < NKINDS; ki++) {
-        fsdp_coll_kind_t kind = data_kinds[ki];
-        int nops = coll_check_has_op(kind) ? FSDP_REDOP_COUNT : 1;
-        int nroots = coll_check_has_root(kind) ? 2 : 1;
-        for (int dti = 0; dti < FSDP_DTYPE_COUNT; dti++) {
-            fsdp_dtype_t dt = (fsdp_dtype_t)dti;
-            cell_t *cell = &m->cell[kind][dt];
-            size_t counts[4] = {0, 1, ODD_COUNT, 0};
-            int ncounts = 3;
-            if (m->large) counts[ncounts++] = coll_check_count_for_bytes(kind, dt, n, m->large);
-            for (int ci = 0; ci < ncounts; ci++) {
-                int large = ci == 3;
-                for (int opi = 0; opi < nops; opi++) {
-                    fsdp_redop_t op = (fsdp_redop_t)opi;
-                    if (large && coll_check_has_op(kind) && !large_op_wanted(dt, op, n)) continue;
-                    for (int ip = 0; ip < 2; ip++) {
-                        for (int ri = 0; ri < nroots; ri++) {
-                            if (large && nroots == 2 && ri != ip) continue;
-                            int nnull =
-                                coll_check_has_root(kind) && !ip && counts[ci] == ODD_COUNT ? 2 : 1;
-                            for (int nu = 0; nu < nnull; nu++) {
-                                coll_check_args_t a;
-                                memset(&a, 0, sizeof a);
-                                a.kind = kind;
-                                a.dtype = dt;
-                                a.op = op;
-                                a.count = counts[ci];
-                                a.in_place = ip;
-                                a.root = ri == 0 ? 0 : n - 1;
-                                a.null_unused = nu;
-                                a.async = counts[ci] == 1;
-                                int rc = coll_check_run_args(pg, &a, why, sizeof why);
-                                record(m, cell, r, rc, why);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for (int i = 0; i < 3; i++) {
-        int rc = coll_check_run(pg, FSDP_COLL_BARRIER, FSDP_DTYPE_U8, FSDP_REDOP_SUM, 0, 0, 0, why,
-                                sizeof why);
-        record(m, &m->barrier, r, rc, why);
-    }
-    return FSDP_OK;
-}
-
-static void report_cell(const cell_t *c, const char *fmt, ...) FSDP_PRINTF(2, 3);
-static void report_cell(const cell_t *c, const char *fmt, ...) {
-    char name[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    tap_ok(c->fails == 0 && c->combos > 0, "%s", name);
-    if (c->fails) {
-        tap_diag("%d failing (combination, rank) pairs; the first:", c->fails);
-        for (int i = 0; i < c->fails && i < KEEP_MSGS; i++)
-            tap_diag("  %s", c->msg[i]);
-    }
-}
-
-static int test_matrix(void) {
-    static const int worlds[] = {2, 3, 4};
-    int total = 0;
-    size_t large = large_bytes();
-    for (int wi = 0; wi < 3; wi++) {
-        int n = worlds[wi];
-        matrix_t *m = calloc(1, sizeof *m);
-        if (!m) tap_bail("out of memory");
-        m->large = large;
-        pthread_mutex_init(&m->mu, NULL);
-        double t0 = now_s();
-        int rc = gw_run(n, matrix_rank, m, NULL);
-        tap_is_int(rc, FSDP_OK, "F02 gloo world %d: the matrix ran on every rank (%.1f s)", n,
-                   now_s() - t0);
-        for (int ki = 0; ki < NKINDS; ki++) {
-            fsdp_coll_kind_t kind = data_kinds[ki];
-            for (int dt = 0; dt < FSDP_DTYPE_COUNT; dt++) {
-                const cell_t *c = &m->cell[kind][dt];
-                char counts[64];
-                if (large)
-                    snprintf(counts, sizeof counts, "0, 1, %d, %zu MiB", ODD_COUNT, large >> 20);
-                else
-                    snprintf(counts, sizeof counts, "0, 1, %d", ODD_COUNT);
-                report_cell(c, "F02 gloo world %d: %s %s: %d combinations (%scounts %s%s%s)", n,
-                            fsdp_coll_name(kind), fsdp_dtype_name((fsdp_dtype_t)dt), c->combos,
-                            coll_check_has_op(kind) ? "5 ops x " : "", counts,
-                            coll_check_has_root(kind) ? " x roots 0, size-1" : "",
-                            kind == FSDP_COLL_ALL_TO_ALL ? "; send == recv rejected"
-                                                         : " x in/out of place");
-                total += c->combos;
-            }
-        }
-        report_cell(&m->barrier, "F02 gloo world %d: barrier", n);
-        total += m->barrier.combos;
-        pthread_mutex_destroy(&m->mu);
-        free(m);
-    }
-    return total;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* 2. Bitwise agreement with sim */
-
-#define BW_RS_COUNT 300007 /* per rank; over 512 KiB for f32, so several segments */
-#define BW_AR_COUNT 100003
-
-typedef struct bw {
-    fsdp_coll_kind_t kind;
-    fsdp_dtype_t dt;
-    fsdp_redop_t op;
-    size_t count;
-    int which;                        /* 0: sim, 1: gloo */
-    unsigned char *out[2][MAX_WORLD]; /* each rank's result */
-    int fails;
-    pthread_mutex_t mu;
-    char msg[256];
-} bw_t;
-
-static int bw_body(fsdp_pg_t *pg, bw_t *b) {
-    const int r = fsdp_pg_rank(pg), n = fsdp_pg_size(pg);
-    const size_t es = fsdp_dtype_size(b->dt), c = b->count;
-    const int rs = b->kind == FSDP_COLL_REDUCE_SCATTER;
-    const size_t len = rs ? (size_t)n * c : c;
-    float *tmp = malloc(len * sizeof *tmp);
-    unsigned char *send = malloc(len * es), *recv = malloc(c * es);
-    int rc = FSDP_ENOMEM;
-    if (tmp && send && recv) {
-        fsdp_rng_t rng;
-        fsdp_rng_init(&rng, 0xb17b17ULL, (uint64_t)r);
-        fsdp_rng_uniform_f32(&rng, tmp, len, -1.0f, 1.0f);
-        fsdp_dtype_convert(send, b->dt, tmp, FSDP_DTYPE_F32, len);
-        memset(recv, 0xEE, c * es);
-        if (rs)
-            rc = fsdp_pg_reduce_scatter(pg, send, recv, c, b->dt, b->op, NULL);
-        else if (b->kind == FSDP_COLL_REDUCE)
-            rc = fsdp_pg_reduce(pg, send, recv, c, b->dt, b->op, 0, NULL);
-        else
-            rc = fsdp_pg_all_reduce(pg, send, recv, c, b->dt, b->op, NULL);
-        if (rc == FSDP_OK) {
-            b->out[b->which][r] = recv;
-            recv = NULL;
-        } else {
-            pthread_mutex_lock(&b->mu);
-            if (b->fails++ == 0)
-                snprintf(b->msg, sizeof b->msg, "rank %d: %s: %.200s", r, fsdp_err_name(rc),
-                         fsdp_pg_last_error(pg));
-            pthread_mutex_unlock(&b->mu);
-        }
-    }
-    free(tmp);
-    free(send);
-    free(recv);
-    return rc;
-}
-
-static int bw_sim_rank(fsdp_ctx_t *ctx, void *arg) {
-    return bw_body(fsdp_ctx_pg(ctx), arg);
-}
-
-static int bw_gloo_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
-    (void)ctx;
-    return bw_body(pg, arg);
-}
-
-/* Runs one case on sim and on gloo; returns the number of elements (over all ranks that hold a
- * result) whose bits differ, or -1 when a run failed. */
-static long bw_case(bw_t *b, int n) {
-    pthread_mutex_init(&b->mu, NULL);
-    fsdp_sim_options_t o;
-    fsdp_sim_options_init(&o);
-    o.world_size = n;
-    o.timeout_ms = 60000;
-    b->which = 0;
-    int rc = fsdp_sim_run(&o, bw_sim_rank, b, NULL);
-    b->which = 1;
-    if (rc == FSDP_OK) rc = gw_run(n, bw_gloo_rank, b, NULL);
-    long diff = rc == FSDP_OK ? 0 : -1;
-    const size_t es = fsdp_dtype_size(b->dt);
-    for (int r = 0; r < n && diff >= 0; r++) {
-        if (b->kind == FSDP_COLL_REDUCE && r != 0) continue;
-        for (size_t i = 0; i < b->count; i++)
-            if (memcmp(b->out[0][r] + i * es, b->out[1][r] + i * es, es) != 0) diff++;
-    }
-    if (rc != FSDP_OK) tap_diag("%s", b->msg);
-    for (int w = 0; w < 2; w++)
-        for (int r = 0; r < n; r++)
-            free(b->out[w][r]);
-    pthread_mutex_destroy(&b->mu);
-    return diff;
-}
-
-static void test_bitwise(void) {
-    static const fsdp_dtype_t dts[] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
-    static const fsdp_redop_t ops[] = {FSDP_REDOP_SUM, FSDP_REDOP_AVG};
-    for (int n = 2; n <= 4; n++) {
-        for (int di = 0; di < 3; di++) {
-            for (int oi = 0; oi < 2; oi++) {
-                bw_t b;
-                memset(&b, 0, sizeof b);
-                b.kind = FSDP_COLL_REDUCE_SCATTER;
-                b.dt = dts[di];
-                b.op = ops[oi];
-                b.count = BW_RS_COUNT;
-                long d = bw_case(&b, n);
-                tap_ok(d == 0,
-                       "bitwise: world %d reduce_scatter %s of random %s (%d elements per rank) "
-                       "equals the sim backend's bits",
-                       n, fsdp_redop_name(b.op), fsdp_dtype_name(b.dt), BW_RS_COUNT);
-                if (d) tap_diag("%ld elements differ", d);
-            }
-        }
-    }
-    static const fsdp_coll_kind_t kinds[] = {FSDP_COLL_ALL_REDUCE, FSDP_COLL_REDUCE};
-    for (int ki = 0; ki < 2; ki++) {
-        for (int di = 0; di < 3; di++) {
-            bw_t b;
-            memset(&b, 0, sizeof b);
-            b.kind = kinds[ki];
-            b.dt = dts[di];
-            b.op = di == 1 ? FSDP_REDOP_AVG : FSDP_REDOP_SUM;
-            b.count = BW_AR_COUNT;
-            long d = bw_case(&b, 2);
-            tap_ok(d == 0, "bitwise: world 2 %s %s of random %s equals the sim backend's bits",
-                   fsdp_coll_name(b.kind), fsdp_redop_name(b.op), fsdp_dtype_name(b.dt));
-            if (d) tap_diag("%ld elements differ", d);
-        }
-    }
-    /* all_reduce is the rank-ordered reduce-scatter plus an all-gather: bitwise at every world
-     * size, sum and avg, for the floats whose rounding would show another order. */
-    for (int n = 3; n <= 4; n++)
-        for (int di = 0; di < 3; di++) {
-            bw_t b;
-            memset(&b, 0, sizeof b);
-            b.kind = FSDP_COLL_ALL_REDUCE;
-            b.dt = dts[di];
-            b.op = di == 1 ? FSDP_REDOP_AVG : FSDP_REDOP_SUM;
-            b.count = BW_AR_COUNT;
-            long d = bw_case(&b, n);
-            tap_ok(d == 0, "bitwise: world %d all_reduce %s of random %s equals the sim backend's bits",
-                   n, fsdp_redop_name(b.op), fsdp_dtype_name(b.dt));
-            if (d) tap_diag("%ld elements differ", d);
-        }
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -586,9 +269,9 @@ static void fault_wait(fault_t *f, int count) {
 /* The stickiness check after a failure with status `want`. */
 static void check_sticky(fault_t *f, fsdp_pg_t *pg, int want) {
     const int r = fsdp_pg_rank(pg);
-    double t0 = now_s();
+    double t0 = gw_now_s();
     int e = fsdp_pg_barrier(pg, NULL);
-    double dt = now_s() - t0;
+    double dt = gw_now_s() - t0;
     rec_check(&f->rec, e == want && dt < 0.5 && strstr(fsdp_pg_last_error(pg), "failed earlier"),
               "rank %d: the next collective returned %s after %.3f s (want %s at once): %.300s", r,
               fsdp_err_name(e), dt, fsdp_err_name(want), fsdp_pg_last_error(pg));
@@ -621,7 +304,7 @@ static int timeout_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
                   r, fsdp_err_name(e));
         return FSDP_OK;
     }
-    double t0 = now_s();
+    double t0 = gw_now_s();
     if (r == 1) {
         fsdp_work_t *w = NULL;
         e = fsdp_pg_all_reduce(pg, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDOP_SUM, &w);
@@ -630,7 +313,7 @@ static int timeout_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     } else {
         e = fsdp_pg_all_reduce(pg, buf, buf, 1000, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
     }
-    double dt = now_s() - t0;
+    double dt = gw_now_s() - t0;
     const char *err = fsdp_pg_last_error(pg);
     double lo = (double)f->timeout_ms * 0.7e-3, hi = (double)f->timeout_ms * 1e-3 + 3.0;
     rec_check(&f->rec,
@@ -668,9 +351,9 @@ static int destroy_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
         free(buf);
         return FSDP_OK;
     }
-    double t0 = now_s();
+    double t0 = gw_now_s();
     e = fsdp_pg_all_reduce(pg, buf, buf, C, FSDP_DTYPE_F32, FSDP_REDOP_MAX, NULL);
-    double dt = now_s() - t0;
+    double dt = gw_now_s() - t0;
     rec_check(&f->rec, (e == FSDP_EREMOTE || e == FSDP_ETIMEDOUT) && dt < 3.0,
               "rank %d: %s after %.3f s (want FSDP_EREMOTE or FSDP_ETIMEDOUT, well before the "
               "%lld ms timeout): %.400s",
@@ -685,24 +368,24 @@ static void test_faults(void) {
     for (int n = 2; n <= 3; n++) {
         fault_t f;
         fault_init(&f, 500);
-        double t0 = now_s();
+        double t0 = gw_now_s();
         int s = gw_run(n, timeout_rank, &f, NULL);
         rec_report(&f.rec, s,
                    "timeout: world %d, rank %d never joins an all_reduce: the others get "
                    "FSDP_ETIMEDOUT after the 500 ms group timeout naming the collective, then "
                    "every later call fails at once (sticky) (%.1f s)",
-                   n, n - 1, now_s() - t0);
+                   n, n - 1, gw_now_s() - t0);
         fault_fini(&f);
     }
     fault_t f;
     fault_init(&f, 20000);
-    double t0 = now_s();
+    double t0 = gw_now_s();
     int s = gw_run(3, destroy_rank, &f, NULL);
     rec_report(&f.rec, s,
                "peer exit: world 3, rank 1 destroys its group while ranks 0 and 2 wait in an "
                "all_reduce: they fail with FSDP_EREMOTE or FSDP_ETIMEDOUT in under 3 s of a 20 s "
                "timeout, sticky (%.1f s)",
-               now_s() - t0);
+               gw_now_s() - t0);
     fault_fini(&f);
 }
 
@@ -787,10 +470,10 @@ static int one_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     rec_check(rc,
               strcmp(fsdp_pg_backend(pg), "gloo") == 0 && strcmp(fsdp_pg_name(pg), "world") == 0,
               "backend '%s', name '%s'", fsdp_pg_backend(pg), fsdp_pg_name(pg));
-    for (int k = 0; k < NKINDS; k++)
-        rec_coll(rc, pg, "world 1", data_kinds[k], FSDP_DTYPE_BF16,
-                 data_kinds[k] == FSDP_COLL_ALL_TO_ALL ? FSDP_REDOP_SUM : FSDP_REDOP_AVG, ODD_COUNT,
-                 data_kinds[k] != FSDP_COLL_ALL_TO_ALL, 0);
+    for (int k = 0; k < GCS_NKINDS; k++)
+        rec_coll(rc, pg, "world 1", gcs_kinds[k], FSDP_DTYPE_BF16,
+                 gcs_kinds[k] == FSDP_COLL_ALL_TO_ALL ? FSDP_REDOP_SUM : FSDP_REDOP_AVG, ODD_COUNT,
+                 gcs_kinds[k] != FSDP_COLL_ALL_TO_ALL, 0);
     rec_coll(rc, pg, "world 1", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_BOOL, FSDP_REDOP_MIN, ODD_COUNT, 0,
              0);
     return FSDP_OK;
@@ -839,9 +522,9 @@ static void test_create(void) {
     co.world_size = 2;
     if (fsdp_ctx_create(&co, &lone) != FSDP_OK) tap_bail("fsdp_ctx_create");
     o.timeout_ms = 300;
-    double t0 = now_s();
+    double t0 = gw_now_s();
     e = fsdp_pg_create_gloo(lone, store, &o, &pg);
-    double dt = now_s() - t0;
+    double dt = gw_now_s() - t0;
     tap_ok(e == FSDP_ETIMEDOUT && pg == NULL && dt < 5.0 &&
                strstr(fsdp_ctx_last_error(lone), "rank 0 of 2"),
            "create: a peer that never comes gives FSDP_ETIMEDOUT after the 300 ms timeout "
@@ -872,17 +555,17 @@ static void test_create(void) {
 
 int main(void) {
     tap_plan_lazy();
-    double t0 = now_s();
+    double t0 = gw_now_s();
     test_create();
     if (!fsdp_gloo_available()) return tap_done();
     test_check();
     test_async();
     test_groups();
     test_faults();
-    test_bitwise();
-    int combos = test_matrix();
+    gcs_bitwise(gw_run, "F02 gloo");
+    int combos = gcs_matrix(gw_run, "F02 gloo", gcs_large_bytes());
     tap_diag("matrix: %d combinations per rank over worlds 2, 3, 4; large case %zu MiB; "
              "%.1f s in all",
-             combos, large_bytes() >> 20, now_s() - t0);
+             combos, gcs_large_bytes() >> 20, gw_now_s() - t0);
     return tap_done();
 }
