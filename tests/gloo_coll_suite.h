@@ -1,39 +1,26 @@
 /*
  * gloo_coll_suite.h: the parts of the foundation's collective suite (seed behaviour F02,
  * "Collectives that FSDP and the references use") that run on Gloo worlds of threads
- * (t_gloo_coll.c, gw_run()) and of processes (t_gloo_coll_mp.c, gw_run_procs()) alike.
+ * (t_gloo_coll.c, gw_run()) and of processes (t_gloo_coll_mp.c, gw_run_procs()) alike: the
+ * matrix of coll_matrix.h as Gloo runs it, and the bitwise comparison with sim.
  *
- * Everything a rank records lives in mp_shared_alloc() memory, with process-shared locks, so
- * the same rank functions serve both runners.
+ * Everything a rank records lives in mp_shared_alloc() memory, so the same rank functions serve
+ * both runners.
  */
 #ifndef FSDP_TESTS_GLOO_COLL_SUITE_H
 #define FSDP_TESTS_GLOO_COLL_SUITE_H
 
 #include <stddef.h>
 
-#include <fsdp.h>
-
 #include "gloo_world.h"
-
-/* The odd count of the matrix (and of many checks of t_gloo_coll.c). */
-#define GCS_ODD_COUNT 1001
-
-/* Every collective that moves data, in the matrix's order. */
-extern const fsdp_coll_kind_t gcs_kinds[];
-#define GCS_NKINDS 6
 
 /* The matrix's large message in bytes: FSDP_TEST_LARGE_MB MiB, by default 4 (1 under
  * ThreadSanitizer); 0 leaves it out. */
 size_t gcs_large_bytes(void);
 
-/*
- * The F02 matrix of coll_check.h at world sizes 2, 3 and 4, each world started by `run`: every
- * collective x dtype x reduce op, in place and out of place, counts 0, 1, GCS_ODD_COUNT and
- * (when large > 0) a message of `large` bytes, roots 0 and size-1, NULL for the buffers the
- * contract does not use, the count-1 cases through works; barrier. Prints one TAP line per world
- * ("<name> world <n>: the matrix ran on every rank"), per (collective, dtype) and for barrier;
- * returns the number of combinations each rank ran.
- */
+/* coll_matrix.h's matrix at world sizes 2, 3 and 4, each world started by `run`, with a large
+ * message of `large` bytes (0: none) and a 60 s collective timeout; TAP lines start with
+ * "<name> world <n>:". Returns the number of combinations each rank ran. */
 int gcs_matrix(gw_runner_fn run, const char *name, size_t large);
 
 /*

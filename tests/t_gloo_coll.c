@@ -12,7 +12,8 @@
  * 2. Bitwise agreement with the sim backend on random (inexact) f32/bf16/f16 values:
  *    reduce_scatter and all_reduce at every world size (both reduce in rank order), reduce at
  *    world size 2 (Gloo's ring reduce combines in another order from 3 ranks on).
- *    Parts 1 and 2 are in gloo_coll_suite.c, which t_gloo_coll_mp.c runs on rank processes.
+ *    Parts 1 and 2 are in gloo_coll_suite.c (the matrix itself in coll_matrix.c, which serves
+ *    sim too), which t_gloo_coll_mp.c runs on rank processes.
  * 3. Asynchronous works on two groups: issue order is execution order across groups, a blocking
  *    call queues behind outstanding works, works complete and test as done.
  * 4. Sub-groups from split (reordered by key) and new_group, nested, running collectives.
@@ -39,11 +40,12 @@
 #include <fsdp.h>
 
 #include "coll_check.h"
+#include "coll_matrix.h"
 #include "gloo_coll_suite.h"
 #include "gloo_world.h"
 #include "tap.h"
 
-#define ODD_COUNT GCS_ODD_COUNT
+#define ODD_COUNT CM_ODD_COUNT
 #define MAX_WORLD GW_MAX_WORLD
 #define KEEP_MSGS REC_KEEP
 
@@ -470,10 +472,10 @@ static int one_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     rec_check(rc,
               strcmp(fsdp_pg_backend(pg), "gloo") == 0 && strcmp(fsdp_pg_name(pg), "world") == 0,
               "backend '%s', name '%s'", fsdp_pg_backend(pg), fsdp_pg_name(pg));
-    for (int k = 0; k < GCS_NKINDS; k++)
-        rec_coll(rc, pg, "world 1", gcs_kinds[k], FSDP_DTYPE_BF16,
-                 gcs_kinds[k] == FSDP_COLL_ALL_TO_ALL ? FSDP_REDOP_SUM : FSDP_REDOP_AVG, ODD_COUNT,
-                 gcs_kinds[k] != FSDP_COLL_ALL_TO_ALL, 0);
+    for (int k = 0; k < CM_NKINDS; k++)
+        rec_coll(rc, pg, "world 1", cm_kinds[k], FSDP_DTYPE_BF16,
+                 cm_kinds[k] == FSDP_COLL_ALL_TO_ALL ? FSDP_REDOP_SUM : FSDP_REDOP_AVG, ODD_COUNT,
+                 cm_kinds[k] != FSDP_COLL_ALL_TO_ALL, 0);
     rec_coll(rc, pg, "world 1", FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_BOOL, FSDP_REDOP_MIN, ODD_COUNT, 0,
              0);
     return FSDP_OK;

@@ -2,18 +2,12 @@
  * t_pg_coll.c: the collective suite on the sim backend (seed behaviour F02, "Collectives that
  * FSDP and the references use").
  *
- * 1. The matrix: every collective x dtype x reduce op x world size {1, 2, 3, 4, 8} x counts {0,
- *    1, 1001, 16 MiB}, in place and out of place, broadcast and reduce with root 0 and root
- *    size-1, every element checked against the closed forms of coll_check.h. One fsdp_sim_run
- *    per world size runs the whole matrix on every rank; each rank records its failures, and
- *    the results become one TAP line per (world, collective, dtype), with the first failing
- *    combinations as comments. 1001 elements split unevenly over the ranks; the large case is
- *    a 16 MiB message as the counters count it (size * count elements for all_gather,
- *    reduce_scatter and all_to_all). To keep the run short the large case reduces with sum and
- *    one other operator, and runs broadcast and reduce with root 0 out of place and root size-1
- *    in place (see large_op_wanted()). The count-1 cases go through work handles, the others
- *    block. avg on bool is checked to be rejected; all_to_all, which has no in-place form, is
- *    checked to reject send == recv.
+ * 1. The matrix of coll_matrix.h (shared with the gloo tests): every collective x dtype x
+ *    reduce op x world size {1, 2, 3, 4, 8} x counts {0, 1, 1001, 16 MiB}, in place and out of
+ *    place, broadcast and reduce with root 0 and root size-1, every element checked against the
+ *    closed forms of coll_check.h. One fsdp_sim_run per world size runs the whole matrix on
+ *    every rank; the results become one TAP line per (world, collective, dtype), with the first
+ *    failing combinations as comments.
  * 2. Determinism: random (non-integer) f32, f16 and bf16 sums with all_reduce and reduce_scatter
  *    over 4 and 8 ranks, repeated under different thread timings, are bitwise identical and
  *    equal to a sequential rank-order reference computed here.
@@ -37,19 +31,13 @@
 #include <fsdp.h>
 
 #include "coll_check.h"
+#include "coll_matrix.h"
 #include "tap.h"
 
-#define ODD_COUNT 1001 /* uneven over 2, 3, 4 and 8 ranks: 1001 = 7 * 11 * 13 */
-#define MAX_WORLD 8
-#define KEEP_MSGS 3
+#define ODD_COUNT CM_ODD_COUNT
 
 static const int worlds[] = {1, 2, 3, 4, 8};
 #define NWORLDS ((int)(sizeof worlds / sizeof worlds[0]))
-
-static const fsdp_coll_kind_t data_kinds[] = {FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER,
-                                              FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST,
-                                              FSDP_COLL_REDUCE,     FSDP_COLL_ALL_TO_ALL};
-#define NKINDS ((int)(sizeof data_kinds / sizeof data_kinds[0]))
 
 static void sleep_us(long us) {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -63,184 +51,26 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* ThreadSanitizer checks every byte that memcpy/memcmp touch, which makes the 16 MiB case take
- * minutes there; under it the default is 2 MiB (FSDP_TEST_LARGE_MB still decides). */
-#if defined(__SANITIZE_THREAD__)
-#define LARGE_MB_DEFAULT 2
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define LARGE_MB_DEFAULT 2
-#endif
-#endif
-#ifndef LARGE_MB_DEFAULT
-#define LARGE_MB_DEFAULT 16
-#endif
-
-static size_t large_bytes(void) {
-    const char *e = getenv("FSDP_TEST_LARGE_MB");
-    long mb = LARGE_MB_DEFAULT;
-    if (e && *e) mb = strtol(e, NULL, 10);
-    if (mb < 0) mb = 0;
-    return (size_t)mb << 20;
-}
-
 /* ---------------------------------------------------------------------------------------- */
-/* 1. The matrix */
+/* 1. The matrix (coll_matrix.c) on sim threads */
 
-typedef struct cell {
-    int combos; /* combinations run (counted on rank 0) */
-    int fails;  /* failed (combination, rank) pairs */
-    char msg[KEEP_MSGS][640];
-} cell_t;
+typedef struct sim_call {
+    cm_rank_fn fn;
+    void *arg;
+} sim_call_t;
 
-typedef struct matrix {
-    size_t large; /* bytes of the large message; 0 for none */
-    pthread_mutex_t mu;
-    cell_t cell[FSDP_COLL_COUNT][FSDP_DTYPE_COUNT];
-    cell_t barrier;
-} matrix_t;
-
-static void record(matrix_t *m, cell_t *c, int rank, int rc, const char *why) {
-    pthread_mutex_lock(&m->mu);
-    if (rank == 0) c->combos++;
-    if (rc != 0) {
-        if (c->fails < KEEP_MSGS) snprintf(c->msg[c->fails], sizeof c->msg[0], "%.630s", why);
-        c->fails++;
-    }
-    pthread_mutex_unlock(&m->mu);
+static int sim_rank(fsdp_ctx_t *ctx, void *arg) {
+    const sim_call_t *c = arg;
+    return c->fn(ctx, fsdp_ctx_pg(ctx), c->arg);
 }
 
-/*
- * The large case reduces with sum and one other operator only. It is there for what depends on
- * the size of the buffers (blocking in the reduction kernels, slicing of the work over ranks,
- * offsets deep into 16 MiB buffers), not for the operators' semantics, which the small counts
- * check for every operator; running all five operators at 16 MiB would multiply the run time
- * by 2.5. The second operator rotates over dtypes and worlds so that each is run at size.
- */
-static int large_op_wanted(fsdp_dtype_t dt, fsdp_redop_t op, int world) {
-    static const fsdp_redop_t others[4] = {FSDP_REDOP_AVG, FSDP_REDOP_MIN, FSDP_REDOP_MAX,
-                                           FSDP_REDOP_PROD};
-    fsdp_redop_t other = others[((int)dt + world) % 4];
-    if (dt == FSDP_DTYPE_BOOL && other == FSDP_REDOP_AVG) other = FSDP_REDOP_PROD;
-    return op == FSDP_REDOP_SUM || op == other;
-}
-
-static int matrix_rank(fsdp_ctx_t *ctx, void *arg) {
-    matrix_t *m = arg;
-    fsdp_pg_t *pg = fsdp_ctx_pg(ctx);
-    const int r = fsdp_pg_rank(pg), n = fsdp_pg_size(pg);
-    char why[1024];
-
-    for (int ki = 0; ki < NKINDS; ki++) {
-        fsdp_coll_kind_t kind = data_kinds[ki];
-        int nops = coll_check_has_op(kind) ? FSDP_REDOP_COUNT : 1;
-        int nroots = coll_check_has_root(kind) && n > 1 ? 2 : 1;
-        for (int dti = 0; dti < FSDP_DTYPE_COUNT; dti++) {
-            fsdp_dtype_t dt = (fsdp_dtype_t)dti;
-            cell_t *cell = &m->cell[kind][dt];
-            size_t counts[4] = {0, 1, ODD_COUNT, 0};
-            int ncounts = 3;
-            if (m->large) counts[ncounts++] = coll_check_count_for_bytes(kind, dt, n, m->large);
-            for (int ci = 0; ci < ncounts; ci++) {
-                int large = ci == 3;
-                for (int opi = 0; opi < nops; opi++) {
-                    fsdp_redop_t op = (fsdp_redop_t)opi;
-                    if (large && coll_check_has_op(kind) && !large_op_wanted(dt, op, n)) continue;
-                    for (int ip = 0; ip < 2; ip++) {
-                        for (int ri = 0; ri < nroots; ri++) {
-                            /* Large: root 0 out of place, root size-1 in place (the root does
-                             * not change how the data is cut, and this halves the time). */
-                            if (large && nroots == 2 && ri != ip) continue;
-                            /* Broadcast and reduce out of place also run with NULL for the
-                             * buffers the contract does not use (count 1001). */
-                            int nnull =
-                                coll_check_has_root(kind) && !ip && counts[ci] == ODD_COUNT ? 2 : 1;
-                            for (int nu = 0; nu < nnull; nu++) {
-                                coll_check_args_t a;
-                                memset(&a, 0, sizeof a);
-                                a.kind = kind;
-                                a.dtype = dt;
-                                a.op = op;
-                                a.count = counts[ci];
-                                a.in_place = ip;
-                                a.root = ri == 0 ? 0 : n - 1;
-                                a.null_unused = nu;
-                                /* The count-1 cases go through a work handle. */
-                                a.async = counts[ci] == 1;
-                                int rc = coll_check_run_args(pg, &a, why, sizeof why);
-                                record(m, cell, r, rc, why);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for (int i = 0; i < 3; i++) {
-        int rc = coll_check_run(pg, FSDP_COLL_BARRIER, FSDP_DTYPE_U8, FSDP_REDOP_SUM, 0, 0, 0, why,
-                                sizeof why);
-        record(m, &m->barrier, r, rc, why);
-    }
-    coll_check_release();
-    return FSDP_OK;
-}
-
-static void report_cell(const cell_t *c, const char *fmt, ...) FSDP_PRINTF(2, 3);
-static void report_cell(const cell_t *c, const char *fmt, ...) {
-    char name[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    tap_ok(c->fails == 0 && c->combos > 0, "%s", name);
-    if (c->fails) {
-        tap_diag("%d failing (combination, rank) pairs; the first:", c->fails);
-        for (int i = 0; i < c->fails && i < KEEP_MSGS; i++)
-            tap_diag("  %s", c->msg[i]);
-    }
-}
-
-static int test_matrix(void) {
-    int total = 0;
-    size_t large = large_bytes();
-    for (int wi = 0; wi < NWORLDS; wi++) {
-        int n = worlds[wi];
-        matrix_t *m = calloc(1, sizeof *m);
-        if (!m) tap_bail("out of memory");
-        m->large = large;
-        pthread_mutex_init(&m->mu, NULL);
-        fsdp_sim_options_t o;
-        fsdp_sim_options_init(&o);
-        o.world_size = n;
-        o.timeout_ms = 120000;
-        int status[MAX_WORLD];
-        double t0 = now_s();
-        int rc = fsdp_sim_run(&o, matrix_rank, m, status);
-        tap_is_int(rc, FSDP_OK, "world %d: the matrix ran on every rank (%.1f s)", n, now_s() - t0);
-        for (int ki = 0; ki < NKINDS; ki++) {
-            fsdp_coll_kind_t kind = data_kinds[ki];
-            for (int dt = 0; dt < FSDP_DTYPE_COUNT; dt++) {
-                const cell_t *c = &m->cell[kind][dt];
-                char counts[64];
-                if (large)
-                    snprintf(counts, sizeof counts, "0, 1, %d, %zu MiB", ODD_COUNT, large >> 20);
-                else
-                    snprintf(counts, sizeof counts, "0, 1, %d", ODD_COUNT);
-                report_cell(c, "world %d: %s %s: %d combinations (%scounts %s%s%s)", n,
-                            fsdp_coll_name(kind), fsdp_dtype_name((fsdp_dtype_t)dt), c->combos,
-                            coll_check_has_op(kind) ? "5 ops x " : "", counts,
-                            coll_check_has_root(kind) ? " x roots 0, size-1" : "",
-                            kind == FSDP_COLL_ALL_TO_ALL ? "; send == recv rejected"
-                                                         : " x in/out of place");
-                total += c->combos;
-            }
-        }
-        report_cell(&m->barrier, "world %d: barrier", n);
-        total += m->barrier.combos;
-        pthread_mutex_destroy(&m->mu);
-        free(m);
-    }
-    return total;
+static int sim_runner(int n, cm_rank_fn fn, void *arg, int *status) {
+    sim_call_t c = {fn, arg};
+    fsdp_sim_options_t o;
+    fsdp_sim_options_init(&o);
+    o.world_size = n;
+    o.timeout_ms = 120000;
+    return fsdp_sim_run(&o, sim_rank, &c, status);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -668,8 +498,8 @@ static void test_checker_self(void) {
         fsdp_pg_create_dummy(NULL, 0, 2, FSDP_DUMMY_FAIL, &failing) != FSDP_OK)
         tap_bail("cannot create dummy groups");
     char why[1024];
-    for (int ki = 0; ki < NKINDS; ki++) {
-        fsdp_coll_kind_t kind = data_kinds[ki];
+    for (int ki = 0; ki < CM_NKINDS; ki++) {
+        fsdp_coll_kind_t kind = cm_kinds[ki];
         /* Rank 0 is the root of reduce (its recv must change) and not of broadcast. */
         int root = kind == FSDP_COLL_BROADCAST ? 1 : 0;
         int rc = coll_check_run(noop, kind, FSDP_DTYPE_F32, FSDP_REDOP_SUM, ODD_COUNT, 0, root, why,
@@ -696,9 +526,12 @@ int main(void) {
     test_validation();
     test_counters();
     test_determinism();
-    int combos = test_matrix();
+    /* 16 MiB; 2 under ThreadSanitizer, where it would take minutes. */
+    const cm_options_t mo = {
+        .name = "F02 sim", .worlds = worlds, .nworlds = NWORLDS, .large = cm_large_bytes(16, 2)};
+    int combos = cm_matrix(sim_runner, &mo);
     tap_diag("matrix: %d combinations per rank over worlds 1, 2, 3, 4, 8; large case %zu MiB; "
              "%.1f s in all",
-             combos, large_bytes() >> 20, now_s() - t0);
+             combos, mo.large >> 20, now_s() - t0);
     return tap_done();
 }
