@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -76,6 +77,22 @@ int fsdp__err(char *buf, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
 
 /* Same, on a context's last error (ctx may be NULL: the message is only logged). */
 int fsdp__ctx_err(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+
+/* A growable string for messages that list names. fsdp__sb_add appends (printf-style); after an
+ * allocation failure it stops appending and sets oom. Zero-initialize; fsdp__sb_free releases. */
+typedef struct fsdp__sbuf {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} fsdp__sbuf_t;
+void fsdp__sb_add(fsdp__sbuf_t *b, const char *fmt, ...) FSDP_PRINTF(2, 3);
+/* The text so far ("" when empty or after an allocation failure). */
+const char *fsdp__sb_str(const fsdp__sbuf_t *b);
+void fsdp__sb_free(fsdp__sbuf_t *b);
+
+/* Converts n elements of es bytes between little-endian (the file formats') and host order, in
+ * place: a no-op on little-endian hosts, a byte reversal per element otherwise. */
+void fsdp__swap_le(void *buf, size_t n, size_t es);
 
 /* Attaches the borrowed world group and store of a rank (sim runner, init-from-env). */
 void fsdp__ctx_attach(fsdp_ctx_t *ctx, fsdp_pg_t *pg, fsdp_store_t *store);

@@ -81,40 +81,6 @@ static void ptrset_free(struct ptrset *s) {
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
-/* A growing string; on allocation failure it keeps failing and sb.err is set. */
-struct sbuf {
-    char *s;
-    size_t n, cap;
-    bool err;
-};
-
-static void sb_printf(struct sbuf *b, const char *fmt, ...) FSDP_PRINTF(2, 3);
-static void sb_printf(struct sbuf *b, const char *fmt, ...) {
-    if (b->err) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int len = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (len < 0) {
-        b->err = true;
-        return;
-    }
-    if (b->n + (size_t)len + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (b->n + (size_t)len + 1 > cap) cap *= 2;
-        char *s = realloc(b->s, cap);
-        if (!s) {
-            b->err = true;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->n, (size_t)len + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)len;
-}
 
 static size_t list_len(const char *const *l) {
     size_t n = 0;
@@ -676,7 +642,7 @@ nomem:
 
 /* PyTorch's _warn_on_overridden_mixed_precision. */
 static void warn_mp_override(const struct planner *pl) {
-    struct sbuf b = {0};
+    fsdp__sbuf_t b = {0};
     size_t k = 0;
     for (size_t i = 0; i < pl->plan.n; i++) {
         const fsdp_wrap_plan_entry_t *e = &pl->plan.entries[i];
@@ -686,9 +652,9 @@ static void warn_mp_override(const struct planner *pl) {
         for (size_t j = 0; j < i && !dup; j++)
             dup = pl->plan.entries[j].mp_override &&
                   strcmp(fsdp_module_type(pl->plan.entries[j].module), t) == 0;
-        if (!dup) sb_printf(&b, "%s%s", k++ ? ", " : "", t);
+        if (!dup) fsdp__sb_add(&b, "%s%s", k++ ? ", " : "", t);
     }
-    if (k == 0 || b.err) {
+    if (k == 0 || b.oom) {
         free(b.s);
         return;
     }
@@ -799,7 +765,7 @@ static int post_order(fsdp_named_list_t *out, size_t *cap, struct ptrset *seen, 
  * two Python-style lists of FQNs. Modules in `visited` (those of units already examined) are
  * not entered; claimed parameters are skipped and the new ones claimed. */
 struct frozen_split {
-    struct sbuf on, off; /* "'a', 'b'" */
+    fsdp__sbuf_t on, off; /* "'a', 'b'" */
     int64_t on_numel, off_numel;
     size_t n_on, n_off;
 };
@@ -824,8 +790,8 @@ static int managed_split(fsdp_module_t *u, const char *fqn, const struct ptrset 
             if ((rc = ptrset_add(claimed, t)) < 0) goto out;
             if (rc == 0) continue;
             bool on = fsdp_tensor_requires_grad(t);
-            struct sbuf *b = on ? &fs->on : &fs->off;
-            sb_printf(b, "%s'%s%s%s'", (on ? fs->n_on : fs->n_off) ? ", " : "", prefix,
+            fsdp__sbuf_t *b = on ? &fs->on : &fs->off;
+            fsdp__sb_add(b, "%s'%s%s%s'", (on ? fs->n_on : fs->n_off) ? ", " : "", prefix,
                       *prefix ? "." : "", m->params[i].name);
             *(on ? &fs->on_numel : &fs->off_numel) += fsdp_tensor_numel(t);
             ++*(on ? &fs->n_on : &fs->n_off);
@@ -847,7 +813,7 @@ static int managed_split(fsdp_module_t *u, const char *fqn, const struct ptrset 
             if (!qn[tail++]) goto nomem;
         }
     }
-    rc = (fs->on.err || fs->off.err) ? FSDP_ENOMEM : FSDP_OK;
+    rc = (fs->on.oom || fs->off.oom) ? FSDP_ENOMEM : FSDP_OK;
     goto out;
 nomem:
     rc = FSDP_ENOMEM;
@@ -870,24 +836,24 @@ static int validate_frozen(fsdp_module_t *root, const struct ptrset *units,
         struct frozen_split fs = {0};
         rc = managed_split(po.modules[i], po.names[i], ignored, &visited, &claimed, &fs);
         if (rc >= 0 && fs.n_on > 0 && fs.n_off > 0) {
-            struct sbuf b = {0};
-            sb_printf(&b, "%s has both parameters with requires_grad=True and False.",
+            fsdp__sbuf_t b = {0};
+            fsdp__sb_add(&b, "%s has both parameters with requires_grad=True and False.",
                       po.names[i]);
             if (use_orig_params)
-                sb_printf(&b,
+                fsdp__sb_add(&b,
                           " We do not recommend wrapping such modules since the gradient memory "
                           "usage will be higher than expected (%lld numel instead of %lld numel "
                           "before sharding via reduce-scatter). ",
                           (long long)(fs.on_numel + fs.off_numel), (long long)fs.on_numel);
             else
-                sb_printf(&b, " FSDP does not support wrapping such modules when "
+                fsdp__sb_add(&b, " FSDP does not support wrapping such modules when "
                               "use_orig_params=False. ");
-            sb_printf(&b,
+            fsdp__sb_add(&b,
                       "If possible, wrap the frozen parameters with FSDP separately.\n"
                       "The following parameters have requires_grad=True:\n[%s]\n"
                       "The following parameters have requires_grad=False:\n[%s]",
                       fs.on.s, fs.off.s);
-            if (b.err) {
+            if (b.oom) {
                 rc = FSDP_ENOMEM;
             } else {
                 if (message && !*message) *message = b.s, b.s = NULL;

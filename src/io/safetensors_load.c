@@ -14,40 +14,6 @@
 
 /* ---- a growing string for reports ---------------------------------------------------------- */
 
-struct sbuf {
-    char *s;
-    size_t n, cap;
-    bool oom;
-};
-
-static void sb_add(struct sbuf *b, const char *fmt, ...) FSDP_PRINTF(2, 3);
-
-static void sb_add(struct sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) return;
-    if (b->n + (size_t)k + 1 > b->cap) {
-        size_t nc = (b->n + (size_t)k + 1) * 2;
-        char *p = realloc(b->s, nc);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = nc;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)k;
-}
-
-static const char *sb_str(const struct sbuf *b) {
-    return b->s && !b->oom ? b->s : "";
-}
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -128,7 +94,7 @@ int fsdp__st_load_mapped(fsdp_safetensors_t *st, const fsdp_named_list_t *dst, b
     bool *skipped = calloc(nf ? nf : 1, sizeof *skipped);
     struct mapped *idx = calloc(nf ? nf : 1, sizeof *idx);
     long *match = calloc(dst->n ? dst->n : 1, sizeof *match); /* dst entry -> file entry */
-    struct sbuf missing = {0}, unexpected = {0}, bad = {0};
+    fsdp__sbuf_t missing = {0}, unexpected = {0}, bad = {0};
     size_t nmissing = 0, nunexpected = 0, nbad = 0;
     char a[224], b[224], c[256], d[160];
     if (!owned || !tr || !used || !skipped || !idx || !match) {
@@ -177,7 +143,7 @@ int fsdp__st_load_mapped(fsdp_safetensors_t *st, const fsdp_named_list_t *dst, b
     for (size_t i = 0; i < dst->n; i++) {
         match[i] = -1;
         if (!dst->names[i]) {
-            sb_add(&bad, "%sdestination entry %zu has a NULL name", nbad++ ? "; " : "", i);
+            fsdp__sb_add(&bad, "%sdestination entry %zu has a NULL name", nbad++ ? "; " : "", i);
             continue;
         }
         long k = find_mapped(idx, nm, dst->names[i]);
@@ -189,12 +155,12 @@ int fsdp__st_load_mapped(fsdp_safetensors_t *st, const fsdp_named_list_t *dst, b
         const fsdp_tensor_t *t = dst->tensors[i];
         fsdp__st_shown(dst->names[i], a, sizeof a);
         if (!t)
-            sb_add(&bad, "%s\"%s\" (the destination tensor is NULL)", nbad++ ? "; " : "", a);
+            fsdp__sb_add(&bad, "%s\"%s\" (the destination tensor is NULL)", nbad++ ? "; " : "", a);
         else if (e->dtype == FSDP_DTYPE_COUNT)
-            sb_add(&bad, "%s\"%s\" (dtype %s cannot be converted)", nbad++ ? "; " : "", a,
+            fsdp__sb_add(&bad, "%s\"%s\" (dtype %s cannot be converted)", nbad++ ? "; " : "", a,
                    e->st_dtype);
         else if (!shape_fits(t, e, tr[j]))
-            sb_add(&bad, "%s\"%s\" (file %s %s%s, destination %s)", nbad++ ? "; " : "", a,
+            fsdp__sb_add(&bad, "%s\"%s\" (file %s %s%s, destination %s)", nbad++ ? "; " : "", a,
                    e->st_dtype, shape_str(e->shape, e->ndim, c, sizeof c),
                    tr[j] ? ", stored transposed" : "", fsdp_tensor_describe(t, d, sizeof d));
     }
@@ -205,12 +171,12 @@ int fsdp__st_load_mapped(fsdp_safetensors_t *st, const fsdp_named_list_t *dst, b
         for (size_t k = 0; k < dst->n && !alias; k++)
             alias = match[k] >= 0 && fsdp__st_same_view(dst->tensors[i], dst->tensors[k]);
         if (alias) continue;
-        sb_add(&missing, "%s\"%s\"", nmissing++ ? ", " : "",
+        fsdp__sb_add(&missing, "%s\"%s\"", nmissing++ ? ", " : "",
                fsdp__st_shown(dst->names[i], a, sizeof a));
     }
     for (size_t j = 0; j < nf; j++) {
         if (used[j] || skipped[j]) continue;
-        sb_add(&unexpected, "%s\"%s\"", nunexpected++ ? ", " : "",
+        fsdp__sb_add(&unexpected, "%s\"%s\"", nunexpected++ ? ", " : "",
                fsdp__st_shown(st->e[j].name, a, sizeof a));
     }
     if (missing.oom || unexpected.oom || bad.oom) {
@@ -222,8 +188,8 @@ int fsdp__st_load_mapped(fsdp_safetensors_t *st, const fsdp_named_list_t *dst, b
                           "%s: '%s' (%s; nothing loaded): %zu missing, %zu unexpected, %zu "
                           "mismatched; missing: %s; unexpected: %s; mismatched: %s",
                           fn, st->path, strict ? "strict" : "not strict", nmissing, nunexpected,
-                          nbad, nmissing ? sb_str(&missing) : "none",
-                          nunexpected ? sb_str(&unexpected) : "none", nbad ? sb_str(&bad) : "none");
+                          nbad, nmissing ? fsdp__sb_str(&missing) : "none",
+                          nunexpected ? fsdp__sb_str(&unexpected) : "none", nbad ? fsdp__sb_str(&bad) : "none");
         goto out;
     }
     for (size_t i = 0; i < dst->n; i++) {
@@ -234,8 +200,8 @@ int fsdp__st_load_mapped(fsdp_safetensors_t *st, const fsdp_named_list_t *dst, b
         fsdp__st_err(st, FSDP_OK,
                      "%s: '%s' loaded (not strict): %zu missing, %zu unexpected; missing: %s; "
                      "unexpected: %s",
-                     fn, st->path, nmissing, nunexpected, nmissing ? sb_str(&missing) : "none",
-                     nunexpected ? sb_str(&unexpected) : "none");
+                     fn, st->path, nmissing, nunexpected, nmissing ? fsdp__sb_str(&missing) : "none",
+                     nunexpected ? fsdp__sb_str(&unexpected) : "none");
     rc = FSDP_OK;
 out:
     for (size_t j = 0; owned && j < nf; j++)

@@ -87,25 +87,6 @@ static const char *shape_str(const int64_t *shape, int nd, char *buf, size_t cap
     return buf;
 }
 
-/* ---- byte order --------------------------------------------------------------------------- */
-
-static bool host_is_le(void) {
-    const uint16_t one = 1;
-    return *(const unsigned char *)&one == 1;
-}
-
-/* Turns n little-endian elements of es bytes into host order (a no-op on little-endian hosts). */
-static void from_le(void *buf, size_t n, size_t es) {
-    if (host_is_le() || es == 1) return;
-    unsigned char *p = buf;
-    for (size_t i = 0; i < n; i++, p += es)
-        for (size_t a = 0, b = es - 1; a < b; a++, b--) {
-            unsigned char t = p[a];
-            p[a] = p[b];
-            p[b] = t;
-        }
-}
-
 /* ---- file access -------------------------------------------------------------------------- */
 
 /* Reads exactly n bytes at off; `what` says what for the message. */
@@ -745,7 +726,7 @@ int fsdp__st_read_entry(fsdp_safetensors_t *st, const struct fsdp__st_entry *e, 
     if (e->dtype == dt) {
         int rc = pread_all(st, dst, n * e->esize, off, what);
         if (rc < 0) return rc;
-        from_le(dst, n, e->esize);
+        fsdp__swap_le(dst, n, e->esize);
         /* A BOOL byte other than 0 reads as 1, as fsdp_dtype_convert reads it. */
         if (dt == FSDP_DTYPE_BOOL)
             for (unsigned char *p = dst; p < (unsigned char *)dst + n; p++)
@@ -760,7 +741,7 @@ int fsdp__st_read_entry(fsdp_safetensors_t *st, const struct fsdp__st_entry *e, 
         size_t k = n - i < per ? n - i : per;
         rc = pread_all(st, buf, k * e->esize, off + (uint64_t)i * e->esize, what);
         if (rc < 0) break;
-        from_le(buf, k, e->esize);
+        fsdp__swap_le(buf, k, e->esize);
         rc = fsdp_dtype_convert((char *)dst + i * ds, dt, buf, e->dtype, k);
         if (rc < 0)
             rc = fsdp__st_err(st, rc, "%s: converting %s to %s failed", what, e->st_dtype,

@@ -40,22 +40,6 @@ static int werr(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) {
     return rc;
 }
 
-static bool host_is_le(void) {
-    const uint16_t one = 1;
-    return *(const unsigned char *)&one == 1;
-}
-
-static void to_le(void *buf, size_t n, size_t es) {
-    if (host_is_le() || es == 1) return;
-    unsigned char *p = buf;
-    for (size_t i = 0; i < n; i++, p += es)
-        for (size_t a = 0, b = es - 1; a < b; a++, b--) {
-            unsigned char t = p[a];
-            p[a] = p[b];
-            p[b] = t;
-        }
-}
-
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -323,7 +307,7 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
                       fsdp_ctx_last_error(fsdp_tensor_ctx(t)));
             goto out;
         }
-        to_le(buf, cnt, es);
+        fsdp__swap_le(buf, cnt, es);
         if (write_all(fd, buf, nb) != 0) {
             rc = werr(ctx, FSDP_EINVAL, "%s: '%s': writing tensor '%s' failed: %s", fn, tmp,
                       fsdp__st_shown(names[i], nm, sizeof nm), strerror(errno));

@@ -36,38 +36,6 @@ static const char magic[8] = {'F', 'S', 'D', 'P', 'S', 'D', '0', '1'};
 
 /* ---- a growing string for error reports ---------------------------------------------------- */
 
-struct strbuf {
-    char *s;
-    size_t n, cap;
-    bool oom;
-};
-
-static void sb_add(struct strbuf *b, const char *fmt, ...) FSDP_PRINTF(2, 3);
-
-static void sb_add(struct strbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) return;
-    if (b->n + (size_t)k + 1 > b->cap) {
-        size_t nc = (b->n + (size_t)k + 1) * 2;
-        char *p = realloc(b->s, nc);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->s = p;
-        b->cap = nc;
-    }
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)k;
-}
-
-static const char *sb_str(const struct strbuf *b) { return b->s && !b->oom ? b->s : ""; }
 
 /* ---- state dict ---------------------------------------------------------------------------- */
 
@@ -140,7 +108,7 @@ int fsdp_module_load_state_dict(fsdp_module_t *m, const fsdp_named_list_t *sd, b
     if (rc < 0) return rc;
     long *match = calloc(want.n ? want.n : 1, sizeof *match);
     bool *used = calloc(sd->n ? sd->n : 1, sizeof *used);
-    struct strbuf missing = {0}, unexpected = {0}, mismatch = {0};
+    fsdp__sbuf_t missing = {0}, unexpected = {0}, mismatch = {0};
     size_t nmissing = 0, nunexpected = 0, nmismatch = 0;
     if (!match || !used) {
         rc = fsdp__module_err(m, FSDP_ENOMEM, "fsdp_module_load_state_dict: out of memory");
@@ -155,16 +123,16 @@ int fsdp_module_load_state_dict(fsdp_module_t *m, const fsdp_named_list_t *sd, b
             break;
         }
         if (match[i] < 0) {
-            sb_add(&missing, "%s\"%s\"", nmissing++ ? ", " : "", want.names[i]);
+            fsdp__sb_add(&missing, "%s\"%s\"", nmissing++ ? ", " : "", want.names[i]);
             continue;
         }
         const fsdp_tensor_t *src = sd->tensors[match[i]];
         if (!src) {
-            sb_add(&mismatch, "%s\"%s\" (the state dict holds NULL)", nmismatch++ ? "; " : "",
+            fsdp__sb_add(&mismatch, "%s\"%s\" (the state dict holds NULL)", nmismatch++ ? "; " : "",
                    want.names[i]);
         } else if (!same_shape(want.tensors[i], src)) {
             char a[160], b[160];
-            sb_add(&mismatch, "%s\"%s\" (module %s, state dict %s)", nmismatch++ ? "; " : "",
+            fsdp__sb_add(&mismatch, "%s\"%s\" (module %s, state dict %s)", nmismatch++ ? "; " : "",
                    want.names[i], fsdp_tensor_describe(want.tensors[i], a, sizeof a),
                    fsdp_tensor_describe(src, b, sizeof b));
         }
@@ -174,7 +142,7 @@ int fsdp_module_load_state_dict(fsdp_module_t *m, const fsdp_named_list_t *sd, b
         bool dup = false;
         for (size_t i = 0; i < want.n && !dup && sd->names[j]; i++)
             dup = strcmp(sd->names[j], want.names[i]) == 0;
-        sb_add(&unexpected, "%s\"%s\"%s", nunexpected++ ? ", " : "",
+        fsdp__sb_add(&unexpected, "%s\"%s\"%s", nunexpected++ ? ", " : "",
                sd->names[j] ? sd->names[j] : "(NULL)", dup ? " (a duplicate)" : "");
     }
     if (missing.oom || unexpected.oom || mismatch.oom) {
@@ -186,9 +154,9 @@ int fsdp_module_load_state_dict(fsdp_module_t *m, const fsdp_named_list_t *sd, b
             m, FSDP_EINVAL,
             "error loading state dict (%s; nothing loaded): %zu missing key(s)%s%s; %zu "
             "unexpected key(s)%s%s; %zu shape mismatch(es)%s%s",
-            strict ? "strict" : "not strict", nmissing, nmissing ? ": " : "", sb_str(&missing),
-            nunexpected, nunexpected ? ": " : "", sb_str(&unexpected), nmismatch,
-            nmismatch ? ": " : "", sb_str(&mismatch));
+            strict ? "strict" : "not strict", nmissing, nmissing ? ": " : "", fsdp__sb_str(&missing),
+            nunexpected, nunexpected ? ": " : "", fsdp__sb_str(&unexpected), nmismatch,
+            nmismatch ? ": " : "", fsdp__sb_str(&mismatch));
         goto out;
     }
     for (size_t i = 0; i < want.n; i++) {
@@ -199,8 +167,8 @@ int fsdp_module_load_state_dict(fsdp_module_t *m, const fsdp_named_list_t *sd, b
         fsdp__module_err(m, FSDP_OK,
                          "state dict loaded (not strict): %zu missing key(s)%s%s; %zu unexpected "
                          "key(s)%s%s",
-                         nmissing, nmissing ? ": " : "", sb_str(&missing), nunexpected,
-                         nunexpected ? ": " : "", sb_str(&unexpected));
+                         nmissing, nmissing ? ": " : "", fsdp__sb_str(&missing), nunexpected,
+                         nunexpected ? ": " : "", fsdp__sb_str(&unexpected));
     rc = FSDP_OK;
 out:
     free(missing.s);
@@ -213,23 +181,6 @@ out:
 }
 
 /* ---- file format -------------------------------------------------------------------------- */
-
-static bool host_is_le(void) {
-    const uint16_t one = 1;
-    return *(const unsigned char *)&one == 1;
-}
-
-/* Reverses each es-byte element of buf on a big-endian host (the file is little-endian). */
-static void to_le(void *buf, size_t n, size_t es) {
-    if (host_is_le() || es == 1) return;
-    unsigned char *p = buf;
-    for (size_t i = 0; i < n; i++, p += es)
-        for (size_t a = 0, b = es - 1; a < b; a++, b--) {
-            unsigned char t = p[a];
-            p[a] = p[b];
-            p[b] = t;
-        }
-}
 
 static void put_le(unsigned char *p, uint64_t v, int bytes) {
     for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
@@ -293,7 +244,7 @@ int fsdp_state_dict_save(const fsdp_named_list_t *sd, const char *path) {
             goto fail;
         }
         FSDP_TRY(rc, fail, fsdp_tensor_to_host(t, data, n * es));
-        to_le(data, n, es);
+        fsdp__swap_le(data, n, es);
         ok = fwrite(data, es, n, f) == n;
         free(data);
         data = NULL;
@@ -414,7 +365,7 @@ int fsdp_state_dict_load(fsdp_ctx_t *ctx, const char *path, fsdp_named_list_t *o
         data = malloc(bytes ? bytes : 1);
         if (!data) goto oom;
         if (!rd(f, data, bytes, &left)) goto truncated;
-        to_le(data, (size_t)numel, es);
+        fsdp__swap_le(data, (size_t)numel, es);
         FSDP_TRY(rc, fail, fsdp_tensor_from_host(ctx, (fsdp_dtype_t)dt, nd, shape, data,
                                                  FSDP_MEM_OTHER, &t));
         FSDP_TRY(rc, fail, fsdp_tensor_set_name(t, name));
