@@ -1,0 +1,283 @@
+/*
+ * train_flags.c: fsdp-train's command line.
+ *
+ * Every flag takes "--name VALUE" or "--name=VALUE"; booleans take no value. Numbers are parsed
+ * whole (trailing junk, overflow and NaN are refused) and checked against their range here, so
+ * that a bad value is one line on stderr naming the flag and the value, and exit status 2,
+ * before any rank starts. Checks that need the data (the vocabulary) happen later, in the
+ * ranks, and are reported the same way.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train.h"
+
+static const char usage_text[] =
+    "usage: " TRAIN_PROG " [options]\n"
+    "Trains a GPT with FSDP on simulated ranks (threads) or, with --backend gloo under fsdprun,\n"
+    "on processes. With no options: a 4-layer GPT on 4 sim ranks, FULL_SHARD, on the corpus\n"
+    "that ships with libfsdp, about a minute on two cores.\n"
+    "\n"
+    "optimisation:\n"
+    "  --lr X                  peak learning rate (1e-3)\n"
+    "  --lr-schedule S         constant | cosine (cosine, down to lr/10 at the last step)\n"
+    "  --warmup N              linear warm-up steps (30)\n"
+    "  --weight-decay X        AdamW decay of matrices (0.1); biases, LayerNorm parameters and\n"
+    "                          the position embedding are not decayed\n"
+    "  --beta1 X --beta2 X --eps X   AdamW (0.9, 0.95, 1e-8)\n"
+    "  --grad-clip X           clip the global gradient norm to X; 0 = off (1.0)\n"
+    "  --batch-size N          rows of a global micro-batch, a multiple of the world size (16)\n"
+    "  --seq-len N             tokens per row (64)\n"
+    "  --steps N               optimizer steps (240)\n"
+    "  --grad-accum N          micro-batches per step (1)\n"
+    "model:\n"
+    "  --model M               tiny | gpt2 | gpt2-medium (tiny: 4 layers, 4 heads, width 128)\n"
+    "  --n-layer N --n-head N --n-embd N --block-size N --vocab-size N   override the preset\n"
+    "                          (vocabulary: 256 for text, 50257 for llm.c token files)\n"
+    "  --dropout X             (0)\n"
+    "data:\n"
+    "  --data FILE             text or llm.c .bin tokens (the corpus that ships with libfsdp)\n"
+    "  --val-data FILE         validation data (the last 10% of --data)\n"
+    "  --shuffle               visit each epoch's batches in a seeded order\n"
+    "  --seed N                model initialisation, shuffling and sampling (1337)\n"
+    "distribution:\n"
+    "  --backend B             sim | gloo (sim); gloo reads its rank from fsdprun's environment\n"
+    "  --world-size N          sim ranks (4)\n"
+    "  --sharding S            full | grad-op | no-shard | hybrid (full); hybrid shards within\n"
+    "                          halves of the world and replicates across them\n"
+    "  --cpu-offload           keep shards, gradients and optimizer state on the host device\n"
+    "  --backward-prefetch P   pre | post | none (pre)\n"
+    "  --forward-prefetch\n"
+    "  --limit-all-gathers N   all-gathers in flight; 0 = no limit (2)\n"
+    "evaluation and output:\n"
+    "  --val-every K           validate every K steps (60); 0 = at the start and end only\n"
+    "  --val-steps N           batches per validation (8)\n"
+    "  --sample-tokens N       tokens to sample at the end; 0 = none (200)\n"
+    "  --temperature T         sampling temperature; 0 = greedy (0.8)\n"
+    "  --top-k K               sample among the K likeliest tokens; 0 = all (40)\n"
+    "  --prompt TEXT           start of the sample (\"The \")\n"
+    "  --metrics FILE          one JSON record per step (JSON lines)\n"
+    "  --log-every N           progress lines when stdout is not a terminal (auto)\n"
+    "  --quiet                 only the summary lines\n"
+    "checkpoints:\n"
+    "  --export FILE           write the final weights (safetensors, libfsdp names)\n"
+    "  --init FILE             start from these weights (safetensors, libfsdp or HF GPT-2 names)\n"
+    "  --help                  this text\n";
+
+static int bad(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs(TRAIN_PROG ": ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (try --help)\n", stderr);
+    va_end(ap);
+    return 2;
+}
+
+static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0')
+        return bad("%s: '%s' is not an integer", flag, v);
+    if (x < lo || x > hi)
+        return bad("%s: %s is out of range [%lld, %lld]", flag, v, (long long)lo, (long long)hi);
+    *out = x;
+    return 0;
+}
+
+static int parse_f64(const char *flag, const char *v, double lo, double hi, bool hi_open,
+                     double *out) {
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno != 0 || end == v || *end != '\0' || isnan(x))
+        return bad("%s: '%s' is not a number", flag, v);
+    if (x < lo || x > hi || (hi_open && x == hi))
+        return bad("%s: %s is out of range [%g, %g%c", flag, v, lo, hi, hi_open ? ')' : ']');
+    *out = x;
+    return 0;
+}
+
+static void defaults(train_opts_t *o) {
+    *o = (train_opts_t){
+        .lr = 1e-3,
+        .sched = TRAIN_SCHED_COSINE,
+        .warmup = 30,
+        .min_lr_frac = 0.1,
+        .weight_decay = 0.1,
+        .beta1 = 0.9,
+        .beta2 = 0.95,
+        .eps = 1e-8,
+        .grad_clip = 1.0,
+        .batch_size = 16,
+        .seq_len = 64,
+        .steps = 240,
+        .grad_accum = 1,
+        .model = "tiny",
+        .seed = 1337,
+        .backend = TRAIN_BACKEND_SIM,
+        .world_size = 4,
+        .sharding = FSDP_FULL_SHARD,
+        .backward_prefetch = FSDP_BACKWARD_PRE,
+        .limit_all_gathers = 2,
+        .val_every = 60,
+        .val_steps = 8,
+        .sample_tokens = 200,
+        .temperature = 0.8,
+        .top_k = 40,
+        .prompt = "The ",
+    };
+}
+
+/* Flags that take a value. */
+static const char *const valued[] = {
+    "--lr", "--lr-schedule", "--warmup", "--weight-decay", "--beta1", "--beta2", "--eps",
+    "--grad-clip", "--batch-size", "--seq-len", "--steps", "--grad-accum", "--model",
+    "--n-layer", "--n-head", "--n-embd", "--block-size", "--vocab-size", "--dropout", "--data",
+    "--val-data", "--seed", "--backend", "--world-size", "--sharding", "--backward-prefetch",
+    "--limit-all-gathers", "--val-every", "--val-steps", "--sample-tokens", "--temperature",
+    "--top-k", "--prompt", "--metrics", "--log-every", "--export", "--init", NULL};
+
+static bool takes_value(const char *name) {
+    for (int i = 0; valued[i]; i++)
+        if (strcmp(valued[i], name) == 0) return true;
+    return false;
+}
+
+/* One flag with its value (NULL for booleans). */
+static int apply(train_opts_t *o, const char *f, const char *v) {
+    int64_t n = 0;
+    int rc = 0;
+    const int64_t big = INT64_C(1) << 40;
+#define I64(name, lo, hi, field)                                                                 \
+    if (strcmp(f, name) == 0) {                                                                  \
+        if ((rc = parse_i64(f, v, lo, hi, &n)) != 0) return rc;                                  \
+        o->field = n;                                                                            \
+        return 0;                                                                                \
+    }
+#define F64(name, lo, hi, open, field)                                                           \
+    if (strcmp(f, name) == 0) return parse_f64(f, v, lo, hi, open, &o->field);
+    F64("--lr", 0, 10, false, lr)
+    I64("--warmup", 0, big, warmup)
+    F64("--weight-decay", 0, 10, false, weight_decay)
+    F64("--beta1", 0, 1, true, beta1)
+    F64("--beta2", 0, 1, true, beta2)
+    F64("--eps", 0, 1, false, eps)
+    F64("--grad-clip", 0, 1e30, false, grad_clip)
+    I64("--batch-size", 1, 1 << 20, batch_size)
+    I64("--seq-len", 1, 1 << 20, seq_len)
+    I64("--steps", 0, big, steps)
+    I64("--grad-accum", 1, 1 << 20, grad_accum)
+    I64("--n-layer", 1, 1024, n_layer)
+    I64("--n-head", 1, 1024, n_head)
+    I64("--n-embd", 1, 1 << 16, n_embd)
+    I64("--block-size", 1, 1 << 20, block_size)
+    I64("--vocab-size", 1, 1 << 24, vocab_size)
+    F64("--dropout", 0, 1, true, dropout)
+    I64("--val-every", 0, big, val_every)
+    I64("--val-steps", 1, big, val_steps)
+    I64("--sample-tokens", 0, 1 << 20, sample_tokens)
+    F64("--temperature", 0, 100, false, temperature)
+    I64("--top-k", 0, 1 << 24, top_k)
+    I64("--log-every", 0, big, log_every)
+#undef I64
+#undef F64
+    if (strcmp(f, "--seed") == 0) {
+        if ((rc = parse_i64(f, v, 0, INT64_MAX, &n)) != 0) return rc;
+        o->seed = (uint64_t)n;
+    } else if (strcmp(f, "--world-size") == 0) {
+        if ((rc = parse_i64(f, v, 1, 256, &n)) != 0) return rc;
+        o->world_size = (int)n;
+    } else if (strcmp(f, "--limit-all-gathers") == 0) {
+        if ((rc = parse_i64(f, v, 0, 1 << 20, &n)) != 0) return rc;
+        o->limit_all_gathers = (int)n;
+    } else if (strcmp(f, "--lr-schedule") == 0) {
+        if (strcmp(v, "constant") == 0) o->sched = TRAIN_SCHED_CONSTANT;
+        else if (strcmp(v, "cosine") == 0) o->sched = TRAIN_SCHED_COSINE;
+        else return bad("%s: '%s' is not constant or cosine", f, v);
+    } else if (strcmp(f, "--model") == 0) {
+        if (strcmp(v, "tiny") && strcmp(v, "gpt2") && strcmp(v, "gpt2-medium"))
+            return bad("%s: '%s' is not tiny, gpt2 or gpt2-medium", f, v);
+        o->model = v;
+    } else if (strcmp(f, "--backend") == 0) {
+        if (strcmp(v, "sim") == 0) o->backend = TRAIN_BACKEND_SIM;
+        else if (strcmp(v, "gloo") == 0) o->backend = TRAIN_BACKEND_GLOO;
+        else return bad("%s: '%s' is not sim or gloo", f, v);
+    } else if (strcmp(f, "--sharding") == 0) {
+        if (strcmp(v, "full") == 0) o->sharding = FSDP_FULL_SHARD;
+        else if (strcmp(v, "grad-op") == 0) o->sharding = FSDP_SHARD_GRAD_OP;
+        else if (strcmp(v, "no-shard") == 0) o->sharding = FSDP_NO_SHARD;
+        else if (strcmp(v, "hybrid") == 0) o->sharding = FSDP_HYBRID_SHARD;
+        else return bad("%s: '%s' is not full, grad-op, no-shard or hybrid", f, v);
+    } else if (strcmp(f, "--backward-prefetch") == 0) {
+        if (strcmp(v, "pre") == 0) o->backward_prefetch = FSDP_BACKWARD_PRE;
+        else if (strcmp(v, "post") == 0) o->backward_prefetch = FSDP_BACKWARD_POST;
+        else if (strcmp(v, "none") == 0) o->backward_prefetch = FSDP_BACKWARD_PREFETCH_NONE;
+        else return bad("%s: '%s' is not pre, post or none", f, v);
+    } else if (strcmp(f, "--data") == 0) {
+        o->data = v;
+    } else if (strcmp(f, "--val-data") == 0) {
+        o->val_data = v;
+    } else if (strcmp(f, "--prompt") == 0) {
+        o->prompt = v;
+    } else if (strcmp(f, "--metrics") == 0) {
+        o->metrics = v;
+    } else if (strcmp(f, "--export") == 0) {
+        o->export_path = v;
+    } else if (strcmp(f, "--init") == 0) {
+        o->init_path = v;
+    } else {
+        return bad("internal: unhandled flag %s", f);
+    }
+    return 0;
+}
+
+int train_parse_flags(int argc, char **argv, train_opts_t *o) {
+    defaults(o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage_text, stdout);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0) return bad("unexpected argument '%s'", a);
+        char name[64];
+        const char *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        if (len >= sizeof name) return bad("unknown option '%s'", a);
+        memcpy(name, a, len);
+        name[len] = '\0';
+        bool is_bool = strcmp(name, "--shuffle") == 0 || strcmp(name, "--cpu-offload") == 0 ||
+                       strcmp(name, "--forward-prefetch") == 0 || strcmp(name, "--quiet") == 0;
+        if (is_bool) {
+            if (eq) return bad("%s takes no value", name);
+            if (strcmp(name, "--shuffle") == 0) o->shuffle = true;
+            else if (strcmp(name, "--cpu-offload") == 0) o->cpu_offload = true;
+            else if (strcmp(name, "--forward-prefetch") == 0) o->forward_prefetch = true;
+            else o->quiet = true;
+            continue;
+        }
+        if (!takes_value(name)) return bad("unknown option '%s'", name);
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) return bad("%s needs a value", name);
+        int rc = apply(o, name, v);
+        if (rc != 0) return rc;
+    }
+    /* Checks between flags that need no data. */
+    if (o->backend == TRAIN_BACKEND_SIM && o->batch_size % o->world_size != 0)
+        return bad("--batch-size %lld is not a multiple of --world-size %d",
+                   (long long)o->batch_size, o->world_size);
+    if (o->sharding == FSDP_HYBRID_SHARD && o->backend == TRAIN_BACKEND_SIM &&
+        (o->world_size < 2 || o->world_size % 2 != 0))
+        return bad("--sharding hybrid needs an even world size of at least 2, not %d",
+                   o->world_size);
+    if (o->n_head && o->n_embd && o->n_embd % o->n_head != 0)
+        return bad("--n-head %lld does not divide --n-embd %lld", (long long)o->n_head,
+                   (long long)o->n_embd);
+    return 0;
+}
