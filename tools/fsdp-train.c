@@ -669,14 +669,35 @@ static int resolve_model(const train_opts_t *o, bool text, uint32_t max_token,
 static int open_data(const train_opts_t *o, fsdp_dataset_t **train, fsdp_dataset_t **val) {
     const char *path = o->data ? o->data : fsdp_data_default_corpus();
     if (!path) return usage_error("the default corpus is not installed; give --data FILE");
+    /* A silent context, so that a bad file is reported once, by the usage error below, and not
+     * also logged by the library. */
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.log_level = FSDP_LOG_OFF;
+    fsdp_ctx_t *quiet = NULL;
+    if (fsdp_ctx_create(&co, &quiet) < 0) return usage_error("out of memory");
     fsdp_dataset_t *all = NULL;
-    int rc = fsdp_dataset_open(NULL, path, FSDP_DATA_AUTO, &all);
-    if (rc < 0) return usage_error("--data: %s", fsdp_data_last_error());
+    int rc = fsdp_dataset_open(quiet, path, FSDP_DATA_AUTO, &all);
+    if (rc == 0 && o->val_data) rc = fsdp_dataset_open(quiet, o->val_data, FSDP_DATA_AUTO, val);
+    fsdp_ctx_destroy(quiet);
+    if (rc < 0) {
+        fsdp_dataset_destroy(all);
+        return usage_error("%s: %s", all ? "--val-data" : "--data", fsdp_data_last_error());
+    }
     if (o->val_data) {
         *train = all;
-        rc = fsdp_dataset_open(NULL, o->val_data, FSDP_DATA_AUTO, val);
-        if (rc < 0) return usage_error("--val-data: %s", fsdp_data_last_error());
     } else {
+        /* Checked here because the split, having no context, would also log its refusal. */
+        uint64_t total = fsdp_dataset_num_tokens(all);
+        uint64_t nval = (uint64_t)((double)total * FSDP_DATA_DEFAULT_VAL_FRACTION);
+        uint64_t need = (uint64_t)(o->batch_size * o->seq_len) + 1;
+        if (nval < need || total - nval < need) {
+            fsdp_dataset_destroy(all);
+            return usage_error("%s: %llu tokens are too few for a training and a validation "
+                               "batch of %lld x %lld tokens (10%% is kept for validation)",
+                               path, (unsigned long long)total, (long long)o->batch_size,
+                               (long long)o->seq_len);
+        }
         rc = fsdp_dataset_split(all, FSDP_DATA_DEFAULT_VAL_FRACTION, train, val);
         fsdp_dataset_destroy(all);
         if (rc < 0) return usage_error("--data: %s", fsdp_data_last_error());

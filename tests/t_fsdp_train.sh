@@ -1,0 +1,123 @@
+#!/bin/sh
+# t_fsdp_train.sh: fsdp-train end to end, on shortened runs of the default job.
+#   - a short run (40 steps) lowers the validation loss by at least 1.0 nat from ~5.5;
+#   - sim world sizes 1, 2 and 4 with the same seed give the same training losses, step by step,
+#     within the fp32 tolerance (rtol 1.3e-6, atol 1e-5), read from --metrics;
+#   - bad flags exit with status 2 and exactly one line on stderr;
+#   - --export then --init round-trips: the exported weights give the run that loads them the
+#     validation loss the exporting run ended with;
+#   - --backend gloo under fsdprun -n 2 gives the sim run's losses (skipped without Gloo).
+# Each rank computes on one thread (FSDP_NUM_THREADS=1) so that runs are comparable.
+top_builddir=${top_builddir:-.}
+train="$top_builddir/tools/fsdp-train"
+fsdprun="$top_builddir/tools/fsdprun"
+if [ ! -x "$train" ]; then
+  echo "Bail out! $train was not built"
+  exit 1
+fi
+FSDP_NUM_THREADS=1
+export FSDP_NUM_THREADS
+tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
+trap 'rm -rf "$tmp"' EXIT
+
+n=0
+ok() {
+  st=$1
+  desc=$2
+  shift 2
+  n=$((n + 1))
+  if [ "$st" -eq 0 ]; then
+    echo "ok $n - $desc"
+  else
+    echo "not ok $n - $desc"
+    for f in "$@"; do
+      [ -f "$f" ] && sed -e 's/^/#   /' "$f" | tail -20
+    done
+  fi
+}
+# The value of "key" in each JSON line of type t, one per line.
+field() { grep "\"type\":\"$2\"" "$1" | sed -e "s/.*\"$3\":\([^,}]*\).*/\1/"; }
+# Compares two columns of numbers: exit 0 when |a-b| <= atol + rtol*|b| everywhere.
+close() {
+  paste "$1" "$2" | awk -v rtol=1.3e-6 -v atol=1e-5 '
+    { d = $1 - $2; if (d < 0) d = -d; b = $2 < 0 ? -$2 : $2; rows++
+      if (d > atol + rtol * b) { bad++; printf "#   step %d: %.9g vs %.9g\n", NR, $1, $2 } }
+    END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
+}
+
+echo "1..12"
+
+# --- 1-2: a short run learns ----------------------------------------------------------------------
+short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
+"$train" $short --world-size 2 --metrics "$tmp/short.jsonl" > "$tmp/short.out" 2>&1
+rc=$?
+ok $rc "a 40-step run on 2 sim ranks succeeds and prints a sample (exit $rc)" "$tmp/short.out"
+v0=$(field "$tmp/short.jsonl" val val_loss | head -1)
+v1=$(field "$tmp/short.jsonl" val val_loss | tail -1)
+awk -v a="$v0" -v b="$v1" 'BEGIN { exit !(a > 5 && b < a - 1.0) }'
+ok $? "the validation loss falls by at least 1.0 ($v0 -> $v1)" "$tmp/short.out"
+
+# --- 3-5: world sizes 1, 2, 4 agree ---------------------------------------------------------------
+same="--steps 6 --warmup 2 --val-every 0 --val-steps 1 --sample-tokens 0 --quiet"
+for w in 1 2 4; do
+  "$train" $same --world-size $w --metrics "$tmp/w$w.jsonl" > "$tmp/w$w.out" 2>&1
+  st=$?
+  field "$tmp/w$w.jsonl" train loss > "$tmp/w$w.loss"
+  [ "$st" -eq 0 ] && [ "$(wc -l < "$tmp/w$w.loss")" -eq 6 ]
+  ok $? "world size $w: 6 steps with a metrics record each" "$tmp/w$w.out"
+done
+# (the three results above count as tests 3-5; the comparisons are 6-7)
+close "$tmp/w2.loss" "$tmp/w1.loss" > "$tmp/c2" 2>&1
+ok $? "world 2 matches world 1 within rtol 1.3e-6, atol 1e-5" "$tmp/c2"
+close "$tmp/w4.loss" "$tmp/w1.loss" > "$tmp/c4" 2>&1
+ok $? "world 4 matches world 1 within rtol 1.3e-6, atol 1e-5" "$tmp/c4"
+
+# --- 8-9: bad flags --------------------------------------------------------------------------------
+bad_ok=0
+for args in "--lr" "--lr abc" "--steps -1" "--sharding zero3" "--no-such-flag" \
+  "--batch-size 6 --world-size 4" "--beta1 1" "--model gpt5" "--seq-len 999 --block-size 64"; do
+  # shellcheck disable=SC2086
+  "$train" $args > "$tmp/bad.out" 2> "$tmp/bad.err"
+  st=$?
+  lines=$(wc -l < "$tmp/bad.err")
+  if [ "$st" -ne 2 ] || [ "$lines" -ne 1 ] || [ -s "$tmp/bad.out" ]; then
+    echo "#   '$args': exit $st, $lines lines on stderr:"
+    sed -e 's/^/#     /' "$tmp/bad.err"
+    bad_ok=1
+  fi
+done
+ok $bad_ok "nine bad flag sets each exit 2 with one line on stderr and nothing on stdout"
+"$train" --data "$tmp/does-not-exist" > /dev/null 2> "$tmp/nodata.err"
+st=$?
+[ "$st" -eq 2 ] && [ "$(wc -l < "$tmp/nodata.err")" -eq 1 ] && grep -q 'does-not-exist' "$tmp/nodata.err"
+ok $? "a missing --data file exits 2 with one line naming it (exit $st)" "$tmp/nodata.err"
+
+# --- 10-11: export and init -------------------------------------------------------------------------
+rt="--warmup 2 --val-every 0 --val-steps 2 --sample-tokens 0 --quiet --world-size 2"
+"$train" $rt --steps 5 --export "$tmp/w.safetensors" --metrics "$tmp/exp.jsonl" > "$tmp/exp.out" 2>&1
+st=$?
+[ "$st" -eq 0 ] && [ -s "$tmp/w.safetensors" ]
+ok $? "--export writes the final weights (exit $st)" "$tmp/exp.out"
+"$train" $rt --steps 0 --init "$tmp/w.safetensors" --world-size 4 --metrics "$tmp/init.jsonl" \
+  > "$tmp/init.out" 2>&1
+a=$(field "$tmp/exp.jsonl" val val_loss | tail -1)
+b=$(field "$tmp/init.jsonl" val val_loss | head -1)
+echo "$a" > "$tmp/a"
+echo "$b" > "$tmp/b"
+close "$tmp/a" "$tmp/b" > "$tmp/cab" 2>&1
+ok $? "--init of the export starts at the exporting run's final val loss ($a vs $b)" \
+  "$tmp/init.out" "$tmp/cab"
+
+# --- 12: gloo under fsdprun ------------------------------------------------------------------------
+if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
+  > /dev/null 2>&1; then
+  timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $same --metrics "$tmp/gloo.jsonl" \
+    > "$tmp/gloo.out" 2>&1
+  st=$?
+  field "$tmp/gloo.jsonl" train loss > "$tmp/gloo.loss"
+  [ "$st" -eq 0 ] && close "$tmp/gloo.loss" "$tmp/w2.loss" > "$tmp/cg" 2>&1
+  ok $? "fsdprun -n 2 --backend gloo matches sim world 2 (exit $st)" "$tmp/gloo.out" "$tmp/cg"
+else
+  n=$((n + 1))
+  echo "ok $n # SKIP libfsdp was built without Gloo"
+fi
