@@ -363,7 +363,7 @@ static void write_metrics(const rank_t *k, int64_t s, const step_result_t *res) 
 }
 
 static void write_val(const rank_t *k, int64_t s, double v) {
-    if (!k->j->metrics) return;
+    if (!k->j->metrics || k->r != 0) return;
     fprintf(k->j->metrics, "{\"type\":\"val\",\"step\":%lld,\"val_loss\":%.17g}\n", (long long)s,
             v);
     fflush(k->j->metrics);
