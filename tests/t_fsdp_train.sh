@@ -6,6 +6,8 @@
 #   - bad flags exit with status 2 and exactly one line on stderr;
 #   - --export then --init round-trips: the exported weights give the run that loads them the
 #     validation loss the exporting run ended with;
+#   - --save-every then --resume: the resumed run's losses equal the uninterrupted run's, bit
+#     for bit (shuffled data, so the loader position matters); another world size is refused;
 #   - --backend gloo under fsdprun -n 2 gives the sim run's losses (skipped without Gloo).
 # Each rank computes on one thread (FSDP_NUM_THREADS=1) so that runs are comparable.
 top_builddir=${top_builddir:-.}
@@ -45,7 +47,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..12"
+echo "1..14"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -108,7 +110,23 @@ close "$tmp/a" "$tmp/b" > "$tmp/cab" 2>&1
 ok $? "--init of the export starts at the exporting run's final val loss ($a vs $b)" \
   "$tmp/init.out" "$tmp/cab"
 
-# --- 12: gloo under fsdprun ------------------------------------------------------------------------
+# --- 12-13: checkpoints and resume ---------------------------------------------------------------
+ck="--steps 6 --warmup 2 --val-steps 1 --sample-tokens 0 --quiet --world-size 2 --shuffle"
+"$train" $ck --save-every 3 --checkpoint-dir "$tmp/ck" --metrics "$tmp/full.jsonl" \
+  > "$tmp/full.out" 2>&1
+"$train" $ck --resume "$tmp/ck/step-3" --metrics "$tmp/res.jsonl" > "$tmp/res.out" 2>&1
+st=$?
+field "$tmp/full.jsonl" train loss | tail -3 > "$tmp/full.loss"
+field "$tmp/res.jsonl" train loss > "$tmp/res.loss"
+[ "$st" -eq 0 ] && [ -s "$tmp/res.loss" ] && cmp -s "$tmp/full.loss" "$tmp/res.loss"
+ok $? "--resume from step 3 gives steps 4-6 of the uninterrupted run exactly (exit $st)" \
+  "$tmp/res.out" "$tmp/full.loss" "$tmp/res.loss"
+"$train" $ck --world-size 4 --resume "$tmp/ck/step-3" > "$tmp/res4.out" 2> "$tmp/res4.err"
+st=$?
+[ "$st" -ne 0 ] && grep -q 'world size' "$tmp/res4.err"
+ok $? "--resume at another world size fails and says why (exit $st)" "$tmp/res4.err"
+
+# --- 14: gloo under fsdprun ------------------------------------------------------------------------
 if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
   > /dev/null 2>&1; then
   timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $same --metrics "$tmp/gloo.jsonl" \

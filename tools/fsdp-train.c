@@ -29,9 +29,9 @@ typedef struct job {
     const train_opts_t *o;
     fsdp_gpt_config_t cfg;
     const fsdp_dataset_t *train, *val;
-    bool text;       /* byte-level data: the sample is printed as text */
-    bool tty;        /* stdout is a terminal: one updating progress line */
-    FILE *metrics;   /* rank 0's */
+    bool text;     /* byte-level data: the sample is printed as text */
+    bool tty;      /* stdout is a terminal: one updating progress line */
+    FILE *metrics; /* rank 0's */
     int world;
 } job_t;
 
@@ -47,7 +47,7 @@ typedef struct rank {
     int64_t nparams;
     fsdp_loader_t *train_ld, *val_ld;
     fsdp_tensor_t *in, *tg, *vin, *vtg; /* (rows, T) int64 */
-    double *mem_all;                     /* world entries, peak MiB per rank */
+    double *mem_all;                    /* world entries, peak MiB per rank */
 } rank_t;
 
 static double now_s(void) {
@@ -60,8 +60,8 @@ static double now_s(void) {
  * left to the rank that caused it. */
 static int fail(const rank_t *k, const char *what, int rc) {
     if (rc != FSDP_EREMOTE)
-        fprintf(stderr, TRAIN_PROG ": rank %d: %s failed: %s (%s)\n", k->r, what,
-                fsdp_strerror(rc), k->ctx ? fsdp_ctx_last_error(k->ctx) : "");
+        fprintf(stderr, TRAIN_PROG ": rank %d: %s failed: %s (%s)\n", k->r, what, fsdp_strerror(rc),
+                k->ctx ? fsdp_ctx_last_error(k->ctx) : "");
     return rc < 0 ? rc : FSDP_EINTERNAL;
 }
 
@@ -297,7 +297,8 @@ static int train_step(rank_t *k, int64_t s, step_result_t *res) {
         if ((rc = fsdp_gpt_forward_loss(k->model, k->in, k->tg, &loss, NULL)) < 0)
             return fail(k, "forward", rc);
         rc = fsdp_tensor_item(loss, 0, &v);
-        if (rc == 0 && o->grad_accum > 1) rc = fsdp_scale(loss, 1.0 / (double)o->grad_accum, &scaled);
+        if (rc == 0 && o->grad_accum > 1)
+            rc = fsdp_scale(loss, 1.0 / (double)o->grad_accum, &scaled);
         if (rc == 0) rc = fsdp_backward(scaled ? scaled : loss, NULL);
         fsdp_tensor_release(scaled);
         fsdp_tensor_release(loss);
@@ -343,10 +344,10 @@ static void write_metrics(const rank_t *k, int64_t s, const step_result_t *res) 
     FILE *f = k->j->metrics;
     const train_opts_t *o = k->j->o;
     double tokens = (double)(o->batch_size * o->seq_len * o->grad_accum);
-    fprintf(f, "{\"type\":\"train\",\"step\":%lld,\"loss\":%.17g,\"lr\":%.17g,\"grad_norm\":%.17g,"
-               "\"step_s\":%.6f,\"tokens_per_s\":%.1f,\"mem_rank0\":{",
-            (long long)s + 1, res->loss, res->lr, res->norm, res->seconds,
-            tokens / res->seconds);
+    fprintf(f,
+            "{\"type\":\"train\",\"step\":%lld,\"loss\":%.17g,\"lr\":%.17g,\"grad_norm\":%.17g,"
+            "\"step_s\":%.6f,\"tokens_per_s\":%.1f,\"mem_rank0\":{",
+            (long long)s + 1, res->loss, res->lr, res->norm, res->seconds, tokens / res->seconds);
     for (int c = 0; c < FSDP_MEM_NCAT; c++)
         fprintf(f, "\"%s\":%zu,", fsdp_mem_cat_name((fsdp_mem_cat_t)c), res->mem.current[c]);
     fprintf(f, "\"peak_total\":%zu},\"mem_peak_mib_per_rank\":[", res->mem.total_peak);
@@ -371,9 +372,12 @@ static void write_val(const rank_t *k, int64_t s, double v) {
 
 static void fmt_duration(double s, char *buf, size_t cap) {
     long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, cap, "%lds", t);
+    if (t >= 3600)
+        snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, cap, "%lds", t);
 }
 
 static void progress(const rank_t *k, int64_t s, const step_result_t *res, double elapsed) {
@@ -392,8 +396,8 @@ static void progress(const rank_t *k, int64_t s, const step_result_t *res, doubl
         n += (size_t)snprintf(mem + n, sizeof mem - n, "%s%.1f", r ? "/" : "", k->mem_all[r]);
     if (k->j->tty)
         printf("\r\033[Kstep %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  eta %s  mem MiB %s",
-               (long long)done, (long long)o->steps, res->loss, res->lr,
-               tokens / res->seconds, eta, mem);
+               (long long)done, (long long)o->steps, res->loss, res->lr, tokens / res->seconds, eta,
+               mem);
     else
         printf("step %lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  eta %s  mem MiB %s\n",
                (long long)done, (long long)o->steps, res->loss, res->lr, res->norm,
@@ -502,8 +506,7 @@ static int sample(rank_t *k) {
                                    FSDP_MEM_OTHER, &in);
         if (rc == 0) rc = fsdp_gpt_forward(k->model, in, &logits);
         if (rc == 0) rc = fsdp_narrow(logits, 1, len - 1, 1, &last);
-        if (rc == 0)
-            rc = fsdp_tensor_to_host(last, row, (size_t)cfg->vocab * sizeof *row);
+        if (rc == 0) rc = fsdp_tensor_to_host(last, row, (size_t)cfg->vocab * sizeof *row);
         fsdp_tensor_release(last);
         fsdp_tensor_release(logits);
         fsdp_tensor_release(in);
@@ -554,7 +557,10 @@ static int export_weights(rank_t *k, int64_t steps) {
 static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     job_t *j = arg;
     const train_opts_t *o = j->o;
-    rank_t k = {.j = j, .ctx = ctx, .pg = fsdp_ctx_pg(ctx), .r = fsdp_ctx_rank(ctx),
+    rank_t k = {.j = j,
+                .ctx = ctx,
+                .pg = fsdp_ctx_pg(ctx),
+                .r = fsdp_ctx_rank(ctx),
                 .world = fsdp_ctx_world_size(ctx)};
     int rc = 0;
     double v0 = NAN, v1 = NAN, first = NAN, last = NAN;
@@ -572,31 +578,55 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             TRAIN_PROG, (long long)j->cfg.n_layer, (long long)j->cfg.n_head,
             (long long)j->cfg.d_model, (long long)j->cfg.max_seq, (long long)j->cfg.vocab,
             (long long)k.nparams, TRAIN_PROG, k.world, fsdp_pg_backend(k.pg),
-            fsdp_sharding_strategy_name(o->sharding), (long long)o->steps,
-            (long long)o->batch_size, (long long)o->seq_len,
-            o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
+            fsdp_sharding_strategy_name(o->sharding), (long long)o->steps, (long long)o->batch_size,
+            (long long)o->seq_len, o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
             o->sched == TRAIN_SCHED_COSINE ? "cosine" : "constant", (long long)o->warmup,
             fsdp_dataset_path(j->train), (unsigned long long)fsdp_dataset_num_tokens(j->train),
             (unsigned long long)fsdp_dataset_num_tokens(j->val));
+    int64_t start = 0;
+    if (o->resume) {
+        char err[1024] = "";
+        uint64_t pos = 0;
+        rc = train_ckpt_load(ctx, k.root, k.opt, o->resume, &start, &pos, err, sizeof err);
+        if (rc == 0) rc = fsdp_loader_set_position(k.train_ld, pos);
+        if (rc < 0) {
+            fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err[0] ? err : "resume");
+            goto out;
+        }
+        say(&k, "resumed from %s at step %lld\n", o->resume, (long long)start);
+    }
     if ((rc = validate(&k, &v0)) < 0) goto out;
-    write_val(&k, 0, v0);
-    if (!o->quiet) say(&k, "step 0: val loss %.4f\n", v0);
+    write_val(&k, start, v0);
+    if (!o->quiet) say(&k, "step %lld: val loss %.4f\n", (long long)start, v0);
     double t_start = now_s();
     double v = v0;
-    for (int64_t s = 0; s < o->steps; s++) {
+    for (int64_t s = start; s < o->steps; s++) {
         step_result_t res;
         if ((rc = train_step(&k, s, &res)) < 0) goto out;
         if (!isfinite(res.loss)) {
-            if (k.r == 0) fprintf(stderr, "\n%s: the loss is not finite at step %lld\n",
-                                  TRAIN_PROG, (long long)s + 1);
+            if (k.r == 0)
+                fprintf(stderr, "\n%s: the loss is not finite at step %lld\n", TRAIN_PROG,
+                        (long long)s + 1);
             rc = FSDP_EINVAL;
             goto out;
         }
-        if (s == 0) first = res.loss;
+        if (s == start) first = res.loss;
         last = res.loss;
         if (k.r == 0) {
             if (j->metrics) write_metrics(&k, s, &res);
             progress(&k, s, &res, now_s() - t_start);
+        }
+        if (o->save_every > 0 && (s + 1) % o->save_every == 0) {
+            char err[1024] = "";
+            rc = train_ckpt_save(ctx, k.root, k.opt, o->checkpoint_dir, s + 1,
+                                 fsdp_loader_get_position(k.train_ld), err, sizeof err);
+            if (rc < 0) {
+                if (rc != FSDP_EREMOTE) fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err);
+                goto out;
+            }
+            if (!o->quiet && !j->tty)
+                say(&k, "step %lld: saved %s/step-%lld\n", (long long)s + 1, o->checkpoint_dir,
+                    (long long)s + 1);
         }
         bool val_now = (o->val_every > 0 && (s + 1) % o->val_every == 0) || s + 1 == o->steps;
         if (val_now) {
@@ -610,7 +640,7 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     double elapsed = now_s() - t_start;
     if (j->tty && k.r == 0) putchar('\n');
     say(&k, "done: %lld steps in %.1f s; train loss %.4f -> %.4f, val loss %.4f -> %.4f\n",
-        (long long)o->steps, elapsed, first, last, v0, v1);
+        (long long)(o->steps - start), elapsed, first, last, v0, v1);
     if (o->sample_tokens > 0 && (rc = sample(&k)) < 0) goto out;
     if (o->export_path && (rc = export_weights(&k, o->steps)) < 0) goto out;
 out:

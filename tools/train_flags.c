@@ -66,6 +66,11 @@ static const char usage_text[] =
     "checkpoints:\n"
     "  --export FILE           write the final weights (safetensors, libfsdp names)\n"
     "  --init FILE             start from these weights (safetensors, libfsdp or HF GPT-2 names)\n"
+    "  --save-every K          every K steps, save each rank's shard and optimizer state and\n"
+    "                          the data position to DIR/step-<step>/ (0 = never)\n"
+    "  --checkpoint-dir DIR    where --save-every writes (checkpoints)\n"
+    "  --resume DIR            continue from a step directory written by --save-every, with\n"
+    "                          the same world size and flags\n"
     "  --help                  this text\n";
 
 static int bad(const char *fmt, ...) {
@@ -82,8 +87,7 @@ static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t hi, in
     char *end = NULL;
     errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0')
-        return bad("%s: '%s' is not an integer", flag, v);
+    if (errno != 0 || end == v || *end != '\0') return bad("%s: '%s' is not an integer", flag, v);
     if (x < lo || x > hi)
         return bad("%s: %s is out of range [%lld, %lld]", flag, v, (long long)lo, (long long)hi);
     *out = x;
@@ -131,17 +135,52 @@ static void defaults(train_opts_t *o) {
         .temperature = 0.8,
         .top_k = 40,
         .prompt = "The ",
+        .checkpoint_dir = "checkpoints",
     };
 }
 
 /* Flags that take a value. */
-static const char *const valued[] = {
-    "--lr", "--lr-schedule", "--warmup", "--weight-decay", "--beta1", "--beta2", "--eps",
-    "--grad-clip", "--batch-size", "--seq-len", "--steps", "--grad-accum", "--model",
-    "--n-layer", "--n-head", "--n-embd", "--block-size", "--vocab-size", "--dropout", "--data",
-    "--val-data", "--seed", "--backend", "--world-size", "--sharding", "--backward-prefetch",
-    "--limit-all-gathers", "--val-every", "--val-steps", "--sample-tokens", "--temperature",
-    "--top-k", "--prompt", "--metrics", "--log-every", "--export", "--init", NULL};
+static const char *const valued[] = {"--lr",
+                                     "--lr-schedule",
+                                     "--warmup",
+                                     "--weight-decay",
+                                     "--beta1",
+                                     "--beta2",
+                                     "--eps",
+                                     "--grad-clip",
+                                     "--batch-size",
+                                     "--seq-len",
+                                     "--steps",
+                                     "--grad-accum",
+                                     "--model",
+                                     "--n-layer",
+                                     "--n-head",
+                                     "--n-embd",
+                                     "--block-size",
+                                     "--vocab-size",
+                                     "--dropout",
+                                     "--data",
+                                     "--val-data",
+                                     "--seed",
+                                     "--backend",
+                                     "--world-size",
+                                     "--sharding",
+                                     "--backward-prefetch",
+                                     "--limit-all-gathers",
+                                     "--val-every",
+                                     "--val-steps",
+                                     "--sample-tokens",
+                                     "--temperature",
+                                     "--top-k",
+                                     "--prompt",
+                                     "--metrics",
+                                     "--log-every",
+                                     "--export",
+                                     "--init",
+                                     "--save-every",
+                                     "--checkpoint-dir",
+                                     "--resume",
+                                     NULL};
 
 static bool takes_value(const char *name) {
     for (int i = 0; valued[i]; i++)
@@ -154,13 +193,13 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
     int64_t n = 0;
     int rc = 0;
     const int64_t big = INT64_C(1) << 40;
-#define I64(name, lo, hi, field)                                                                 \
-    if (strcmp(f, name) == 0) {                                                                  \
-        if ((rc = parse_i64(f, v, lo, hi, &n)) != 0) return rc;                                  \
-        o->field = n;                                                                            \
-        return 0;                                                                                \
+#define I64(name, lo, hi, field)                                                                   \
+    if (strcmp(f, name) == 0) {                                                                    \
+        if ((rc = parse_i64(f, v, lo, hi, &n)) != 0) return rc;                                    \
+        o->field = n;                                                                              \
+        return 0;                                                                                  \
     }
-#define F64(name, lo, hi, open, field)                                                           \
+#define F64(name, lo, hi, open, field)                                                             \
     if (strcmp(f, name) == 0) return parse_f64(f, v, lo, hi, open, &o->field);
     F64("--lr", 0, 10, false, lr)
     I64("--warmup", 0, big, warmup)
@@ -185,6 +224,7 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
     F64("--temperature", 0, 100, false, temperature)
     I64("--top-k", 0, 1 << 24, top_k)
     I64("--log-every", 0, big, log_every)
+    I64("--save-every", 0, big, save_every)
 #undef I64
 #undef F64
     if (strcmp(f, "--seed") == 0) {
@@ -197,28 +237,43 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
         if ((rc = parse_i64(f, v, 0, 1 << 20, &n)) != 0) return rc;
         o->limit_all_gathers = (int)n;
     } else if (strcmp(f, "--lr-schedule") == 0) {
-        if (strcmp(v, "constant") == 0) o->sched = TRAIN_SCHED_CONSTANT;
-        else if (strcmp(v, "cosine") == 0) o->sched = TRAIN_SCHED_COSINE;
-        else return bad("%s: '%s' is not constant or cosine", f, v);
+        if (strcmp(v, "constant") == 0)
+            o->sched = TRAIN_SCHED_CONSTANT;
+        else if (strcmp(v, "cosine") == 0)
+            o->sched = TRAIN_SCHED_COSINE;
+        else
+            return bad("%s: '%s' is not constant or cosine", f, v);
     } else if (strcmp(f, "--model") == 0) {
         if (strcmp(v, "tiny") && strcmp(v, "gpt2") && strcmp(v, "gpt2-medium"))
             return bad("%s: '%s' is not tiny, gpt2 or gpt2-medium", f, v);
         o->model = v;
     } else if (strcmp(f, "--backend") == 0) {
-        if (strcmp(v, "sim") == 0) o->backend = TRAIN_BACKEND_SIM;
-        else if (strcmp(v, "gloo") == 0) o->backend = TRAIN_BACKEND_GLOO;
-        else return bad("%s: '%s' is not sim or gloo", f, v);
+        if (strcmp(v, "sim") == 0)
+            o->backend = TRAIN_BACKEND_SIM;
+        else if (strcmp(v, "gloo") == 0)
+            o->backend = TRAIN_BACKEND_GLOO;
+        else
+            return bad("%s: '%s' is not sim or gloo", f, v);
     } else if (strcmp(f, "--sharding") == 0) {
-        if (strcmp(v, "full") == 0) o->sharding = FSDP_FULL_SHARD;
-        else if (strcmp(v, "grad-op") == 0) o->sharding = FSDP_SHARD_GRAD_OP;
-        else if (strcmp(v, "no-shard") == 0) o->sharding = FSDP_NO_SHARD;
-        else if (strcmp(v, "hybrid") == 0) o->sharding = FSDP_HYBRID_SHARD;
-        else return bad("%s: '%s' is not full, grad-op, no-shard or hybrid", f, v);
+        if (strcmp(v, "full") == 0)
+            o->sharding = FSDP_FULL_SHARD;
+        else if (strcmp(v, "grad-op") == 0)
+            o->sharding = FSDP_SHARD_GRAD_OP;
+        else if (strcmp(v, "no-shard") == 0)
+            o->sharding = FSDP_NO_SHARD;
+        else if (strcmp(v, "hybrid") == 0)
+            o->sharding = FSDP_HYBRID_SHARD;
+        else
+            return bad("%s: '%s' is not full, grad-op, no-shard or hybrid", f, v);
     } else if (strcmp(f, "--backward-prefetch") == 0) {
-        if (strcmp(v, "pre") == 0) o->backward_prefetch = FSDP_BACKWARD_PRE;
-        else if (strcmp(v, "post") == 0) o->backward_prefetch = FSDP_BACKWARD_POST;
-        else if (strcmp(v, "none") == 0) o->backward_prefetch = FSDP_BACKWARD_PREFETCH_NONE;
-        else return bad("%s: '%s' is not pre, post or none", f, v);
+        if (strcmp(v, "pre") == 0)
+            o->backward_prefetch = FSDP_BACKWARD_PRE;
+        else if (strcmp(v, "post") == 0)
+            o->backward_prefetch = FSDP_BACKWARD_POST;
+        else if (strcmp(v, "none") == 0)
+            o->backward_prefetch = FSDP_BACKWARD_PREFETCH_NONE;
+        else
+            return bad("%s: '%s' is not pre, post or none", f, v);
     } else if (strcmp(f, "--data") == 0) {
         o->data = v;
     } else if (strcmp(f, "--val-data") == 0) {
@@ -231,6 +286,10 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
         o->export_path = v;
     } else if (strcmp(f, "--init") == 0) {
         o->init_path = v;
+    } else if (strcmp(f, "--checkpoint-dir") == 0) {
+        o->checkpoint_dir = v;
+    } else if (strcmp(f, "--resume") == 0) {
+        o->resume = v;
     } else {
         return bad("internal: unhandled flag %s", f);
     }
@@ -256,10 +315,14 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
                        strcmp(name, "--forward-prefetch") == 0 || strcmp(name, "--quiet") == 0;
         if (is_bool) {
             if (eq) return bad("%s takes no value", name);
-            if (strcmp(name, "--shuffle") == 0) o->shuffle = true;
-            else if (strcmp(name, "--cpu-offload") == 0) o->cpu_offload = true;
-            else if (strcmp(name, "--forward-prefetch") == 0) o->forward_prefetch = true;
-            else o->quiet = true;
+            if (strcmp(name, "--shuffle") == 0)
+                o->shuffle = true;
+            else if (strcmp(name, "--cpu-offload") == 0)
+                o->cpu_offload = true;
+            else if (strcmp(name, "--forward-prefetch") == 0)
+                o->forward_prefetch = true;
+            else
+                o->quiet = true;
             continue;
         }
         if (!takes_value(name)) return bad("unknown option '%s'", name);
