@@ -445,9 +445,9 @@ static int64_t pick(const train_opts_t *o, float *logit, int64_t v, uint64_t *rn
         }
         free(tmp);
     }
-    double sum = 0;
+    double sum = 0, top = logit[best]; /* kept: the loop below overwrites logit[] */
     for (int64_t i = 0; i < v; i++) {
-        double p = logit[i] >= cut ? exp((logit[i] - logit[best]) / o->temperature) : 0.0;
+        double p = logit[i] >= cut ? exp((logit[i] - top) / o->temperature) : 0.0;
         logit[i] = (float)p;
         sum += p;
     }

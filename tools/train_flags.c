@@ -32,7 +32,7 @@ static const char usage_text[] =
     "  --grad-clip X           clip the global gradient norm to X; 0 = off (1.0)\n"
     "  --batch-size N          rows of a global micro-batch, a multiple of the world size (16)\n"
     "  --seq-len N             tokens per row (64)\n"
-    "  --steps N               optimizer steps (240)\n"
+    "  --steps N               optimizer steps (500)\n"
     "  --grad-accum N          micro-batches per step (1)\n"
     "model:\n"
     "  --model M               tiny | gpt2 | gpt2-medium (tiny: 4 layers, 4 heads, width 128)\n"
@@ -54,7 +54,7 @@ static const char usage_text[] =
     "  --forward-prefetch\n"
     "  --limit-all-gathers N   all-gathers in flight; 0 = no limit (2)\n"
     "evaluation and output:\n"
-    "  --val-every K           validate every K steps (60); 0 = at the start and end only\n"
+    "  --val-every K           validate every K steps (100); 0 = at the start and end only\n"
     "  --val-steps N           batches per validation (8)\n"
     "  --sample-tokens N       tokens to sample at the end; 0 = none (200)\n"
     "  --temperature T         sampling temperature; 0 = greedy (0.8)\n"
@@ -120,7 +120,7 @@ static void defaults(train_opts_t *o) {
         .grad_clip = 1.0,
         .batch_size = 16,
         .seq_len = 64,
-        .steps = 240,
+        .steps = 500,
         .grad_accum = 1,
         .model = "tiny",
         .seed = 1337,
@@ -129,7 +129,7 @@ static void defaults(train_opts_t *o) {
         .sharding = FSDP_FULL_SHARD,
         .backward_prefetch = FSDP_BACKWARD_PRE,
         .limit_all_gathers = 2,
-        .val_every = 60,
+        .val_every = 100,
         .val_steps = 8,
         .sample_tokens = 200,
         .temperature = 0.8,
