@@ -1,0 +1,154 @@
+#!/bin/sh
+# gpt_gloo.sh: FSDP over gloo (bench_gpt_gloo under fsdprun) against PyTorch DDP over gloo
+# (gpt_gloo_torch.py), same model, batch, optimizer and thread count, one rank per process.
+#
+#   bench/gpt_gloo.sh [--runs N] [--nproc N] [bench options...]
+#
+# Runs both sides N times (--runs, default 3), alternating, with --nproc processes each
+# (default 2), and prints per run and in summary the ratios libfsdp/PyTorch of the median step
+# time (target <= 0.7) and of the per-process peak RSS, the largest rank's VmHWM
+# (target <= 0.5). Every other option goes to both programs unchanged (see
+# bench_gpt_gloo --help): --layers, --d, --heads, --seq, --batch (per rank), --vocab, --steps,
+# --warmup, --threads, --seed, --lr, --quick.
+#
+# Threads: --threads when given, else FSDP_NUM_THREADS, else the online cores divided by the
+# processes (at least 1); both sides get the count as --threads (torch.set_num_threads) and
+# through FSDP_NUM_THREADS, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS.
+#
+# OpenBLAS: both libfsdp and Debian's PyTorch (BLAS_INFO=generic, libblas.so.3) run their matrix
+# products in OpenBLAS, whose 0.3.21 falls back to generic kernels on CPUs newer than itself
+# (see bench/README.md). When OPENBLAS_CORETYPE is unset and the CPU has AVX-512, the script
+# exports OPENBLAS_CORETYPE=SkylakeX for both sides; set OPENBLAS_CORETYPE (even to the empty
+# string) to choose yourself.
+#
+# Environment: BENCH_GPT_GLOO (the C program; default bench/bench_gpt_gloo in the current
+# directory, then next to this script), FSDPRUN (default tools/fsdprun likewise), PYTHON (the
+# interpreter with torch; default /usr/bin/python3 when it imports torch, else python3).
+#
+# Exit status: 0 when every run succeeded, 1 when one failed, 2 for bad usage. Without torch
+# the script prints libfsdp's numbers alone and exits 0.
+
+set -u
+
+here=$(cd "$(dirname "$0")" && pwd)
+runs=3
+nproc=2
+threads=
+next_is_threads=0
+for arg in "$@"; do
+    if [ "$next_is_threads" = 1 ]; then threads=$arg; next_is_threads=0; fi
+    [ "$arg" = "--threads" ] && next_is_threads=1
+done
+
+args=
+while [ $# -gt 0 ]; do
+    case $1 in
+    --runs|--nproc)
+        [ $# -ge 2 ] || { echo "gpt_gloo.sh: $1 needs a value" >&2; exit 2; }
+        if [ "$1" = --runs ]; then runs=$2; else nproc=$2; fi
+        shift 2 ;;
+    --help|-h)
+        sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *)
+        args="$args '$(printf '%s' "$1" | sed "s/'/'\\\\''/g")'"; shift ;;
+    esac
+done
+case $runs in ''|*[!0-9]*|0) echo "gpt_gloo.sh: --runs needs a positive integer" >&2; exit 2 ;; esac
+case $nproc in ''|*[!0-9]*|0) echo "gpt_gloo.sh: --nproc needs a positive integer" >&2; exit 2 ;; esac
+
+if [ -z "$threads" ]; then
+    if [ -n "${FSDP_NUM_THREADS:-}" ]; then
+        threads=$FSDP_NUM_THREADS
+    else
+        cores=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)
+        threads=$((cores / nproc))
+        [ "$threads" -ge 1 ] || threads=1
+    fi
+    args="$args --threads $threads"
+fi
+export FSDP_NUM_THREADS=$threads OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+
+if [ -z "${OPENBLAS_CORETYPE+set}" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+    export OPENBLAS_CORETYPE=SkylakeX
+fi
+
+find_prog() { # $1: variable's value, $2: path relative to the build tree
+    if [ -n "$1" ]; then echo "$1"; return; fi
+    for c in "./$2" "$here/$(basename "$2")" "$here/../$2"; do
+        [ -x "$c" ] && { echo "$c"; return; }
+    done
+}
+cbench=$(find_prog "${BENCH_GPT_GLOO:-}" bench/bench_gpt_gloo)
+fsdprun=$(find_prog "${FSDPRUN:-}" tools/fsdprun)
+for p in "$cbench" "$fsdprun"; do
+    if [ -z "$p" ] || [ ! -x "$p" ]; then
+        echo "gpt_gloo.sh: bench_gpt_gloo or fsdprun not found (make bench/bench_gpt_gloo" \
+            "tools/fsdprun in a build with Gloo, or set BENCH_GPT_GLOO and FSDPRUN)" >&2
+        exit 1
+    fi
+done
+
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+    if /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then py=/usr/bin/python3; else py=python3; fi
+fi
+have_torch=1
+if ! "$py" -c 'import torch' >/dev/null 2>&1; then
+    have_torch=0
+    echo "gpt_gloo.sh: PyTorch is not installed for $py (set PYTHON); printing libfsdp's numbers only"
+fi
+
+echo "# gpt_gloo.sh: $nproc processes per side, $threads thread(s) each," \
+    "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}; load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+
+median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1"; }
+rss_of() { sed -n 's/^peak RSS MiB max \([0-9.]*\).*/\1/p' "$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT INT TERM
+status=0
+tratios=
+mratios=
+i=1
+while [ "$i" -le "$runs" ]; do
+    echo "== run $i of $runs: libfsdp FSDP ($fsdprun -n $nproc $cbench)"
+    if eval "\"\$fsdprun\" --no-prefix -n \"\$nproc\" \"\$cbench\" $args" >"$tmp/c.out" 2>&1; then
+        cat "$tmp/c.out"; else
+        cat "$tmp/c.out"; echo "gpt_gloo.sh: bench_gpt_gloo failed" >&2; status=1; fi
+    c_ms=$(median_of "$tmp/c.out")
+    c_rss=$(rss_of "$tmp/c.out")
+    t_ms=
+    t_rss=
+    if [ "$have_torch" = 1 ]; then
+        echo "== run $i of $runs: PyTorch DDP ($py gpt_gloo_torch.py --nproc $nproc)"
+        if eval "\"\$py\" \"\$here/gpt_gloo_torch.py\" --nproc \"\$nproc\" $args" >"$tmp/t.out" 2>&1
+        then cat "$tmp/t.out"; else
+            cat "$tmp/t.out"; echo "gpt_gloo.sh: gpt_gloo_torch.py failed" >&2; status=1; fi
+        t_ms=$(median_of "$tmp/t.out")
+        t_rss=$(rss_of "$tmp/t.out")
+    fi
+    echo "libfsdp: median ms/step ${c_ms:-n/a}, peak RSS MiB ${c_rss:-n/a}"
+    if [ "$have_torch" = 1 ]; then
+        echo "pytorch: median ms/step ${t_ms:-n/a}, peak RSS MiB ${t_rss:-n/a}"
+        if [ -n "$c_ms" ] && [ -n "$t_ms" ] && [ -n "$c_rss" ] && [ -n "$t_rss" ]; then
+            tr=$(ratio "$c_ms" "$t_ms")
+            mr=$(ratio "$c_rss" "$t_rss")
+            echo "run $i: ratio libfsdp/pytorch step time = $tr, peak RSS = $mr"
+            tratios="$tratios $tr"
+            mratios="$mratios $mr"
+        fi
+    fi
+    i=$((i + 1))
+done
+summary() { # $1: name, $2: target, $3: ratios
+    echo "$3" | awk -v name="$1" -v target="$2" '{ lo = $1; hi = $1; s = 0
+        for (i = 1; i <= NF; i++) { if ($i < lo) lo = $i; if ($i > hi) hi = $i; s += $i }
+        printf "ratio libfsdp/pytorch %s:%s (min %.3f, mean %.3f, max %.3f; target <= %s) %s\n",
+            name, $0, lo, s / NF, hi, target, hi <= target ? "PASS" : (lo <= target ? "MIXED" : "MISS") }'
+}
+if [ -n "$tratios" ]; then
+    summary "step time" 0.7 "$tratios"
+    summary "peak RSS" 0.5 "$mratios"
+fi
+exit $status
