@@ -4,7 +4,10 @@
  *
  * The ranks are threads of this process (each with its own context and Gloo world group over a
  * clone of one in-memory store), so every byte goes through Gloo's tcp transport and the
- * kernel's loopback device, as between processes on one host. For every message size (1 MiB to
+ * kernel's loopback device, as between processes on one host. With --procs they are processes
+ * instead: the program forks one per rank, and they meet through a file store in a new
+ * directory from mkdtemp (removed at the end); the rows live in a shared anonymous mapping, so
+ * the parent prints what the ranks measured. For every message size (1 MiB to
  * 64 MiB by default, doubling) and world sizes 2 and 4, the ranks run one collective back to
  * back; the mean time per call (max over ranks) becomes algorithm and bus bandwidth with the
  * nccl-tests formulas.
@@ -19,9 +22,12 @@
  * from poisoned receive buffers). Run with --help for the options.
  */
 #define _POSIX_C_SOURCE 200809L
+/* MAP_ANONYMOUS is not in POSIX 2008; glibc shows it with _DEFAULT_SOURCE. */
+#define _DEFAULT_SOURCE
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,10 +35,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dirent.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #include <fsdp/context.h>
 #include <fsdp/dtype.h>
@@ -207,13 +216,14 @@ typedef struct row {
     char err[300]; /* first failure */
 } row_t;
 
+/* Shared by the ranks: threads, or processes (then in a MAP_SHARED mapping, the mutex
+ * process-shared). */
 typedef struct world {
     int n;
     double target_s;
     int nrows;
     row_t rows[V_COUNT * MAX_SIZES];
     pthread_mutex_t mu;
-    fsdp_store_t *store;
 } world_t;
 
 typedef struct rank_arg {
@@ -353,17 +363,20 @@ static void *rank_main(void *p) {
 
 typedef struct options {
     int quick, world, op;
+    int procs; /* ranks as processes (fork) instead of threads */
     size_t min_bytes, max_bytes;
 } options_t;
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: bench_gloo_coll [--quick] [--world N] [--op OP] [--min-bytes B] "
+            "usage: bench_gloo_coll [--procs] [--quick] [--world N] [--op OP] [--min-bytes B] "
             "[--max-bytes B] [--help]\n"
             "\n"
             "Bus bandwidth of the gloo backend's collectives (f32) over TCP loopback, ranks as\n"
-            "threads, beside the throughput of one bare loopback TCP stream.\n"
+            "threads (or processes), beside the throughput of one bare loopback TCP stream.\n"
             "\n"
+            "  --procs        ranks are processes forked by this one, meeting through a file\n"
+            "                 store in a new directory under $TMPDIR (default /tmp)\n"
             "  --quick        sizes 1M and 4M, short measurements (a few seconds)\n"
             "  --world N      only world size N (2..%d; default: 2 and 4)\n"
             "  --op OP        only all_gather, reduce_scatter or all_reduce\n"
@@ -406,6 +419,8 @@ static int parse_args(int argc, char **argv, options_t *o) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             exit(0);
+        } else if (strcmp(argv[i], "--procs") == 0) {
+            o->procs = 1;
         } else if (strcmp(argv[i], "--quick") == 0) {
             o->quick = 1;
             o->max_bytes = 4 * MIB;
@@ -449,13 +464,107 @@ static int parse_args(int argc, char **argv, options_t *o) {
     return 0;
 }
 
+/* Removes the file store's directory and the files in it (it has no subdirectories). */
+static void remove_store_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char path[4096];
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+                int k = snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                if (k > 0 && (size_t)k < sizeof path) unlink(path);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* Runs the ranks as threads over clones of one in-memory store. Returns 0 or 1. */
+static int run_threads(world_t *w) {
+    int n = w->n, failed = 0, started = 0;
+    fsdp_store_t *store = NULL;
+    rank_arg_t ranks[MAX_WORLD];
+    memset(ranks, 0, sizeof ranks);
+    if (fsdp_store_create_memory(&store) != FSDP_OK) return 1;
+    for (int r = 0; r < n && !failed; r++) {
+        ranks[r].w = w;
+        ranks[r].rank = r;
+        failed = fsdp_store_clone(store, NULL, &ranks[r].store) != FSDP_OK;
+    }
+    for (; started < n && !failed; started++)
+        failed = pthread_create(&ranks[started].thread, NULL, rank_main, &ranks[started]) != 0;
+    for (int r = 0; r < started; r++) pthread_join(ranks[r].thread, NULL);
+    for (int r = 0; r < n; r++) fsdp_store_destroy(ranks[r].store);
+    fsdp_store_destroy(store);
+    return failed;
+}
+
+/* Runs the ranks as processes, forked from this one, over a file store in a new directory.
+ * Returns 0, or 1 when one could not start or did not exit with status 0. */
+static int run_procs(world_t *w) {
+    const char *tmp = getenv("TMPDIR");
+    char dbuf[4096];
+    snprintf(dbuf, sizeof dbuf, "%s/bench_gloo_coll.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dbuf)) {
+        fprintf(stderr, "bench_gloo_coll: mkdtemp(%s): %s\n", dbuf, strerror(errno));
+        return 1;
+    }
+    pid_t pids[MAX_WORLD];
+    int n = w->n, failed = 0, started = 0;
+    fflush(stdout);
+    fflush(stderr);
+    for (; started < n; started++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "bench_gloo_coll: fork: %s\n", strerror(errno));
+            failed = 1;
+            break;
+        }
+        if (pid == 0) {
+            rank_arg_t a = {.w = w, .rank = started};
+            if (fsdp_store_create_file(dbuf, &a.store) != FSDP_OK) {
+                fprintf(stderr, "bench_gloo_coll: rank %d: cannot open the file store in %s: %s\n",
+                        started, dbuf, fsdp_store_open_error());
+                _exit(1);
+            }
+            rank_main(&a);
+            fsdp_store_destroy(a.store);
+            _exit(0);
+        }
+        pids[started] = pid;
+    }
+    if (failed) /* the ranks that started wait for the others until their timeout */
+        for (int r = 0; r < started; r++) kill(pids[r], SIGTERM);
+    for (int r = 0; r < started; r++) {
+        int st = 0;
+        while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR) {
+        }
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            if (!failed)
+                fprintf(stderr, "bench_gloo_coll: rank %d %s %d\n", r,
+                        WIFSIGNALED(st) ? "was killed by signal" : "exited with status",
+                        WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            failed = 1;
+        }
+    }
+    remove_store_dir(dbuf);
+    return failed;
+}
+
 /* Measures the floors, runs the world, prints its tables. Returns 0 or 1 (a failure). */
 static int run_world(const options_t *o, int n) {
-    world_t *w = calloc(1, sizeof *w);
-    if (!w) return 1;
+    /* Shared, so that rank processes write their results where this process reads them. */
+    world_t *w = mmap(NULL, sizeof *w, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (w == MAP_FAILED) return 1;
+    memset(w, 0, sizeof *w);
     w->n = n;
     w->target_s = o->quick ? 0.05 : 0.3;
-    pthread_mutex_init(&w->mu, NULL);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    if (o->procs) pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutex_init(&w->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
     for (int v = 0; v < V_COUNT; v++) {
         if (o->op >= 0 && o->op != v) continue;
         for (size_t b = o->min_bytes; b <= o->max_bytes && w->nrows < V_COUNT * MAX_SIZES;
@@ -472,26 +581,14 @@ static int run_world(const options_t *o, int n) {
             w->nrows++;
         }
     }
-    if (fsdp_store_create_memory(&w->store) != FSDP_OK) return 1;
-    rank_arg_t ranks[MAX_WORLD];
-    for (int r = 0; r < n; r++) {
-        ranks[r].w = w;
-        ranks[r].rank = r;
-        if (fsdp_store_clone(w->store, NULL, &ranks[r].store) != FSDP_OK) return 1;
-    }
-    for (int r = 0; r < n; r++)
-        if (pthread_create(&ranks[r].thread, NULL, rank_main, &ranks[r]) != 0) return 1;
-    for (int r = 0; r < n; r++) {
-        pthread_join(ranks[r].thread, NULL);
-        fsdp_store_destroy(ranks[r].store);
-    }
-    fsdp_store_destroy(w->store);
-    int failed = 0, last_v = -1;
+    int failed = o->procs ? run_procs(w) : run_threads(w);
+    int last_v = -1;
     for (int i = 0; i < w->nrows; i++) {
         row_t *row = &w->rows[i];
         if ((int)row->v != last_v) {
             last_v = (int)row->v;
-            printf("\n## %s, world size %d\n", variant_title[row->v], n);
+            printf("\n## %s, world size %d (%s)\n", variant_title[row->v], n,
+                   o->procs ? "processes" : "threads");
             printf("%12s %10s %6s %10s %10s %10s %9s %6s\n", "size", "count", "iters", "time_us",
                    "algbw_GB/s", "busbw_GB/s", "tcp_GB/s", "ratio");
         }
@@ -510,7 +607,7 @@ static int run_world(const options_t *o, int n) {
     }
     fflush(stdout);
     pthread_mutex_destroy(&w->mu);
-    free(w);
+    munmap(w, sizeof *w);
     return failed;
 }
 
@@ -528,7 +625,8 @@ int main(int argc, char **argv) {
         if (fscanf(lf, "%lf", &load) != 1) load = -1;
         fclose(lf);
     }
-    printf("# bench_gloo_coll: gloo backend over TCP loopback, ranks as threads of one process\n");
+    printf("# bench_gloo_coll: gloo backend over TCP loopback, ranks as %s\n",
+           o.procs ? "processes (forked; file store)" : "threads of one process");
     printf("# machine: %ld online CPU(s); load average (1 min) at start: %.2f\n", ncpu, load);
     printf("# time_us: mean per call, slowest rank; size: nccl-tests' message bytes; algbw = "
            "size / time;\n"
