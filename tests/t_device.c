@@ -15,6 +15,7 @@
 
 #include <fsdp.h>
 
+#include "device/cpu_impl.h"
 #include "device/device_impl.h"
 #include "tap.h"
 
@@ -1001,8 +1002,88 @@ static void test_cache(void) {
     fsdp_ctx_destroy(c);
 }
 
+/* Fills n bytes at p and checks them: the pages of a (reused, shrunk) block are there. */
+static int touch(void *p, size_t n, unsigned char v) {
+    memset(p, v, n);
+    const unsigned char *q = p;
+    for (size_t i = 0; i < n; i += 4093)
+        if (q[i] != v) return 0;
+    return q[n - 1] == v;
+}
+
+/* The cache never holds more than the live peak leaves room for, and reuses a larger block for
+ * a request of at least half its size. */
+static void test_cache_bound(void) {
+    const size_t M = (size_t)1 << 20;
+    fsdp_ctx_t *c = NULL;
+    fsdp_device_t *d = NULL;
+    fsdp_ctx_create(NULL, &c);
+    fsdp_device_create(c, FSDP_DEVICE_CPU, NULL, &d);
+    size_t held = 0, live = 0, peak = 0;
+    fsdp__cpu_cache_bytes(d, &held, &live, &peak);
+#if defined(__SANITIZE_ADDRESS__)
+    tap_skip(9, "the cache is off under AddressSanitizer");
+#else
+    void *a = NULL, *b = NULL, *e = NULL, *f = NULL;
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, M, &a);
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, M, &b);
+    fsdp_device_free(d, a);
+    fsdp_device_free(d, b);
+    fsdp__cpu_cache_bytes(d, &held, &live, &peak);
+    tap_ok(held == 2 * M && live == 0 && peak == 2 * M,
+           "cache bound: two freed 1 MiB blocks are kept (held %zu, live %zu, peak %zu)", held,
+           live, peak);
+    /* 3 MiB: a miss that raises the peak to 3 MiB; 3 + 2 cached would exceed it. */
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 3 * M, &e);
+    fsdp__cpu_cache_bytes(d, &held, &live, &peak);
+    tap_ok(held == 0 && live == 3 * M && peak == 3 * M,
+           "cache bound: a new peak evicts what would exceed it (held %zu, live %zu, peak %zu)",
+           held, live, peak);
+    tap_ok(e && touch(e, 3 * M, 0x5a), "cache bound: the new block is usable");
+    fsdp_device_free(d, e);
+    /* 2 MiB: the cached 3 MiB block, shrunk. */
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 2 * M, &f);
+    fsdp__cpu_cache_bytes(d, &held, &live, &peak);
+    tap_ok(f == e, "cache bound: a block of at most twice the size is reused");
+    tap_ok(held == 0 && live == 2 * M && peak == 3 * M,
+           "cache bound: and counted at its new size (held %zu, live %zu, peak %zu)", held, live,
+           peak);
+    tap_ok(f && touch(f, 2 * M, 0xa5), "cache bound: the shrunk block is usable");
+    fsdp_device_free(d, f);
+    /* 512 KiB: the 2 MiB block is more than twice that; 2.5 MiB stays under the 3 MiB peak. */
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, M / 2, &a);
+    fsdp__cpu_cache_bytes(d, &held, &live, &peak);
+    tap_ok(a != f && held == 2 * M && live == M / 2,
+           "cache bound: a much larger block is not split, and stays cached under the peak "
+           "(held %zu, live %zu)",
+           held, live);
+    tap_ok(a && touch(a, M / 2, 1), "cache bound: the small block is usable");
+    fsdp_device_free(d, a);
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 2 * M, &b);
+    tap_ok(b == f && touch(b, 2 * M, 2), "cache bound: the shrunk block is reused at its size");
+    fsdp_device_free(d, b);
+#endif
+    fsdp_device_destroy(d);
+    fsdp_ctx_destroy(c);
+
+    /* Off: nothing is cached or counted. */
+    setenv("FSDP_CPU_CACHE_MB", "0", 1);
+    fsdp_ctx_create(NULL, &c);
+    fsdp_device_create(c, FSDP_DEVICE_CPU, NULL, &d);
+    void *g = NULL;
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, M, &g);
+    int usable = g && touch(g, M, 3);
+    fsdp_device_free(d, g);
+    fsdp__cpu_cache_bytes(d, &held, &live, &peak);
+    tap_ok(usable && held == 0 && live == 0 && peak == 0,
+           "cache off (FSDP_CPU_CACHE_MB=0): blocks come and go uncounted");
+    fsdp_device_destroy(d);
+    fsdp_ctx_destroy(c);
+    unsetenv("FSDP_CPU_CACHE_MB");
+}
+
 int main(void) {
-    tap_plan(251);
+    tap_plan(261);
     test_create();
     test_ctx_device();
     test_alloc();
@@ -1018,5 +1099,6 @@ int main(void) {
     test_gemm();
     test_threads();
     test_cache();
+    test_cache_bound();
     return tap_done();
 }

@@ -1,10 +1,10 @@
 /*
  * cpu.c: the CPU device's memory, copies, streams and events, its thread count, and its vtable.
  *
- * CPU memory is host memory from posix_memalign (64-byte aligned, so vector loads of a row never
- * split a cache line at its start). Every CPU call has finished when it returns, so streams and
- * events are placeholders: creating one gives a non-NULL handle, and waiting on it returns at
- * once.
+ * CPU memory is host memory, 64-byte aligned (so vector loads of a row never split a cache line
+ * at its start): small blocks from posix_memalign, large ones from mmap through a cache (below).
+ * Every CPU call has finished when it returns, so streams and events are placeholders: creating
+ * one gives a non-NULL handle, and waiting on it returns at once.
  *
  * Threads: the CPU's only internal parallelism is BLAS. OpenBLAS keeps one thread count for the
  * whole process, so all CPU devices of a process share it and the last device created sets it.
@@ -12,13 +12,18 @@
  * every rank computes the same value, so the shared setting is the one each rank wants and N
  * ranks running matrix products at once do not oversubscribe the cores.
  */
+/* MAP_ANONYMOUS is not in POSIX 2008; glibc shows it with _DEFAULT_SOURCE. */
+#define _DEFAULT_SOURCE
+
 #include <config.h>
 
 #include <errno.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "device/cpu_impl.h"
@@ -92,15 +97,37 @@ int fsdp__cpu_default_threads(int world_size) {
 }
 
 /*
- * A cache of freed large blocks. A training step allocates and frees the same activation sizes
- * every step; handing each back to the C library returns the pages to the kernel, and the next
- * step pays a page fault per 4 KiB again (about a tenth of a GPT step on this machine). Freed
+ * Large blocks and their cache. A training step allocates and frees the same activation sizes
+ * every step; handing each back to the system returns the pages to the kernel, and the next step
+ * pays a page fault per 4 KiB again (about a tenth of a GPT step on this machine). So freed
  * blocks of at least CACHE_MIN bytes are kept per device, up to FSDP_CPU_CACHE_MB (default 512,
  * 0 disables), and reused for an allocation of the same rounded size. Accounting in device.c
  * counts what tensors hold, not what the cache keeps, like PyTorch's allocated vs. reserved.
  * Under AddressSanitizer the cache is off, so use-after-free stays detectable.
  *
- * Every block carries a 64-byte header with its rounded size, so free() knows where it goes.
+ * The cache never makes the device's footprint larger than the most it has needed: live large
+ * blocks plus cached ones stay within `live_peak`, the most bytes of large blocks live at once.
+ * Without that bound, blocks freed in one phase of a step (the backward's gradients) sit in the
+ * cache while the next phase allocates other sizes (the forward's activations), and the
+ * process's peak resident memory grows by what the cache holds at the peak (180 MiB of 545 per
+ * rank in bench_gpt_gloo's default model). The price is that at the peak the cache is empty, so
+ * a step maps again what it needs after the peak and did not free after it (up to 300 MiB per
+ * step and rank there; 2-4% of the step time).
+ *
+ * So a miss, in order: takes a cached block of at most twice the size and gives its tail back
+ * (munmap of the pages past the new size; the pages kept were touched already); else evicts the
+ * oldest cached blocks until the new block fits under the bound, and maps a new one.
+ *
+ * With the cache on, large blocks come from mmap and go back with munmap, so an evicted block
+ * leaves the process at once. From malloc they would not: glibc serves freed sizes below its
+ * (rising) mmap threshold from its heap afterwards, where freed blocks between live ones stay
+ * resident (another 70 MiB per rank in that benchmark). New mappings are populated in the mmap
+ * call (MAP_POPULATE, where the system has it): one system call instead of a fault per page,
+ * which takes a third off the kernel time a step spends getting memory; every byte of a tensor
+ * is written soon after it is allocated anyway.
+ *
+ * Every block carries a 64-byte header with its rounded size and whether it is mapped, so free()
+ * knows where it goes.
  */
 #define CACHE_MIN ((size_t)64 << 10)
 #define CACHE_ROUND ((size_t)4 << 10)
@@ -118,10 +145,25 @@ int fsdp__cpu_default_threads(int world_size) {
 #define CACHE_DEFAULT_MB 512
 #endif
 
+#if !defined(MAP_ANONYMOUS) && defined(MAP_ANON)
+#define MAP_ANONYMOUS MAP_ANON
+#endif
+#ifndef MAP_POPULATE
+#define MAP_POPULATE 0
+#endif
+
+struct block_header {
+    size_t size; /* bytes after the header, rounded to CACHE_ROUND for large blocks */
+    int mapped;  /* 1: mmap'd (HEADER + size bytes), 0: posix_memalign */
+};
+
 struct cpu_cache {
-    size_t limit;           /* bytes the cache may hold */
-    size_t held;            /* bytes it holds */
-    size_t n;               /* blocks in use of the slots */
+    size_t limit;     /* bytes the cache may hold; 0: no cache, large blocks are malloc'd */
+    size_t page;      /* the system's page size */
+    size_t held;      /* bytes it holds */
+    size_t live;      /* bytes of large blocks handed out and not freed */
+    size_t live_peak; /* the most `live` has been */
+    size_t n;         /* blocks in use of the slots, oldest first */
     void *block[CACHE_SLOTS];
     size_t size[CACHE_SLOTS];
 };
@@ -138,10 +180,92 @@ static size_t cache_limit_from_env(void) {
     return (size_t)CACHE_DEFAULT_MB << 20;
 }
 
+static struct block_header block_header_of(const void *b) {
+    struct block_header h;
+    memcpy(&h, b, sizeof h);
+    return h;
+}
+
+/* Gives block b (header included) back to the system. */
+static void block_release(void *b) {
+#ifdef MAP_ANONYMOUS
+    struct block_header h = block_header_of(b);
+    if (h.mapped) {
+        munmap(b, HEADER + h.size);
+        return;
+    }
+#endif
+    free(b);
+}
+
+/* A new block of HEADER + want bytes, 64-byte aligned; mapped (and populated) when map is true
+ * and the system has anonymous mappings. NULL when out of memory. */
+static void *block_new(size_t want, bool map) {
+    struct block_header h = {want, 0};
+    void *p = NULL;
+    if (want > SIZE_MAX - HEADER) return NULL;
+#ifdef MAP_ANONYMOUS
+    if (map) {
+        p = mmap(NULL, HEADER + want, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        h.mapped = 1;
+    }
+#else
+    (void)map;
+#endif
+    if (!p && posix_memalign(&p, 64, HEADER + (want ? want : 1)) != 0) return NULL;
+    memcpy(p, &h, sizeof h);
+    return p;
+}
+
+/* Removes slot i from the cache and returns its block; keeps the others in age order. */
+static char *cache_take(struct cpu_cache *c, size_t i) {
+    char *b = c->block[i];
+    c->held -= c->size[i];
+    c->n--;
+    memmove(c->block + i, c->block + i + 1, (c->n - i) * sizeof *c->block);
+    memmove(c->size + i, c->size + i + 1, (c->n - i) * sizeof *c->size);
+    return b;
+}
+
 static void cache_drain(struct cpu_cache *c) {
-    for (size_t i = 0; i < c->n; i++) free(c->block[i]);
+    for (size_t i = 0; i < c->n; i++) block_release(c->block[i]);
     c->n = 0;
     c->held = 0;
+}
+
+/* A large block of want bytes (a multiple of CACHE_ROUND): from the cache when it can. */
+static char *large_alloc(struct cpu_cache *c, size_t want) {
+    char *b = NULL;
+    size_t fit = SIZE_MAX;
+    /* Newest first: the block freed last is the likeliest to be warm in cache. */
+    for (size_t i = c->n; i-- > 0 && !b;) {
+        if (c->size[i] == want) b = cache_take(c, i);
+        else if (c->size[i] > want && c->size[i] / 2 <= want &&
+                 (fit == SIZE_MAX || c->size[i] < c->size[fit]) &&
+                 block_header_of(c->block[i]).mapped)
+            fit = i;
+    }
+    if (!b && fit != SIZE_MAX) {
+        /* Shrink the closest larger block: its pages past the new size go back. */
+        size_t old_len = (HEADER + c->size[fit] + c->page - 1) / c->page * c->page;
+        size_t new_len = (HEADER + want + c->page - 1) / c->page * c->page;
+        b = cache_take(c, fit);
+        if (new_len < old_len) munmap(b + new_len, old_len - new_len);
+        struct block_header h = {want, 1};
+        memcpy(b, &h, sizeof h);
+    }
+    if (!b) {
+        /* Keep live + held within the live peak this allocation makes. */
+        size_t live = c->live + want;
+        size_t peak = live > c->live_peak ? live : c->live_peak;
+        while (c->n > 0 && live + c->held > peak) block_release(cache_take(c, 0));
+        if (!(b = block_new(want, true))) return NULL;
+    }
+    c->live += want;
+    if (c->live > c->live_peak) c->live_peak = c->live;
+    return b;
 }
 
 int fsdp__cpu_init(fsdp_device_t *dev) {
@@ -154,6 +278,8 @@ int fsdp__cpu_init(fsdp_device_t *dev) {
     struct cpu_cache *c = calloc(1, sizeof *c);
     if (!c) return FSDP_ENOMEM;
     c->limit = cache_limit_from_env();
+    long page = sysconf(_SC_PAGESIZE);
+    c->page = page > 0 ? (size_t)page : 4096;
     dev->impl = c;
     return FSDP_OK;
 }
@@ -171,49 +297,37 @@ void fsdp__cpu_fini(fsdp_device_t *dev) {
 int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
     struct cpu_cache *c = dev->impl;
     size_t want = bytes < CACHE_MIN ? bytes : (bytes + CACHE_ROUND - 1) / CACHE_ROUND * CACHE_ROUND;
-    *out = NULL;
-    if (c && want >= CACHE_MIN) {
-        /* Newest first: the block freed last is the likeliest to be warm in cache. */
-        for (size_t i = c->n; i-- > 0;) {
-            if (c->size[i] != want) continue;
-            char *b = c->block[i];
-            c->held -= want;
-            c->n--;
-            c->block[i] = c->block[c->n];
-            c->size[i] = c->size[c->n];
-            *out = b + HEADER;
-            return FSDP_OK;
-        }
-    }
-    void *p = NULL;
-    if (want > SIZE_MAX - HEADER || posix_memalign(&p, 64, HEADER + (want ? want : 1)) != 0)
-        return FSDP_ENOMEM;
-    memcpy(p, &want, sizeof want);
-    *out = (char *)p + HEADER;
-    return FSDP_OK;
+    char *b = c && c->limit > 0 && want >= CACHE_MIN ? large_alloc(c, want) : block_new(want, false);
+    *out = b ? b + HEADER : NULL;
+    return b ? FSDP_OK : FSDP_ENOMEM;
+}
+
+void fsdp__cpu_cache_bytes(const fsdp_device_t *dev, size_t *held, size_t *live, size_t *live_peak) {
+    const struct cpu_cache *c = dev->impl;
+    bool on = c && c->limit > 0;
+    *held = on ? c->held : 0;
+    *live = on ? c->live : 0;
+    *live_peak = on ? c->live_peak : 0;
 }
 
 void fsdp__cpu_free(fsdp_device_t *dev, void *ptr) {
     if (!ptr) return;
     struct cpu_cache *c = dev->impl;
     char *b = (char *)ptr - HEADER;
-    size_t size;
-    memcpy(&size, b, sizeof size);
-    if (c && size >= CACHE_MIN && size <= c->limit) {
-        /* Make room: evict the oldest blocks until this one fits. */
-        while (c->n > 0 && (c->n == CACHE_SLOTS || c->held + size > c->limit)) {
-            free(c->block[0]);
-            c->held -= c->size[0];
-            c->n--;
-            memmove(c->block, c->block + 1, c->n * sizeof *c->block);
-            memmove(c->size, c->size + 1, c->n * sizeof *c->size);
+    size_t size = block_header_of(b).size;
+    if (c && c->limit > 0 && size >= CACHE_MIN) {
+        c->live -= size;
+        if (size <= c->limit) {
+            /* Make room: evict the oldest blocks until this one fits. */
+            while (c->n > 0 && (c->n == CACHE_SLOTS || c->held + size > c->limit))
+                block_release(cache_take(c, 0));
+            c->block[c->n] = b;
+            c->size[c->n++] = size;
+            c->held += size;
+            return;
         }
-        c->block[c->n] = b;
-        c->size[c->n++] = size;
-        c->held += size;
-        return;
     }
-    free(b);
+    block_release(b);
 }
 
 int fsdp__cpu_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,
