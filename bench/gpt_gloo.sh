@@ -16,10 +16,10 @@
 # through FSDP_NUM_THREADS, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS.
 #
 # OpenBLAS: both libfsdp and Debian's PyTorch (BLAS_INFO=generic, libblas.so.3) run their matrix
-# products in OpenBLAS, whose 0.3.21 falls back to generic kernels on CPUs newer than itself
-# (see bench/README.md). When OPENBLAS_CORETYPE is unset and the CPU has AVX-512, the script
-# exports OPENBLAS_CORETYPE=SkylakeX for both sides; set OPENBLAS_CORETYPE (even to the empty
-# string) to choose yourself.
+# products in OpenBLAS, whose 0.3.21 falls back to its generic Prescott kernels on CPUs newer
+# than itself (see bench/README.md). When OPENBLAS_CORETYPE is unset and OpenBLAS reports that
+# fallback, the script exports OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2) for both
+# sides; set OPENBLAS_CORETYPE (even to the empty string) to choose yourself.
 #
 # Environment: BENCH_GPT_GLOO (the C program; default bench/bench_gpt_gloo in the current
 # directory, then next to this script), FSDPRUN (default tools/fsdprun likewise), PYTHON (the
@@ -68,9 +68,6 @@ if [ -z "$threads" ]; then
 fi
 export FSDP_NUM_THREADS=$threads OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 
-if [ -z "${OPENBLAS_CORETYPE+set}" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
-    export OPENBLAS_CORETYPE=SkylakeX
-fi
 
 find_prog() { # $1: variable's value, $2: path relative to the build tree
     if [ -n "$1" ]; then echo "$1"; return; fi
@@ -88,6 +85,14 @@ for p in "$cbench" "$fsdprun"; do
     fi
 done
 
+# The core OpenBLAS picks by itself, as it reports when it loads (libfsdp's side links it).
+blas_core=$(OPENBLAS_VERBOSE=2 "$cbench" --help 2>&1 | sed -n 's/^Core: //p' | head -n 1)
+if [ -z "${OPENBLAS_CORETYPE+set}" ] && [ "$blas_core" = Prescott ]; then
+    if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -qw avx2 /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=Haswell
+    fi
+fi
+
 py=${PYTHON:-}
 if [ -z "$py" ]; then
     if /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then py=/usr/bin/python3; else py=python3; fi
@@ -99,7 +104,8 @@ if ! "$py" -c 'import torch' >/dev/null 2>&1; then
 fi
 
 echo "# gpt_gloo.sh: $nproc processes per side, $threads thread(s) each," \
-    "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}; load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+    "OpenBLAS core ${blas_core:-unknown}, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)};" \
+    "load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 
 median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1"; }
 rss_of() { sed -n 's/^peak RSS MiB max \([0-9.]*\).*/\1/p' "$1"; }
