@@ -262,14 +262,15 @@ int main(int argc, char **argv) {
     /* Gather the results: the slowest rank's phases, the mean loss, every rank's peaks. */
     fsdp_mem_stats_t ms;
     fsdp_mem_get_stats(s.ctx, &ms);
-    double mem[4] = {(double)ms.total_peak, (double)ms.peak[FSDP_MEM_PARAMS],
-                     (double)ms.peak[FSDP_MEM_GRADS], (double)ms.peak[FSDP_MEM_OPTIM]};
+    double mem[5] = {(double)ms.total_peak, (double)ms.peak[FSDP_MEM_PARAMS],
+                     (double)ms.peak[FSDP_MEM_GRADS], (double)ms.peak[FSDP_MEM_OPTIM],
+                     (double)ms.peak[FSDP_MEM_ACTIVATIONS]};
     rss[rank] = peak_rss_kib();
     if ((rc = fsdp_pg_all_reduce(pg, t, t, (size_t)nsteps * PH_COUNT, FSDP_DTYPE_F64,
                                  FSDP_REDOP_MAX, NULL)) < 0 ||
         (rc = fsdp_pg_all_reduce(pg, loss, loss, (size_t)nsteps, FSDP_DTYPE_F64, FSDP_REDOP_AVG,
                                  NULL)) < 0 ||
-        (rc = fsdp_pg_all_reduce(pg, mem, mem, 4, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL)) < 0 ||
+        (rc = fsdp_pg_all_reduce(pg, mem, mem, 5, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL)) < 0 ||
         (rc = fsdp_pg_all_gather(pg, &rss[rank], rss, 1, FSDP_DTYPE_F64, NULL)) < 0) {
         fail_msg(&s, "gathering the results", rc);
         goto out;
@@ -307,8 +308,9 @@ int main(int argc, char **argv) {
     for (int p = 0; p < PH_STEP; p++) printf(" %s %.1f", phase_name[p], med[p] * 1e3);
     printf("\n");
     printf("memory (library-counted peak of the largest rank after the warm-up): %.1f MiB "
-           "(params %.1f, grads %.1f, optim %.1f)\n",
-           mem[0] / 1048576.0, mem[1] / 1048576.0, mem[2] / 1048576.0, mem[3] / 1048576.0);
+           "(params %.1f, grads %.1f, optim %.1f, activations %.1f)\n",
+           mem[0] / 1048576.0, mem[1] / 1048576.0, mem[2] / 1048576.0, mem[3] / 1048576.0,
+           mem[4] / 1048576.0);
     double rss_max = 0;
     printf("peak RSS MiB per rank:");
     for (int r = 0; r < world; r++) {
