@@ -494,8 +494,10 @@ static int run_threads(world_t *w) {
     }
     for (; started < n && !failed; started++)
         failed = pthread_create(&ranks[started].thread, NULL, rank_main, &ranks[started]) != 0;
-    for (int r = 0; r < started; r++) pthread_join(ranks[r].thread, NULL);
-    for (int r = 0; r < n; r++) fsdp_store_destroy(ranks[r].store);
+    for (int r = 0; r < started; r++)
+        pthread_join(ranks[r].thread, NULL);
+    for (int r = 0; r < n; r++)
+        fsdp_store_destroy(ranks[r].store);
     fsdp_store_destroy(store);
     return failed;
 }
@@ -535,7 +537,8 @@ static int run_procs(world_t *w) {
         pids[started] = pid;
     }
     if (failed) /* the ranks that started wait for the others until their timeout */
-        for (int r = 0; r < started; r++) kill(pids[r], SIGTERM);
+        for (int r = 0; r < started; r++)
+            kill(pids[r], SIGTERM);
     for (int r = 0; r < started; r++) {
         int st = 0;
         while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR) {

@@ -49,13 +49,11 @@ typedef struct options {
 } options_t;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: fsdprun -n N " PROG " [options]\n"
-            BENCH_COMMON_USAGE
-            "  --threads N     compute threads per rank (default FSDP_NUM_THREADS, else the\n"
-            "                  online cores divided by the world size)\n"
-            "  --help          this text\n"
-            "The batch is per rank. Without a launcher the program runs as a world of one.\n");
+    fprintf(f, "usage: fsdprun -n N " PROG " [options]\n" BENCH_COMMON_USAGE
+               "  --threads N     compute threads per rank (default FSDP_NUM_THREADS, else the\n"
+               "                  online cores divided by the world size)\n"
+               "  --help          this text\n"
+               "The batch is per rank. Without a launcher the program runs as a world of one.\n");
 }
 
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
@@ -151,8 +149,7 @@ static int setup(rank_state_t *s, const options_t *o) {
     }
 
     fsdp_named_list_t params = {0};
-    if ((rc = fsdp_named_params(s->root, &params)) < 0)
-        return fail_msg(s, "fsdp_named_params", rc);
+    if ((rc = fsdp_named_params(s->root, &params)) < 0) return fail_msg(s, "fsdp_named_params", rc);
     rc = bench_adamw_create(s->ctx, &o->c.adamw, &params, &s->opt);
     fsdp_named_list_free(&params);
     if (rc < 0) return fail_msg(s, "creating the optimizer", rc);
@@ -216,7 +213,7 @@ int main(int argc, char **argv) {
     fsdp_pg_t *pg = fsdp_ctx_pg(s.ctx);
     double *t = calloc((size_t)nsteps * PH_COUNT, sizeof *t); /* [step][phase], seconds */
     double *loss = calloc((size_t)nsteps, sizeof *loss);
-    double *rss = calloc((size_t)world, sizeof *rss);       /* KiB, one per rank */
+    double *rss = calloc((size_t)world, sizeof *rss); /* KiB, one per rank */
     double *med = calloc(PH_COUNT, sizeof *med);
     int status = 1;
     if (world > MAX_WORLD) {
@@ -284,9 +281,8 @@ int main(int argc, char **argv) {
     if (rank != 0) goto out;
 
     for (int k = 0; k < nsteps; k++)
-        printf("step %3d%s loss %.6f  ms %.1f\n", k + 1,
-               k >= o.c.warmup ? "        " : " (warmup)", loss[k],
-               t[(size_t)k * PH_COUNT + PH_STEP] * 1e3);
+        printf("step %3d%s loss %.6f  ms %.1f\n", k + 1, k >= o.c.warmup ? "        " : " (warmup)",
+               loss[k], t[(size_t)k * PH_COUNT + PH_STEP] * 1e3);
     double step_min = INFINITY, step_max = 0;
     double *v = t + (size_t)o.c.warmup * PH_COUNT; /* the timed steps */
     for (int k = 0; k < o.c.steps; k++) {
@@ -300,12 +296,14 @@ int main(int argc, char **argv) {
         goto out;
     }
     for (int p = 0; p < PH_COUNT; p++) {
-        for (int k = 0; k < o.c.steps; k++) col[k] = v[(size_t)k * PH_COUNT + (size_t)p];
+        for (int k = 0; k < o.c.steps; k++)
+            col[k] = v[(size_t)k * PH_COUNT + (size_t)p];
         med[p] = bench_median(col, o.c.steps);
     }
     free(col);
     printf("phases median ms:");
-    for (int p = 0; p < PH_STEP; p++) printf(" %s %.1f", phase_name[p], med[p] * 1e3);
+    for (int p = 0; p < PH_STEP; p++)
+        printf(" %s %.1f", phase_name[p], med[p] * 1e3);
     printf("\n");
     printf("memory (library-counted peak of the largest rank after the warm-up): %.1f MiB "
            "(params %.1f, grads %.1f, optim %.1f, activations %.1f)\n",
@@ -321,8 +319,7 @@ int main(int argc, char **argv) {
     printf("peak RSS MiB max %.1f\n", rss_max / 1024.0);
     printf("ms/step median %.2f (min %.2f, max %.2f) over %d steps\n", med[PH_STEP] * 1e3,
            step_min * 1e3, step_max * 1e3, o.c.steps);
-    printf("tokens/s %.0f (all ranks)\n",
-           (double)(o.c.m.batch * o.c.m.seq) * world / med[PH_STEP]);
+    printf("tokens/s %.0f (all ranks)\n", (double)(o.c.m.batch * o.c.m.seq) * world / med[PH_STEP]);
     fflush(stdout);
 out:
     teardown(&s);

@@ -230,7 +230,8 @@ static char *cache_take(struct cpu_cache *c, size_t i) {
 }
 
 static void cache_drain(struct cpu_cache *c) {
-    for (size_t i = 0; i < c->n; i++) block_release(c->block[i]);
+    for (size_t i = 0; i < c->n; i++)
+        block_release(c->block[i]);
     c->n = 0;
     c->held = 0;
 }
@@ -241,7 +242,8 @@ static char *large_alloc(struct cpu_cache *c, size_t want) {
     size_t fit = SIZE_MAX;
     /* Newest first: the block freed last is the likeliest to be warm in cache. */
     for (size_t i = c->n; i-- > 0 && !b;) {
-        if (c->size[i] == want) b = cache_take(c, i);
+        if (c->size[i] == want)
+            b = cache_take(c, i);
         else if (c->size[i] > want && c->size[i] / 2 <= want &&
                  (fit == SIZE_MAX || c->size[i] < c->size[fit]) &&
                  block_header_of(c->block[i]).mapped)
@@ -260,7 +262,8 @@ static char *large_alloc(struct cpu_cache *c, size_t want) {
         /* Keep live + held within the live peak this allocation makes. */
         size_t live = c->live + want;
         size_t peak = live > c->live_peak ? live : c->live_peak;
-        while (c->n > 0 && live + c->held > peak) block_release(cache_take(c, 0));
+        while (c->n > 0 && live + c->held > peak)
+            block_release(cache_take(c, 0));
         if (!(b = block_new(want, true))) return NULL;
     }
     c->live += want;
@@ -297,12 +300,14 @@ void fsdp__cpu_fini(fsdp_device_t *dev) {
 int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
     struct cpu_cache *c = dev->impl;
     size_t want = bytes < CACHE_MIN ? bytes : (bytes + CACHE_ROUND - 1) / CACHE_ROUND * CACHE_ROUND;
-    char *b = c && c->limit > 0 && want >= CACHE_MIN ? large_alloc(c, want) : block_new(want, false);
+    char *b =
+        c && c->limit > 0 && want >= CACHE_MIN ? large_alloc(c, want) : block_new(want, false);
     *out = b ? b + HEADER : NULL;
     return b ? FSDP_OK : FSDP_ENOMEM;
 }
 
-void fsdp__cpu_cache_bytes(const fsdp_device_t *dev, size_t *held, size_t *live, size_t *live_peak) {
+void fsdp__cpu_cache_bytes(const fsdp_device_t *dev, size_t *held, size_t *live,
+                           size_t *live_peak) {
     const struct cpu_cache *c = dev->impl;
     bool on = c && c->limit > 0;
     *held = on ? c->held : 0;
