@@ -50,6 +50,9 @@
 #include <fsdp/pg.h>
 #include <fsdp/store.h>
 
+#include "bench_util.h"
+#include "coll_util.h"
+
 #define KIB ((size_t)1024)
 #define MIB (KIB * KIB)
 #define MAX_WORLD 16
@@ -65,45 +68,6 @@ static const char *const variant_title[V_COUNT] = {
 };
 static const fsdp_coll_kind_t variant_kind[V_COUNT] = {
     FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER, FSDP_COLL_ALL_REDUCE};
-
-static size_t count_for(variant_t v, size_t bytes, int n) {
-    return v == V_AR ? bytes / sizeof(float) : bytes / sizeof(float) / (size_t)n;
-}
-
-static size_t msg_bytes(variant_t v, size_t count, int n) {
-    return (v == V_AR ? count : count * (size_t)n) * sizeof(float);
-}
-
-static double bus_factor(variant_t v, int n) {
-    return v == V_AR ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Small integers, so that sums over up to MAX_WORLD ranks are exact in any order. */
-static float value(int q, size_t i) {
-    return (float)(i % 1021 + 1024 * (size_t)(q + 1));
-}
-
-static float value_sum(int n, size_t i) {
-    return (float)((size_t)n * (i % 1021) + 1024 * (size_t)n * (size_t)(n + 1) / 2);
-}
-
-static void fill(float *p, int q, size_t first, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        p[i] = value(q, first + i);
-}
-
-static void *xalloc(size_t bytes) {
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
-    if (p) memset(p, 0, rounded ? rounded : 64);
-    return p;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* The floor: one loopback TCP stream */
@@ -137,7 +101,7 @@ static void *sender_main(void *arg) {
 static double stream_round(int tx, int rx, const char *src, char *dst, size_t bytes, long reps) {
     stream_t s = {tx, src, bytes, reps, 0};
     pthread_t t;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (pthread_create(&t, NULL, sender_main, &s) != 0) return -1;
     int err = 0;
     for (long i = 0; i < reps && !err; i++) {
@@ -152,7 +116,7 @@ static double stream_round(int tx, int rx, const char *src, char *dst, size_t by
             off += (size_t)r;
         }
     }
-    double dt = now_s() - t0;
+    double dt = bench_now_s() - t0;
     pthread_join(t, NULL);
     return err || s.err ? -1 : dt;
 }
@@ -162,14 +126,14 @@ static double stream_round(int tx, int rx, const char *src, char *dst, size_t by
 static double tcp_floor(size_t bytes, double target_s) {
     int ls = -1, tx = -1, rx = -1;
     double bw = -1;
-    char *src = xalloc(bytes), *dst = xalloc(bytes);
+    char *src = bench_coll_alloc(bytes), *dst = bench_coll_alloc(bytes);
     struct sockaddr_in a;
     socklen_t alen = sizeof a;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (!src || !dst) goto out;
-    fill((float *)(void *)src, 0, 0, bytes / sizeof(float));
+    bench_coll_fill((float *)(void *)src, 0, 0, bytes / sizeof(float));
     ls = socket(AF_INET, SOCK_STREAM, 0);
     if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) < 0 || listen(ls, 1) < 0 ||
         getsockname(ls, (struct sockaddr *)&a, &alen) < 0)
@@ -245,9 +209,9 @@ static int call(fsdp_pg_t *pg, variant_t v, const float *send, float *recv, size
 }
 
 static float expected(variant_t v, int r, int n, size_t count, size_t k) {
-    return v == V_AG   ? value((int)(k / count), k % count)
-           : v == V_RS ? value_sum(n, (size_t)r * count + k)
-                       : value_sum(n, k);
+    return v == V_AG   ? bench_coll_value((int)(k / count), k % count)
+           : v == V_RS ? bench_coll_value_sum(n, (size_t)r * count + k)
+                       : bench_coll_value_sum(n, k);
 }
 
 /* Checks the ends of every chunk and 4096 positions spread over recv. */
@@ -278,10 +242,10 @@ static void poison(variant_t v, float *recv, size_t elems, int r, size_t count) 
 static int timed(fsdp_pg_t *pg, variant_t v, const float *send, float *recv, size_t count,
                  long iters, double *t) {
     int rc = fsdp_pg_barrier(pg, NULL);
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (long i = 0; i < iters && rc == FSDP_OK; i++)
         rc = call(pg, v, send, recv, count);
-    *t = now_s() - t0;
+    *t = bench_now_s() - t0;
     if (rc == FSDP_OK) rc = fsdp_pg_all_reduce(pg, t, t, 1, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL);
     return rc;
 }
@@ -291,14 +255,14 @@ static int run_row(fsdp_pg_t *pg, world_t *w, row_t *row, int r) {
     const size_t c = row->count;
     size_t send_elems = row->v == V_RS ? c * (size_t)n : c;
     size_t recv_elems = row->v == V_AG ? c * (size_t)n : c;
-    float *recv = xalloc(recv_elems * sizeof(float));
-    float *send_mem = row->v == V_AG ? NULL : xalloc(send_elems * sizeof(float));
+    float *recv = bench_coll_alloc(recv_elems * sizeof(float));
+    float *send_mem = row->v == V_AG ? NULL : bench_coll_alloc(send_elems * sizeof(float));
     float *send = row->v == V_AG ? recv + (size_t)r * c : send_mem;
     double t = 0;
     long iters = 1, bad = 0;
     int rc = FSDP_ENOMEM;
     if (!recv || (row->v != V_AG && !send_mem)) goto out;
-    fill(send, r, 0, send_elems);
+    bench_coll_fill(send, r, 0, send_elems);
     poison(row->v, recv, recv_elems, r, c);
     rc = call(pg, row->v, send, recv, c);
     if (rc != FSDP_OK) goto out;
@@ -575,11 +539,12 @@ static int run_world(const options_t *o, int n) {
             row_t *row = &w->rows[w->nrows];
             row->v = (variant_t)v;
             row->bytes = b;
-            row->count = count_for(row->v, b, n);
+            row->count = bench_coll_count(variant_kind[row->v], b, n);
             if (row->count == 0) continue;
-            row->size = msg_bytes(row->v, row->count, n);
+            row->size = bench_coll_msg_bytes(variant_kind[row->v], row->count, n);
             /* The bytes one rank sends per call, streamed alone, before any rank runs. */
-            size_t per_rank = (size_t)((double)row->size * bus_factor(row->v, n));
+            size_t per_rank =
+                (size_t)((double)row->size * bench_coll_bus_factor(variant_kind[row->v], n));
             row->tcp_bw = tcp_floor(per_rank, o->quick ? 0.05 : 0.2);
             w->nrows++;
         }
@@ -603,7 +568,7 @@ static int run_world(const options_t *o, int n) {
             continue;
         }
         double algbw = (double)row->size / row->time_s / GB;
-        double busbw = algbw * bus_factor(row->v, n);
+        double busbw = algbw * bench_coll_bus_factor(variant_kind[row->v], n);
         printf("%12zu %10zu %6ld %10.1f %10.2f %10.2f %9.2f %6.2f\n", row->size, row->count,
                row->iters, row->time_s * 1e6, algbw, busbw, row->tcp_bw / GB,
                row->tcp_bw > 0 ? busbw * GB / row->tcp_bw : 0.0);
@@ -643,9 +608,9 @@ int main(int argc, char **argv) {
         worlds[0] = o.world;
         nworlds = 1;
     }
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < nworlds; i++)
         failed |= run_world(&o, worlds[i]);
-    printf("\n# total %.1f s\n", now_s() - t0);
+    printf("\n# total %.1f s\n", bench_now_s() - t0);
     return failed;
 }

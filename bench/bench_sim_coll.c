@@ -33,6 +33,9 @@
 #include <fsdp/pg.h>
 #include <fsdp/sim.h>
 
+#include "bench_util.h"
+#include "coll_util.h"
+
 #define KIB ((size_t)1024)
 #define MIB (KIB * KIB)
 #define MIN_BYTES KIB
@@ -67,54 +70,8 @@ static int is_gather(variant_t v) {
     return v == V_AG_IN || v == V_AG_OUT;
 }
 
-/* Elements per rank as the API counts them, for a message of `bytes` as nccl-tests counts it. */
-static size_t count_for(variant_t v, size_t bytes, int n) {
-    return v == V_AR ? bytes / sizeof(float) : bytes / sizeof(float) / (size_t)n;
-}
-
-/* The message size nccl-tests reports: recv size for all_gather, send size for reduce_scatter,
- * count for all_reduce. */
-static size_t msg_bytes(variant_t v, size_t count, int n) {
-    return (v == V_AR ? count : count * (size_t)n) * sizeof(float);
-}
-
-static double bus_factor(variant_t v, int n) {
-    return v == V_AR ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Helpers */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Value of element i of rank q's send buffer. Small integers, so that every sum of up to
- * MAX_WORLD of them is exact in f32 whatever the order. */
-static float value(int q, size_t i) {
-    return (float)(i % 1021 + 1024 * (size_t)(q + 1));
-}
-
-/* Sum over ranks 0..n-1 of value(q, i). */
-static float value_sum(int n, size_t i) {
-    size_t s = (size_t)n * (i % 1021) + 1024 * (size_t)n * (size_t)(n + 1) / 2;
-    return (float)s;
-}
-
-static void fill(float *p, int q, size_t first, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        p[i] = value(q, first + i);
-}
-
-/* 64-byte aligned, touched; NULL on failure. */
-static void *xalloc(size_t bytes) {
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
-    if (p) memset(p, 0, rounded ? rounded : 64);
-    return p;
-}
 
 /* CPU seconds used by the whole process so far, and its page faults. */
 static void process_usage(double *cpu_s, long *faults) {
@@ -151,10 +108,10 @@ static double time_kernel(kernel_fn fn, void *arg, double target_s) {
     long reps = 1;
     double t;
     for (;;) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (long i = 0; i < reps; i++)
             call(arg);
-        t = now_s() - t0;
+        t = bench_now_s() - t0;
         if (t >= target_s / 10 || reps >= (1L << 26)) break;
         reps *= 4;
     }
@@ -162,10 +119,10 @@ static double time_kernel(kernel_fn fn, void *arg, double target_s) {
     long n = (long)(target_s / (per > 0 ? per : 1e-9));
     if (n < 2) n = 2;
     if (n > (1L << 28)) n = 1L << 28;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (long i = 0; i < n; i++)
         call(arg);
-    return (now_s() - t0) / (double)n;
+    return (bench_now_s() - t0) / (double)n;
 }
 
 typedef struct copy_arg {
@@ -181,10 +138,10 @@ static void copy_kernel(void *arg) {
 
 /* Bandwidth in bytes per second of one thread's memcpy of `bytes`; < 0 when out of memory. */
 static double memcpy_floor(size_t bytes, double target_s) {
-    copy_arg_t a = {xalloc(bytes), xalloc(bytes), bytes};
+    copy_arg_t a = {bench_coll_alloc(bytes), bench_coll_alloc(bytes), bytes};
     double bw = -1;
     if (a.dst && a.src) {
-        fill((float *)a.src, 0, 0, bytes / sizeof(float));
+        bench_coll_fill((float *)a.src, 0, 0, bytes / sizeof(float));
         bw = (double)bytes / time_kernel(copy_kernel, &a, target_s);
     }
     free(a.dst);
@@ -235,12 +192,12 @@ static double sum_floor(int nin, size_t bytes, double target_s) {
     memset(&a, 0, sizeof a);
     a.nin = nin;
     a.n = bytes / sizeof(float);
-    a.out = xalloc(bytes);
+    a.out = bench_coll_alloc(bytes);
     int ok = a.out != NULL;
     for (int k = 0; k < nin; k++) {
-        float *p = xalloc(bytes);
+        float *p = bench_coll_alloc(bytes);
         if (p)
-            fill(p, k, 0, a.n);
+            bench_coll_fill(p, k, 0, a.n);
         else
             ok = 0;
         a.ins[k] = p;
@@ -248,7 +205,9 @@ static double sum_floor(int nin, size_t bytes, double target_s) {
     double t = -1;
     if (ok) {
         t = time_kernel(sum_kernel, &a, target_s);
-        if (a.out[0] != value_sum(nin, 0) || a.out[a.n - 1] != value_sum(nin, a.n - 1)) t = -1;
+        if (a.out[0] != bench_coll_value_sum(nin, 0) ||
+            a.out[a.n - 1] != bench_coll_value_sum(nin, a.n - 1))
+            t = -1;
     }
     free(a.out);
     for (int k = 0; k < nin; k++)
@@ -312,7 +271,7 @@ static int alloc_bufs(fsdp_ctx_t *ctx, const job_t *job, int r, int n, bufs_t *b
     b->recv = b->recv_mem;
     b->send = job->v == V_AG_IN ? b->recv_mem + (size_t)r * c : b->send_mem;
     /* First touch of every page, by the rank that owns the buffer. */
-    fill(b->send, r, 0, b->send_elems);
+    bench_coll_fill(b->send, r, 0, b->send_elems);
     poison(job, b, r);
     return FSDP_OK;
 }
@@ -332,11 +291,11 @@ static float expected(const job_t *job, int r, int n, size_t k) {
     switch (job->v) {
     case V_AG_IN:
     case V_AG_OUT:
-        return value((int)(k / job->count), k % job->count);
+        return bench_coll_value((int)(k / job->count), k % job->count);
     case V_RS:
-        return value_sum(n, (size_t)r * job->count + k);
+        return bench_coll_value_sum(n, (size_t)r * job->count + k);
     default:
-        return value_sum(n, k);
+        return bench_coll_value_sum(n, k);
     }
 }
 
@@ -391,10 +350,10 @@ static int timed_loop(fsdp_pg_t *pg, const job_t *job, const bufs_t *b, long ite
     long faults0 = 0, faults1 = 0;
     int rc = fsdp_pg_barrier(pg, NULL);
     if (usage) process_usage(&cpu0, &faults0);
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (long i = 0; i < iters && rc == FSDP_OK; i++)
         rc = call(pg, job, b);
-    double t = now_s() - t0;
+    double t = bench_now_s() - t0;
     if (usage) {
         process_usage(&cpu1, &faults1);
         usage->cpus = t > 0 ? (cpu1 - cpu0) / t : 0;
@@ -617,9 +576,9 @@ static void print_table_header(variant_t v, int n) {
 static int run_row(const options_t *o, variant_t v, int n, size_t bytes, tally_t *tally) {
     double target_s = o->quick ? 0.02 : 0.15;
     double floor_s = o->quick ? 0.01 : 0.05;
-    size_t count = count_for(v, bytes, n);
+    size_t count = bench_coll_count(variant_kind(v), bytes, n);
     if (count == 0) return 0;
-    size_t size = msg_bytes(v, count, n);
+    size_t size = bench_coll_msg_bytes(variant_kind(v), count, n);
     int targeted = n == TARGET_WORLD && size >= TARGET_MIN_BYTES;
 
     /* The floor first, while no rank thread exists. */
@@ -681,7 +640,7 @@ static int run_row(const options_t *o, variant_t v, int n, size_t bytes, tally_t
     if (failed) return -1;
 
     double algbw = (double)size / t / GB;
-    double busbw = algbw * bus_factor(v, n);
+    double busbw = algbw * bench_coll_bus_factor(variant_kind(v), n);
     const char *verdict = "";
     if (is_gather(v)) {
         double ratio = busbw * GB / copy_bw;
@@ -750,7 +709,7 @@ int main(int argc, char **argv) {
 
     tally_t tally[V_COUNT];
     memset(tally, 0, sizeof tally);
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int v = 0; v < V_COUNT; v++) {
         if (o.op >= 0 && (int)variant_kind((variant_t)v) != o.op) continue;
         for (int w = 0; w < nworlds; w++) {
@@ -768,6 +727,6 @@ int main(int argc, char **argv) {
         printf("%s %s %d PASS %d MISS", any ? ";" : "", shortname[v], tally[v].pass, tally[v].miss);
         any = 1;
     }
-    printf("%s\n# total %.1f s\n", any ? "" : " no row in range", now_s() - t0);
+    printf("%s\n# total %.1f s\n", any ? "" : " no row in range", bench_now_s() - t0);
     return 0;
 }
