@@ -352,6 +352,29 @@ FSDP_EXTERN int fsdp_unit_reshard(fsdp_unit_t *u);
 FSDP_EXTERN int fsdp_unit_clip_grad_norm(fsdp_unit_t *root, double max_norm, double norm_type,
                                          double *total_norm);
 
+/*
+ * Gradient accumulation without communication, as PyTorch's no_sync(). Between
+ * fsdp_no_sync_begin and fsdp_no_sync_end on a root, the backward of every unit of its tree
+ * reduces nothing: each rank adds its gradient into the unit's local gradient, a full-size
+ * (unsharded, padded) flat gradient in the compute dtype that the unit keeps. The first backward
+ * after fsdp_no_sync_end adds its gradient to the same buffer and reduces the sum, so k
+ * micro-batches cost one reduce-scatter per unit instead of k; sharded gradients (.grad of the
+ * flat or original parameters) change only then. The price is memory: while accumulating,
+ * every unit holds an unsharded gradient, as in PyTorch.
+ *
+ * Both calls are local (no collective) but every rank must make them at the same point. They
+ * are refused (FSDP_EINVAL) on a unit that is not a root, when no_sync is already on (begin) or
+ * off (end), and during a backward (between forward and backward is fine: what counts is
+ * whether no_sync is on when a unit's backward ends). Clearing gradients (an optimizer's
+ * zero_grad) leaves the local gradients alone: they belong to the backward that will reduce
+ * them. fsdp_unit_local_grad returns a unit's local gradient (borrowed; padded_numel elements
+ * of the compute dtype), or NULL when nothing is accumulated.
+ */
+FSDP_EXTERN int fsdp_no_sync_begin(fsdp_unit_t *root);
+FSDP_EXTERN int fsdp_no_sync_end(fsdp_unit_t *root);
+FSDP_EXTERN bool fsdp_in_no_sync(const fsdp_unit_t *u);
+FSDP_EXTERN fsdp_tensor_t *fsdp_unit_local_grad(const fsdp_unit_t *u);
+
 /* ---- introspection for tests ----------------------------------------------------------------- */
 
 typedef enum fsdp_training_state {

@@ -353,13 +353,20 @@ bool fsdp__any_requires_grad(const fsdp_unit_t *u) {
     return u->flat && u->flat->requires_grad;
 }
 
-/* Before the unit's backward: a zeroed unsharded flat gradient, and each compute view's .grad a
- * view into it, so backward accumulates straight into the flat gradient. */
+/* Before the unit's backward: a zeroed unsharded flat gradient (or the one accumulated under
+ * no_sync, which backward goes on adding to), and each compute view's .grad a view into it, so
+ * backward accumulates straight into the flat gradient. */
 static int prepare_grads(fsdp_unit_t *u) {
     if (u->nparams == 0 || !fsdp__any_requires_grad(u) || u->full_grad) return FSDP_OK;
-    int rc =
-        fsdp__zeros_on(u, u->dev, u->cdt, u->layout.padded_numel, FSDP_MEM_GRADS, &u->full_grad);
-    if (rc < 0) return fsdp__unit_err(u, rc, "cannot allocate the unsharded gradient");
+    int rc = FSDP_OK;
+    if (u->local_grad) {
+        u->full_grad = u->local_grad;
+        u->local_grad = NULL;
+    } else {
+        rc = fsdp__zeros_on(u, u->dev, u->cdt, u->layout.padded_numel, FSDP_MEM_GRADS,
+                            &u->full_grad);
+        if (rc < 0) return fsdp__unit_err(u, rc, "cannot allocate the unsharded gradient");
+    }
     for (int i = 0; i < u->nparams; i++) {
         struct fsdp__param *p = &u->params[i];
         if (!p->cv->requires_grad) continue;
@@ -917,8 +924,15 @@ static int post_backward(fsdp_unit_t *u) {
     int rc = FSDP_OK;
     if (fsdp__separate_full(u)) rc = fsdp__reshard(u);
     if (rc == 0 && u->opt.backward_prefetch == FSDP_BACKWARD_POST) rc = prefetch_backward(u);
-    if (rc == 0) rc = reduce_grad(u);
-    if (rc == 0) rc = track_reduction(u);
+    if (rc == 0 && root_of(u)->no_sync) {
+        /* No reduction: the unsharded gradient stays with the unit for the next backward. */
+        fsdp__drop_cv_grads(u);
+        u->local_grad = u->full_grad;
+        u->full_grad = NULL;
+    } else {
+        if (rc == 0) rc = reduce_grad(u);
+        if (rc == 0) rc = track_reduction(u);
+    }
     u->stats.post_backward_hooks++;
     return rc;
 }
@@ -962,6 +976,47 @@ static int final_callback(fsdp_ctx_t *ctx, void *arg) {
     return rc;
 }
 
+/* ---- no_sync --------------------------------------------------------------------------------- */
+
+static int no_sync_set(fsdp_unit_t *root, bool on, const char *fn) {
+    if (!root) return FSDP_EINVAL;
+    if (root->parent)
+        return fsdp__unit_err(root, FSDP_EINVAL, "%s: not a root unit (call it on the root)", fn);
+    if (root->no_sync == on)
+        return fsdp__unit_err(root, FSDP_EINVAL, "%s: the tree is %s", fn,
+                              on ? "already in no_sync (it does not nest)" : "not in no_sync");
+    fsdp_unit_t **all = NULL;
+    size_t n = 0, cap = 0;
+    if (fsdp__collect_units(root, &all, &n, &cap) < 0) {
+        free(all);
+        return fsdp__unit_err(root, FSDP_ENOMEM, "out of memory");
+    }
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        fsdp_training_state_t st = all[i]->state;
+        if (fsdp_in_backward(root->ctx) || st == FSDP_STATE_BACKWARD_PRE ||
+            st == FSDP_STATE_BACKWARD_POST)
+            rc = fsdp__unit_err(all[i], FSDP_EINVAL,
+                                "%s: unit '%s' is in a backward that has not finished: begin and "
+                                "end no_sync before a backward or after it",
+                                fn, unit_label(all[i]));
+    }
+    free(all);
+    if (rc == 0) root->no_sync = on;
+    return rc;
+}
+
+int fsdp_no_sync_begin(fsdp_unit_t *root) { return no_sync_set(root, true, "fsdp_no_sync_begin"); }
+
+int fsdp_no_sync_end(fsdp_unit_t *root) { return no_sync_set(root, false, "fsdp_no_sync_end"); }
+
+bool fsdp_in_no_sync(const fsdp_unit_t *u) {
+    while (u && u->parent) u = u->parent;
+    return u && u->no_sync;
+}
+
+fsdp_tensor_t *fsdp_unit_local_grad(const fsdp_unit_t *u) { return u ? u->local_grad : NULL; }
+
 /* ---- destroy --------------------------------------------------------------------------------- */
 
 void fsdp__unit_free(fsdp_unit_t *u) {
@@ -986,6 +1041,7 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     fsdp_tensor_release(u->flat);
     fsdp_tensor_release(u->full);
     fsdp_tensor_release(u->full_grad);
+    fsdp_tensor_release(u->local_grad);
     fsdp_tensor_release(u->staging);
     fsdp_tensor_release(u->summon_host);
     fsdp__drop_summon_views(u);

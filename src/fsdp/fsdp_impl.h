@@ -121,6 +121,7 @@ struct fsdp_unit {
     fsdp_tensor_t *flat;         /* local shard leaf */
     fsdp_tensor_t *full;         /* unsharded flat parameter */
     fsdp_tensor_t *full_grad;    /* unsharded flat gradient while backward runs, else NULL */
+    fsdp_tensor_t *local_grad;   /* no_sync: the unsharded gradient accumulated, not reduced */
     bool unsharded;
     fsdp_work_t *ag_work;        /* outstanding all-gather into full */
     fsdp_tensor_t *staging;      /* CPU offload: the shard on the device while it is gathered */
@@ -159,6 +160,7 @@ struct fsdp_unit {
     struct fsdp_unit **post_order; /* post-forward order of this iteration */
     size_t npost, cappost;
     bool cb_queued;              /* final callback queued in this backward */
+    bool no_sync;                /* between fsdp_no_sync_begin and _end */
     struct fsdp_unit **ag_queue; /* units with an outstanding all-gather, oldest first */
     size_t nag, capag;
     struct fsdp_unit **red_queue; /* units with a gradient reduction in flight, oldest first */
