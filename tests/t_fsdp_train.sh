@@ -8,7 +8,15 @@
 #     validation loss the exporting run ended with;
 #   - --save-every then --resume: the resumed run's losses equal the uninterrupted run's, bit
 #     for bit (shuffled data, so the loader position matters); another world size is refused;
-#   - --backend gloo under fsdprun -n 2 gives the sim run's losses (skipped without Gloo).
+#   - --backend gloo under fsdprun -n 2 gives the sim run's losses (skipped without Gloo);
+#   - --grad-accum under no_sync gives the losses of reducing every micro-batch with half the
+#     reduce-scatter traffic;
+#   - --sharding hybrid with shard groups of 1, 2 and 4 ranks at world size 4 matches world 1;
+#   - a checkpoint's model.safetensors (the full model, gathered) initialises a run at another
+#     world size;
+#   - a save killed mid-write (SIGXFSZ from a file-size limit, while the model file is half
+#     written) leaves the previous checkpoint of that step byte for byte, and it still resumes
+#     exactly.
 # Each rank computes on one thread (FSDP_NUM_THREADS=1) so that runs are comparable.
 top_builddir=${top_builddir:-.}
 train="$top_builddir/tools/fsdp-train"
@@ -47,7 +55,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..14"
+echo "1..21"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -77,7 +85,9 @@ ok $? "world 4 matches world 1 within rtol 1.3e-6, atol 1e-5" "$tmp/c4"
 # --- 8-9: bad flags --------------------------------------------------------------------------------
 bad_ok=0
 for args in "--lr" "--lr abc" "--steps -1" "--sharding zero3" "--no-such-flag" \
-  "--batch-size 6 --world-size 4" "--beta1 1" "--model gpt5" "--seq-len 999 --block-size 64"; do
+  "--batch-size 6 --world-size 4" "--beta1 1" "--model gpt5" "--seq-len 999 --block-size 64" \
+  "--sharding hybrid --world-size 4 --shard-group-size 3" "--shard-group-size 2" \
+  "--sharding hybrid --world-size 3"; do
   # shellcheck disable=SC2086
   "$train" $args > "$tmp/bad.out" 2> "$tmp/bad.err"
   st=$?
@@ -88,7 +98,7 @@ for args in "--lr" "--lr abc" "--steps -1" "--sharding zero3" "--no-such-flag" \
     bad_ok=1
   fi
 done
-ok $bad_ok "nine bad flag sets each exit 2 with one line on stderr and nothing on stdout"
+ok $bad_ok "twelve bad flag sets each exit 2 with one line on stderr and nothing on stdout"
 "$train" --data "$tmp/does-not-exist" > /dev/null 2> "$tmp/nodata.err"
 st=$?
 [ "$st" -eq 2 ] && [ "$(wc -l < "$tmp/nodata.err")" -eq 1 ] && grep -q 'does-not-exist' "$tmp/nodata.err"
@@ -139,3 +149,62 @@ else
   n=$((n + 1))
   echo "ok $n # SKIP libfsdp was built without Gloo"
 fi
+
+# --- 15-16: gradient accumulation under no_sync -----------------------------------------------------
+acc="--steps 4 --warmup 2 --val-every 0 --val-steps 1 --sample-tokens 0 --quiet --world-size 2 --grad-accum 2"
+"$train" $acc --metrics "$tmp/acc.jsonl" > "$tmp/acc.out" 2>&1
+st1=$?
+"$train" $acc --reduce-every-micro-batch --metrics "$tmp/acc_every.jsonl" > "$tmp/acc_every.out" 2>&1
+st2=$?
+field "$tmp/acc.jsonl" train loss > "$tmp/acc.loss"
+field "$tmp/acc_every.jsonl" train loss > "$tmp/acc_every.loss"
+[ "$st1" -eq 0 ] && [ "$st2" -eq 0 ] && close "$tmp/acc.loss" "$tmp/acc_every.loss" > "$tmp/cacc" 2>&1
+ok $? "--grad-accum 2 under no_sync matches reducing every micro-batch (exit $st1, $st2)" \
+  "$tmp/acc.out" "$tmp/acc_every.out" "$tmp/cacc"
+rs() { grep '"type":"train"' "$1" | head -1 | sed -e 's/.*"reduce_scatter":\([0-9]*\).*/\1/'; }
+a=$(rs "$tmp/acc.jsonl")
+b=$(rs "$tmp/acc_every.jsonl")
+[ -n "$a" ] && [ -n "$b" ] && [ "$b" -eq $((2 * a)) ]
+ok $? "no_sync halves the reduce-scatter bytes of a 2-micro-batch step ($a vs $b)"
+
+# --- 17-19: hybrid shard groups ----------------------------------------------------------------------
+for g in 1 2 4; do
+  "$train" $same --world-size 4 --sharding hybrid --shard-group-size $g \
+    --metrics "$tmp/h$g.jsonl" > "$tmp/h$g.out" 2>&1
+  st=$?
+  field "$tmp/h$g.jsonl" train loss > "$tmp/h$g.loss"
+  [ "$st" -eq 0 ] && close "$tmp/h$g.loss" "$tmp/w1.loss" > "$tmp/ch$g" 2>&1
+  ok $? "--sharding hybrid --shard-group-size $g at world 4 matches world 1 (exit $st)" \
+    "$tmp/h$g.out" "$tmp/ch$g"
+done
+
+# --- 20: the checkpoint's full model initialises another world size -----------------------------------
+"$train" $rt --steps 0 --init "$tmp/ck/step-6/model.safetensors" --world-size 4 \
+  --metrics "$tmp/ckinit.jsonl" > "$tmp/ckinit.out" 2>&1
+st=$?
+field "$tmp/ckinit.jsonl" val val_loss | head -1 > "$tmp/b"
+"$train" $rt --steps 0 --init "$tmp/ck/step-6/model.safetensors" --world-size 1 \
+  --metrics "$tmp/ckinit1.jsonl" > "$tmp/ckinit1.out" 2>&1
+field "$tmp/ckinit1.jsonl" val val_loss | head -1 > "$tmp/a"
+[ "$st" -eq 0 ] && [ -s "$tmp/b" ] && close "$tmp/b" "$tmp/a" > "$tmp/cki" 2>&1
+ok $? "a checkpoint's model.safetensors loads with --init at world 4 and 1 alike (exit $st)" \
+  "$tmp/ckinit.out" "$tmp/cki"
+
+# --- 21: a save killed mid-write ---------------------------------------------------------------------
+before=$(cat "$tmp/ck/step-3/"*.safetensors | cksum)
+msize=$(wc -c < "$tmp/ck/step-3/model.safetensors")
+# A file-size limit of half the model file (in 512-byte blocks, as sh's ulimit counts them):
+# writing the step-3 model again gets SIGXFSZ in the middle and the process dies.
+{ (ulimit -f $((msize / 1024)); exec "$train" $ck --save-every 3 --checkpoint-dir "$tmp/ck") \
+  > "$tmp/kill.out" 2>&1; } 2> /dev/null
+st=$?
+after=$(cat "$tmp/ck/step-3/"*.safetensors | cksum)
+partial=$(find "$tmp/ck/step-3" -name 'model.safetensors.tmp-*' -size +0 | wc -l)
+"$train" $ck --resume "$tmp/ck/step-3" --metrics "$tmp/res2.jsonl" > "$tmp/res2.out" 2>&1
+st2=$?
+field "$tmp/res2.jsonl" train loss > "$tmp/res2.loss"
+echo "#   killed run: exit $st, partial files $partial; resume: exit $st2"
+[ "$st" -gt 128 ] && [ "$partial" -ge 1 ] && [ "$before" = "$after" ] && [ "$st2" -eq 0 ] &&
+  cmp -s "$tmp/full.loss" "$tmp/res2.loss"
+ok $? "a save killed mid-write leaves the previous step-3 checkpoint intact and resumable" \
+  "$tmp/kill.out" "$tmp/res2.out"

@@ -11,9 +11,14 @@
  *
  * Ranks are sim threads of this process (--backend sim), or this process is one rank under
  * fsdprun (--backend gloo, fsdp_init_from_env). Rank 0 prints, writes the metrics file and the
- * export. Gradient accumulation runs backward grad_accum times before the step: FSDP has no
- * no_sync, so gradients are reduce-scattered after every micro-batch (the result is the same,
- * the traffic grad_accum times larger).
+ * export. Gradient accumulation runs backward grad_accum times before the step, all but the
+ * last under fsdp_no_sync_begin/_end: each unit keeps an unsharded local gradient and reduces
+ * the sum once (--reduce-every-micro-batch reduces each micro-batch instead, with less memory
+ * and grad_accum times the traffic).
+ *
+ * This file runs the steps, the output and main; train_build.c makes the model, units,
+ * optimizer and loaders, train_sample.c the sample, train_ckpt.c the checkpoints and export,
+ * train_flags.c the command line.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -25,217 +30,10 @@
 
 #include "train.h"
 
-typedef struct job {
-    const train_opts_t *o;
-    fsdp_gpt_config_t cfg;
-    const fsdp_dataset_t *train, *val;
-    bool text;     /* byte-level data: the sample is printed as text */
-    bool tty;      /* stdout is a terminal: one updating progress line */
-    FILE *metrics; /* rank 0's */
-    int world;
-} job_t;
-
-typedef struct rank {
-    job_t *j;
-    fsdp_ctx_t *ctx;
-    fsdp_pg_t *pg, *shard_pg, *rep_pg;
-    int r, world;
-    fsdp_module_t *model;
-    fsdp_unit_t *root;
-    fsdp_optim_t *opt;
-    int ngroups;
-    int64_t nparams;
-    fsdp_loader_t *train_ld, *val_ld;
-    fsdp_tensor_t *in, *tg, *vin, *vtg; /* (rows, T) int64 */
-    double *mem_all;                    /* world entries, peak MiB per rank */
-} rank_t;
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Reports a failure of rank r; a peer's failure seen as FSDP_EREMOTE is a consequence and is
- * left to the rank that caused it. */
-static int fail(const rank_t *k, const char *what, int rc) {
-    if (rc != FSDP_EREMOTE)
-        fprintf(stderr, TRAIN_PROG ": rank %d: %s failed: %s (%s)\n", k->r, what, fsdp_strerror(rc),
-                k->ctx ? fsdp_ctx_last_error(k->ctx) : "");
-    return rc < 0 ? rc : FSDP_EINTERNAL;
-}
-
-/* ---- model and optimizer ------------------------------------------------------------------ */
-
-/* The weight-decay rule: AdamW decays matrices (every parameter with two or more dimensions)
- * except the position table wpe.weight; vectors (biases, LayerNorm weights and biases) are not
- * decayed. wte.weight, the token embedding and tied head, is a matrix and is decayed. */
-static bool decays(const char *name, int ndim) {
-    return ndim >= 2 && strcmp(name, "wpe.weight") != 0;
-}
-
-static int load_init(rank_t *k) {
-    fsdp_safetensors_t *st = NULL;
-    int rc = fsdp_safetensors_open(k->ctx, k->j->o->init_path, &st);
-    if (rc < 0) return fail(k, "opening --init", rc);
-    fsdp_safetensors_info_t info;
-    if (fsdp_safetensors_find(st, "wte.weight", &info) == 0)
-        rc = fsdp_safetensors_load_module(st, k->model, true);
-    else
-        rc = fsdp_gpt2_hf_load(k->model, st, true);
-    fsdp_safetensors_close(st);
-    return rc < 0 ? fail(k, "loading --init", rc) : 0;
-}
-
-static int build(rank_t *k) {
-    const train_opts_t *o = k->j->o;
-    int rc;
-    fsdp_rng_init(fsdp_ctx_rng(k->ctx), o->seed, 0);
-    if ((rc = fsdp_gpt_create(k->ctx, &k->j->cfg, &k->model)) < 0)
-        return fail(k, "fsdp_gpt_create", rc);
-    fsdp_module_train(k->model, true);
-    k->nparams = fsdp_module_num_params(k->model);
-    if (o->init_path && (rc = load_init(k)) < 0) return rc;
-
-    /* Which names decay, decided on the unwrapped shapes. */
-    fsdp_named_list_t orig = {0};
-    if ((rc = fsdp_module_named_params(k->model, false, &orig)) < 0)
-        return fail(k, "fsdp_module_named_params", rc);
-    bool *decay = calloc(orig.n ? orig.n : 1, sizeof *decay);
-    if (!decay) {
-        fsdp_named_list_free(&orig);
-        return fail(k, "allocating", FSDP_ENOMEM);
-    }
-    for (size_t i = 0; i < orig.n; i++)
-        decay[i] = decays(orig.names[i], fsdp_tensor_ndim(orig.tensors[i]));
-
-    fsdp_options_t fo;
-    fsdp_options_init(&fo);
-    fo.strategy = o->sharding;
-    fo.cpu_offload = o->cpu_offload;
-    fo.backward_prefetch = o->backward_prefetch;
-    fo.forward_prefetch = o->forward_prefetch;
-    fo.limit_all_gathers = o->limit_all_gathers;
-    fo.use_orig_params = true;
-    if (o->sharding == FSDP_HYBRID_SHARD) {
-        /* Shard within each half of the world, replicate across the halves. */
-        int half = k->world / 2;
-        if ((rc = fsdp_pg_split(k->pg, k->r / half, k->r, &k->shard_pg)) < 0 ||
-            (rc = fsdp_pg_split(k->pg, k->r % half, k->r, &k->rep_pg)) < 0) {
-            free(decay);
-            fsdp_named_list_free(&orig);
-            return fail(k, "fsdp_pg_split", rc);
-        }
-        fo.pg = k->shard_pg;
-        fo.replicate_pg = k->rep_pg;
-    }
-    static const char *const block_types[] = {"GPTBlock", NULL};
-    fsdp_policy_t *blocks = NULL;
-    if ((rc = fsdp_policy_module_types_create(block_types, &blocks)) == 0) {
-        fo.auto_wrap_policy = blocks;
-        rc = fsdp_wrap(k->model, &fo, &k->root);
-        fsdp_policy_release(blocks);
-    }
-    if (rc < 0) {
-        free(decay);
-        fsdp_named_list_free(&orig);
-        return fail(k, "fsdp_wrap", rc);
-    }
-
-    /* AdamW: group 0 decays, group 1 does not. With use_orig_params the optimizer's tensors
-     * are the original parameter objects (now views of this rank's shard), in the same
-     * order and under the same names as before wrapping. */
-    fsdp_named_list_t params = {0};
-    fsdp_tensor_t **g[2] = {NULL, NULL};
-    const char **gn[2] = {NULL, NULL};
-    size_t gcount[2] = {0, 0};
-    if ((rc = fsdp_named_params(k->root, &params)) < 0) {
-        fail(k, "fsdp_named_params", rc);
-        goto out;
-    }
-    for (int i = 0; i < 2; i++) {
-        g[i] = calloc(params.n + 1, sizeof *g[i]);
-        gn[i] = calloc(params.n + 1, sizeof *gn[i]);
-        if (!g[i] || !gn[i]) {
-            rc = fail(k, "allocating", FSDP_ENOMEM);
-            goto out;
-        }
-    }
-    for (size_t i = 0; i < params.n; i++) {
-        bool d = false;
-        for (size_t q = 0; q < orig.n; q++)
-            if (strcmp(orig.names[q], params.names[i]) == 0) d = decay[q];
-        int gi = d ? 0 : 1;
-        g[gi][gcount[gi]] = params.tensors[i];
-        gn[gi][gcount[gi]++] = params.names[i];
-    }
-    fsdp_adam_options_t a;
-    fsdp_adamw_options_init(&a);
-    a.lr = o->lr;
-    a.beta1 = o->beta1;
-    a.beta2 = o->beta2;
-    a.eps = o->eps;
-    a.weight_decay = o->weight_decay;
-    if ((rc = fsdp_optim_adam_create(k->ctx, &a, true, &k->opt)) < 0) {
-        fail(k, "creating AdamW", rc);
-        goto out;
-    }
-    fsdp_adam_options_t nd = a;
-    nd.weight_decay = 0;
-    if ((rc = fsdp_optim_add_group(k->opt, gcount[0], g[0], gn[0], NULL, NULL)) < 0 ||
-        (rc = fsdp_optim_add_group(k->opt, gcount[1], g[1], gn[1], &nd, NULL)) < 0) {
-        fail(k, "fsdp_optim_add_group", rc);
-        goto out;
-    }
-    k->ngroups = 2;
-out:
-    for (int i = 0; i < 2; i++) {
-        free(g[i]);
-        free(gn[i]);
-    }
-    fsdp_named_list_free(&params);
-    fsdp_named_list_free(&orig);
-    free(decay);
-    return rc;
-}
-
-static int make_loaders(rank_t *k) {
-    const train_opts_t *o = k->j->o;
-    fsdp_loader_options_t lo;
-    fsdp_loader_options_init(&lo);
-    lo.batch_size = o->batch_size;
-    lo.seq_len = o->seq_len;
-    lo.rank = k->r;
-    lo.world_size = k->world;
-    lo.shuffle = o->shuffle;
-    lo.seed = o->seed;
-    int rc = fsdp_loader_create(k->ctx, k->j->train, &lo, &k->train_ld);
-    if (rc < 0) return fail(k, "the training loader", rc);
-    lo.shuffle = false;
-    if ((rc = fsdp_loader_create(k->ctx, k->j->val, &lo, &k->val_ld)) < 0)
-        return fail(k, "the validation loader", rc);
-    const int64_t shape[2] = {fsdp_loader_rows(k->train_ld), o->seq_len};
-    if ((rc = fsdp_tensor_empty(k->ctx, FSDP_DTYPE_I64, 2, shape, FSDP_MEM_OTHER, &k->in)) < 0 ||
-        (rc = fsdp_tensor_empty(k->ctx, FSDP_DTYPE_I64, 2, shape, FSDP_MEM_OTHER, &k->tg)) < 0 ||
-        (rc = fsdp_tensor_empty(k->ctx, FSDP_DTYPE_I64, 2, shape, FSDP_MEM_OTHER, &k->vin)) < 0 ||
-        (rc = fsdp_tensor_empty(k->ctx, FSDP_DTYPE_I64, 2, shape, FSDP_MEM_OTHER, &k->vtg)) < 0)
-        return fail(k, "allocating the batch", rc);
-    return 0;
-}
-
-static void teardown(rank_t *k) {
-    fsdp_tensor_release(k->in);
-    fsdp_tensor_release(k->tg);
-    fsdp_tensor_release(k->vin);
-    fsdp_tensor_release(k->vtg);
-    fsdp_loader_destroy(k->train_ld);
-    fsdp_loader_destroy(k->val_ld);
-    fsdp_optim_destroy(k->opt);
-    fsdp_destroy(k->root);
-    fsdp_module_release(k->model);
-    fsdp_pg_destroy(k->shard_pg);
-    fsdp_pg_destroy(k->rep_pg);
-    free(k->mem_all);
 }
 
 /* ---- the steps ---------------------------------------------------------------------------- */
@@ -267,10 +65,10 @@ static int validate(rank_t *k, double *out) {
     }
     fsdp_module_train(k->model, true);
     fsdp_set_grad_enabled(k->ctx, was);
-    if (rc < 0) return fail(k, "validation", rc);
+    if (rc < 0) return train_fail(k, "validation", rc);
     double mean = sum / (double)o->val_steps;
     if ((rc = fsdp_pg_all_reduce(k->pg, &mean, out, 1, FSDP_DTYPE_F64, FSDP_REDOP_AVG, NULL)) < 0)
-        return fail(k, "all-reducing the validation loss", rc);
+        return train_fail(k, "all-reducing the validation loss", rc);
     return 0;
 }
 
@@ -284,45 +82,50 @@ static int train_step(rank_t *k, int64_t s, step_result_t *res) {
     int rc;
     res->lr = lr_at(o, s);
     for (int gi = 0; gi < k->ngroups; gi++)
-        if ((rc = fsdp_optim_set_lr(k->opt, gi, res->lr)) < 0) return fail(k, "set_lr", rc);
+        if ((rc = fsdp_optim_set_lr(k->opt, gi, res->lr)) < 0) return train_fail(k, "set_lr", rc);
     fsdp_mem_reset_peaks(k->ctx);
     double t0 = now_s();
-    if ((rc = fsdp_optim_zero_grad(k->opt, true)) < 0) return fail(k, "zero_grad", rc);
+    if ((rc = fsdp_optim_zero_grad(k->opt, true)) < 0) return train_fail(k, "zero_grad", rc);
     double lsum = 0;
+    bool no_sync = o->grad_accum > 1 && !o->reduce_every_micro;
+    if (no_sync && (rc = fsdp_no_sync_begin(k->root)) < 0) return train_fail(k, "no_sync", rc);
     for (int64_t m = 0; m < o->grad_accum; m++) {
         fsdp_tensor_t *loss = NULL, *scaled = NULL;
         double v = 0;
+        /* The last micro-batch's backward reduces what the others accumulated. */
+        if (no_sync && m == o->grad_accum - 1 && (rc = fsdp_no_sync_end(k->root)) < 0)
+            return train_fail(k, "no_sync", rc);
         if ((rc = fsdp_loader_next_tensors(k->train_ld, k->in, k->tg)) < 0)
-            return fail(k, "reading the batch", rc);
+            return train_fail(k, "reading the batch", rc);
         if ((rc = fsdp_gpt_forward_loss(k->model, k->in, k->tg, &loss, NULL)) < 0)
-            return fail(k, "forward", rc);
+            return train_fail(k, "forward", rc);
         rc = fsdp_tensor_item(loss, 0, &v);
         if (rc == 0 && o->grad_accum > 1)
             rc = fsdp_scale(loss, 1.0 / (double)o->grad_accum, &scaled);
         if (rc == 0) rc = fsdp_backward(scaled ? scaled : loss, NULL);
         fsdp_tensor_release(scaled);
         fsdp_tensor_release(loss);
-        if (rc < 0) return fail(k, "backward", rc);
+        if (rc < 0) return train_fail(k, "backward", rc);
         lsum += v;
     }
     double max_norm = o->grad_clip > 0 ? o->grad_clip : INFINITY;
     if ((rc = fsdp_unit_clip_grad_norm(k->root, max_norm, 2.0, &res->norm)) < 0)
-        return fail(k, "clip_grad_norm", rc);
-    if ((rc = fsdp_optim_step(k->opt)) < 0) return fail(k, "the optimizer step", rc);
+        return train_fail(k, "clip_grad_norm", rc);
+    if ((rc = fsdp_optim_step(k->opt)) < 0) return train_fail(k, "the optimizer step", rc);
     res->seconds = now_s() - t0;
     fsdp_mem_get_stats(k->ctx, &res->mem);
     double mean = lsum / (double)o->grad_accum;
     if ((rc = fsdp_pg_all_reduce(k->pg, &mean, &res->loss, 1, FSDP_DTYPE_F64, FSDP_REDOP_AVG,
                                  NULL)) < 0)
-        return fail(k, "all-reducing the loss", rc);
+        return train_fail(k, "all-reducing the loss", rc);
     double peak = (double)res->mem.total_peak / 1048576.0;
     if ((rc = fsdp_pg_all_gather(k->pg, &peak, k->mem_all, 1, FSDP_DTYPE_F64, NULL)) < 0)
-        return fail(k, "gathering memory statistics", rc);
+        return train_fail(k, "gathering memory statistics", rc);
     /* Every rank's step time counts: the slowest rank's is the step's. */
     double t = res->seconds;
     if ((rc = fsdp_pg_all_reduce(k->pg, &t, &res->seconds, 1, FSDP_DTYPE_F64, FSDP_REDOP_MAX,
                                  NULL)) < 0)
-        return fail(k, "all-reducing the step time", rc);
+        return train_fail(k, "all-reducing the step time", rc);
     return 0;
 }
 
@@ -405,7 +208,7 @@ static void progress(const rank_t *k, int64_t s, const step_result_t *res, doubl
     fflush(stdout);
 }
 
-static void say(const rank_t *k, const char *fmt, ...) {
+void train_say(const rank_t *k, const char *fmt, ...) {
     if (k->r != 0) return;
     if (k->j->tty) fputs("\r\033[K", stdout);
     va_list ap;
@@ -415,140 +218,18 @@ static void say(const rank_t *k, const char *fmt, ...) {
     fflush(stdout);
 }
 
-/* ---- sampling and export ------------------------------------------------------------------ */
-
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Draws the next token from the last row of logits (rank 0's choice, made from its RNG). */
-static int64_t pick(const train_opts_t *o, float *logit, int64_t v, uint64_t *rng) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < v; i++)
-        if (logit[i] > logit[best]) best = i;
-    if (o->temperature == 0) return best;
-    /* Keep the top_k largest: find the k-th largest by repeated selection on a copy. */
-    float cut = -INFINITY;
-    if (o->top_k > 0 && o->top_k < v) {
-        float *tmp = malloc((size_t)v * sizeof *tmp);
-        if (!tmp) return best;
-        memcpy(tmp, logit, (size_t)v * sizeof *tmp);
-        for (int64_t kk = 0; kk < o->top_k; kk++) {
-            int64_t m = 0;
-            for (int64_t i = 1; i < v; i++)
-                if (tmp[i] > tmp[m]) m = i;
-            cut = tmp[m];
-            tmp[m] = -INFINITY;
-        }
-        free(tmp);
-    }
-    double sum = 0, top = logit[best]; /* kept: the loop below overwrites logit[] */
-    for (int64_t i = 0; i < v; i++) {
-        double p = logit[i] >= cut ? exp((logit[i] - top) / o->temperature) : 0.0;
-        logit[i] = (float)p;
-        sum += p;
-    }
-    double u = (double)(splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
-    for (int64_t i = 0; i < v; i++) {
-        acc += logit[i];
-        if (u < acc) return i;
-    }
-    return best;
-}
-
-static void print_token(const job_t *j, int64_t t) {
-    if (!j->text) {
-        printf("%lld ", (long long)t);
-        return;
-    }
-    int c = (int)t;
-    putchar(c == '\n' || c == '\t' || (c >= 32 && c < 127) ? c : '?');
-}
-
-static int sample(rank_t *k) {
-    const train_opts_t *o = k->j->o;
-    const fsdp_gpt_config_t *cfg = &k->j->cfg;
-    int64_t cap = 0, n = 0;
-    int64_t total = (int64_t)strlen(o->prompt) + o->sample_tokens + 1;
-    int64_t *toks = malloc((size_t)total * sizeof *toks);
-    float *row = malloc((size_t)cfg->vocab * sizeof *row);
-    int rc = 0;
-    if (!toks || !row) {
-        free(toks);
-        free(row);
-        return fail(k, "allocating the sample", FSDP_ENOMEM);
-    }
-    cap = total;
-    if (k->j->text && o->prompt[0]) {
-        for (const char *p = o->prompt; *p; p++)
-            toks[n++] = (unsigned char)*p;
-    } else {
-        rc = fsdp_dataset_read(k->j->val, 0, 1, toks);
-        n = 1;
-        if (rc < 0) goto out;
-    }
-    say(k, "sample (%lld tokens, temperature %g, top-k %lld):\n", (long long)o->sample_tokens,
-        o->temperature, (long long)o->top_k);
-    if (k->r == 0)
-        for (int64_t i = 0; i < n; i++)
-            print_token(k->j, toks[i]);
-    bool was = fsdp_set_grad_enabled(k->ctx, false);
-    fsdp_module_train(k->model, false);
-    uint64_t rng = o->seed ^ 0x5eedULL;
-    for (int64_t i = 0; rc == 0 && i < o->sample_tokens && n < cap; i++) {
-        int64_t len = n < cfg->max_seq ? n : cfg->max_seq;
-        const int64_t shape[2] = {1, len};
-        fsdp_tensor_t *in = NULL, *logits = NULL, *last = NULL;
-        rc = fsdp_tensor_from_host(k->ctx, FSDP_DTYPE_I64, 2, shape, toks + (n - len),
-                                   FSDP_MEM_OTHER, &in);
-        if (rc == 0) rc = fsdp_gpt_forward(k->model, in, &logits);
-        if (rc == 0) rc = fsdp_narrow(logits, 1, len - 1, 1, &last);
-        if (rc == 0) rc = fsdp_tensor_to_host(last, row, (size_t)cfg->vocab * sizeof *row);
-        fsdp_tensor_release(last);
-        fsdp_tensor_release(logits);
-        fsdp_tensor_release(in);
-        int64_t next = 0;
-        if (rc == 0 && k->r == 0) next = pick(o, row, cfg->vocab, &rng);
-        if (rc == 0) rc = fsdp_pg_broadcast(k->pg, &next, &next, 1, FSDP_DTYPE_I64, 0, NULL);
-        if (rc == 0) {
-            toks[n++] = next;
-            if (k->r == 0) print_token(k->j, next);
-        }
-    }
-    fsdp_module_train(k->model, true);
-    fsdp_set_grad_enabled(k->ctx, was);
-    if (k->r == 0) {
-        putchar('\n');
-        fflush(stdout);
-    }
-out:
-    free(toks);
-    free(row);
-    return rc < 0 ? fail(k, "sampling", rc) : 0;
-}
+/* ---- export ------------------------------------------------------------------------------- */
 
 static int export_weights(rank_t *k, int64_t steps) {
-    fsdp_summon_options_t so;
-    fsdp_summon_options_init(&so);
-    so.writeback = false;
-    so.rank0_only = true;
-    int rc = fsdp_summon_begin(k->root, &so);
-    if (rc < 0) return fail(k, "summoning the full parameters", rc);
-    int save_rc = 0;
-    if (k->r == 0) {
-        char step[32];
-        snprintf(step, sizeof step, "%lld", (long long)steps);
-        fsdp_safetensors_kv_t meta[] = {{"step", step}, {"producer", TRAIN_PROG}};
-        save_rc = fsdp_safetensors_save_module(k->model, k->j->o->export_path, meta, 2);
-        if (save_rc < 0) fail(k, "--export", save_rc);
+    char err[1024] = "";
+    int rc =
+        train_save_full(k->ctx, k->root, k->model, k->j->o->export_path, steps, err, sizeof err);
+    if (rc < 0) {
+        if (rc != FSDP_EREMOTE)
+            fprintf(stderr, "%s: rank %d: --export: %s\n", TRAIN_PROG, k->r, err);
+        return rc;
     }
-    rc = fsdp_summon_end(k->root);
-    if (rc < 0) return fail(k, "ending the summon", rc);
-    if (save_rc < 0) return save_rc;
-    say(k, "exported the weights to %s\n", k->j->o->export_path);
+    train_say(k, "exported the weights to %s\n", k->j->o->export_path);
     return 0;
 }
 
@@ -565,12 +246,13 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     int rc = 0;
     double v0 = NAN, v1 = NAN, first = NAN, last = NAN;
     if (!(k.mem_all = calloc((size_t)k.world, sizeof *k.mem_all))) {
-        rc = fail(&k, "allocating", FSDP_ENOMEM);
+        rc = train_fail(&k, "allocating", FSDP_ENOMEM);
         goto out;
     }
-    if ((rc = build(&k)) < 0 || (rc = make_loaders(&k)) < 0) goto out;
+    if ((rc = train_build(&k)) < 0 || (rc = train_make_loaders(&k)) < 0) goto out;
     if (!o->quiet)
-        say(&k,
+        train_say(
+            &k,
             "%s: GPT %lld layers, %lld heads, width %lld, context %lld, vocabulary %lld: %lld "
             "parameters\n"
             "%s: %d %s ranks, %s, %lld steps of %lld x %lld tokens%s, AdamW lr %g (%s, warm-up "
@@ -587,17 +269,17 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     if (o->resume) {
         char err[1024] = "";
         uint64_t pos = 0;
-        rc = train_ckpt_load(ctx, k.root, k.opt, o->resume, &start, &pos, err, sizeof err);
+        rc = train_ckpt_load(ctx, k.root, k.model, k.opt, o->resume, &start, &pos, err, sizeof err);
         if (rc == 0) rc = fsdp_loader_set_position(k.train_ld, pos);
         if (rc < 0) {
             fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err[0] ? err : "resume");
             goto out;
         }
-        say(&k, "resumed from %s at step %lld\n", o->resume, (long long)start);
+        train_say(&k, "resumed from %s at step %lld\n", o->resume, (long long)start);
     }
     if ((rc = validate(&k, &v0)) < 0) goto out;
     write_val(&k, start, v0);
-    if (!o->quiet) say(&k, "step %lld: val loss %.4f\n", (long long)start, v0);
+    if (!o->quiet) train_say(&k, "step %lld: val loss %.4f\n", (long long)start, v0);
     double t_start = now_s();
     double v = v0;
     for (int64_t s = start; s < o->steps; s++) {
@@ -618,33 +300,33 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
         }
         if (o->save_every > 0 && (s + 1) % o->save_every == 0) {
             char err[1024] = "";
-            rc = train_ckpt_save(ctx, k.root, k.opt, o->checkpoint_dir, s + 1,
+            rc = train_ckpt_save(ctx, k.root, k.model, k.opt, o->checkpoint_dir, s + 1,
                                  fsdp_loader_get_position(k.train_ld), err, sizeof err);
             if (rc < 0) {
                 if (rc != FSDP_EREMOTE) fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err);
                 goto out;
             }
             if (!o->quiet && !j->tty)
-                say(&k, "step %lld: saved %s/step-%lld\n", (long long)s + 1, o->checkpoint_dir,
-                    (long long)s + 1);
+                train_say(&k, "step %lld: saved %s/step-%lld\n", (long long)s + 1,
+                          o->checkpoint_dir, (long long)s + 1);
         }
         bool val_now = (o->val_every > 0 && (s + 1) % o->val_every == 0) || s + 1 == o->steps;
         if (val_now) {
             if ((rc = validate(&k, &v)) < 0) goto out;
             write_val(&k, s + 1, v);
             if (!o->quiet && (s + 1 != o->steps || !j->tty))
-                say(&k, "step %lld: val loss %.4f\n", (long long)s + 1, v);
+                train_say(&k, "step %lld: val loss %.4f\n", (long long)s + 1, v);
         }
     }
     v1 = v;
     double elapsed = now_s() - t_start;
     if (j->tty && k.r == 0) putchar('\n');
-    say(&k, "done: %lld steps in %.1f s; train loss %.4f -> %.4f, val loss %.4f -> %.4f\n",
-        (long long)(o->steps - start), elapsed, first, last, v0, v1);
-    if (o->sample_tokens > 0 && (rc = sample(&k)) < 0) goto out;
+    train_say(&k, "done: %lld steps in %.1f s; train loss %.4f -> %.4f, val loss %.4f -> %.4f\n",
+              (long long)(o->steps - start), elapsed, first, last, v0, v1);
+    if (o->sample_tokens > 0 && (rc = train_sample(&k)) < 0) goto out;
     if (o->export_path && (rc = export_weights(&k, o->steps)) < 0) goto out;
 out:
-    teardown(&k);
+    train_teardown(&k);
     return rc;
 }
 
@@ -768,15 +450,7 @@ int main(int argc, char **argv) {
             goto out;
         }
         j.world = fsdp_ctx_world_size(ctx);
-        if (o.batch_size % j.world != 0) {
-            status = usage_error("--batch-size %lld is not a multiple of the world size %d",
-                                 (long long)o.batch_size, j.world);
-            goto out;
-        }
-        if (o.sharding == FSDP_HYBRID_SHARD && (j.world < 2 || j.world % 2 != 0)) {
-            status = usage_error("--sharding hybrid needs an even world size, not %d", j.world);
-            goto out;
-        }
+        if ((status = train_check_world(&o, j.world)) != 0) goto out;
         if (fsdp_ctx_rank(ctx) != 0) j.tty = false;
     } else {
         j.world = o.world_size;

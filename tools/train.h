@@ -9,6 +9,7 @@
 #define FSDP_TOOLS_TRAIN_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include <fsdp.h>
@@ -26,11 +27,12 @@ typedef struct train_opts {
     double min_lr_frac;  /* cosine ends at lr * this */
     double weight_decay; /* AdamW's, on matrices only (see decays()) */
     double beta1, beta2, eps;
-    double grad_clip;   /* max global norm; 0 = off */
-    int64_t batch_size; /* rows of one global micro-batch, a multiple of the world size */
-    int64_t seq_len;    /* tokens per row */
-    int64_t steps;      /* optimizer steps */
-    int64_t grad_accum; /* micro-batches per optimizer step */
+    double grad_clip;        /* max global norm; 0 = off */
+    int64_t batch_size;      /* rows of one global micro-batch, a multiple of the world size */
+    int64_t seq_len;         /* tokens per row */
+    int64_t steps;           /* optimizer steps */
+    int64_t grad_accum;      /* micro-batches per optimizer step */
+    bool reduce_every_micro; /* no no_sync: reduce gradients after every micro-batch */
     /* model */
     const char *model;                                       /* preset name */
     int64_t n_layer, n_head, n_embd, block_size, vocab_size; /* 0: from the preset / data */
@@ -44,6 +46,7 @@ typedef struct train_opts {
     train_backend_t backend;
     int world_size; /* sim only */
     fsdp_sharding_strategy_t sharding;
+    int64_t shard_group_size; /* hybrid: ranks per shard group; 0: half the world */
     bool cpu_offload;
     fsdp_backward_prefetch_t backward_prefetch;
     bool forward_prefetch;
@@ -70,13 +73,71 @@ typedef struct train_opts {
  * flag (one line printed on stderr). */
 int train_parse_flags(int argc, char **argv, train_opts_t *o);
 
-/* train_ckpt.c: saves this rank's shard, optimizer state and loader position to
- * dir/step-<step>/rank-R-of-W.safetensors, then waits for every rank (collective). */
-int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, const char *dir,
-                    int64_t step, uint64_t position, char *err, size_t cap);
-/* Loads what train_ckpt_save wrote into this rank's shard and optimizer; *step and *position
- * receive where to continue. Nothing is modified on a validation error. */
-int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, const char *sdir,
-                    int64_t *step, uint64_t *position, char *err, size_t cap);
+/* Checks the flags that depend on the world size (batch rows, hybrid groups); prints one line
+ * and returns 2 when they do not fit, else 0. */
+int train_check_world(const train_opts_t *o, int world);
+/* Ranks per shard group of --sharding hybrid at this world size. */
+int64_t train_shard_group_size(const train_opts_t *o, int world);
+
+/* train_ckpt.c: gathers the full model to rank 0, which writes it to path (safetensors,
+ * libfsdp names, the step in the metadata). Collective. */
+int train_save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
+                    const char *path, int64_t step, char *err, size_t cap);
+/* Writes the checkpoint of `step` to dir/step-<step>/: the full model (rank 0) and every rank's
+ * optimizer state and loader position, then waits for every rank (collective). */
+int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
+                    fsdp_optim_t *opt, const char *dir, int64_t step, uint64_t position, char *err,
+                    size_t cap);
+/* Loads a step directory written by train_ckpt_save into this rank's shard and optimizer;
+ * *step and *position receive where to continue. Nothing is modified on a validation error
+ * of the optimizer state; the model is checked completely before it is written. */
+int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_module_t *model, fsdp_optim_t *opt,
+                    const char *sdir, int64_t *step, uint64_t *position, char *err, size_t cap);
+
+/* ---- one run and its ranks (fsdp-train.c, train_build.c, train_sample.c) ---- */
+
+/* What every rank of a run shares. */
+typedef struct job {
+    const train_opts_t *o;
+    fsdp_gpt_config_t cfg;
+    const fsdp_dataset_t *train, *val;
+    bool text;     /* byte-level data: the sample is printed as text */
+    bool tty;      /* stdout is a terminal: one updating progress line */
+    FILE *metrics; /* rank 0's */
+    int world;
+} job_t;
+
+/* One rank's state. */
+typedef struct rank {
+    job_t *j;
+    fsdp_ctx_t *ctx;
+    fsdp_pg_t *pg, *shard_pg, *rep_pg;
+    int r, world;
+    fsdp_module_t *model;
+    fsdp_unit_t *root;
+    fsdp_optim_t *opt;
+    int ngroups;
+    int64_t nparams;
+    fsdp_loader_t *train_ld, *val_ld;
+    fsdp_tensor_t *in, *tg, *vin, *vtg; /* (rows, T) int64 */
+    double *mem_all;                    /* world entries, peak MiB per rank */
+} rank_t;
+
+/* Reports a failure of rank k on stderr (a peer's failure seen as FSDP_EREMOTE is left to the
+ * rank that caused it) and returns rc (FSDP_EINTERNAL when rc is not an error). */
+int train_fail(const rank_t *k, const char *what, int rc);
+/* Rank 0 prints (clearing the progress line on a terminal); other ranks print nothing. */
+void train_say(const rank_t *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* train_build.c: the model (from the seed, or --init), its FSDP units (a GPTBlock each under a
+ * root; hybrid groups split from the world), AdamW with decay on matrices; the loaders and the
+ * batch tensors; and their release. Failures are reported with train_fail. */
+int train_build(rank_t *k);
+int train_make_loaders(rank_t *k);
+void train_teardown(rank_t *k);
+
+/* train_sample.c: rank 0 prints --sample-tokens tokens after --prompt (every rank runs the
+ * forwards, which are collective). */
+int train_sample(rank_t *k);
 
 #endif /* FSDP_TOOLS_TRAIN_H */

@@ -33,7 +33,10 @@ static const char usage_text[] =
     "  --batch-size N          rows of a global micro-batch, a multiple of the world size (16)\n"
     "  --seq-len N             tokens per row (64)\n"
     "  --steps N               optimizer steps (500)\n"
-    "  --grad-accum N          micro-batches per step (1)\n"
+    "  --grad-accum N          micro-batches per step (1); all but the last run under FSDP's\n"
+    "                          no_sync, so gradients are reduced once per step\n"
+    "  --reduce-every-micro-batch   reduce after every micro-batch instead (less memory: no\n"
+    "                          unsharded gradient is kept between micro-batches)\n"
     "model:\n"
     "  --model M               tiny | gpt2 | gpt2-medium (tiny: 4 layers, 4 heads, width 128)\n"
     "  --n-layer N --n-head N --n-embd N --block-size N --vocab-size N   override the preset\n"
@@ -48,7 +51,9 @@ static const char usage_text[] =
     "  --backend B             sim | gloo (sim); gloo reads its rank from fsdprun's environment\n"
     "  --world-size N          sim ranks (4)\n"
     "  --sharding S            full | grad-op | no-shard | hybrid (full); hybrid shards within\n"
-    "                          halves of the world and replicates across them\n"
+    "                          groups of --shard-group-size ranks and replicates across them\n"
+    "  --shard-group-size N    hybrid: ranks per shard group, a divisor of the world size\n"
+    "                          (half the world)\n"
     "  --cpu-offload           keep shards, gradients and optimizer state on the host device\n"
     "  --backward-prefetch P   pre | post | none (pre)\n"
     "  --forward-prefetch\n"
@@ -81,6 +86,24 @@ static int bad(const char *fmt, ...) {
     fputs(" (try --help)\n", stderr);
     va_end(ap);
     return 2;
+}
+
+int train_check_world(const train_opts_t *o, int world) {
+    if (o->batch_size % world != 0)
+        return bad("--batch-size %lld is not a multiple of the world size %d",
+                   (long long)o->batch_size, world);
+    if (o->sharding != FSDP_HYBRID_SHARD) return 0;
+    int64_t g = train_shard_group_size(o, world);
+    if (world < 2 || g < 1 || g > world || world % g != 0)
+        return bad("--sharding hybrid: %s %lld does not divide the world size %d into shard "
+                   "groups%s",
+                   o->shard_group_size ? "--shard-group-size" : "half the world, ", (long long)g,
+                   world, o->shard_group_size ? "" : " (give --shard-group-size)");
+    return 0;
+}
+
+int64_t train_shard_group_size(const train_opts_t *o, int world) {
+    return o->shard_group_size ? o->shard_group_size : world / 2;
 }
 
 static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out) {
@@ -152,6 +175,7 @@ static const char *const valued[] = {"--lr",
                                      "--seq-len",
                                      "--steps",
                                      "--grad-accum",
+                                     "--shard-group-size",
                                      "--model",
                                      "--n-layer",
                                      "--n-head",
@@ -212,6 +236,7 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
     I64("--seq-len", 1, 1 << 20, seq_len)
     I64("--steps", 0, big, steps)
     I64("--grad-accum", 1, 1 << 20, grad_accum)
+    I64("--shard-group-size", 1, 1 << 20, shard_group_size)
     I64("--n-layer", 1, 1024, n_layer)
     I64("--n-head", 1, 1024, n_head)
     I64("--n-embd", 1, 1 << 16, n_embd)
@@ -312,7 +337,8 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
         memcpy(name, a, len);
         name[len] = '\0';
         bool is_bool = strcmp(name, "--shuffle") == 0 || strcmp(name, "--cpu-offload") == 0 ||
-                       strcmp(name, "--forward-prefetch") == 0 || strcmp(name, "--quiet") == 0;
+                       strcmp(name, "--forward-prefetch") == 0 || strcmp(name, "--quiet") == 0 ||
+                       strcmp(name, "--reduce-every-micro-batch") == 0;
         if (is_bool) {
             if (eq) return bad("%s takes no value", name);
             if (strcmp(name, "--shuffle") == 0)
@@ -321,6 +347,8 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
                 o->cpu_offload = true;
             else if (strcmp(name, "--forward-prefetch") == 0)
                 o->forward_prefetch = true;
+            else if (strcmp(name, "--reduce-every-micro-batch") == 0)
+                o->reduce_every_micro = true;
             else
                 o->quiet = true;
             continue;
@@ -331,14 +359,13 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
         int rc = apply(o, name, v);
         if (rc != 0) return rc;
     }
-    /* Checks between flags that need no data. */
-    if (o->backend == TRAIN_BACKEND_SIM && o->batch_size % o->world_size != 0)
-        return bad("--batch-size %lld is not a multiple of --world-size %d",
-                   (long long)o->batch_size, o->world_size);
-    if (o->sharding == FSDP_HYBRID_SHARD && o->backend == TRAIN_BACKEND_SIM &&
-        (o->world_size < 2 || o->world_size % 2 != 0))
-        return bad("--sharding hybrid needs an even world size of at least 2, not %d",
-                   o->world_size);
+    /* Checks between flags that need no data (the world size of gloo is known later). */
+    if (o->shard_group_size && o->sharding != FSDP_HYBRID_SHARD)
+        return bad("--shard-group-size applies to --sharding hybrid only");
+    if (o->backend == TRAIN_BACKEND_SIM) {
+        int rc = train_check_world(o, o->world_size);
+        if (rc != 0) return rc;
+    }
     if (o->n_head && o->n_embd && o->n_embd % o->n_head != 0)
         return bad("--n-head %lld does not divide --n-embd %lld", (long long)o->n_head,
                    (long long)o->n_embd);
