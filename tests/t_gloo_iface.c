@@ -6,6 +6,8 @@
  *   - an interface that does not exist, and an address no interface of this host has, fail on
  *     every rank with FSDP_EBACKEND, a message naming the interface or address, and well
  *     within the timeout; nothing leaks (ASan checks it) and the context stays usable.
+ *   - a rendezvous that times out because a rank never called fsdp_pg_create_gloo fails on the
+ *     ranks that came with FSDP_ETIMEDOUT and a message naming the absent rank.
  * Ranks are threads, each with its own context and a clone of one in-memory store.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -21,10 +23,12 @@
 #include "tap.h"
 
 #define WORLD 2
+#define MAXW 3
 #define TIMEOUT_MS 5000
 
 typedef struct rank_arg {
-    int rank;
+    int rank, world;
+    int absent; /* does not create the group */
     fsdp_store_t *store;
     fsdp_gloo_options_t opt;
     int create_rc;
@@ -46,10 +50,14 @@ static void *rank_main(void *p) {
     fsdp_ctx_options_t co;
     fsdp_ctx_options_init(&co);
     co.rank = a->rank;
-    co.world_size = WORLD;
+    co.world_size = a->world;
     a->create_rc = fsdp_ctx_create(&co, &ctx);
     if (a->create_rc < 0) {
         snprintf(a->err, sizeof a->err, "fsdp_ctx_create failed");
+        return NULL;
+    }
+    if (a->absent) {
+        fsdp_ctx_destroy(ctx);
         return NULL;
     }
     double t0 = now_s();
@@ -68,25 +76,29 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
-/* Runs WORLD ranks with options o; fills a[]. */
-static void run(const fsdp_gloo_options_t *o, rank_arg_t a[WORLD]) {
+/* Runs n ranks with options o, rank `absent` (-1: none) never creating its group; fills a[]. */
+static void run_n(int n, int absent, const fsdp_gloo_options_t *o, rank_arg_t *a) {
     fsdp_store_t *store = NULL;
     if (fsdp_store_create_memory(&store) != FSDP_OK) tap_bail("fsdp_store_create_memory");
-    pthread_t t[WORLD];
-    for (int r = 0; r < WORLD; r++) {
+    pthread_t t[MAXW];
+    for (int r = 0; r < n; r++) {
         memset(&a[r], 0, sizeof a[r]);
         a[r].rank = r;
+        a[r].world = n;
+        a[r].absent = r == absent;
         a[r].opt = *o;
         if (fsdp_store_clone(store, NULL, &a[r].store) != FSDP_OK) tap_bail("fsdp_store_clone");
     }
-    for (int r = 0; r < WORLD; r++)
+    for (int r = 0; r < n; r++)
         if (pthread_create(&t[r], NULL, rank_main, &a[r]) != 0) tap_bail("pthread_create");
-    for (int r = 0; r < WORLD; r++) {
+    for (int r = 0; r < n; r++) {
         pthread_join(t[r], NULL);
         fsdp_store_destroy(a[r].store);
     }
     fsdp_store_destroy(store);
 }
+
+static void run(const fsdp_gloo_options_t *o, rank_arg_t a[WORLD]) { run_n(WORLD, -1, o, a); }
 
 static void expect_ok(const fsdp_gloo_options_t *o, const char *what) {
     rank_arg_t a[WORLD];
@@ -162,5 +174,22 @@ int main(void) {
     setenv("FSDP_GLOO_HOST", "192.0.2.1", 1);
     expect_fail(&o, "FSDP_GLOO_HOST=192.0.2.1", "192.0.2.1");
     unsetenv("FSDP_GLOO_HOST");
+
+    /* Rank 1 of 3 never comes. */
+    rank_arg_t a[MAXW];
+    fsdp_gloo_options_init(&o);
+    o.timeout_ms = 1500;
+    run_n(3, 1, &o, a);
+    int ok = 1;
+    for (int r = 0; r < 3; r += 2) {
+        if (a[r].create_rc != FSDP_ETIMEDOUT || !strstr(a[r].err, "never joined: rank 1") ||
+            strstr(a[r].err, "rank 1,") || a[r].seconds > 1.5 + 2.0) {
+            tap_diag("rank %d: %s after %.1f s: %s", r, fsdp_strerror(a[r].create_rc),
+                     a[r].seconds, a[r].err);
+            ok = 0;
+        }
+    }
+    tap_ok(ok, "a rank that never joins: the others time out within 1.5 s + 2 s naming rank 1 "
+               "(and only it)");
     return tap_done();
 }

@@ -398,6 +398,26 @@ static const struct fsdp_pg_ops gloo_ops = {
     .destroy = gloo_destroy,
 };
 
+/* Appends to msg the ranks (and their world ranks) whose arrival mark is not in the rendezvous
+ * store: those that never called the creation. */
+static void name_absent_ranks(fsdp_store_t *rdv, int size, const int *world_ranks, char *msg,
+                              size_t cap) {
+    size_t n = strlen(msg);
+    int absent = 0;
+    for (int q = 0; q < size && n + 48 < cap; q++) {
+        char key[32];
+        int found = 1;
+        snprintf(key, sizeof key, "joined/%d", q);
+        if (fsdp_store_check(rdv, key, &found) < 0 || found) continue;
+        int w = world_ranks ? world_ranks[q] : q;
+        n += (size_t)snprintf(msg + n, cap - n, "%s %d", absent ? "," : "; never joined: rank", q);
+        if (w != q) n += (size_t)snprintf(msg + n, cap - n, " (world rank %d)", w);
+        absent++;
+    }
+    if (absent == 0 && n + 64 < cap)
+        snprintf(msg + n, cap - n, "; every rank joined the rendezvous (a connection failed)");
+}
+
 /*
  * The common part of creating a world group or a sub-group: the base, the worker reference and
  * the comm (rendezvous under `name` on `store`, which gp takes over). `parent` is NULL for a
@@ -431,6 +451,16 @@ static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *p
         snprintf(msg, cap, "store: %s", fsdp_store_last_error(store));
         goto fail;
     }
+    /* A mark of this rank's arrival, so that a rendezvous that times out can say which ranks
+     * never came (Gloo's own message names only the key it waited for). */
+    char key[32];
+    snprintf(key, sizeof key, "joined/%d", rank);
+    rc = fsdp_store_set(rdv, key, "1", 1);
+    if (rc < 0) {
+        snprintf(msg, cap, "store: %s", fsdp_store_last_error(rdv));
+        fsdp_store_destroy(rdv);
+        goto fail;
+    }
     /* Gloo's event-loop thread, started with the device, inherits the blocked SIGPIPE. */
     sigpipe_guard_t guard;
     sigpipe_block(&guard);
@@ -441,6 +471,7 @@ static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *p
         rc = fsdp__gloo_comm_create(rdv, rank, size, hostname, iface, timeout_ms, &gp->comm, msg,
                                     cap);
     sigpipe_restore(&guard);
+    if (rc == FSDP_ETIMEDOUT) name_absent_ranks(rdv, size, world_ranks, msg, cap);
     fsdp_store_destroy(rdv);
     if (rc < 0) goto fail;
     *out = gp;

@@ -34,7 +34,9 @@
  *   widens the input to an f32 buffer, reduces it in f32 (twice the bytes travel) and rounds.
  *   avg divides the sum by the group size in the accumulation type; integer arithmetic wraps.
  *
- * Failures. A collective that does not complete within the group's timeout fails with
+ * Failures. A creation (world or sub-group) whose rendezvous times out fails with
+ * FSDP_ETIMEDOUT and names the ranks that never called it (each rank marks its arrival in the
+ * store first). A collective that does not complete within the group's timeout fails with
  * FSDP_ETIMEDOUT; a peer that closed its connection (it failed, exited or destroyed its group)
  * gives FSDP_EREMOTE, naming the peer where Gloo's message lets us tell which one. A peer's reset
  * connection never raises SIGPIPE in the process: the threads that write on Gloo's sockets block
