@@ -30,21 +30,7 @@ export FSDP_NUM_THREADS
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 
-n=0
-ok() {
-  st=$1
-  desc=$2
-  shift 2
-  n=$((n + 1))
-  if [ "$st" -eq 0 ]; then
-    echo "ok $n - $desc"
-  else
-    echo "not ok $n - $desc"
-    for f in "$@"; do
-      [ -f "$f" ] && sed -e 's/^/#   /' "$f" | tail -20
-    done
-  fi
-}
+. "$(dirname "$0")/tap.sh"
 # The value of "key" in each JSON line of type t, one per line.
 field() { grep "\"type\":\"$2\"" "$1" | sed -e "s/.*\"$3\":\([^,}]*\).*/\1/"; }
 # Compares two columns of numbers: exit 0 when |a-b| <= atol + rtol*|b| everywhere.

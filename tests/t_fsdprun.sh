@@ -14,24 +14,7 @@ tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 tmp=$(cd "$tmp" && pwd -P)
 trap 'rm -rf "$tmp"' EXIT
 
-n=0
-failed=0
-# ok COND-STATUS DESCRIPTION [DIAGNOSTIC FILE...]: one TAP line; on failure the files are shown.
-ok() {
-  st=$1
-  desc=$2
-  shift 2
-  n=$((n + 1))
-  if [ "$st" -eq 0 ]; then
-    echo "ok $n - $desc"
-  else
-    echo "not ok $n - $desc"
-    failed=$((failed + 1))
-    for f in "$@"; do
-      [ -f "$f" ] && sed -e 's/^/#   /' "$f" | head -20
-    done
-  fi
-}
+. "$(dirname "$0")/tap.sh"
 is() { [ "$1" = "$2" ]; }
 has() { grep -q -e "$2" "$1"; }
 # waits up to $2 seconds for the file $1

@@ -28,21 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-n=0
-ok() {
-  st=$1
-  desc=$2
-  shift 2
-  n=$((n + 1))
-  if [ "$st" -eq 0 ]; then
-    echo "ok $n - $desc"
-  else
-    echo "not ok $n - $desc"
-    for f in "$@"; do
-      [ -f "$f" ] && sed -e 's/^/#   /' "$f" | head -30
-    done
-  fi
-}
+. "$(dirname "$0")/tap.sh"
 has() { grep -q -e "$2" "$1"; }
 count() { grep -c -e "$2" "$1"; }
 now() { date +%s; }
