@@ -16,6 +16,7 @@
 #include <fsdp/pg.h>
 #include <fsdp/sim.h>
 #include <fsdp/gloo.h>
+#include <fsdp/nccl.h>
 #include <fsdp/device.h>
 #include <fsdp/tensor.h>
 #include <fsdp/autograd.h>

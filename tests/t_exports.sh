@@ -27,6 +27,7 @@ for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory 
          fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url fsdp_store_open_error \
          fsdp_launch_env_read fsdp_launch_env_parse \
          fsdp_pg_create_gloo fsdp_gloo_options_init fsdp_gloo_available \
+         fsdp_pg_create_nccl fsdp_nccl_options_init fsdp_nccl_available fsdp_nccl_device \
          fsdp_dataset_open fsdp_dataset_view fsdp_dataset_split fsdp_dataset_destroy \
          fsdp_dataset_num_tokens fsdp_dataset_format fsdp_dataset_path fsdp_dataset_max_token \
          fsdp_dataset_read fsdp_data_last_error fsdp_data_default_corpus \

@@ -126,6 +126,19 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
                       fsdp_ctx_last_error(ctx));
             goto fail;
         }
+    } else if (strcmp(env.backend, "nccl") == 0) {
+        /* The device comes from LOCAL_RANK, which the launchers set (fsdp/nccl.h). */
+        fsdp_nccl_options_t no;
+        fsdp_nccl_options_init(&no);
+        no.timeout_ms = timeout;
+        if ((rc = fsdp_pg_create_nccl(ctx, store, &no, &pg)) < 0) {
+            init_fail(ctx, msg, msg_cap, rc,
+                      "fsdp_init_from_env: rank %d of %d: FSDP_BACKEND=nccl: the nccl world group "
+                      "over '%s': %s",
+                      env.rank, env.world_size, env.store_url[0] ? env.store_url : "memory:",
+                      fsdp_ctx_last_error(ctx));
+            goto fail;
+        }
     } else if (strcmp(env.backend, "sim") == 0) {
         rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL,
                        "fsdp_init_from_env: FSDP_BACKEND=sim: the sim backend runs ranks as "
@@ -134,8 +147,8 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
     } else {
         rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL,
                        "fsdp_init_from_env: FSDP_BACKEND='%s' is not a backend this build has "
-                       "(gloo)",
-                       env.backend);
+                       "(gloo%s)",
+                       env.backend, fsdp_nccl_available() ? ", nccl" : "");
         goto fail;
     }
     if (fsdp_ctx_pg(ctx) != pg) { /* the group attaches itself to a context without one */

@@ -53,6 +53,14 @@ struct fsdp_pg_ops {
      * the parent. NULL when the backend cannot split. */
     int (*create_subgroup)(fsdp_pg_t *parent, const int *members, int n, int new_rank,
                            const char *name, fsdp_pg_t **out);
+    /* Instead of create_subgroup (which is then unused), for a backend whose split is
+     * collective over the whole parent, as NCCL's ncclCommSplit is: called on every rank of
+     * parent that took part in the exchange, with members, n, new_rank and name as above and
+     * `color` (>= 0) the same on every member and different for the other groups the same
+     * fsdp_pg_split() makes, or color -1 on a rank that joins no group (members NULL, n 0,
+     * new_rank -1, name NULL; *out stays NULL). NULL for the other backends. */
+    int (*split)(fsdp_pg_t *parent, int color, const int *members, int n, int new_rank,
+                 const char *name, fsdp_pg_t **out);
     /* Frees the backend's group after the core has waited for every outstanding work; must call
      * fsdp__pg_fini(). */
     void (*destroy)(fsdp_pg_t *pg);

@@ -33,7 +33,8 @@ static int create(fsdp_pg_t *pg, const int *members, int n, int new_rank, uint64
                             "sub-group of '%s': the name '%s...' is longer than %zu characters "
                             "(groups nested too deeply)",
                             pg->name, name, sizeof name - 1);
-    int rc = pg->ops->create_subgroup(pg, members, n, new_rank, name, out);
+    int rc = pg->ops->split ? pg->ops->split(pg, color, members, n, new_rank, name, out)
+                            : pg->ops->create_subgroup(pg, members, n, new_rank, name, out);
     if (rc == FSDP_OK) fsdp_pg_set_timeout(*out, pg->timeout_ms);
     return rc;
 }
@@ -47,7 +48,7 @@ int fsdp_pg_split(fsdp_pg_t *pg, int color, int key, fsdp_pg_t **out) {
                             "fsdp_pg_split on group '%s' (rank %d): color %d must be >= 0 or "
                             "FSDP_PG_NO_COLOR",
                             pg->name, pg->rank, color);
-    if (!pg->ops->create_subgroup)
+    if (!pg->ops->create_subgroup && !pg->ops->split)
         return fsdp__pg_err(pg, FSDP_ENOTSUP, "fsdp_pg_split: the %s backend cannot split groups",
                             pg->ops->name);
     uint64_t tag = pg->seq;
@@ -60,7 +61,11 @@ int fsdp_pg_split(fsdp_pg_t *pg, int color, int key, fsdp_pg_t **out) {
         goto out;
     }
     FSDP_TRY(rc, out, exchange(pg, mine, 2, all));
-    if (color == FSDP_PG_NO_COLOR) goto out;
+    if (color == FSDP_PG_NO_COLOR) {
+        /* A backend that splits over the whole parent needs this rank in the call too. */
+        if (pg->ops->split) rc = pg->ops->split(pg, -1, NULL, 0, -1, NULL, out);
+        goto out;
+    }
     /* Members in (key, parent rank) order: insertion sort, the lists are short. */
     int n = 0, new_rank = -1;
     for (int q = 0; q < pg->size; q++) {
@@ -97,7 +102,7 @@ int fsdp_pg_new_group(fsdp_pg_t *pg, const int *ranks, int n, fsdp_pg_t **out) {
         return pg ? fsdp__pg_err(pg, FSDP_EINVAL, "fsdp_pg_new_group: out is NULL") : FSDP_EINVAL;
     *out = NULL;
     if (!pg) return FSDP_EINVAL;
-    if (!pg->ops->create_subgroup)
+    if (!pg->ops->create_subgroup && !pg->ops->split)
         return fsdp__pg_err(pg, FSDP_ENOTSUP,
                             "fsdp_pg_new_group: the %s backend cannot create groups",
                             pg->ops->name);
@@ -139,6 +144,7 @@ int fsdp_pg_new_group(fsdp_pg_t *pg, const int *ranks, int n, fsdp_pg_t **out) {
         }
     }
     free(all);
-    if (rc < 0 || new_rank < 0) return rc;
+    if (rc < 0) return rc;
+    if (new_rank < 0) return pg->ops->split ? pg->ops->split(pg, -1, NULL, 0, -1, NULL, out) : rc;
     return create(pg, ranks, n, new_rank, tag, "g", 0, out);
 }
