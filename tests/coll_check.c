@@ -521,9 +521,18 @@ static _Thread_local struct {
     size_t cap[2];
 } tl_bufs;
 
+/* The allocator of the buffers the collectives see (coll_check_set_alloc()). */
+static void *(*buf_alloc)(size_t bytes) = malloc;
+static void (*buf_free)(void *p) = free;
+
+void coll_check_set_alloc(void *(*alloc)(size_t bytes), void (*release)(void *p)) {
+    buf_alloc = alloc ? alloc : malloc;
+    buf_free = release ? release : free;
+}
+
 void coll_check_release(void) {
     for (int i = 0; i < 2; i++) {
-        free(tl_bufs.p[i]);
+        buf_free(tl_bufs.p[i]);
         tl_bufs.p[i] = NULL;
         tl_bufs.cap[i] = 0;
     }
@@ -533,9 +542,9 @@ void coll_check_release(void) {
 static int gbuf_alloc(gbuf_t *b, int slot, size_t n, size_t es) {
     size_t need = n * es + 2 * GUARD;
     if (tl_bufs.cap[slot] < need) {
-        free(tl_bufs.p[slot]);
+        buf_free(tl_bufs.p[slot]);
         tl_bufs.cap[slot] = 0;
-        tl_bufs.p[slot] = malloc(need);
+        tl_bufs.p[slot] = buf_alloc(need);
         if (!tl_bufs.p[slot]) return -1;
         tl_bufs.cap[slot] = need;
     }

@@ -105,6 +105,12 @@ typedef struct coll_check_args {
  */
 int coll_check_run_args(fsdp_pg_t *pg, const coll_check_args_t *args, char *why, size_t cap);
 
+/* Allocator of the send and recv buffers for the calling process (NULL, NULL: malloc and
+ * free, the default). The checker reads and writes them from the host, so for a GPU backend
+ * they must be memory both sides reach, such as CUDA managed memory. Set it before the first
+ * check, or after coll_check_release(). */
+void coll_check_set_alloc(void *(*alloc)(size_t bytes), void (*release)(void *p));
+
 /* The checks keep their buffers from one call to the next, per thread; this frees the calling
  * thread's. Call it before a thread that ran checks exits. */
 void coll_check_release(void);
