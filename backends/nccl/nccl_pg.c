@@ -46,8 +46,21 @@ typedef struct nccl_op {
     struct nccl_op *next;
 } nccl_op_t;
 
+struct nccl_pg;
+
+/* The rank's order over its NCCL groups (fsdp/pg.h: a rank's collectives run in the order it
+ * issued them, over all its groups, like one CUDA stream). Shared by the NCCL groups of one
+ * context; refs is guarded by the context's groups_mu, last by mu. */
+typedef struct nccl_rank {
+    pthread_mutex_t mu;
+    struct nccl_pg *last; /* the group of the rank's last collective, or NULL */
+    int refs;
+} nccl_rank_t;
+
 typedef struct nccl_pg {
     fsdp_pg_t base;
+    nccl_rank_t *rk;
+    cudaEvent_t last_ev; /* recorded after the group's last collective */
     int device;
     ncclComm_t comm;    /* NULL once aborted */
     cudaStream_t cs;    /* the communication stream */
@@ -475,7 +488,19 @@ static int nccl_post(fsdp_pg_t *pg, fsdp_work_t *w) {
     if (prev != gp->device) cudaSetDevice(gp->device);
     int rc = cuda_err(cudaEventCreateWithFlags(&op->end, cudaEventDisableTiming), "event", msg,
                       sizeof msg);
+    /* After the rank's previous collective, whatever its group; the stream orders the group's
+     * own. */
+    pthread_mutex_lock(&gp->rk->mu);
+    nccl_pg_t *last = gp->rk->last;
+    if (rc == FSDP_OK && last && last != gp)
+        rc = cuda_err(cudaStreamWaitEvent(gp->cs, last->last_ev, 0),
+                      "ordering after the rank's collective on another group", msg, sizeof msg);
     if (rc == FSDP_OK) rc = enqueue(gp, op, &plan, msg, sizeof msg);
+    if (rc == FSDP_OK)
+        rc = cuda_err(cudaEventRecord(gp->last_ev, gp->cs), "recording the group's last event", msg,
+                      sizeof msg);
+    if (rc == FSDP_OK) gp->rk->last = gp;
+    pthread_mutex_unlock(&gp->rk->mu);
     if (prev >= 0 && prev != gp->device) cudaSetDevice(prev);
     if (rc < 0) {
         op->fail_rc = rc;
@@ -491,6 +516,40 @@ static int nccl_post(fsdp_pg_t *pg, fsdp_work_t *w) {
     pthread_cond_signal(&gp->cv);
     pthread_mutex_unlock(&gp->mu);
     return FSDP_OK;
+}
+
+static const struct fsdp_pg_ops nccl_ops;
+
+/* Takes a reference on the rank's ordering state, shared with the context's other NCCL
+ * groups. */
+static int rank_acquire(nccl_pg_t *gp) {
+    fsdp_ctx_t *ctx = gp->base.ctx;
+    nccl_rank_t *rk = NULL;
+    pthread_mutex_lock(&ctx->groups_mu);
+    for (fsdp_pg_t *g = ctx->groups; g && !rk; g = g->ctx_next)
+        if (g->ops == &nccl_ops && g != &gp->base) rk = ((nccl_pg_t *)g)->rk;
+    if (!rk && (rk = calloc(1, sizeof *rk))) pthread_mutex_init(&rk->mu, NULL);
+    if (rk) rk->refs++;
+    gp->rk = rk;
+    pthread_mutex_unlock(&ctx->groups_mu);
+    return rk ? FSDP_OK : FSDP_ENOMEM;
+}
+
+static void rank_release(nccl_pg_t *gp) {
+    fsdp_ctx_t *ctx = gp->base.ctx;
+    nccl_rank_t *rk = gp->rk;
+    if (!rk) return;
+    pthread_mutex_lock(&ctx->groups_mu);
+    pthread_mutex_lock(&rk->mu);
+    if (rk->last == gp) rk->last = NULL;
+    pthread_mutex_unlock(&rk->mu);
+    int last = --rk->refs == 0;
+    gp->rk = NULL;
+    pthread_mutex_unlock(&ctx->groups_mu);
+    if (last) {
+        pthread_mutex_destroy(&rk->mu);
+        free(rk);
+    }
 }
 
 static void nccl_destroy(fsdp_pg_t *pg) {
@@ -516,6 +575,8 @@ static void nccl_destroy(fsdp_pg_t *pg) {
         else
             ncclCommAbort(gp->comm);
     }
+    rank_release(gp);
+    if (gp->last_ev) cudaEventDestroy(gp->last_ev);
     if (gp->one) cudaFree(gp->one);
     if (gp->cs) cudaStreamDestroy(gp->cs);
     if (gp->xs) cudaStreamDestroy(gp->xs);
@@ -569,7 +630,15 @@ static int group_create(fsdp_ctx_t *ctx, ncclComm_t comm, int device, const char
         rc = cuda_err(cudaMalloc((void **)&gp->one, 1), "allocating the barrier byte", msg, cap);
     if (rc == FSDP_OK)
         rc = cuda_err(cudaMemset(gp->one, 0, 1), "clearing the barrier byte", msg, cap);
+    if (rc == FSDP_OK)
+        rc = cuda_err(cudaEventCreateWithFlags(&gp->last_ev, cudaEventDisableTiming),
+                      "creating the last event", msg, cap);
     if (rc < 0) goto fail;
+    if (rank_acquire(gp) < 0) {
+        snprintf(msg, cap, "out of memory");
+        rc = FSDP_ENOMEM;
+        goto fail;
+    }
     if (pthread_create(&gp->thread, NULL, watchdog_main, gp) != 0) {
         snprintf(msg, cap, "cannot start the watchdog thread");
         rc = FSDP_ENOMEM;
