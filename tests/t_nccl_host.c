@@ -115,9 +115,8 @@ static void test_exchange_on(fsdp_store_t *store, const char *what) {
     int same = 1;
     for (int r = 0; r < NRANKS; r++)
         same &= memcmp(x[r].id, want, ID_LEN) == 0;
-    tap_ok(rc == FSDP_OK && same,
-           "%s store: %d rank threads all get rank 0's 128-byte id (%s)", what, NRANKS,
-           fsdp_err_name(rc));
+    tap_ok(rc == FSDP_OK && same, "%s store: %d rank threads all get rank 0's 128-byte id (%s)",
+           what, NRANKS, fsdp_err_name(rc));
     /* The id sits under "nccl.0/id"; a second world on the same store uses "nccl.1/id". */
     int found0 = 0, found1 = 0;
     fsdp_store_check(store, "nccl.0/id", &found0);
@@ -159,7 +158,8 @@ static void test_exchange(void) {
     double dt = now_s() - t0;
     tap_is_int(rc, FSDP_ETIMEDOUT, "rank 0 missing: rank 1 fails with FSDP_ETIMEDOUT");
     tap_ok(dt >= 0.25 && dt < 5.0, "... after the 300 ms timeout (%.2f s)", dt);
-    tap_has_str(msg, "did not get the NCCL unique id from rank 0", "... and says what it waited for");
+    tap_has_str(msg, "did not get the NCCL unique id from rank 0",
+                "... and says what it waited for");
     tap_diag("%s", msg);
     /* A value of the wrong length under the key is refused, not truncated or padded. */
     fsdp_store_set(ws, "id", "short", 5);
@@ -185,9 +185,11 @@ static void test_map(void) {
         [FSDP_DTYPE_F16] = ncclFloat16, [FSDP_DTYPE_BF16] = ncclBfloat16,
         [FSDP_DTYPE_I32] = ncclInt32,   [FSDP_DTYPE_I64] = ncclInt64,
         [FSDP_DTYPE_U8] = ncclUint8,    [FSDP_DTYPE_BOOL] = ncclUint8};
-    static const ncclRedOp_t op_of[FSDP_REDOP_COUNT] = {
-        [FSDP_REDOP_SUM] = ncclSum, [FSDP_REDOP_AVG] = ncclSum, [FSDP_REDOP_MIN] = ncclMin,
-        [FSDP_REDOP_MAX] = ncclMax, [FSDP_REDOP_PROD] = ncclProd};
+    static const ncclRedOp_t op_of[FSDP_REDOP_COUNT] = {[FSDP_REDOP_SUM] = ncclSum,
+                                                        [FSDP_REDOP_AVG] = ncclSum,
+                                                        [FSDP_REDOP_MIN] = ncclMin,
+                                                        [FSDP_REDOP_MAX] = ncclMax,
+                                                        [FSDP_REDOP_PROD] = ncclProd};
     char msg[256];
     fsdp_nccl_plan_t p;
     int bad = 0, checked = 0;
@@ -219,8 +221,7 @@ static void test_map(void) {
         }
     }
     tap_ok(bad == 0 && checked == 3 * (FSDP_DTYPE_COUNT * FSDP_REDOP_COUNT - 1),
-           "every dtype x operator of the three reductions maps as documented (%d cases)",
-           checked);
+           "every dtype x operator of the three reductions maps as documented (%d cases)", checked);
     fsdp__nccl_plan(FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_BF16, FSDP_REDOP_SUM, &p, msg, sizeof msg);
     tap_ok(p.widen && p.type == ncclFloat32 && p.op == ncclSum,
            "bf16 sum runs as an f32 ncclSum on widened values");
@@ -236,14 +237,14 @@ static void test_map(void) {
                                      FSDP_COLL_ALL_TO_ALL};
         for (int i = 0; i < 3; i++) {
             /* The op argument is ignored where nothing is reduced, even an invalid one. */
-            int rc = fsdp__nccl_plan(moves[i], (fsdp_dtype_t)dt, (fsdp_redop_t)99, &p, msg,
-                                     sizeof msg);
+            int rc =
+                fsdp__nccl_plan(moves[i], (fsdp_dtype_t)dt, (fsdp_redop_t)99, &p, msg, sizeof msg);
             bad_move += rc != FSDP_OK || p.type != type_of[dt] || p.widen || p.divide;
         }
     }
     tap_is_int(bad_move, 0, "all_gather, broadcast and all_to_all move every dtype as its type");
-    int rc = fsdp__nccl_plan(FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_BOOL, FSDP_REDOP_AVG, &p, msg,
-                             sizeof msg);
+    int rc =
+        fsdp__nccl_plan(FSDP_COLL_ALL_REDUCE, FSDP_DTYPE_BOOL, FSDP_REDOP_AVG, &p, msg, sizeof msg);
     tap_is_int(rc, FSDP_ENOTSUP, "avg on bool is FSDP_ENOTSUP");
     tap_has_str(msg, "avg is not defined on bool", "... saying why");
     rc = fsdp__nccl_plan(FSDP_COLL_ALL_REDUCE, (fsdp_dtype_t)FSDP_DTYPE_COUNT, FSDP_REDOP_SUM, &p,
@@ -310,7 +311,8 @@ static void test_create(void) {
     rc = fsdp_pg_create_nccl(ctx, store, &o, &pg);
     tap_is_int(rc, FSDP_EINVAL, "a negative timeout is FSDP_EINVAL");
     tap_has_str(fsdp_ctx_last_error(ctx), "timeout_ms -5 is negative", "... quoting it");
-    tap_is_int(fsdp_pg_create_nccl(NULL, store, NULL, &pg), FSDP_EINVAL, "a NULL ctx is FSDP_EINVAL");
+    tap_is_int(fsdp_pg_create_nccl(NULL, store, NULL, &pg), FSDP_EINVAL,
+               "a NULL ctx is FSDP_EINVAL");
     if (visible_gpus() > 0) {
         tap_skip(4, "a CUDA device is visible: the no-GPU path is not reachable here");
     } else {
@@ -340,8 +342,9 @@ static void test_create(void) {
 /* 4. FSDP_BACKEND=nccl */
 
 static void test_init_env(void) {
-    static const char *const vars[] = {"RANK",     "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                       "FSDP_STORE", "FSDP_BACKEND", "FSDP_TIMEOUT_MS"};
+    static const char *const vars[] = {
+        "RANK",       "WORLD_SIZE",   "LOCAL_RANK",     "LOCAL_WORLD_SIZE",
+        "FSDP_STORE", "FSDP_BACKEND", "FSDP_TIMEOUT_MS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
     setenv("RANK", "0", 1);

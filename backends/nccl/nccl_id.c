@@ -61,8 +61,8 @@ int fsdp__nccl_id_exchange(fsdp_store_t *store, const char *key, int rank, void 
         snprintf(msg, cap, "the NCCL unique id under '%s' has %zu bytes, want %zu", key, got, len);
         rc = FSDP_EBACKEND;
     } else if (rc < 0) {
-        snprintf(msg, cap, "rank %d did not get the NCCL unique id from rank 0 under '%s': %s", rank,
-                 key, fsdp_store_last_error(store));
+        snprintf(msg, cap, "rank %d did not get the NCCL unique id from rank 0 under '%s': %s",
+                 rank, key, fsdp_store_last_error(store));
     } else {
         memcpy(id, buf, len);
     }

@@ -28,8 +28,8 @@ typedef struct fsdp_nccl_plan {
  * Returns FSDP_OK, or FSDP_ENOTSUP with a message in msg (cap bytes) for a combination NCCL
  * cannot run (avg on bool; a dtype or op this table does not know).
  */
-int fsdp__nccl_plan(fsdp_coll_kind_t kind, fsdp_dtype_t dt, fsdp_redop_t op,
-                    fsdp_nccl_plan_t *plan, char *msg, size_t cap);
+int fsdp__nccl_plan(fsdp_coll_kind_t kind, fsdp_dtype_t dt, fsdp_redop_t op, fsdp_nccl_plan_t *plan,
+                    char *msg, size_t cap);
 
 /* NCCL's name of a data type or operator ("ncclFloat32", "ncclSum"), for messages and tests. */
 const char *fsdp__nccl_type_name(ncclDataType_t t);

@@ -36,12 +36,12 @@
 typedef struct nccl_op {
     fsdp_work_t *w;
     cudaEvent_t end;
-    int64_t head_ns;  /* when it reached the head of the queue (0: not yet) */
-    void *stage;      /* device copy of the host buffers (cudaMallocAsync), or NULL */
-    void *back_host;  /* host recv to copy back into once complete, or NULL */
+    int64_t head_ns; /* when it reached the head of the queue (0: not yet) */
+    void *stage;     /* device copy of the host buffers (cudaMallocAsync), or NULL */
+    void *back_host; /* host recv to copy back into once complete, or NULL */
     const void *back_dev;
     size_t back_bytes;
-    int fail_rc;      /* enqueueing failed: fail the group when this op reaches the head */
+    int fail_rc; /* enqueueing failed: fail the group when this op reaches the head */
     char fail_msg[FSDP_ERR_LEN];
     struct nccl_op *next;
 } nccl_op_t;
@@ -192,8 +192,8 @@ static int stage_host(nccl_pg_t *gp, nccl_op_t *op, const void **send, void **re
 }
 
 /* One NCCL call's status, settled when the non-blocking communicator says it is in progress. */
-static int nccl_call(nccl_pg_t *gp, ncclResult_t r, const char *what, int64_t timeout_ms,
-                     char *msg, size_t cap) {
+static int nccl_call(nccl_pg_t *gp, ncclResult_t r, const char *what, int64_t timeout_ms, char *msg,
+                     size_t cap) {
     if (r == ncclInProgress) r = comm_settle(gp->comm, deadline_after(timeout_ms));
     if (r == ncclInProgress) {
         snprintf(msg, cap, "%s: NCCL still had it in progress after %lld ms", what,
@@ -240,9 +240,9 @@ static int reduce_kinds(nccl_pg_t *gp, const fsdp_coll_t *c, const fsdp_nccl_pla
     rc = nccl_call(gp, nr, fsdp_coll_name(c->kind), c->timeout_ms, msg, cap);
     if (rc < 0 || !to_me) goto out;
     if (p->divide) {
-        rc = cuda_err((cudaError_t)fsdp__nccl_divide(d, cnt, p->widen ? FSDP_DTYPE_F32 : c->dtype,
-                                                     n, gp->cs),
-                      "avg: dividing by the group size", msg, cap);
+        rc = cuda_err(
+            (cudaError_t)fsdp__nccl_divide(d, cnt, p->widen ? FSDP_DTYPE_F32 : c->dtype, n, gp->cs),
+            "avg: dividing by the group size", msg, cap);
         if (rc < 0) goto out;
     }
     if (p->widen)
@@ -270,7 +270,8 @@ static int enqueue(nccl_pg_t *gp, nccl_op_t *op, const fsdp_nccl_plan_t *plan, c
 
     const void *send = c->send;
     void *recv = c->recv;
-    if (c->kind != FSDP_COLL_BARRIER && c->count > 0) rc = stage_host(gp, op, &send, &recv, msg, cap);
+    if (c->kind != FSDP_COLL_BARRIER && c->count > 0)
+        rc = stage_host(gp, op, &send, &recv, msg, cap);
     if (rc < 0) return rc;
     const size_t es = fsdp_dtype_size(c->dtype), cnt = c->count;
     const char *what = fsdp_coll_name(c->kind);
@@ -286,10 +287,10 @@ static int enqueue(nccl_pg_t *gp, nccl_op_t *op, const fsdp_nccl_plan_t *plan, c
         break;
     case FSDP_COLL_BROADCAST:
         if (cnt)
-            rc = nccl_call(gp,
-                           ncclBroadcast(send ? send : recv, recv, cnt, plan->type, c->root,
-                                         gp->comm, gp->cs),
-                           what, c->timeout_ms, msg, cap);
+            rc = nccl_call(
+                gp,
+                ncclBroadcast(send ? send : recv, recv, cnt, plan->type, c->root, gp->comm, gp->cs),
+                what, c->timeout_ms, msg, cap);
         break;
     case FSDP_COLL_ALL_TO_ALL:
         if (!cnt) break;
@@ -300,7 +301,8 @@ static int enqueue(nccl_pg_t *gp, nccl_op_t *op, const fsdp_nccl_plan_t *plan, c
                            ncclSend((const char *)send + off, cnt, plan->type, q, gp->comm, gp->cs),
                            "all_to_all send", c->timeout_ms, msg, cap);
             if (rc == FSDP_OK)
-                rc = nccl_call(gp, ncclRecv((char *)recv + off, cnt, plan->type, q, gp->comm, gp->cs),
+                rc = nccl_call(gp,
+                               ncclRecv((char *)recv + off, cnt, plan->type, q, gp->comm, gp->cs),
                                "all_to_all recv", c->timeout_ms, msg, cap);
         }
         {
@@ -602,8 +604,7 @@ static const struct fsdp_pg_ops nccl_ops = {
  * Takes over comm (aborted on failure). On failure everything is freed and msg says why.
  */
 static int group_create(fsdp_ctx_t *ctx, ncclComm_t comm, int device, const char *name, int rank,
-                        int size, const int *world_ranks, nccl_pg_t **out, char *msg,
-                        size_t cap) {
+                        int size, const int *world_ranks, nccl_pg_t **out, char *msg, size_t cap) {
     nccl_pg_t *gp = calloc(1, sizeof *gp);
     if (!gp) {
         ncclCommAbort(comm);
@@ -836,7 +837,8 @@ int fsdp_pg_create_nccl(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_nccl_op
     return FSDP_OK;
 fail:
     fsdp_store_destroy(ws);
-    return fsdp__ctx_err(ctx, rc, "fsdp_pg_create_nccl (rank %d of %d, device %d from %s, timeout "
-                                  "%lld ms): %s",
+    return fsdp__ctx_err(ctx, rc,
+                         "fsdp_pg_create_nccl (rank %d of %d, device %d from %s, timeout "
+                         "%lld ms): %s",
                          rank, size, device, from, (long long)timeout, msg);
 }

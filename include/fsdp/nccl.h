@@ -20,9 +20,10 @@
  * then waits on the collective's end event, so kernels queued there later consume its output
  * without the host waiting. fsdp_work_wait() and a blocking call (work == NULL) still wait on
  * the host until the collective has completed on the GPU, as fsdp/pg.h requires; a program that
- * only needs GPU ordering can issue with a work handle and release it. Collectives on one group
- * run in issue order (one stream); collectives on different groups of a rank may overlap on the
- * GPU, as in NCCL and PyTorch.
+ * only needs GPU ordering can issue with a work handle and release it. A rank's collectives run
+ * in the order it issued them over all its NCCL groups, as fsdp/pg.h requires: a group's stream
+ * orders its own, and a collective on another group than the rank's previous one first waits
+ * for that group's last event (so they never overlap on the GPU, unlike PyTorch's groups).
  *
  * Algorithms and results. all_gather, reduce_scatter, all_reduce, broadcast and reduce are
  * NCCL's; all_to_all is one NCCL group call of a send and a receive per peer; barrier is an
