@@ -45,19 +45,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Threads in this process (a proxy for the watchdog and helper threads a failed creation must
- * not leave behind). */
-static int thread_count(void) {
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* 1. The rendezvous */
 
@@ -257,6 +244,19 @@ static void test_map(void) {
     tap_ok(strcmp(fsdp__nccl_type_name(ncclBfloat16), "ncclBfloat16") == 0 &&
                strcmp(fsdp__nccl_op_name(ncclProd), "ncclProd") == 0,
            "NCCL's names for messages");
+}
+
+/* Threads in this process (a proxy for the watchdog and helper threads a failed creation must
+ * not leave behind). */
+static int thread_count(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
 }
 
 static int visible_gpus(void) {
