@@ -411,7 +411,7 @@ int main(void) {
         test_collective_timeout(n);
         test_killed_peer();
     } else {
-        tap_skip(6, "one GPU: a peer that does not join a collective or dies needs two");
+        tap_skip(7, "one GPU: a peer that does not join a collective or dies needs two");
     }
     return tap_done();
 #endif

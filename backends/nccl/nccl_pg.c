@@ -13,7 +13,9 @@
  * Host buffers. CUDA's pointer attributes tell device, managed and pinned memory (which NCCL's
  * kernels reach) from plain host memory, which is staged: copied to a device buffer on the
  * stream before the collective and copied back by the watchdog once the end event has fired
- * (on a stream of its own, so that it never waits behind later collectives).
+ * (on a stream of its own, so that it never waits behind later collectives). A copy from
+ * pageable memory may wait for the stream's earlier work, so a staged collective is enqueued
+ * only once the group's earlier ones have completed (or failed).
  */
 #include <cuda_runtime.h>
 #include "backends/nccl/nccl_inc.h"
@@ -67,7 +69,8 @@ typedef struct nccl_pg {
     cudaStream_t xs;    /* the watchdog's copy-back stream */
     unsigned char *one; /* a device byte for barrier */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;   /* wakes the watchdog */
+    pthread_cond_t idle; /* broadcast when the queue becomes empty */
     nccl_op_t *head, *tail;
     int stop;
     int broken_rc; /* sticky failure (0: none) and its message, guarded by mu */
@@ -367,6 +370,7 @@ static void fail_all(nccl_pg_t *gp, int rc, const char *msg) {
     snprintf(gp->broken_msg, sizeof gp->broken_msg, "%s", msg);
     nccl_op_t *list = gp->head;
     gp->head = gp->tail = NULL;
+    pthread_cond_broadcast(&gp->idle);
     pthread_mutex_unlock(&gp->mu);
     fsdp_log(gp->base.ctx, FSDP_LOG_DEBUG, "nccl: %s: %s", fsdp_err_name(rc), msg);
     for (int first = 1; list; first = 0) {
@@ -412,7 +416,10 @@ static void *watchdog_main(void *arg) {
                 rc = op_finish(gp, op, msg, sizeof msg);
                 pthread_mutex_lock(&gp->mu);
                 gp->head = op->next;
-                if (!gp->head) gp->tail = NULL;
+                if (!gp->head) {
+                    gp->tail = NULL;
+                    pthread_cond_broadcast(&gp->idle);
+                }
                 pthread_mutex_unlock(&gp->mu);
                 fsdp_work_t *w = op->w;
                 op_free(gp, op);
@@ -475,7 +482,14 @@ static int nccl_post(fsdp_pg_t *pg, fsdp_work_t *w) {
     nccl_op_t *op = calloc(1, sizeof *op);
     if (!op) return fsdp__pg_err(pg, FSDP_ENOMEM, "nccl: out of memory for an op");
     op->w = w;
+    /* Copying from pageable host memory may wait for the stream's earlier work, and only the
+     * watchdog (which needs mu) can abort a collective that never ends: so a staged collective
+     * first waits, without blocking the watchdog, until the group's queue is empty. */
+    const int staged = c->kind != FSDP_COLL_BARRIER && c->count > 0 &&
+                       (is_plain_host(c->send) || is_plain_host(c->recv));
     pthread_mutex_lock(&gp->mu);
+    while (staged && gp->head && gp->broken_rc == 0)
+        pthread_cond_wait(&gp->idle, &gp->mu);
     if (gp->broken_rc < 0) {
         int rc = gp->broken_rc;
         snprintf(msg, sizeof msg, "%s", gp->broken_msg);
@@ -579,12 +593,13 @@ static void nccl_destroy(fsdp_pg_t *pg) {
     }
     rank_release(gp);
     if (gp->last_ev) cudaEventDestroy(gp->last_ev);
-    if (gp->one) cudaFree(gp->one);
+    if (gp->one) cudaFreeAsync(gp->one, gp->cs); /* no device-wide synchronization */
     if (gp->cs) cudaStreamDestroy(gp->cs);
     if (gp->xs) cudaStreamDestroy(gp->xs);
     if (prev >= 0) cudaSetDevice(prev);
     pthread_mutex_destroy(&gp->mu);
     pthread_cond_destroy(&gp->cv);
+    pthread_cond_destroy(&gp->idle);
     fsdp__pg_fini(pg);
     free(gp);
 }
@@ -615,6 +630,7 @@ static int group_create(fsdp_ctx_t *ctx, ncclComm_t comm, int device, const char
     gp->comm = comm;
     pthread_mutex_init(&gp->mu, NULL);
     pthread_cond_init(&gp->cv, NULL);
+    pthread_cond_init(&gp->idle, NULL);
     int rc = fsdp__pg_init(&gp->base, &nccl_ops, ctx, rank, size, world_ranks, name);
     if (rc < 0) {
         snprintf(msg, cap, "out of memory");
@@ -628,9 +644,11 @@ static int group_create(fsdp_ctx_t *ctx, ncclComm_t comm, int device, const char
         rc = cuda_err(cudaStreamCreateWithFlags(&gp->xs, cudaStreamNonBlocking),
                       "creating the copy-back stream", msg, cap);
     if (rc == FSDP_OK)
-        rc = cuda_err(cudaMalloc((void **)&gp->one, 1), "allocating the barrier byte", msg, cap);
+        rc = cuda_err(cudaMallocAsync((void **)&gp->one, 1, gp->cs), "allocating the barrier byte",
+                      msg, cap);
     if (rc == FSDP_OK)
-        rc = cuda_err(cudaMemset(gp->one, 0, 1), "clearing the barrier byte", msg, cap);
+        rc =
+            cuda_err(cudaMemsetAsync(gp->one, 0, 1, gp->cs), "clearing the barrier byte", msg, cap);
     if (rc == FSDP_OK)
         rc = cuda_err(cudaEventCreateWithFlags(&gp->last_ev, cudaEventDisableTiming),
                       "creating the last event", msg, cap);
