@@ -22,12 +22,19 @@
 #include <string.h>
 
 #include "device/device_impl.h"
+#ifdef FSDP_HAVE_CUDA
+#include "backends/cuda/cuda_device.h"
+#endif
 
 /* Backends by kind. A kind whose entry is NULL was not built: creating it is FSDP_ENOTSUP. The
- * CUDA device registers here under FSDP_HAVE_CUDA once it exists. */
+ * CUDA device (backends/cuda/cuda_device.c) is built under FSDP_HAVE_CUDA. */
 static const struct fsdp_dev_ops *const backends[FSDP_DEVICE_KIND_COUNT] = {
     [FSDP_DEVICE_CPU] = &fsdp__cpu_dev_ops,
+#ifdef FSDP_HAVE_CUDA
+    [FSDP_DEVICE_CUDA] = &fsdp__cuda_dev_ops,
+#else
     [FSDP_DEVICE_CUDA] = NULL,
+#endif
 };
 
 static const char *const kind_names[FSDP_DEVICE_KIND_COUNT] = {"cpu", "cuda"};

@@ -1,0 +1,929 @@
+/*
+ * cuda_device.c: the CUDA device's vtable (see cuda_device.h): memory through the caching
+ * allocator, copies and streams through the CUDA runtime, matrix products through cuBLASLt (f32)
+ * and cuBLAS (f64), and every other kernel through the launchers of cuda_kernels.h.
+ *
+ * Error translation happens in exactly one function, cuda_fail() (and blas_fail() for cuBLAS
+ * statuses): a CUDA error becomes FSDP_EBACKEND (FSDP_ENOMEM for an allocation) with a message on
+ * the rank's context naming the device, the operation and the runtime's text.
+ *
+ * Every entry point makes the device's GPU current first (cudaSetDevice is cheap when it already
+ * is), so ranks of one process that drive different GPUs from their own threads, or one thread
+ * that drives two devices, launch on the right GPU.
+ *
+ * Kernels take no stream: they run on the device's compute stream in issue order. memcpy and
+ * memset run on the stream given, or on the compute stream followed by a synchronization when
+ * none is given (fsdp_device_memcpy() promises a NULL stream is synchronous).
+ */
+#include <config.h>
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The CUDA headers come in through -I, so GCC checks them like ours; cublasLt.h declares a
+ * function with an empty parameter list. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#pragma GCC diagnostic pop
+
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_philox.h"
+
+_Static_assert(FSDP_CUDA_UN_POW == (int)FSDP_UNARY_POW && FSDP_CUDA_UN_RELU == (int)FSDP_UNARY_RELU &&
+                   FSDP_CUDA_UN_GELU_TANH == (int)FSDP_UNARY_GELU_TANH &&
+                   FSDP_CUDA_UN_SQUARE == (int)FSDP_UNARY_SQUARE &&
+                   FSDP_CUDA_UN_COUNT == (int)FSDP_UNARY_COUNT,
+               "cuda_kernels.h's unary ops follow fsdp_unary_op_t");
+_Static_assert(FSDP_CUDA_BIN_MIN == (int)FSDP_BINARY_MIN && FSDP_CUDA_BIN_DIV == (int)FSDP_BINARY_DIV &&
+                   FSDP_CUDA_BIN_COUNT == (int)FSDP_BINARY_COUNT,
+               "cuda_kernels.h's binary ops follow fsdp_binary_op_t");
+_Static_assert(FSDP_CUDA_MAX_DIMS == FSDP_MAX_DIMS, "strided kernels take FSDP_MAX_DIMS dims");
+
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+struct cuda_dev {
+    fsdp_device_t *dev;
+    int ordinal;
+    cudaStream_t compute;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    void *lt_ws;     /* cuBLASLt workspace (LT_WORKSPACE bytes) */
+    double *scratch; /* FSDP_CUDA_SUMSQ_BLOCKS partial sums of sum_squares */
+    fsdp_cuda_alloc_t *alloc;
+    bool tf32;
+};
+
+static struct cuda_dev *cd_of(fsdp_device_t *dev) {
+    return dev->impl;
+}
+
+static int cuda_fail(fsdp_device_t *dev, cudaError_t e, const char *what) {
+    cudaGetLastError(); /* clears a sticky-free error so the next call starts clean */
+    int rc = e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EBACKEND;
+    return fsdp__ctx_err(dev->ctx, rc, "%s %s: %s (%s)", dev->name, what, cudaGetErrorString(e),
+                         cudaGetErrorName(e));
+}
+
+static int blas_fail(fsdp_device_t *dev, cublasStatus_t st, const char *what) {
+    return fsdp__ctx_err(dev->ctx, st == CUBLAS_STATUS_ALLOC_FAILED ? FSDP_ENOMEM : FSDP_EBACKEND,
+                         "%s %s: cuBLAS status %d", dev->name, what, (int)st);
+}
+
+/* Makes the device current; returns its state, or NULL with the error in *rc. */
+static struct cuda_dev *use(fsdp_device_t *dev, int *rc) {
+    struct cuda_dev *cd = cd_of(dev);
+    cudaError_t e = cudaSetDevice(cd->ordinal);
+    if (e != cudaSuccess) {
+        *rc = cuda_fail(dev, e, "cudaSetDevice");
+        return NULL;
+    }
+    *rc = FSDP_OK;
+    return cd;
+}
+
+#define USE(cd, dev)                                                                               \
+    int rc_;                                                                                       \
+    struct cuda_dev *cd = use(dev, &rc_);                                                          \
+    if (!cd) return rc_
+
+static int launched(fsdp_device_t *dev, cudaError_t e, const char *what) {
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, what);
+}
+
+static int bad_dtype(fsdp_device_t *dev, const char *fn, fsdp_dtype_t dt) {
+    return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
+                         "cuda %s: dtype %s is not supported (the kernel takes f32 or f64)", fn,
+                         fsdp_dtype_name(dt));
+}
+
+#define FLOAT_DT(dev, fn, dt)                                                                      \
+    do {                                                                                           \
+        if ((dt) != FSDP_DTYPE_F32 && (dt) != FSDP_DTYPE_F64) return bad_dtype(dev, fn, dt);      \
+    } while (0)
+
+/* ---- the allocator's raw interface over the CUDA runtime ---- */
+
+static int raw_seg_alloc(void *ctx, size_t bytes, void **out) {
+    (void)ctx;
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e == cudaSuccess) return FSDP_OK;
+    cudaGetLastError();
+    *out = NULL;
+    return e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EBACKEND;
+}
+
+static void raw_seg_free(void *ctx, void *ptr) {
+    (void)ctx;
+    cudaFree(ptr);
+}
+
+static int raw_event_create(void *ctx, void **out) {
+    (void)ctx;
+    return cudaEventCreateWithFlags((cudaEvent_t *)out, cudaEventDisableTiming) == cudaSuccess
+               ? FSDP_OK
+               : FSDP_EBACKEND;
+}
+
+static int raw_event_record(void *ctx, void *ev, void *stream) {
+    (void)ctx;
+    return cudaEventRecord(ev, stream) == cudaSuccess ? FSDP_OK : FSDP_EBACKEND;
+}
+
+static int raw_event_query(void *ctx, void *ev) {
+    (void)ctx;
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) return 0;
+    cudaGetLastError();
+    return FSDP_EBACKEND;
+}
+
+static void raw_event_destroy(void *ctx, void *ev) {
+    (void)ctx;
+    cudaEventDestroy(ev);
+}
+
+static const struct fsdp_cuda_raw_ops raw_ops = {
+    .seg_alloc = raw_seg_alloc,
+    .seg_free = raw_seg_free,
+    .event_create = raw_event_create,
+    .event_record = raw_event_record,
+    .event_query = raw_event_query,
+    .event_destroy = raw_event_destroy,
+};
+
+/* ---- creation ---- */
+
+int fsdp__cuda_visible_devices(char *why, size_t cap) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        if (why && cap) snprintf(why, cap, "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+        cudaGetLastError();
+        return 0;
+    }
+    if (why && cap) snprintf(why, cap, "%d device(s)", count);
+    return count;
+}
+
+static void cuda_teardown(struct cuda_dev *cd) {
+    if (!cd) return;
+    cudaSetDevice(cd->ordinal);
+    if (cd->compute) cudaStreamSynchronize(cd->compute);
+    fsdp__cuda_alloc_destroy(cd->alloc);
+    if (cd->lt) cublasLtDestroy(cd->lt);
+    if (cd->blas) cublasDestroy(cd->blas);
+    cudaFree(cd->lt_ws);
+    cudaFree(cd->scratch);
+    if (cd->compute) cudaStreamDestroy(cd->compute);
+    free(cd);
+}
+
+static int cuda_init(fsdp_device_t *dev) {
+    char why[256];
+    int count = fsdp__cuda_visible_devices(why, sizeof why);
+    int rank = dev->ctx ? dev->ctx->rank : -1;
+    if (count <= 0)
+        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
+                             "fsdp_device_create: no CUDA device is visible to rank %d "
+                             "(cudaGetDeviceCount: %s)",
+                             rank, why);
+    if (dev->ordinal >= count)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "fsdp_device_create: opts->ordinal %d is not a CUDA device of rank %d "
+                             "(%d visible)",
+                             dev->ordinal, rank, count);
+    struct cuda_dev *cd = calloc(1, sizeof *cd);
+    if (!cd) return fsdp__ctx_err(dev->ctx, FSDP_ENOMEM, "fsdp_device_create: out of host memory");
+    cd->dev = dev;
+    cd->ordinal = dev->ordinal;
+    dev->impl = cd;
+    int rc = FSDP_OK;
+    cudaError_t e;
+    cublasStatus_t st;
+    if ((e = cudaSetDevice(cd->ordinal)) != cudaSuccess) {
+        rc = cuda_fail(dev, e, "cudaSetDevice");
+        goto fail;
+    }
+    if ((e = cudaStreamCreateWithFlags(&cd->compute, cudaStreamNonBlocking)) != cudaSuccess) {
+        rc = cuda_fail(dev, e, "creating the compute stream");
+        goto fail;
+    }
+    if ((st = cublasCreate(&cd->blas)) != CUBLAS_STATUS_SUCCESS) {
+        rc = blas_fail(dev, st, "cublasCreate");
+        goto fail;
+    }
+    if ((st = cublasSetStream(cd->blas, cd->compute)) != CUBLAS_STATUS_SUCCESS) {
+        rc = blas_fail(dev, st, "cublasSetStream");
+        goto fail;
+    }
+    if ((st = cublasLtCreate(&cd->lt)) != CUBLAS_STATUS_SUCCESS) {
+        rc = blas_fail(dev, st, "cublasLtCreate");
+        goto fail;
+    }
+    if ((e = cudaMalloc(&cd->lt_ws, LT_WORKSPACE)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&cd->scratch, FSDP_CUDA_SUMSQ_BLOCKS * sizeof(double))) !=
+            cudaSuccess) {
+        rc = cuda_fail(dev, e, "allocating the cuBLASLt workspace");
+        goto fail;
+    }
+    if (fsdp__cuda_alloc_create(&raw_ops, cd, &cd->alloc) < 0) {
+        rc = fsdp__ctx_err(dev->ctx, FSDP_ENOMEM, "fsdp_device_create: out of host memory");
+        goto fail;
+    }
+    const char *tf = getenv("FSDP_CUDA_TF32");
+    cd->tf32 = tf && strcmp(tf, "1") == 0;
+    if (dev->num_threads <= 0) dev->num_threads = 1;
+    return FSDP_OK;
+fail:
+    cuda_teardown(cd);
+    dev->impl = NULL;
+    return rc;
+}
+
+static void cuda_fini(fsdp_device_t *dev) {
+    cuda_teardown(cd_of(dev));
+    dev->impl = NULL;
+}
+
+/* ---- memory, copies, streams, events ---- */
+
+static int cuda_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
+    USE(cd, dev);
+    int rc = fsdp__cuda_alloc_malloc(cd->alloc, bytes, cd->compute, out);
+    if (rc < 0) {
+        /* The allocator's message has the reserved and allocated bytes; the device layer
+         * replaces an FSDP_ENOMEM message with its own, so it goes to the log as well. */
+        fsdp_log(dev->ctx, FSDP_LOG_WARN, "%s: %s", dev->name,
+                 fsdp__cuda_alloc_last_error(cd->alloc));
+        return fsdp__ctx_err(dev->ctx, rc, "%s: %s", dev->name,
+                             fsdp__cuda_alloc_last_error(cd->alloc));
+    }
+    return FSDP_OK;
+}
+
+static void cuda_free(fsdp_device_t *dev, void *ptr) {
+    int rc;
+    struct cuda_dev *cd = use(dev, &rc);
+    if (!cd) return;
+    if (fsdp__cuda_alloc_free(cd->alloc, ptr) < 0)
+        fsdp_log(dev->ctx, FSDP_LOG_ERROR, "%s: %s", dev->name,
+                 fsdp__cuda_alloc_last_error(cd->alloc));
+}
+
+static int cuda_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,
+                       fsdp_copy_kind_t kind, void *stream) {
+    static const enum cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                                cudaMemcpyDeviceToDevice, cudaMemcpyHostToHost};
+    USE(cd, dev);
+    cudaStream_t s = stream ? stream : cd->compute;
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, kinds[kind], s);
+    if (e == cudaSuccess && !stream) e = cudaStreamSynchronize(s);
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "memcpy");
+}
+
+static int cuda_memset(fsdp_device_t *dev, void *dst, int byte, size_t n, void *stream) {
+    USE(cd, dev);
+    cudaStream_t s = stream ? stream : cd->compute;
+    cudaError_t e = cudaMemsetAsync(dst, byte, n, s);
+    if (e == cudaSuccess && !stream) e = cudaStreamSynchronize(s);
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "memset");
+}
+
+static int cuda_stream_create(fsdp_device_t *dev, void **out) {
+    USE(cd, dev);
+    (void)cd;
+    cudaError_t e = cudaStreamCreateWithFlags((cudaStream_t *)out, cudaStreamNonBlocking);
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "cudaStreamCreate");
+}
+
+static void cuda_stream_destroy(fsdp_device_t *dev, void *stream) {
+    int rc;
+    if (use(dev, &rc)) cudaStreamDestroy(stream);
+}
+
+static int cuda_stream_sync(fsdp_device_t *dev, void *stream) {
+    USE(cd, dev);
+    cudaError_t e = cudaStreamSynchronize(stream ? stream : cd->compute);
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "cudaStreamSynchronize");
+}
+
+static int cuda_event_create(fsdp_device_t *dev, void **out) {
+    USE(cd, dev);
+    (void)cd;
+    cudaError_t e = cudaEventCreateWithFlags((cudaEvent_t *)out, cudaEventDisableTiming);
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "cudaEventCreate");
+}
+
+static void cuda_event_destroy(fsdp_device_t *dev, void *ev) {
+    int rc;
+    if (use(dev, &rc)) cudaEventDestroy(ev);
+}
+
+static int cuda_event_record(fsdp_device_t *dev, void *ev, void *stream) {
+    USE(cd, dev);
+    cudaError_t e = cudaEventRecord(ev, stream ? stream : cd->compute);
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "cudaEventRecord");
+}
+
+static int cuda_event_wait(fsdp_device_t *dev, void *ev, void *stream) {
+    USE(cd, dev);
+    cudaError_t e = cudaStreamWaitEvent(stream ? stream : cd->compute, ev, 0);
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "cudaStreamWaitEvent");
+}
+
+static int cuda_event_sync(fsdp_device_t *dev, void *ev) {
+    USE(cd, dev);
+    (void)cd;
+    cudaError_t e = cudaEventSynchronize(ev);
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "cudaEventSynchronize");
+}
+
+/* ---- elementwise ---- */
+
+static int cuda_fill(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double value, void *y) {
+    uint64_t bits = 0;
+    /* The element is converted on the host by the same routine as the CPU's fill, so the two
+     * devices store the same bits. */
+    int rc = fsdp_dtype_convert(&bits, dt, &value, FSDP_DTYPE_F64, 1);
+    if (rc < 0) return fsdp__ctx_err(dev->ctx, rc, "cuda fill: dtype %d is not valid", (int)dt);
+    size_t es = fsdp_dtype_size(dt);
+    uint64_t pattern = 0;
+    memcpy(&pattern, &bits, es); /* the element's bytes, little-endian, in the low bytes */
+    USE(cd, dev);
+    return launched(dev, fsdp__cuda_k_fill(cd->compute, es, pattern, n, y), "fill kernel");
+}
+
+static int cuda_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt,
+                     const void *x, size_t n) {
+    if (!fsdp_dtype_valid((int)dt) || !fsdp_dtype_valid((int)xt))
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda cast: invalid dtype (%d from %d)",
+                             (int)dt, (int)xt);
+    size_t ys = fsdp_dtype_size(dt), xs = fsdp_dtype_size(xt);
+    uintptr_t a = (uintptr_t)y, b = (uintptr_t)x;
+    if (y != x && a < b + n * xs && b < a + n * ys)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "cuda cast: y and x overlap other than in place (%zu elements from "
+                             "%s to %s)",
+                             n, fsdp_dtype_name(xt), fsdp_dtype_name(dt));
+    if (y == x && ys != xs)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "cuda cast: in place from %s to %s needs equal element sizes",
+                             fsdp_dtype_name(xt), fsdp_dtype_name(dt));
+    USE(cd, dev);
+    return launched(dev, fsdp__cuda_k_cast(cd->compute, (int)dt, y, (int)xt, x, n), "cast kernel");
+}
+
+/* Fills an nd plan from a shape and one or two stride arrays; returns the element count. */
+static int64_t nd_fill(struct fsdp_cuda_nd *p, int ndim, const int64_t *shape, const int64_t *s0,
+                       const int64_t *s1) {
+    int64_t total = 1;
+    memset(p, 0, sizeof *p);
+    for (int d = 0; d < ndim; d++) {
+        total *= shape[d];
+        p->shape[d] = shape[d];
+        p->st[0][d] = s0[d];
+        p->st[1][d] = s1 ? s1[d] : 0;
+    }
+    p->nd = ndim;
+    if (ndim == 0) {
+        p->nd = 1;
+        p->shape[0] = 1;
+    }
+    return total;
+}
+
+static int cuda_copy_strided(fsdp_device_t *dev, fsdp_dtype_t dt, int ndim, const int64_t *shape,
+                             void *y, const void *x, const int64_t *xstride) {
+    struct fsdp_cuda_nd p;
+    if (ndim < 0 || ndim > FSDP_MAX_DIMS || !fsdp_dtype_valid((int)dt))
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda copy_strided: ndim %d or dtype %d",
+                             ndim, (int)dt);
+    int64_t total = nd_fill(&p, ndim, shape, xstride, NULL);
+    if (total <= 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_copy_strided(cd->compute, fsdp_dtype_size(dt), &p, total, y, x),
+                    "copy_strided kernel");
+}
+
+static int cuda_unary(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n,
+                      double alpha, const void *x, void *y) {
+    FLOAT_DT(dev, "unary", dt);
+    if ((int)op < 0 || op >= FSDP_UNARY_COUNT)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda unary: op %d is not a fsdp_unary_op_t",
+                             (int)op);
+    if (n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_unary(cd->compute, dt == FSDP_DTYPE_F64, (int)op, n, alpha, x, y),
+                    "unary kernel");
+}
+
+static int cuda_unary_backward(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n,
+                               double alpha, const void *x, const void *y, const void *gy,
+                               void *gx) {
+    FLOAT_DT(dev, "unary_backward", dt);
+    if ((int)op < 0 || op >= FSDP_UNARY_COUNT)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "cuda unary_backward: op %d is not a fsdp_unary_op_t", (int)op);
+    bool from_y = op == FSDP_UNARY_RELU || op == FSDP_UNARY_TANH || op == FSDP_UNARY_SIGMOID ||
+                  op == FSDP_UNARY_EXP || op == FSDP_UNARY_SQRT || op == FSDP_UNARY_RSQRT;
+    bool no_input = op == FSDP_UNARY_NEG || op == FSDP_UNARY_SCALE || op == FSDP_UNARY_ADD_SCALAR;
+    if (!no_input && !x && !(from_y && y))
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "cuda unary_backward: op %d needs the input x, which is NULL",
+                             (int)op);
+    if (n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_unary_backward(cd->compute, dt == FSDP_DTYPE_F64, (int)op, n,
+                                                alpha, x, from_y ? y : NULL, gy, gx),
+                    "unary_backward kernel");
+}
+
+static int cuda_binary(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_binary_op_t op, int ndim,
+                       const int64_t *shape, void *y, const void *a, const int64_t *astride,
+                       const void *b, const int64_t *bstride) {
+    struct fsdp_cuda_nd p;
+    FLOAT_DT(dev, "binary", dt);
+    if ((int)op < 0 || op >= FSDP_BINARY_COUNT || ndim < 0 || ndim > FSDP_MAX_DIMS)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda binary: op %d or ndim %d out of range",
+                             (int)op, ndim);
+    int64_t total = nd_fill(&p, ndim, shape, astride, bstride);
+    if (total <= 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_binary(cd->compute, dt == FSDP_DTYPE_F64, (int)op, &p, total, y,
+                                        a, b),
+                    "binary kernel");
+}
+
+static int cuda_axpy(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double alpha, const void *x,
+                     void *y) {
+    FLOAT_DT(dev, "axpy", dt);
+    if (n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev, fsdp__cuda_k_axpy(cd->compute, dt == FSDP_DTYPE_F64, n, alpha, x, y),
+                    "axpy kernel");
+}
+
+static int cuda_where(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const uint8_t *cond,
+                      const void *a, double av, const void *b, double bv, void *y) {
+    FLOAT_DT(dev, "where", dt);
+    if (n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_where(cd->compute, dt == FSDP_DTYPE_F64, n, cond, a, av, b, bv,
+                                       y),
+                    "where kernel");
+}
+
+/* ---- reductions ---- */
+
+static int cuda_reduce_sum(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size_t r,
+                           size_t inner, double alpha, const void *x, void *y) {
+    FLOAT_DT(dev, "reduce_sum", dt);
+    if (outer == 0 || inner == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_reduce_sum(cd->compute, dt == FSDP_DTYPE_F64, outer, r, inner,
+                                            alpha, x, y),
+                    "reduce_sum kernel");
+}
+
+static int cuda_reduce_max(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size_t r,
+                           size_t inner, const void *x, void *y, int64_t *idx) {
+    FLOAT_DT(dev, "reduce_max", dt);
+    if (outer == 0 || inner == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_reduce_max(cd->compute, dt == FSDP_DTYPE_F64, outer, r, inner, x,
+                                            y, idx),
+                    "reduce_max kernel");
+}
+
+static int cuda_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const void *x,
+                            void *out) {
+    FLOAT_DT(dev, "sum_squares", dt);
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_sum_squares(cd->compute, dt == FSDP_DTYPE_F64, n, x, cd->scratch,
+                                             out),
+                    "sum_squares kernel");
+}
+
+/* ---- gemm ---- */
+
+/*
+ * Row-major C (m x n) = op(A) op(B) is column-major C^T (n x m) = op(B)^T op(A)^T, so the
+ * column-major libraries get B as their first operand and A as their second, each with its own
+ * transpose flag, and the row strides as leading dimensions.
+ */
+static int gemm_f32_lt(fsdp_device_t *dev, struct cuda_dev *cd, bool ta, bool tb, int64_t m,
+                       int64_t n, int64_t k, float alpha, const void *a, int64_t lda, int64_t sa,
+                       const void *b, int64_t ldb, int64_t sb, float beta, void *c, int64_t ldc,
+                       int64_t sc, int64_t batch) {
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasStatus_t st;
+    int rc = FSDP_OK;
+    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasComputeType_t ct = cd->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const int32_t nb = (int32_t)batch;
+    const uint64_t ws = LT_WORKSPACE;
+#define LT(call, what)                                                                             \
+    do {                                                                                           \
+        if ((st = (call)) != CUBLAS_STATUS_SUCCESS) {                                              \
+            rc = blas_fail(dev, st, what);                                                         \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+    LT(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb),
+       "setting TRANSA");
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa),
+       "setting TRANSB");
+    /* Column-major shapes of the stored matrices: B^T is (tb ? k : n) x (tb ? n : k). */
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, (uint64_t)(tb ? k : n), (uint64_t)(tb ? n : k),
+                                  ldb),
+       "layout of B");
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, (uint64_t)(ta ? m : k), (uint64_t)(ta ? k : m),
+                                  lda),
+       "layout of A");
+    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)n, (uint64_t)m, ldc), "layout of C");
+    if (batch > 1) {
+        cublasLtMatrixLayout_t ls[3] = {lb, la, lc};
+        const int64_t strides[3] = {sb, sa, sc};
+        for (int i = 0; i < 3; i++) {
+            LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb,
+                                                sizeof nb),
+               "setting the batch count");
+            LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &strides[i], sizeof strides[i]),
+               "setting the batch stride");
+        }
+    }
+    LT(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof ws),
+       "setting the workspace size");
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    LT(cublasLtMatmulAlgoGetHeuristic(cd->lt, op, lb, la, lc, lc, pref, 1, &heur, &found),
+       "cublasLtMatmulAlgoGetHeuristic");
+    if (found < 1) {
+        rc = fsdp__ctx_err(dev->ctx, FSDP_EBACKEND,
+                           "%s gemm: cuBLASLt has no algorithm for m %lld n %lld k %lld", dev->name,
+                           (long long)m, (long long)n, (long long)k);
+        goto out;
+    }
+    LT(cublasLtMatmul(cd->lt, op, &alpha, b, lb, a, la, &beta, c, lc, c, lc, &heur.algo, cd->lt_ws,
+                      LT_WORKSPACE, cd->compute),
+       "cublasLtMatmul");
+#undef LT
+out:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+static int cuda_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
+                     int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
+                     int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, double beta,
+                     void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+    FLOAT_DT(dev, "gemm", dt);
+    if (m < 0 || n < 0 || k < 0 || batch < 0)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "cuda gemm: negative size (m %lld, n %lld, k %lld, batch %lld)",
+                             (long long)m, (long long)n, (long long)k, (long long)batch);
+    if (m == 0 || n == 0 || batch == 0) return FSDP_OK;
+    int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (ldc < n || (k > 0 && (lda < a_cols || ldb < b_cols)))
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "cuda gemm: leading dimensions too small (lda %lld for %lld columns, "
+                             "ldb %lld for %lld, ldc %lld for %lld)",
+                             (long long)lda, (long long)a_cols, (long long)ldb, (long long)b_cols,
+                             (long long)ldc, (long long)n);
+    USE(cd, dev);
+    const bool f64 = dt == FSDP_DTYPE_F64;
+    if (k == 0)
+        return launched(dev,
+                        fsdp__cuda_k_scale_c(cd->compute, f64, m, n, beta, c, ldc, stride_c,
+                                             batch),
+                        "gemm (k = 0) scale kernel");
+    if (batch > INT_MAX)
+        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP, "cuda gemm: batch %lld beyond 32 bits",
+                             (long long)batch);
+    if (!f64)
+        return gemm_f32_lt(dev, cd, trans_a, trans_b, m, n, k, (float)alpha, a, lda, stride_a, b,
+                           ldb, stride_b, (float)beta, c, ldc, stride_c, batch);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX)
+        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
+                             "cuda gemm: f64 sizes beyond 32 bits (m %lld, n %lld, k %lld)",
+                             (long long)m, (long long)n, (long long)k);
+    cublasStatus_t st = cublasDgemmStridedBatched(
+        cd->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n,
+        (int)m, (int)k, &alpha, b, (int)ldb, stride_b, a, (int)lda, stride_a, &beta, c, (int)ldc,
+        stride_c, (int)batch);
+    return st == CUBLAS_STATUS_SUCCESS ? FSDP_OK : blas_fail(dev, st, "cublasDgemmStridedBatched");
+}
+
+/* ---- row kernels, norms, embedding, losses, dropout, optimizers ---- */
+
+static int cuda_softmax(fsdp_device_t *dev, fsdp_dtype_t dt, bool lg, size_t rows, size_t n,
+                        const void *x, void *y) {
+    FLOAT_DT(dev, "softmax", dt);
+    if (rows == 0 || n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_softmax(cd->compute, dt == FSDP_DTYPE_F64, lg, rows, n, x, y),
+                    "softmax kernel");
+}
+
+static int cuda_softmax_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool lg, size_t rows,
+                                 size_t n, const void *y, const void *gy, void *gx) {
+    FLOAT_DT(dev, "softmax_backward", dt);
+    if (rows == 0 || n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_softmax_backward(cd->compute, dt == FSDP_DTYPE_F64, lg, rows, n,
+                                                  y, gy, gx),
+                    "softmax_backward kernel");
+}
+
+static int cuda_layer_norm(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n, double eps,
+                           const void *x, const void *w, const void *b, void *y, void *mean,
+                           void *rstd) {
+    FLOAT_DT(dev, "layer_norm", dt);
+    if (rows == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_layer_norm(cd->compute, dt == FSDP_DTYPE_F64, rows, n, eps, x, w,
+                                            b, y, mean, rstd),
+                    "layer_norm kernel");
+}
+
+static int cuda_layer_norm_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
+                                    const void *x, const void *w, const void *mean,
+                                    const void *rstd, const void *gy, void *gx, void *gw,
+                                    void *gb) {
+    FLOAT_DT(dev, "layer_norm_backward", dt);
+    if (n == 0 || (rows == 0 && !gw && !gb)) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_layer_norm_backward(cd->compute, dt == FSDP_DTYPE_F64, rows, n,
+                                                     x, w, mean, rstd, gy, rows ? gx : NULL, gw,
+                                                     gb),
+                    "layer_norm_backward kernel");
+}
+
+static int cuda_batch_norm(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size_t nb, size_t c,
+                           size_t l, double eps, double momentum, const void *x, const void *w,
+                           const void *b, void *running_mean, void *running_var, void *y,
+                           void *mean, void *rstd) {
+    FLOAT_DT(dev, "batch_norm", dt);
+    if (!train && (!running_mean || !running_var))
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "cuda batch_norm: evaluation needs running_mean and running_var");
+    if (c == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_batch_norm(cd->compute, dt == FSDP_DTYPE_F64, train, nb, c, l,
+                                            eps, momentum, x, w, b, running_mean, running_var, y,
+                                            mean, rstd),
+                    "batch_norm kernel");
+}
+
+static int cuda_batch_norm_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size_t nb,
+                                    size_t c, size_t l, const void *x, const void *w,
+                                    const void *mean, const void *rstd, const void *gy, void *gx,
+                                    void *gw, void *gb) {
+    FLOAT_DT(dev, "batch_norm_backward", dt);
+    if (c == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_batch_norm_backward(cd->compute, dt == FSDP_DTYPE_F64, train, nb,
+                                                     c, l, x, w, mean, rstd, gy, gx, gw, gb),
+                    "batch_norm_backward kernel");
+}
+
+static int cuda_embedding(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, size_t dim,
+                          const int64_t *idx, const void *w, void *y) {
+    FLOAT_DT(dev, "embedding", dt);
+    if (n == 0 || dim == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_embedding(cd->compute, dt == FSDP_DTYPE_F64, n, dim, idx, w, y),
+                    "embedding kernel");
+}
+
+static int cuda_embedding_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, size_t dim,
+                                   const int64_t *idx, int64_t padding_idx, const void *gy,
+                                   void *gw) {
+    FLOAT_DT(dev, "embedding_backward", dt);
+    if (n == 0 || dim == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_embedding_backward(cd->compute, dt == FSDP_DTYPE_F64, n, dim, idx,
+                                                    padding_idx, gy, gw),
+                    "embedding_backward kernel");
+}
+
+static int cuda_cross_entropy(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
+                              const void *logits, const int64_t *target, int64_t ignore_index,
+                              double label_smoothing, void *loss, void *logp) {
+    FLOAT_DT(dev, "cross_entropy", dt);
+    if (rows == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_cross_entropy(cd->compute, dt == FSDP_DTYPE_F64, rows, n, logits,
+                                               target, ignore_index, label_smoothing, loss, logp),
+                    "cross_entropy kernel");
+}
+
+static int cuda_cross_entropy_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
+                                       const void *logp, const int64_t *target,
+                                       int64_t ignore_index, double label_smoothing,
+                                       const void *gloss, void *gx) {
+    FLOAT_DT(dev, "cross_entropy_backward", dt);
+    if (rows == 0 || n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_cross_entropy_backward(cd->compute, dt == FSDP_DTYPE_F64, rows, n,
+                                                        logp, target, ignore_index,
+                                                        label_smoothing, gloss, gx),
+                    "cross_entropy_backward kernel");
+}
+
+static int cuda_dropout(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double p, uint64_t seed,
+                        uint64_t stream, uint64_t offset, const void *x, void *y, uint8_t *mask) {
+    FLOAT_DT(dev, "dropout", dt);
+    if (n == 0) return FSDP_OK;
+    int mode = !(p > 0.0) ? 1 : p >= 1.0 ? 2 : 0;
+    uint32_t thr = mode == 0 ? fsdp_cuda_dropout_threshold(p) : 0;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_dropout(cd->compute, dt == FSDP_DTYPE_F64, n, mode, thr, p, seed,
+                                         stream, offset, x, y, mask),
+                    "dropout kernel");
+}
+
+static int cuda_sgd_step(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, const void *g,
+                         void *buf, double lr, double momentum, double dampening, double wd,
+                         bool nesterov, bool first) {
+    FLOAT_DT(dev, "sgd_step", dt);
+    if (momentum != 0.0 && !buf)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda sgd_step: momentum %g needs buf",
+                             momentum);
+    if (n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_sgd_step(cd->compute, dt == FSDP_DTYPE_F64, n, p, g, buf, lr,
+                                          momentum, dampening, wd, nesterov, first),
+                    "sgd_step kernel");
+}
+
+static int cuda_adam_step(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, const void *g,
+                          void *m, void *v, void *vmax, double lr, double beta1, double beta2,
+                          double eps, double wd, bool decoupled, bool amsgrad, int64_t t) {
+    FLOAT_DT(dev, "adam_step", dt);
+    if (amsgrad && !vmax)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda adam_step: amsgrad needs vmax");
+    if (n == 0) return FSDP_OK;
+    USE(cd, dev);
+    return launched(dev,
+                    fsdp__cuda_k_adam_step(cd->compute, dt == FSDP_DTYPE_F64, n, p, g, m, v, vmax,
+                                           lr, beta1, beta2, eps, wd, decoupled, amsgrad, t),
+                    "adam_step kernel");
+}
+
+/* ---- beyond the vtable ---- */
+
+/* A pinned block starts with this header (host memory, so it can carry one). */
+struct pinned_header {
+    size_t bytes;
+    fsdp_mem_cat_t cat;
+};
+#define PINNED_HEADER 64
+
+int fsdp__cuda_host_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out) {
+    *out = NULL;
+    if ((int)cat < 0 || cat >= FSDP_MEM_NCAT)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda host_alloc: cat %d is not valid",
+                             (int)cat);
+    if (bytes == 0) return FSDP_OK;
+    if (bytes > SIZE_MAX - PINNED_HEADER)
+        return fsdp__ctx_err(dev->ctx, FSDP_ENOMEM, "cuda host_alloc: %zu bytes", bytes);
+    USE(cd, dev);
+    (void)cd;
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, bytes + PINNED_HEADER, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fsdp__ctx_err(dev->ctx, e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EBACKEND,
+                             "%s: cannot pin %zu bytes of host memory for %s: %s", dev->name,
+                             bytes, fsdp_mem_cat_name(cat), cudaGetErrorString(e));
+    }
+    struct pinned_header h = {bytes, cat};
+    memcpy(p, &h, sizeof h);
+    fsdp_mem_account_alloc(dev->ctx, cat, bytes);
+    *out = (char *)p + PINNED_HEADER;
+    return FSDP_OK;
+}
+
+void fsdp__cuda_host_free(fsdp_device_t *dev, void *ptr) {
+    if (!ptr) return;
+    char *base = (char *)ptr - PINNED_HEADER;
+    struct pinned_header h;
+    memcpy(&h, base, sizeof h);
+    fsdp_mem_account_free(dev->ctx, h.cat, h.bytes);
+    cudaFreeHost(base);
+}
+
+int fsdp__cuda_record_stream(fsdp_device_t *dev, void *ptr, void *stream) {
+    struct cuda_dev *cd = cd_of(dev);
+    int rc = fsdp__cuda_alloc_record_stream(cd->alloc, ptr, stream);
+    if (rc < 0)
+        return fsdp__ctx_err(dev->ctx, rc, "%s: %s", dev->name,
+                             fsdp__cuda_alloc_last_error(cd->alloc));
+    return FSDP_OK;
+}
+
+void fsdp__cuda_alloc_stats(fsdp_device_t *dev, fsdp_cuda_alloc_stats_t *out) {
+    fsdp__cuda_alloc_get_stats(cd_of(dev)->alloc, out);
+}
+
+size_t fsdp__cuda_empty_cache(fsdp_device_t *dev) {
+    int rc;
+    struct cuda_dev *cd = use(dev, &rc);
+    return cd ? fsdp__cuda_alloc_empty_cache(cd->alloc) : 0;
+}
+
+void fsdp__cuda_set_tf32(fsdp_device_t *dev, bool on) {
+    cd_of(dev)->tf32 = on;
+}
+
+void *fsdp__cuda_compute_stream(fsdp_device_t *dev) {
+    return cd_of(dev)->compute;
+}
+
+const struct fsdp_dev_ops fsdp__cuda_dev_ops = {
+    .name = "cuda",
+    .kind = FSDP_DEVICE_CUDA,
+
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .memcpy = cuda_memcpy,
+    .memset = cuda_memset,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_wait = cuda_event_wait,
+    .event_sync = cuda_event_sync,
+    .init = cuda_init,
+    .fini = cuda_fini,
+
+    .fill = cuda_fill,
+    .cast = cuda_cast,
+    .copy_strided = cuda_copy_strided,
+    .unary = cuda_unary,
+    .unary_backward = cuda_unary_backward,
+    .binary = cuda_binary,
+    .axpy = cuda_axpy,
+    .where = cuda_where,
+
+    .reduce_sum = cuda_reduce_sum,
+    .reduce_max = cuda_reduce_max,
+    .sum_squares = cuda_sum_squares,
+
+    .gemm = cuda_gemm,
+
+    .softmax = cuda_softmax,
+    .softmax_backward = cuda_softmax_backward,
+    .layer_norm = cuda_layer_norm,
+    .layer_norm_backward = cuda_layer_norm_backward,
+    .batch_norm = cuda_batch_norm,
+    .batch_norm_backward = cuda_batch_norm_backward,
+    .embedding = cuda_embedding,
+    .embedding_backward = cuda_embedding_backward,
+    .cross_entropy = cuda_cross_entropy,
+    .cross_entropy_backward = cuda_cross_entropy_backward,
+    .dropout = cuda_dropout,
+    .sgd_step = cuda_sgd_step,
+    .adam_step = cuda_adam_step,
+};

@@ -1,0 +1,634 @@
+/*
+ * cuda_kernels.cu: the CUDA device's elementwise kernels, strided copies, reductions and the
+ * gemm helper (see cuda_kernels.h; device_impl.h has each kernel's contract).
+ *
+ * Numerics follow the CPU reference (src/device/cpu_kernels.c): element arithmetic in the
+ * element type, sum_squares accumulated in double. Reductions run in a fixed order that depends
+ * only on the shape and the launch configuration (fixed here), so results are bitwise
+ * reproducible from run to run; they differ from the CPU's summation order within rounding.
+ *
+ * Grids are grid-stride loops over at most MAX_BLOCKS blocks of THREADS threads.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#include <fsdp/dtype.h>
+
+#include "cuda_kernels.h"
+
+#define THREADS 256
+#define MAX_BLOCKS 4096
+
+static unsigned blocks_for(size_t n) {
+    size_t b = (n + THREADS - 1) / THREADS;
+    if (b == 0) b = 1;
+    return (unsigned)(b < MAX_BLOCKS ? b : MAX_BLOCKS);
+}
+
+#define GRID_LOOP(i, n)                                                                            \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- fill ---- */
+
+template <typename U> __global__ void fill_k(U *y, U v, size_t n) {
+    GRID_LOOP(i, n) y[i] = v;
+}
+
+extern "C" cudaError_t fsdp__cuda_k_fill(cudaStream_t s, size_t es, uint64_t bits, size_t n,
+                                         void *y) {
+    unsigned g = blocks_for(n);
+    switch (es) {
+    case 1: fill_k<<<g, THREADS, 0, s>>>((uint8_t *)y, (uint8_t)bits, n); break;
+    case 2: fill_k<<<g, THREADS, 0, s>>>((uint16_t *)y, (uint16_t)bits, n); break;
+    case 4: fill_k<<<g, THREADS, 0, s>>>((uint32_t *)y, (uint32_t)bits, n); break;
+    default: fill_k<<<g, THREADS, 0, s>>>((uint64_t *)y, (uint64_t)bits, n); break;
+    }
+    return cudaGetLastError();
+}
+
+/* ---- cast: every value is carried as double (float types, exact) or int64 (integer types)
+ * and rounded once into the destination, as src/core/dtype.c does ---- */
+
+__device__ static float f16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e == 0) return __uint_as_float(sign) + (sign ? -1.0f : 1.0f) * (float)m * 0x1p-24f;
+    return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+}
+
+__device__ static float bf16_to_float(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Rounds sign * m * 2^exp2 (m > 0) to a narrow float of `mb` fraction bits, bias `bias` and
+ * all-ones exponent field `emax`, nearest even, subnormals and overflow to Inf included. */
+__device__ static uint16_t round_narrow(uint32_t sign, uint64_t m, int exp2, int mb, int bias,
+                                        int emax) {
+    int hb = 63 - __clzll((long long)m);
+    int e = hb + exp2; /* unbiased exponent of the value */
+    int emin = 1 - bias;
+    int q = (e < emin ? emin : e) - mb; /* exponent of the last kept bit */
+    int sft = q - exp2;                 /* bits of m below it */
+    uint64_t r;
+    if (sft <= 0) {
+        r = m << -sft;
+    } else if (sft >= 64) {
+        r = 0;
+    } else {
+        uint64_t rest = m & ((UINT64_C(1) << sft) - 1), half = UINT64_C(1) << (sft - 1);
+        r = m >> sft;
+        if (rest > half || (rest == half && (r & 1))) r++;
+    }
+    /* (e - emin) << mb plus r (which holds the implicit bit) encodes normals, subnormals and a
+     * round-up into the next binade alike. */
+    uint64_t bits = e < emin ? r : ((uint64_t)(q + mb - emin) << mb) + r;
+    if (bits >= ((uint64_t)emax << mb)) bits = (uint64_t)emax << mb; /* Inf */
+    return (uint16_t)((sign << 15) | bits);
+}
+
+__device__ static uint16_t narrow_from_double(double d, int mb, int bias, int emax) {
+    uint64_t u = (uint64_t)__double_as_longlong(d);
+    uint32_t sign = (uint32_t)(u >> 63);
+    uint32_t ef = (uint32_t)(u >> 52) & 0x7ff;
+    uint64_t frac = u & ((UINT64_C(1) << 52) - 1);
+    if (ef == 0x7ff) {
+        if (!frac) return (uint16_t)((sign << 15) | ((uint32_t)emax << mb));
+        /* NaN: sign, quiet bit and the top payload bits that fit. */
+        uint32_t payload = (uint32_t)(frac >> (52 - (mb - 1))) & ((1u << (mb - 1)) - 1);
+        return (uint16_t)((sign << 15) | ((uint32_t)emax << mb) | (1u << (mb - 1)) | payload);
+    }
+    if (ef == 0 && frac == 0) return (uint16_t)(sign << 15);
+    uint64_t m = ef ? (frac | (UINT64_C(1) << 52)) : frac;
+    int exp2 = ef ? (int)ef - 1075 : -1074;
+    return round_narrow(sign, m, exp2, mb, bias, emax);
+}
+
+__device__ static uint16_t narrow_from_int(int64_t v, int mb, int bias, int emax) {
+    if (v == 0) return 0;
+    uint32_t sign = v < 0;
+    uint64_t m = sign ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    return round_narrow(sign, m, 0, mb, bias, emax);
+}
+
+__device__ static bool is_float_type(int t) {
+    return t == FSDP_DTYPE_F32 || t == FSDP_DTYPE_F64 || t == FSDP_DTYPE_F16 ||
+           t == FSDP_DTYPE_BF16;
+}
+
+__device__ static double load_f(int t, const void *x, size_t i) {
+    switch (t) {
+    case FSDP_DTYPE_F32: return ((const float *)x)[i];
+    case FSDP_DTYPE_F64: return ((const double *)x)[i];
+    case FSDP_DTYPE_F16: return f16_to_float(((const uint16_t *)x)[i]);
+    default: return bf16_to_float(((const uint16_t *)x)[i]);
+    }
+}
+
+__device__ static int64_t load_i(int t, const void *x, size_t i) {
+    switch (t) {
+    case FSDP_DTYPE_I32: return ((const int32_t *)x)[i];
+    case FSDP_DTYPE_I64: return ((const int64_t *)x)[i];
+    case FSDP_DTYPE_U8: return ((const uint8_t *)x)[i];
+    default: return ((const uint8_t *)x)[i] != 0;
+    }
+}
+
+__device__ static void store_f(int t, void *y, size_t i, double v) {
+    switch (t) {
+    case FSDP_DTYPE_F32: ((float *)y)[i] = (float)v; break;
+    case FSDP_DTYPE_F64: ((double *)y)[i] = v; break;
+    case FSDP_DTYPE_F16: ((uint16_t *)y)[i] = narrow_from_double(v, 10, 15, 0x1f); break;
+    case FSDP_DTYPE_BF16: ((uint16_t *)y)[i] = narrow_from_double(v, 7, 127, 0xff); break;
+    case FSDP_DTYPE_I32:
+        ((int32_t *)y)[i] = v != v                  ? 0
+                            : v >= 2147483648.0     ? INT32_MAX
+                            : v <= -2147483649.0    ? INT32_MIN
+                                                    : (int32_t)v;
+        break;
+    case FSDP_DTYPE_I64:
+        ((int64_t *)y)[i] = v != v                           ? 0
+                            : v >= 9223372036854775808.0     ? INT64_MAX
+                            : v < -9223372036854775808.0     ? INT64_MIN
+                                                             : (int64_t)v;
+        break;
+    case FSDP_DTYPE_U8: ((uint8_t *)y)[i] = !(v > -1.0) ? 0 : v >= 256.0 ? 255 : (uint8_t)v; break;
+    default: ((uint8_t *)y)[i] = v != 0.0; break;
+    }
+}
+
+__device__ static void store_i(int t, void *y, size_t i, int64_t v) {
+    switch (t) {
+    case FSDP_DTYPE_F32: ((float *)y)[i] = (float)v; break;
+    case FSDP_DTYPE_F64: ((double *)y)[i] = (double)v; break;
+    case FSDP_DTYPE_F16: ((uint16_t *)y)[i] = narrow_from_int(v, 10, 15, 0x1f); break;
+    case FSDP_DTYPE_BF16: ((uint16_t *)y)[i] = narrow_from_int(v, 7, 127, 0xff); break;
+    case FSDP_DTYPE_I32:
+        ((int32_t *)y)[i] = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
+        break;
+    case FSDP_DTYPE_I64: ((int64_t *)y)[i] = v; break;
+    case FSDP_DTYPE_U8: ((uint8_t *)y)[i] = v > 255 ? 255 : v < 0 ? 0 : (uint8_t)v; break;
+    default: ((uint8_t *)y)[i] = v != 0; break;
+    }
+}
+
+/* In place (y == x with equal sizes) is safe: each element is read before it is written by the
+ * same thread. */
+__global__ static void cast_k(int yt, void *y, int xt, const void *x, size_t n) {
+    const bool xf = is_float_type(xt);
+    GRID_LOOP(i, n) {
+        if (xf)
+            store_f(yt, y, i, load_f(xt, x, i));
+        else
+            store_i(yt, y, i, load_i(xt, x, i));
+    }
+}
+
+extern "C" cudaError_t fsdp__cuda_k_cast(cudaStream_t s, int yt, void *y, int xt, const void *x,
+                                         size_t n) {
+    cast_k<<<blocks_for(n), THREADS, 0, s>>>(yt, y, xt, x, n);
+    return cudaGetLastError();
+}
+
+/* ---- strided copy and binary ---- */
+
+/* Offsets of the element with linear (row-major) index i in the operands. */
+__device__ static void nd_offsets(const fsdp_cuda_nd &p, int64_t i, int64_t *o0, int64_t *o1) {
+    int64_t a = 0, b = 0;
+    for (int d = p.nd - 1; d >= 0; d--) {
+        int64_t c = i % p.shape[d];
+        i /= p.shape[d];
+        a += c * p.st[0][d];
+        b += c * p.st[1][d];
+    }
+    *o0 = a;
+    *o1 = b;
+}
+
+template <typename U>
+__global__ static void copy_strided_k(fsdp_cuda_nd p, int64_t total, U *y, const U *x) {
+    GRID_LOOP(i, (size_t)total) {
+        int64_t ox, unused;
+        nd_offsets(p, (int64_t)i, &ox, &unused);
+        y[i] = x[ox];
+    }
+}
+
+extern "C" cudaError_t fsdp__cuda_k_copy_strided(cudaStream_t s, size_t es,
+                                                 const struct fsdp_cuda_nd *p, int64_t total,
+                                                 void *y, const void *x) {
+    unsigned g = blocks_for((size_t)total);
+    switch (es) {
+    case 1: copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint8_t *)y, (const uint8_t *)x); break;
+    case 2:
+        copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint16_t *)y, (const uint16_t *)x);
+        break;
+    case 4:
+        copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint32_t *)y, (const uint32_t *)x);
+        break;
+    default:
+        copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint64_t *)y, (const uint64_t *)x);
+        break;
+    }
+    return cudaGetLastError();
+}
+
+template <typename T> __device__ static T bin_op(int op, T A, T B) {
+    switch (op) {
+    case FSDP_CUDA_BIN_ADD: return A + B;
+    case FSDP_CUDA_BIN_SUB: return A - B;
+    case FSDP_CUDA_BIN_MUL: return A * B;
+    case FSDP_CUDA_BIN_DIV: return A / B;
+    case FSDP_CUDA_BIN_MAX: return (A > B || A != A) ? A : B;
+    default: return (A < B || A != A) ? A : B;
+    }
+}
+
+template <typename T>
+__global__ static void binary_k(int op, fsdp_cuda_nd p, int64_t total, T *y, const T *a,
+                                const T *b) {
+    GRID_LOOP(i, (size_t)total) {
+        int64_t oa, ob;
+        nd_offsets(p, (int64_t)i, &oa, &ob);
+        y[i] = bin_op<T>(op, a[oa], b[ob]);
+    }
+}
+
+extern "C" cudaError_t fsdp__cuda_k_binary(cudaStream_t s, bool f64, int op,
+                                           const struct fsdp_cuda_nd *p, int64_t total, void *y,
+                                           const void *a, const void *b) {
+    unsigned g = blocks_for((size_t)total);
+    if (f64)
+        binary_k<double><<<g, THREADS, 0, s>>>(op, *p, total, (double *)y, (const double *)a,
+                                               (const double *)b);
+    else
+        binary_k<float><<<g, THREADS, 0, s>>>(op, *p, total, (float *)y, (const float *)a,
+                                              (const float *)b);
+    return cudaGetLastError();
+}
+
+/* ---- unary ---- */
+
+#define SQRT1_2 0.70710678118654752440
+#define SQRT_2_OVER_PI 0.79788456080286535588
+#define INV_SQRT_2PI 0.39894228040143267794
+#define GELU_KAPPA 0.044715
+
+template <typename T> __device__ static T unary_f(int op, T v, T al) {
+    const T half = (T)0.5, one = (T)1, zero = (T)0;
+    switch (op) {
+    case FSDP_CUDA_UN_RELU: return v < zero ? zero : v;
+    case FSDP_CUDA_UN_GELU_ERF: return half * v * (one + erf(v * (T)SQRT1_2));
+    case FSDP_CUDA_UN_GELU_TANH:
+        return half * v * (one + tanh((T)SQRT_2_OVER_PI * (v + (T)GELU_KAPPA * v * v * v)));
+    case FSDP_CUDA_UN_TANH: return tanh(v);
+    case FSDP_CUDA_UN_SIGMOID: return one / (one + exp(-v));
+    case FSDP_CUDA_UN_NEG: return -v;
+    case FSDP_CUDA_UN_EXP: return exp(v);
+    case FSDP_CUDA_UN_LOG: return log(v);
+    case FSDP_CUDA_UN_SQRT: return sqrt(v);
+    case FSDP_CUDA_UN_RSQRT: return one / sqrt(v);
+    case FSDP_CUDA_UN_SQUARE: return v * v;
+    case FSDP_CUDA_UN_ABS: return fabs(v);
+    case FSDP_CUDA_UN_SCALE: return al * v;
+    case FSDP_CUDA_UN_ADD_SCALAR: return v + al;
+    default: return pow(v, al);
+    }
+}
+
+template <typename T>
+__global__ static void unary_k(int op, size_t n, T al, const T *x, T *y) {
+    GRID_LOOP(i, n) y[i] = unary_f<T>(op, x[i], al);
+}
+
+extern "C" cudaError_t fsdp__cuda_k_unary(cudaStream_t s, bool f64, int op, size_t n,
+                                          double alpha, const void *x, void *y) {
+    unsigned g = blocks_for(n);
+    if (f64)
+        unary_k<double><<<g, THREADS, 0, s>>>(op, n, alpha, (const double *)x, (double *)y);
+    else
+        unary_k<float><<<g, THREADS, 0, s>>>(op, n, (float)alpha, (const float *)x, (float *)y);
+    return cudaGetLastError();
+}
+
+/* gx for one element; x may be NULL where the op's derivative comes from y (the device layer
+ * checked that the op has what it needs). */
+template <typename T>
+__device__ static T unary_bwd_f(int op, T al, const T *x, const T *y, T g, size_t i) {
+    const T half = (T)0.5, one = (T)1, zero = (T)0, two = (T)2;
+    const T beta = (T)SQRT_2_OVER_PI, kappa = (T)GELU_KAPPA;
+    switch (op) {
+    case FSDP_CUDA_UN_NEG: return -g;
+    case FSDP_CUDA_UN_SCALE: return al * g;
+    case FSDP_CUDA_UN_ADD_SCALAR: return g;
+    default: break;
+    }
+    if (y) {
+        const T u = y[i];
+        switch (op) {
+        case FSDP_CUDA_UN_RELU: return u > zero ? g : zero;
+        case FSDP_CUDA_UN_TANH: return g * (one - u * u);
+        case FSDP_CUDA_UN_SIGMOID: return g * u * (one - u);
+        case FSDP_CUDA_UN_EXP: return g * u;
+        case FSDP_CUDA_UN_SQRT: return g * half / u;
+        case FSDP_CUDA_UN_RSQRT: return -half * g * u * u * u;
+        default: break;
+        }
+    }
+    const T v = x[i];
+    switch (op) {
+    case FSDP_CUDA_UN_RELU: return v > zero ? g : zero;
+    case FSDP_CUDA_UN_TANH: {
+        const T t = tanh(v);
+        return g * (one - t * t);
+    }
+    case FSDP_CUDA_UN_SIGMOID: {
+        const T sg = one / (one + exp(-v));
+        return g * sg * (one - sg);
+    }
+    case FSDP_CUDA_UN_EXP: return g * exp(v);
+    case FSDP_CUDA_UN_SQRT: return g * half / sqrt(v);
+    case FSDP_CUDA_UN_RSQRT: return -half * g / (v * sqrt(v));
+    case FSDP_CUDA_UN_GELU_ERF:
+        return g * (half * (one + erf(v * (T)SQRT1_2)) + v * (T)INV_SQRT_2PI * exp(-half * v * v));
+    case FSDP_CUDA_UN_GELU_TANH: {
+        const T t = tanh(beta * (v + kappa * v * v * v));
+        const T left = half * (one + t);
+        const T right = half * v * (one - t * t) * beta * (one + (T)3 * kappa * v * v);
+        return g * (left + right);
+    }
+    case FSDP_CUDA_UN_LOG: return g / v;
+    case FSDP_CUDA_UN_SQUARE: return two * v * g;
+    case FSDP_CUDA_UN_ABS: return v > zero ? g : (v < zero ? -g : zero);
+    default: return al == zero ? zero : g * al * pow(v, al - one);
+    }
+}
+
+template <typename T>
+__global__ static void unary_bwd_k(int op, size_t n, T al, const T *x, const T *y, const T *gy,
+                                   T *gx) {
+    GRID_LOOP(i, n) gx[i] = unary_bwd_f<T>(op, al, x, y, gy[i], i);
+}
+
+extern "C" cudaError_t fsdp__cuda_k_unary_backward(cudaStream_t s, bool f64, int op, size_t n,
+                                                   double alpha, const void *x, const void *y,
+                                                   const void *gy, void *gx) {
+    unsigned g = blocks_for(n);
+    if (f64)
+        unary_bwd_k<double><<<g, THREADS, 0, s>>>(op, n, alpha, (const double *)x,
+                                                  (const double *)y, (const double *)gy,
+                                                  (double *)gx);
+    else
+        unary_bwd_k<float><<<g, THREADS, 0, s>>>(op, n, (float)alpha, (const float *)x,
+                                                 (const float *)y, (const float *)gy,
+                                                 (float *)gx);
+    return cudaGetLastError();
+}
+
+/* ---- axpy, where ---- */
+
+template <typename T> __global__ static void axpy_k(size_t n, T al, const T *x, T *y) {
+    GRID_LOOP(i, n) y[i] += al * x[i];
+}
+
+extern "C" cudaError_t fsdp__cuda_k_axpy(cudaStream_t s, bool f64, size_t n, double alpha,
+                                         const void *x, void *y) {
+    unsigned g = blocks_for(n);
+    if (f64)
+        axpy_k<double><<<g, THREADS, 0, s>>>(n, alpha, (const double *)x, (double *)y);
+    else
+        axpy_k<float><<<g, THREADS, 0, s>>>(n, (float)alpha, (const float *)x, (float *)y);
+    return cudaGetLastError();
+}
+
+template <typename T>
+__global__ static void where_k(size_t n, const uint8_t *c, const T *a, T av, const T *b, T bv,
+                               T *y) {
+    GRID_LOOP(i, n) y[i] = c[i] ? (a ? a[i] : av) : (b ? b[i] : bv);
+}
+
+extern "C" cudaError_t fsdp__cuda_k_where(cudaStream_t s, bool f64, size_t n, const uint8_t *cond,
+                                          const void *a, double av, const void *b, double bv,
+                                          void *y) {
+    unsigned g = blocks_for(n);
+    if (f64)
+        where_k<double><<<g, THREADS, 0, s>>>(n, cond, (const double *)a, av, (const double *)b,
+                                              bv, (double *)y);
+    else
+        where_k<float><<<g, THREADS, 0, s>>>(n, cond, (const float *)a, (float)av,
+                                             (const float *)b, (float)bv, (float *)y);
+    return cudaGetLastError();
+}
+
+/* ---- reductions ---- */
+
+/* Row sums (inner == 1): one block per row, each thread a strided partial, then a tree in
+ * shared memory. Columns (inner > 1): one thread per output, summing over r in order. */
+template <typename T>
+__global__ static void row_sum_k(size_t outer, size_t r, T al, const T *x, T *y) {
+    __shared__ T sh[THREADS];
+    for (size_t o = blockIdx.x; o < outer; o += gridDim.x) {
+        const T *xo = x + o * r;
+        T acc = 0;
+        for (size_t j = threadIdx.x; j < r; j += blockDim.x)
+            acc += xo[j];
+        sh[threadIdx.x] = acc;
+        __syncthreads();
+        for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+            if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) y[o] = sh[0] * al;
+        __syncthreads();
+    }
+}
+
+template <typename T>
+__global__ static void col_sum_k(size_t outer, size_t r, size_t inner, T al, const T *x, T *y) {
+    GRID_LOOP(k, outer * inner) {
+        size_t o = k / inner, i = k % inner;
+        const T *xo = x + o * r * inner + i;
+        T acc = r > 0 ? xo[0] : (T)0;
+        for (size_t j = 1; j < r; j++)
+            acc += xo[j * inner];
+        y[k] = al == (T)1 ? acc : acc * al;
+    }
+}
+
+extern "C" cudaError_t fsdp__cuda_k_reduce_sum(cudaStream_t s, bool f64, size_t outer, size_t r,
+                                               size_t inner, double alpha, const void *x,
+                                               void *y) {
+    if (inner == 1) {
+        unsigned g = (unsigned)(outer < 65535 ? outer : 65535);
+        if (f64)
+            row_sum_k<double><<<g, THREADS, 0, s>>>(outer, r, alpha, (const double *)x,
+                                                    (double *)y);
+        else
+            row_sum_k<float><<<g, THREADS, 0, s>>>(outer, r, (float)alpha, (const float *)x,
+                                                   (float *)y);
+    } else {
+        unsigned g = blocks_for(outer * inner);
+        if (f64)
+            col_sum_k<double><<<g, THREADS, 0, s>>>(outer, r, inner, alpha, (const double *)x,
+                                                    (double *)y);
+        else
+            col_sum_k<float><<<g, THREADS, 0, s>>>(outer, r, inner, (float)alpha,
+                                                   (const float *)x, (float *)y);
+    }
+    return cudaGetLastError();
+}
+
+/* True when (v, j) beats (best, bj): bigger, or NaN over a number, or equal (both NaN included)
+ * with a smaller index, so the first maximum wins as on the CPU. */
+template <typename T> __device__ static bool max_better(T v, int64_t j, T best, int64_t bj) {
+    bool vn = v != v, bn = best != best;
+    if (vn != bn) return vn;
+    if (vn || v == best) return j < bj;
+    return v > best;
+}
+
+template <typename T>
+__global__ static void max_k(size_t outer, size_t r, size_t inner, const T *x, T *y,
+                             int64_t *idx) {
+    GRID_LOOP(k, outer * inner) {
+        size_t o = k / inner, i = k % inner;
+        const T *xo = x + o * r * inner + i;
+        T best = r > 0 ? xo[0] : -(T)INFINITY;
+        int64_t bj = r > 0 ? 0 : -1;
+        for (size_t j = 1; j < r; j++) {
+            T v = xo[j * inner];
+            if (v > best || (v != v && best == best)) {
+                best = v;
+                bj = (int64_t)j;
+            }
+        }
+        y[k] = best;
+        if (idx) idx[k] = bj;
+    }
+}
+
+template <typename T>
+__global__ static void row_max_k(size_t outer, size_t r, const T *x, T *y, int64_t *idx) {
+    __shared__ T sv[THREADS];
+    __shared__ int64_t si[THREADS];
+    for (size_t o = blockIdx.x; o < outer; o += gridDim.x) {
+        const T *xo = x + o * r;
+        T best = -(T)INFINITY;
+        int64_t bj = -1;
+        for (size_t j = threadIdx.x; j < r; j += blockDim.x)
+            if (bj < 0 || max_better<T>(xo[j], (int64_t)j, best, bj)) {
+                best = xo[j];
+                bj = (int64_t)j;
+            }
+        sv[threadIdx.x] = best;
+        si[threadIdx.x] = bj;
+        __syncthreads();
+        for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+            if (threadIdx.x < w) {
+                int64_t oj = si[threadIdx.x + w];
+                if (oj >= 0 && (si[threadIdx.x] < 0 ||
+                                max_better<T>(sv[threadIdx.x + w], oj, sv[threadIdx.x],
+                                              si[threadIdx.x]))) {
+                    sv[threadIdx.x] = sv[threadIdx.x + w];
+                    si[threadIdx.x] = oj;
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            y[o] = sv[0];
+            if (idx) idx[o] = si[0];
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" cudaError_t fsdp__cuda_k_reduce_max(cudaStream_t s, bool f64, size_t outer, size_t r,
+                                               size_t inner, const void *x, void *y,
+                                               int64_t *idx) {
+    if (inner == 1 && r >= THREADS) {
+        unsigned g = (unsigned)(outer < 65535 ? outer : 65535);
+        if (f64)
+            row_max_k<double><<<g, THREADS, 0, s>>>(outer, r, (const double *)x, (double *)y, idx);
+        else
+            row_max_k<float><<<g, THREADS, 0, s>>>(outer, r, (const float *)x, (float *)y, idx);
+    } else {
+        unsigned g = blocks_for(outer * inner);
+        if (f64)
+            max_k<double><<<g, THREADS, 0, s>>>(outer, r, inner, (const double *)x, (double *)y,
+                                                idx);
+        else
+            max_k<float><<<g, THREADS, 0, s>>>(outer, r, inner, (const float *)x, (float *)y, idx);
+    }
+    return cudaGetLastError();
+}
+
+/* Sum of squares in double: FSDP_CUDA_SUMSQ_BLOCKS partials, then one block adds them in a
+ * fixed tree (deterministic: the grid size never depends on the device). */
+template <typename T>
+__global__ static void sumsq_part_k(size_t n, const T *x, double *part) {
+    __shared__ double sh[THREADS];
+    double acc = 0.0;
+    GRID_LOOP(i, n) {
+        double v = (double)x[i];
+        acc += v * v;
+    }
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+}
+
+template <typename T> __global__ static void sumsq_final_k(const double *part, T *out) {
+    __shared__ double sh[FSDP_CUDA_SUMSQ_BLOCKS];
+    sh[threadIdx.x] = part[threadIdx.x];
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = (T)sh[0];
+}
+
+extern "C" cudaError_t fsdp__cuda_k_sum_squares(cudaStream_t s, bool f64, size_t n,
+                                                const void *x, double *scratch, void *out) {
+    if (f64) {
+        sumsq_part_k<double><<<FSDP_CUDA_SUMSQ_BLOCKS, THREADS, 0, s>>>(n, (const double *)x,
+                                                                        scratch);
+        sumsq_final_k<double><<<1, FSDP_CUDA_SUMSQ_BLOCKS, 0, s>>>(scratch, (double *)out);
+    } else {
+        sumsq_part_k<float><<<FSDP_CUDA_SUMSQ_BLOCKS, THREADS, 0, s>>>(n, (const float *)x,
+                                                                       scratch);
+        sumsq_final_k<float><<<1, FSDP_CUDA_SUMSQ_BLOCKS, 0, s>>>(scratch, (float *)out);
+    }
+    return cudaGetLastError();
+}
+
+/* ---- C = beta C (gemm with k == 0) ---- */
+
+template <typename T>
+__global__ static void scale_c_k(int64_t m, int64_t n, T beta, T *c, int64_t ldc, int64_t sc,
+                                 int64_t batch) {
+    GRID_LOOP(k, (size_t)(m * n * batch)) {
+        int64_t b = (int64_t)k / (m * n), rem = (int64_t)k % (m * n);
+        T *e = c + b * sc + (rem / n) * ldc + rem % n;
+        *e = beta == (T)0 ? (T)0 : beta * *e;
+    }
+}
+
+extern "C" cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, bool f64, int64_t m, int64_t n,
+                                            double beta, void *c, int64_t ldc, int64_t stride_c,
+                                            int64_t batch) {
+    unsigned g = blocks_for((size_t)(m * n * batch));
+    if (f64)
+        scale_c_k<double><<<g, THREADS, 0, s>>>(m, n, beta, (double *)c, ldc, stride_c, batch);
+    else
+        scale_c_k<float><<<g, THREADS, 0, s>>>(m, n, (float)beta, (float *)c, ldc, stride_c,
+                                               batch);
+    return cudaGetLastError();
+}
