@@ -211,7 +211,9 @@ static int cuda_init(fsdp_device_t *dev) {
         rc = cuda_fail(dev, e, "cudaSetDevice");
         goto fail;
     }
-    if ((e = cudaStreamCreateWithFlags(&cd->compute, cudaStreamNonBlocking)) != cudaSuccess) {
+    /* A blocking stream: work that others put on the legacy default stream (a process group
+     * given no stream) is ordered with the kernels here. Side streams are non-blocking. */
+    if ((e = cudaStreamCreateWithFlags(&cd->compute, cudaStreamDefault)) != cudaSuccess) {
         rc = cuda_fail(dev, e, "creating the compute stream");
         goto fail;
     }
@@ -526,6 +528,14 @@ static int cuda_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const
  * column-major libraries get B as their first operand and A as their second, each with its own
  * transpose flag, and the row strides as leading dimensions.
  */
+/* The largest power of two up to 256 dividing the byte address of every f32 matrix of a batch:
+ * p, p + stride, p + 2 stride, ... */
+static uint32_t align_of(const void *p, int64_t stride, int64_t batch) {
+    uint64_t bits = (uint64_t)(uintptr_t)p | 256;
+    if (batch > 1) bits |= (uint64_t)stride * 4;
+    return (uint32_t)(bits & (~bits + 1));
+}
+
 static int gemm_f32_lt(fsdp_device_t *dev, struct cuda_dev *cd, bool ta, bool tb, int64_t m,
                        int64_t n, int64_t k, float alpha, const void *a, int64_t lda, int64_t sa,
                        const void *b, int64_t ldb, int64_t sb, float beta, void *c, int64_t ldc,
@@ -575,6 +585,23 @@ static int gemm_f32_lt(fsdp_device_t *dev, struct cuda_dev *cd, bool ta, bool tb
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                             sizeof ws),
        "setting the workspace size");
+    /* The heuristic assumes 256-byte aligned operands unless told otherwise; views into a flat
+     * parameter or a batch stride can be less aligned, so it is told what every matrix of the
+     * batch has. (Library operand A is our B, B is our A.) */
+    const uint32_t al_a = align_of(b, sb, batch), al_b = align_of(a, sa, batch),
+                   al_c = align_of(c, sc, batch);
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                            sizeof al_a),
+       "setting the alignment of A");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                            sizeof al_b),
+       "setting the alignment of B");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                            sizeof al_c),
+       "setting the alignment of C");
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                            sizeof al_c),
+       "setting the alignment of D");
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     LT(cublasLtMatmulAlgoGetHeuristic(cd->lt, op, lb, la, lc, lc, pref, 1, &heur, &found),
