@@ -3,6 +3,8 @@
  * build:
  *   - the Philox function the dropout kernel runs (backends/cuda/cuda_philox.h, compiled here
  *     for the host) gives fsdp_philox4x32_10's words bit for bit;
+ *   - the cast kernel's element conversion (backends/cuda/cuda_cast.h, compiled here for the host)
+ *     gives fsdp_dtype_convert's bits for every pair of dtypes;
  *   - dropout masks built from that header with the kernel's layout (one Philox block per four
  *     elements, block offset + i / 4) equal the CPU device's masks bit for bit;
  *   - fsdp_device_create(FSDP_DEVICE_CUDA) fails cleanly where there is no GPU (FSDP_ENOTSUP and
@@ -10,12 +12,14 @@
  */
 #include <config.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <fsdp.h>
 
+#include "backends/cuda/cuda_cast.h"
 #include "backends/cuda/cuda_philox.h"
 #include "device/device_impl.h"
 #include "tap.h"
@@ -117,6 +121,66 @@ static void test_dropout_layout(void) {
     free(m_k);
 }
 
+static void test_cast(void) {
+    enum { N = 20000 };
+    double *vals = malloc(N * sizeof *vals);
+    for (size_t i = 0; i < N; i++) {
+        uint64_t r = next64();
+        double v;
+        switch (i % 6) {
+        case 0: v = ldexp((double)(r >> 11) * 0x1p-53 - 0.5, (int)(r % 80) - 40); break;
+        case 1: v = (double)(int64_t)r; break; /* beyond every integer range */
+        case 2: v = (double)((int64_t)(r % 600) - 300) + (double)(r >> 60) / 16.0; break;
+        case 3: v = ldexp(1.0 + (double)(r >> 40) * 0x1p-24, (int)(r % 40) - 30); break;
+        case 4: {
+            /* Any double bit pattern: NaNs with payloads, subnormals, infinities. */
+            memcpy(&v, &r, sizeof v);
+            break;
+        }
+        default: v = ldexp((double)(r >> 11) * 0x1p-53, (int)(r % 300) - 150); break;
+        }
+        vals[i] = v;
+    }
+    const double special[] = {0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 0x1p-24, 0x1p-25,
+                              0x1.8p-25, 0x1p-14, 0x1.ffcp-15, 3.3895313892515355e38, INFINITY,
+                              -INFINITY, NAN, 2147483647.5, -2147483648.5, 255.9, -0.9,
+                              9223372036854775807.0, -9223372036854775808.0, 0.5, 1.5, 2.5};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        vals[i] = special[i];
+    for (int xt = 0; xt < FSDP_DTYPE_COUNT; xt++) {
+        size_t xs = fsdp_dtype_size(xt);
+        unsigned char *x = malloc(N * xs);
+        if (xt == FSDP_DTYPE_I64) {
+            /* Whole int64 range, not only what a double holds. */
+            for (size_t i = 0; i < N; i++) {
+                int64_t v = (int64_t)next64() >> (next64() % 63);
+                memcpy(x + i * 8, &v, 8);
+            }
+        } else if (fsdp_dtype_convert(x, xt, vals, FSDP_DTYPE_F64, N) < 0) {
+            tap_bail("convert to %s", fsdp_dtype_name(xt));
+        }
+        for (int yt = 0; yt < FSDP_DTYPE_COUNT; yt++) {
+            size_t ys = fsdp_dtype_size(yt);
+            unsigned char *want = calloc(N, ys), *got = calloc(N, ys);
+            int rc = fsdp_dtype_convert(want, yt, x, xt, N);
+            for (size_t i = 0; i < N; i++)
+                fsdp_cuda_cast_one(yt, got, xt, x, i);
+            size_t bad = 0, first = 0;
+            for (size_t i = 0; i < N; i++)
+                if (memcmp(want + i * ys, got + i * ys, ys) != 0 && bad++ == 0) first = i;
+            if (bad)
+                tap_diag("first difference at %zu (source value %.17g)", first,
+                         xt == FSDP_DTYPE_I64 ? 0.0 : vals[first]);
+            tap_ok(rc == 0 && bad == 0, "cast kernel %s -> %s: %d values bitwise dtype.c's",
+                   fsdp_dtype_name(xt), fsdp_dtype_name(yt), N);
+            free(want);
+            free(got);
+        }
+        free(x);
+    }
+    free(vals);
+}
+
 static void test_create(void) {
     fsdp_ctx_t *ctx = new_ctx();
     fsdp_device_t *dev = (fsdp_device_t *)&dev; /* must be reset to NULL on failure */
@@ -165,6 +229,7 @@ int main(void) {
     tap_plan_lazy();
     test_philox();
     test_dropout_layout();
+    test_cast();
     test_create();
     return tap_done();
 }

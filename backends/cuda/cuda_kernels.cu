@@ -16,6 +16,7 @@
 
 #include <fsdp/dtype.h>
 
+#include "cuda_cast.h"
 #include "cuda_kernels.h"
 
 #define THREADS 256
@@ -49,141 +50,10 @@ extern "C" cudaError_t fsdp__cuda_k_fill(cudaStream_t s, size_t es, uint64_t bit
     return cudaGetLastError();
 }
 
-/* ---- cast: every value is carried as double (float types, exact) or int64 (integer types)
- * and rounded once into the destination, as src/core/dtype.c does ---- */
-
-__device__ static float f16_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
-    if (e == 0) return __uint_as_float(sign) + (sign ? -1.0f : 1.0f) * (float)m * 0x1p-24f;
-    return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
-}
-
-__device__ static float bf16_to_float(uint16_t h) {
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-/* Rounds sign * m * 2^exp2 (m > 0) to a narrow float of `mb` fraction bits, bias `bias` and
- * all-ones exponent field `emax`, nearest even, subnormals and overflow to Inf included. */
-__device__ static uint16_t round_narrow(uint32_t sign, uint64_t m, int exp2, int mb, int bias,
-                                        int emax) {
-    int hb = 63 - __clzll((long long)m);
-    int e = hb + exp2; /* unbiased exponent of the value */
-    int emin = 1 - bias;
-    int q = (e < emin ? emin : e) - mb; /* exponent of the last kept bit */
-    int sft = q - exp2;                 /* bits of m below it */
-    uint64_t r;
-    if (sft <= 0) {
-        r = m << -sft;
-    } else if (sft >= 64) {
-        r = 0;
-    } else {
-        uint64_t rest = m & ((UINT64_C(1) << sft) - 1), half = UINT64_C(1) << (sft - 1);
-        r = m >> sft;
-        if (rest > half || (rest == half && (r & 1))) r++;
-    }
-    /* (e - emin) << mb plus r (which holds the implicit bit) encodes normals, subnormals and a
-     * round-up into the next binade alike. */
-    uint64_t bits = e < emin ? r : ((uint64_t)(q + mb - emin) << mb) + r;
-    if (bits >= ((uint64_t)emax << mb)) bits = (uint64_t)emax << mb; /* Inf */
-    return (uint16_t)((sign << 15) | bits);
-}
-
-__device__ static uint16_t narrow_from_double(double d, int mb, int bias, int emax) {
-    uint64_t u = (uint64_t)__double_as_longlong(d);
-    uint32_t sign = (uint32_t)(u >> 63);
-    uint32_t ef = (uint32_t)(u >> 52) & 0x7ff;
-    uint64_t frac = u & ((UINT64_C(1) << 52) - 1);
-    if (ef == 0x7ff) {
-        if (!frac) return (uint16_t)((sign << 15) | ((uint32_t)emax << mb));
-        /* NaN: sign, quiet bit and the top payload bits that fit. */
-        uint32_t payload = (uint32_t)(frac >> (52 - (mb - 1))) & ((1u << (mb - 1)) - 1);
-        return (uint16_t)((sign << 15) | ((uint32_t)emax << mb) | (1u << (mb - 1)) | payload);
-    }
-    if (ef == 0 && frac == 0) return (uint16_t)(sign << 15);
-    uint64_t m = ef ? (frac | (UINT64_C(1) << 52)) : frac;
-    int exp2 = ef ? (int)ef - 1075 : -1074;
-    return round_narrow(sign, m, exp2, mb, bias, emax);
-}
-
-__device__ static uint16_t narrow_from_int(int64_t v, int mb, int bias, int emax) {
-    if (v == 0) return 0;
-    uint32_t sign = v < 0;
-    uint64_t m = sign ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    return round_narrow(sign, m, 0, mb, bias, emax);
-}
-
-__device__ static bool is_float_type(int t) {
-    return t == FSDP_DTYPE_F32 || t == FSDP_DTYPE_F64 || t == FSDP_DTYPE_F16 ||
-           t == FSDP_DTYPE_BF16;
-}
-
-__device__ static double load_f(int t, const void *x, size_t i) {
-    switch (t) {
-    case FSDP_DTYPE_F32: return ((const float *)x)[i];
-    case FSDP_DTYPE_F64: return ((const double *)x)[i];
-    case FSDP_DTYPE_F16: return f16_to_float(((const uint16_t *)x)[i]);
-    default: return bf16_to_float(((const uint16_t *)x)[i]);
-    }
-}
-
-__device__ static int64_t load_i(int t, const void *x, size_t i) {
-    switch (t) {
-    case FSDP_DTYPE_I32: return ((const int32_t *)x)[i];
-    case FSDP_DTYPE_I64: return ((const int64_t *)x)[i];
-    case FSDP_DTYPE_U8: return ((const uint8_t *)x)[i];
-    default: return ((const uint8_t *)x)[i] != 0;
-    }
-}
-
-__device__ static void store_f(int t, void *y, size_t i, double v) {
-    switch (t) {
-    case FSDP_DTYPE_F32: ((float *)y)[i] = (float)v; break;
-    case FSDP_DTYPE_F64: ((double *)y)[i] = v; break;
-    case FSDP_DTYPE_F16: ((uint16_t *)y)[i] = narrow_from_double(v, 10, 15, 0x1f); break;
-    case FSDP_DTYPE_BF16: ((uint16_t *)y)[i] = narrow_from_double(v, 7, 127, 0xff); break;
-    case FSDP_DTYPE_I32:
-        ((int32_t *)y)[i] = v != v                  ? 0
-                            : v >= 2147483648.0     ? INT32_MAX
-                            : v <= -2147483649.0    ? INT32_MIN
-                                                    : (int32_t)v;
-        break;
-    case FSDP_DTYPE_I64:
-        ((int64_t *)y)[i] = v != v                           ? 0
-                            : v >= 9223372036854775808.0     ? INT64_MAX
-                            : v < -9223372036854775808.0     ? INT64_MIN
-                                                             : (int64_t)v;
-        break;
-    case FSDP_DTYPE_U8: ((uint8_t *)y)[i] = !(v > -1.0) ? 0 : v >= 256.0 ? 255 : (uint8_t)v; break;
-    default: ((uint8_t *)y)[i] = v != 0.0; break;
-    }
-}
-
-__device__ static void store_i(int t, void *y, size_t i, int64_t v) {
-    switch (t) {
-    case FSDP_DTYPE_F32: ((float *)y)[i] = (float)v; break;
-    case FSDP_DTYPE_F64: ((double *)y)[i] = (double)v; break;
-    case FSDP_DTYPE_F16: ((uint16_t *)y)[i] = narrow_from_int(v, 10, 15, 0x1f); break;
-    case FSDP_DTYPE_BF16: ((uint16_t *)y)[i] = narrow_from_int(v, 7, 127, 0xff); break;
-    case FSDP_DTYPE_I32:
-        ((int32_t *)y)[i] = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
-        break;
-    case FSDP_DTYPE_I64: ((int64_t *)y)[i] = v; break;
-    case FSDP_DTYPE_U8: ((uint8_t *)y)[i] = v > 255 ? 255 : v < 0 ? 0 : (uint8_t)v; break;
-    default: ((uint8_t *)y)[i] = v != 0; break;
-    }
-}
-
 /* In place (y == x with equal sizes) is safe: each element is read before it is written by the
  * same thread. */
 __global__ static void cast_k(int yt, void *y, int xt, const void *x, size_t n) {
-    const bool xf = is_float_type(xt);
-    GRID_LOOP(i, n) {
-        if (xf)
-            store_f(yt, y, i, load_f(xt, x, i));
-        else
-            store_i(yt, y, i, load_i(xt, x, i));
-    }
+    GRID_LOOP(i, n) fsdp_cuda_cast_one(yt, y, xt, x, i);
 }
 
 extern "C" cudaError_t fsdp__cuda_k_cast(cudaStream_t s, int yt, void *y, int xt, const void *x,
