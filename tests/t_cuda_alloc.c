@@ -396,7 +396,7 @@ static void test_random(void) {
             live[i] = NULL;
         } else {
             size_t n = (x >> 20) % 4 == 0 ? (size_t)((x >> 24) % (3 * MiB)) + 1
-                                           : (size_t)((x >> 24) % (64 * KiB)) + 1;
+                                          : (size_t)((x >> 24) % (64 * KiB)) + 1;
             void *st = (x >> 40) & 1 ? S2 : S1;
             if (fsdp__cuda_alloc_malloc(a, n, st, (void **)&live[i]) < 0) {
                 fails++;

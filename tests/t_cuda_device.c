@@ -433,7 +433,8 @@ static void test_softmax_norms(void) {
         }
         const size_t nb = 6, c = 5, l = 37;
         for (int train = 0; train < 2; train++) {
-            buf_t *x = rnd(dt, nb * c * l, -2, 3), *w = rnd(dt, c, 0.5, 1.5), *b = rnd(dt, c, -1, 1);
+            buf_t *x = rnd(dt, nb * c * l, -2, 3), *w = rnd(dt, c, 0.5, 1.5),
+                  *b = rnd(dt, c, -1, 1);
             buf_t *rm = rnd(dt, c, -0.5, 0.5), *rv = rnd(dt, c, 0.5, 2);
             buf_t *y = zeros(nb * c * l * esz(dt)), *mean = zeros(c * esz(dt)),
                   *rstd = zeros(c * esz(dt));
@@ -620,7 +621,8 @@ static void test_memory_streams(fsdp_ctx_t *ctx) {
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += h[i] != 4.0f;
-    tap_is_size(bad, 0, "a copy on a side stream waiting on an event sees the compute stream's fill");
+    tap_is_size(bad, 0,
+                "a copy on a side stream waiting on an event sees the compute stream's fill");
     /* The reverse: side-stream memset, event, compute stream waits, then a kernel reads it. */
     fsdp_device_memset(gpu, y, 0, n * 4, side);
     fsdp_event_record(ev, side);

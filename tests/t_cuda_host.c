@@ -51,7 +51,11 @@ static void test_philox(void) {
     for (int it = 0; it < 20000; it++) {
         uint32_t c[4], k[2], want[4], got[4];
         for (int j = 0; j < 4; j++)
-            c[j] = it < 625 ? edge[(it / (j == 0 ? 1 : j == 1 ? 5 : j == 2 ? 25 : 125)) % 5]
+            c[j] = it < 625 ? edge[(it / (j == 0   ? 1
+                                          : j == 1 ? 5
+                                          : j == 2 ? 25
+                                                   : 125)) %
+                                   5]
                             : (uint32_t)next64();
         k[0] = it % 3 == 0 ? 0xffffffffu : (uint32_t)next64();
         k[1] = it % 5 == 0 ? 0 : (uint32_t)next64();
@@ -128,23 +132,53 @@ static void test_cast(void) {
         uint64_t r = next64();
         double v;
         switch (i % 6) {
-        case 0: v = ldexp((double)(r >> 11) * 0x1p-53 - 0.5, (int)(r % 80) - 40); break;
-        case 1: v = (double)(int64_t)r; break; /* beyond every integer range */
-        case 2: v = (double)((int64_t)(r % 600) - 300) + (double)(r >> 60) / 16.0; break;
-        case 3: v = ldexp(1.0 + (double)(r >> 40) * 0x1p-24, (int)(r % 40) - 30); break;
+        case 0:
+            v = ldexp((double)(r >> 11) * 0x1p-53 - 0.5, (int)(r % 80) - 40);
+            break;
+        case 1:
+            v = (double)(int64_t)r;
+            break; /* beyond every integer range */
+        case 2:
+            v = (double)((int64_t)(r % 600) - 300) + (double)(r >> 60) / 16.0;
+            break;
+        case 3:
+            v = ldexp(1.0 + (double)(r >> 40) * 0x1p-24, (int)(r % 40) - 30);
+            break;
         case 4: {
             /* Any double bit pattern: NaNs with payloads, subnormals, infinities. */
             memcpy(&v, &r, sizeof v);
             break;
         }
-        default: v = ldexp((double)(r >> 11) * 0x1p-53, (int)(r % 300) - 150); break;
+        default:
+            v = ldexp((double)(r >> 11) * 0x1p-53, (int)(r % 300) - 150);
+            break;
         }
         vals[i] = v;
     }
-    const double special[] = {0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 0x1p-24, 0x1p-25,
-                              0x1.8p-25, 0x1p-14, 0x1.ffcp-15, 3.3895313892515355e38, INFINITY,
-                              -INFINITY, NAN, 2147483647.5, -2147483648.5, 255.9, -0.9,
-                              9223372036854775807.0, -9223372036854775808.0, 0.5, 1.5, 2.5};
+    const double special[] = {0.0,
+                              -0.0,
+                              65504.0,
+                              65519.99,
+                              65520.0,
+                              -65520.0,
+                              0x1p-24,
+                              0x1p-25,
+                              0x1.8p-25,
+                              0x1p-14,
+                              0x1.ffcp-15,
+                              3.3895313892515355e38,
+                              INFINITY,
+                              -INFINITY,
+                              NAN,
+                              2147483647.5,
+                              -2147483648.5,
+                              255.9,
+                              -0.9,
+                              9223372036854775807.0,
+                              -9223372036854775808.0,
+                              0.5,
+                              1.5,
+                              2.5};
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
         vals[i] = special[i];
     for (int xt = 0; xt < FSDP_DTYPE_COUNT; xt++) {

@@ -29,14 +29,14 @@ struct seg;
 
 struct blk {
     uintptr_t ptr;
-    size_t size;   /* rounded, a multiple of FSDP_CUDA_ALLOC_ROUND */
-    size_t req;    /* bytes asked for (live blocks) */
+    size_t size; /* rounded, a multiple of FSDP_CUDA_ALLOC_ROUND */
+    size_t req;  /* bytes asked for (live blocks) */
     struct seg *seg;
     struct blk *prev, *next; /* neighbours in the segment, address order */
     enum blk_state state;
-    void **uses;   /* other streams the block was used on (live blocks) */
+    void **uses; /* other streams the block was used on (live blocks) */
     size_t nuse, capuse;
-    void **evs;    /* events still to complete (pending blocks) */
+    void **evs; /* events still to complete (pending blocks) */
     size_t nev, capev;
     struct blk *pend_next; /* pending list */
 };
@@ -363,8 +363,8 @@ int fsdp__cuda_alloc_free(fsdp_cuda_alloc_t *a, void *ptr) {
     b->state = BLK_PENDING;
     b->nev = 0;
     if (grow((void **)&b->evs, &b->capev, b->nuse, sizeof(void *)) < 0) {
-        rc = set_err(a, FSDP_ENOMEM, "cuda allocator: out of host memory for the events of %p",
-                     ptr);
+        rc =
+            set_err(a, FSDP_ENOMEM, "cuda allocator: out of host memory for the events of %p", ptr);
     } else {
         for (size_t i = 0; i < b->nuse && rc == FSDP_OK; i++) {
             void *ev = NULL;

@@ -68,14 +68,14 @@ typedef struct fsdp_cuda_alloc_stats {
     size_t reserved[FSDP_CUDA_NPOOLS], reserved_peak[FSDP_CUDA_NPOOLS];
     size_t allocated_total, allocated_peak_total;
     size_t reserved_total, reserved_peak_total;
-    size_t requested_total;  /* sum of the sizes asked for by live blocks */
-    size_t segments;         /* segments held now */
-    size_t seg_allocs;       /* seg_alloc calls that succeeded, ever */
-    size_t seg_frees;        /* segments given back, ever */
-    size_t blocks;           /* live blocks handed out */
-    size_t pending_blocks;   /* freed blocks waiting on events of other streams */
-    size_t oom_retries;      /* times the cache was emptied to retry a failed seg_alloc */
-    size_t ooms;             /* requests that failed for lack of memory */
+    size_t requested_total; /* sum of the sizes asked for by live blocks */
+    size_t segments;        /* segments held now */
+    size_t seg_allocs;      /* seg_alloc calls that succeeded, ever */
+    size_t seg_frees;       /* segments given back, ever */
+    size_t blocks;          /* live blocks handed out */
+    size_t pending_blocks;  /* freed blocks waiting on events of other streams */
+    size_t oom_retries;     /* times the cache was emptied to retry a failed seg_alloc */
+    size_t ooms;            /* requests that failed for lack of memory */
 } fsdp_cuda_alloc_stats_t;
 
 typedef struct fsdp_cuda_alloc fsdp_cuda_alloc_t;

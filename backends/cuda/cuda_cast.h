@@ -162,57 +162,91 @@ FSDP_CUDA_CAST_HD int fsdp_cc_is_float(int t) {
 
 FSDP_CUDA_CAST_HD double fsdp_cc_load_f(int t, const void *x, size_t i) {
     switch (t) {
-    case FSDP_DTYPE_F32: return fsdp_cc_f32_to_f64(((const float *)x)[i]);
-    case FSDP_DTYPE_F64: return ((const double *)x)[i];
-    case FSDP_DTYPE_F16: return fsdp_cc_f32_to_f64(fsdp_cc_f16_to_f32(((const uint16_t *)x)[i]));
-    default: return fsdp_cc_f32_to_f64(fsdp_cc_bf16_to_f32(((const uint16_t *)x)[i]));
+    case FSDP_DTYPE_F32:
+        return fsdp_cc_f32_to_f64(((const float *)x)[i]);
+    case FSDP_DTYPE_F64:
+        return ((const double *)x)[i];
+    case FSDP_DTYPE_F16:
+        return fsdp_cc_f32_to_f64(fsdp_cc_f16_to_f32(((const uint16_t *)x)[i]));
+    default:
+        return fsdp_cc_f32_to_f64(fsdp_cc_bf16_to_f32(((const uint16_t *)x)[i]));
     }
 }
 
 FSDP_CUDA_CAST_HD int64_t fsdp_cc_load_i(int t, const void *x, size_t i) {
     switch (t) {
-    case FSDP_DTYPE_I32: return ((const int32_t *)x)[i];
-    case FSDP_DTYPE_I64: return ((const int64_t *)x)[i];
-    case FSDP_DTYPE_U8: return ((const uint8_t *)x)[i];
-    default: return ((const uint8_t *)x)[i] != 0;
+    case FSDP_DTYPE_I32:
+        return ((const int32_t *)x)[i];
+    case FSDP_DTYPE_I64:
+        return ((const int64_t *)x)[i];
+    case FSDP_DTYPE_U8:
+        return ((const uint8_t *)x)[i];
+    default:
+        return ((const uint8_t *)x)[i] != 0;
     }
 }
 
 FSDP_CUDA_CAST_HD void fsdp_cc_store_f(int t, void *y, size_t i, double v) {
     switch (t) {
-    case FSDP_DTYPE_F32: ((float *)y)[i] = fsdp_cc_f64_to_f32(v); break;
-    case FSDP_DTYPE_F64: ((double *)y)[i] = v; break;
-    case FSDP_DTYPE_F16: ((uint16_t *)y)[i] = fsdp_cc_narrow_from_f64(v, 10, 15, 0x1f); break;
-    case FSDP_DTYPE_BF16: ((uint16_t *)y)[i] = fsdp_cc_narrow_from_f64(v, 7, 127, 0xff); break;
+    case FSDP_DTYPE_F32:
+        ((float *)y)[i] = fsdp_cc_f64_to_f32(v);
+        break;
+    case FSDP_DTYPE_F64:
+        ((double *)y)[i] = v;
+        break;
+    case FSDP_DTYPE_F16:
+        ((uint16_t *)y)[i] = fsdp_cc_narrow_from_f64(v, 10, 15, 0x1f);
+        break;
+    case FSDP_DTYPE_BF16:
+        ((uint16_t *)y)[i] = fsdp_cc_narrow_from_f64(v, 7, 127, 0xff);
+        break;
     case FSDP_DTYPE_I32:
-        ((int32_t *)y)[i] = v != v                 ? 0
-                            : v >= 2147483648.0    ? INT32_MAX
-                            : v <= -2147483649.0   ? INT32_MIN
-                                                   : (int32_t)v;
+        ((int32_t *)y)[i] = v != v               ? 0
+                            : v >= 2147483648.0  ? INT32_MAX
+                            : v <= -2147483649.0 ? INT32_MIN
+                                                 : (int32_t)v;
         break;
     case FSDP_DTYPE_I64:
-        ((int64_t *)y)[i] = v != v                          ? 0
-                            : v >= 9223372036854775808.0    ? INT64_MAX
-                            : v < -9223372036854775808.0    ? INT64_MIN
-                                                            : (int64_t)v;
+        ((int64_t *)y)[i] = v != v                       ? 0
+                            : v >= 9223372036854775808.0 ? INT64_MAX
+                            : v < -9223372036854775808.0 ? INT64_MIN
+                                                         : (int64_t)v;
         break;
-    case FSDP_DTYPE_U8: ((uint8_t *)y)[i] = !(v > -1.0) ? 0 : v >= 256.0 ? 255 : (uint8_t)v; break;
-    default: ((uint8_t *)y)[i] = v != 0.0; break;
+    case FSDP_DTYPE_U8:
+        ((uint8_t *)y)[i] = !(v > -1.0) ? 0 : v >= 256.0 ? 255 : (uint8_t)v;
+        break;
+    default:
+        ((uint8_t *)y)[i] = v != 0.0;
+        break;
     }
 }
 
 FSDP_CUDA_CAST_HD void fsdp_cc_store_i(int t, void *y, size_t i, int64_t v) {
     switch (t) {
-    case FSDP_DTYPE_F32: ((float *)y)[i] = (float)v; break;
-    case FSDP_DTYPE_F64: ((double *)y)[i] = (double)v; break;
-    case FSDP_DTYPE_F16: ((uint16_t *)y)[i] = fsdp_cc_narrow_from_i64(v, 10, 15, 0x1f); break;
-    case FSDP_DTYPE_BF16: ((uint16_t *)y)[i] = fsdp_cc_narrow_from_i64(v, 7, 127, 0xff); break;
+    case FSDP_DTYPE_F32:
+        ((float *)y)[i] = (float)v;
+        break;
+    case FSDP_DTYPE_F64:
+        ((double *)y)[i] = (double)v;
+        break;
+    case FSDP_DTYPE_F16:
+        ((uint16_t *)y)[i] = fsdp_cc_narrow_from_i64(v, 10, 15, 0x1f);
+        break;
+    case FSDP_DTYPE_BF16:
+        ((uint16_t *)y)[i] = fsdp_cc_narrow_from_i64(v, 7, 127, 0xff);
+        break;
     case FSDP_DTYPE_I32:
         ((int32_t *)y)[i] = v > INT32_MAX ? INT32_MAX : v < INT32_MIN ? INT32_MIN : (int32_t)v;
         break;
-    case FSDP_DTYPE_I64: ((int64_t *)y)[i] = v; break;
-    case FSDP_DTYPE_U8: ((uint8_t *)y)[i] = v > 255 ? 255 : v < 0 ? 0 : (uint8_t)v; break;
-    default: ((uint8_t *)y)[i] = v != 0; break;
+    case FSDP_DTYPE_I64:
+        ((int64_t *)y)[i] = v;
+        break;
+    case FSDP_DTYPE_U8:
+        ((uint8_t *)y)[i] = v > 255 ? 255 : v < 0 ? 0 : (uint8_t)v;
+        break;
+    default:
+        ((uint8_t *)y)[i] = v != 0;
+        break;
     }
 }
 

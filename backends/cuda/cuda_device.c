@@ -35,12 +35,14 @@
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_philox.h"
 
-_Static_assert(FSDP_CUDA_UN_POW == (int)FSDP_UNARY_POW && FSDP_CUDA_UN_RELU == (int)FSDP_UNARY_RELU &&
+_Static_assert(FSDP_CUDA_UN_POW == (int)FSDP_UNARY_POW &&
+                   FSDP_CUDA_UN_RELU == (int)FSDP_UNARY_RELU &&
                    FSDP_CUDA_UN_GELU_TANH == (int)FSDP_UNARY_GELU_TANH &&
                    FSDP_CUDA_UN_SQUARE == (int)FSDP_UNARY_SQUARE &&
                    FSDP_CUDA_UN_COUNT == (int)FSDP_UNARY_COUNT,
                "cuda_kernels.h's unary ops follow fsdp_unary_op_t");
-_Static_assert(FSDP_CUDA_BIN_MIN == (int)FSDP_BINARY_MIN && FSDP_CUDA_BIN_DIV == (int)FSDP_BINARY_DIV &&
+_Static_assert(FSDP_CUDA_BIN_MIN == (int)FSDP_BINARY_MIN &&
+                   FSDP_CUDA_BIN_DIV == (int)FSDP_BINARY_DIV &&
                    FSDP_CUDA_BIN_COUNT == (int)FSDP_BINARY_COUNT,
                "cuda_kernels.h's binary ops follow fsdp_binary_op_t");
 _Static_assert(FSDP_CUDA_MAX_DIMS == FSDP_MAX_DIMS, "strided kernels take FSDP_MAX_DIMS dims");
@@ -104,7 +106,7 @@ static int bad_dtype(fsdp_device_t *dev, const char *fn, fsdp_dtype_t dt) {
 
 #define FLOAT_DT(dev, fn, dt)                                                                      \
     do {                                                                                           \
-        if ((dt) != FSDP_DTYPE_F32 && (dt) != FSDP_DTYPE_F64) return bad_dtype(dev, fn, dt);      \
+        if ((dt) != FSDP_DTYPE_F32 && (dt) != FSDP_DTYPE_F64) return bad_dtype(dev, fn, dt);       \
     } while (0)
 
 /* ---- the allocator's raw interface over the CUDA runtime ---- */
@@ -362,8 +364,8 @@ static int cuda_fill(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double value
     return launched(dev, fsdp__cuda_k_fill(cd->compute, es, pattern, n, y), "fill kernel");
 }
 
-static int cuda_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt,
-                     const void *x, size_t n) {
+static int cuda_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt, const void *x,
+                     size_t n) {
     if (!fsdp_dtype_valid((int)dt) || !fsdp_dtype_valid((int)xt))
         return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda cast: invalid dtype (%d from %d)",
                              (int)dt, (int)xt);
@@ -405,8 +407,8 @@ static int cuda_copy_strided(fsdp_device_t *dev, fsdp_dtype_t dt, int ndim, cons
                              void *y, const void *x, const int64_t *xstride) {
     struct fsdp_cuda_nd p;
     if (ndim < 0 || ndim > FSDP_MAX_DIMS || !fsdp_dtype_valid((int)dt))
-        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda copy_strided: ndim %d or dtype %d",
-                             ndim, (int)dt);
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda copy_strided: ndim %d or dtype %d", ndim,
+                             (int)dt);
     int64_t total = nd_fill(&p, ndim, shape, xstride, NULL);
     if (total <= 0) return FSDP_OK;
     USE(cd, dev);
@@ -461,10 +463,9 @@ static int cuda_binary(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_binary_op_t op,
     int64_t total = nd_fill(&p, ndim, shape, astride, bstride);
     if (total <= 0) return FSDP_OK;
     USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_binary(cd->compute, dt == FSDP_DTYPE_F64, (int)op, &p, total, y,
-                                        a, b),
-                    "binary kernel");
+    return launched(
+        dev, fsdp__cuda_k_binary(cd->compute, dt == FSDP_DTYPE_F64, (int)op, &p, total, y, a, b),
+        "binary kernel");
 }
 
 static int cuda_axpy(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double alpha, const void *x,
@@ -482,8 +483,7 @@ static int cuda_where(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const uint8
     if (n == 0) return FSDP_OK;
     USE(cd, dev);
     return launched(dev,
-                    fsdp__cuda_k_where(cd->compute, dt == FSDP_DTYPE_F64, n, cond, a, av, b, bv,
-                                       y),
+                    fsdp__cuda_k_where(cd->compute, dt == FSDP_DTYPE_F64, n, cond, a, av, b, bv, y),
                     "where kernel");
 }
 
@@ -494,10 +494,10 @@ static int cuda_reduce_sum(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, si
     FLOAT_DT(dev, "reduce_sum", dt);
     if (outer == 0 || inner == 0) return FSDP_OK;
     USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_reduce_sum(cd->compute, dt == FSDP_DTYPE_F64, outer, r, inner,
-                                            alpha, x, y),
-                    "reduce_sum kernel");
+    return launched(
+        dev,
+        fsdp__cuda_k_reduce_sum(cd->compute, dt == FSDP_DTYPE_F64, outer, r, inner, alpha, x, y),
+        "reduce_sum kernel");
 }
 
 static int cuda_reduce_max(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size_t r,
@@ -505,20 +505,18 @@ static int cuda_reduce_max(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, si
     FLOAT_DT(dev, "reduce_max", dt);
     if (outer == 0 || inner == 0) return FSDP_OK;
     USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_reduce_max(cd->compute, dt == FSDP_DTYPE_F64, outer, r, inner, x,
-                                            y, idx),
-                    "reduce_max kernel");
+    return launched(
+        dev, fsdp__cuda_k_reduce_max(cd->compute, dt == FSDP_DTYPE_F64, outer, r, inner, x, y, idx),
+        "reduce_max kernel");
 }
 
 static int cuda_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const void *x,
                             void *out) {
     FLOAT_DT(dev, "sum_squares", dt);
     USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_sum_squares(cd->compute, dt == FSDP_DTYPE_F64, n, x, cd->scratch,
-                                             out),
-                    "sum_squares kernel");
+    return launched(
+        dev, fsdp__cuda_k_sum_squares(cd->compute, dt == FSDP_DTYPE_F64, n, x, cd->scratch, out),
+        "sum_squares kernel");
 }
 
 /* ---- gemm ---- */
@@ -545,7 +543,8 @@ static int gemm_f32_lt(fsdp_device_t *dev, struct cuda_dev *cd, bool ta, bool tb
     cublasLtMatmulPreference_t pref = NULL;
     cublasStatus_t st;
     int rc = FSDP_OK;
-    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasComputeType_t ct = cd->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     const int32_t nb = (int32_t)batch;
     const uint64_t ws = LT_WORKSPACE;
@@ -646,8 +645,7 @@ static int cuda_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool tra
     const bool f64 = dt == FSDP_DTYPE_F64;
     if (k == 0)
         return launched(dev,
-                        fsdp__cuda_k_scale_c(cd->compute, f64, m, n, beta, c, ldc, stride_c,
-                                             batch),
+                        fsdp__cuda_k_scale_c(cd->compute, f64, m, n, beta, c, ldc, stride_c, batch),
                         "gemm (k = 0) scale kernel");
     if (batch > INT_MAX)
         return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP, "cuda gemm: batch %lld beyond 32 bits",
@@ -674,8 +672,7 @@ static int cuda_softmax(fsdp_device_t *dev, fsdp_dtype_t dt, bool lg, size_t row
     FLOAT_DT(dev, "softmax", dt);
     if (rows == 0 || n == 0) return FSDP_OK;
     USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_softmax(cd->compute, dt == FSDP_DTYPE_F64, lg, rows, n, x, y),
+    return launched(dev, fsdp__cuda_k_softmax(cd->compute, dt == FSDP_DTYPE_F64, lg, rows, n, x, y),
                     "softmax kernel");
 }
 
@@ -684,10 +681,10 @@ static int cuda_softmax_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool lg, s
     FLOAT_DT(dev, "softmax_backward", dt);
     if (rows == 0 || n == 0) return FSDP_OK;
     USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_softmax_backward(cd->compute, dt == FSDP_DTYPE_F64, lg, rows, n,
-                                                  y, gy, gx),
-                    "softmax_backward kernel");
+    return launched(
+        dev,
+        fsdp__cuda_k_softmax_backward(cd->compute, dt == FSDP_DTYPE_F64, lg, rows, n, y, gy, gx),
+        "softmax_backward kernel");
 }
 
 static int cuda_layer_norm(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n, double eps,
@@ -710,9 +707,8 @@ static int cuda_layer_norm_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t 
     if (n == 0 || (rows == 0 && !gw && !gb)) return FSDP_OK;
     USE(cd, dev);
     return launched(dev,
-                    fsdp__cuda_k_layer_norm_backward(cd->compute, dt == FSDP_DTYPE_F64, rows, n,
-                                                     x, w, mean, rstd, gy, rows ? gx : NULL, gw,
-                                                     gb),
+                    fsdp__cuda_k_layer_norm_backward(cd->compute, dt == FSDP_DTYPE_F64, rows, n, x,
+                                                     w, mean, rstd, gy, rows ? gx : NULL, gw, gb),
                     "layer_norm_backward kernel");
 }
 
@@ -727,9 +723,9 @@ static int cuda_batch_norm(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size
     if (c == 0) return FSDP_OK;
     USE(cd, dev);
     return launched(dev,
-                    fsdp__cuda_k_batch_norm(cd->compute, dt == FSDP_DTYPE_F64, train, nb, c, l,
-                                            eps, momentum, x, w, b, running_mean, running_var, y,
-                                            mean, rstd),
+                    fsdp__cuda_k_batch_norm(cd->compute, dt == FSDP_DTYPE_F64, train, nb, c, l, eps,
+                                            momentum, x, w, b, running_mean, running_var, y, mean,
+                                            rstd),
                     "batch_norm kernel");
 }
 
@@ -789,8 +785,8 @@ static int cuda_cross_entropy_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size
     USE(cd, dev);
     return launched(dev,
                     fsdp__cuda_k_cross_entropy_backward(cd->compute, dt == FSDP_DTYPE_F64, rows, n,
-                                                        logp, target, ignore_index,
-                                                        label_smoothing, gloss, gx),
+                                                        logp, target, ignore_index, label_smoothing,
+                                                        gloss, gx),
                     "cross_entropy_backward kernel");
 }
 
@@ -860,8 +856,8 @@ int fsdp__cuda_host_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, 
     if (e != cudaSuccess) {
         cudaGetLastError();
         return fsdp__ctx_err(dev->ctx, e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EBACKEND,
-                             "%s: cannot pin %zu bytes of host memory for %s: %s", dev->name,
-                             bytes, fsdp_mem_cat_name(cat), cudaGetErrorString(e));
+                             "%s: cannot pin %zu bytes of host memory for %s: %s", dev->name, bytes,
+                             fsdp_mem_cat_name(cat), cudaGetErrorString(e));
     }
     struct pinned_header h = {bytes, cat};
     memcpy(p, &h, sizeof h);

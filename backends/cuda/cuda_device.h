@@ -5,9 +5,9 @@
  * A CUDA device (fsdp_device_create(ctx, FSDP_DEVICE_CUDA, opts)) owns one GPU (opts->ordinal)
  * for one rank: a compute stream on which every kernel, and every copy given no stream, runs in
  * issue order (a blocking stream, so that it is ordered with the legacy default stream, where a
- * process group given no stream works); cuBLAS/cuBLASLt handles on that stream; and a caching allocator
- * (cuda_alloc.h) whose blocks belong to the compute stream. Memory that work on another stream
- * (a communication stream) reads or writes must be announced with fsdp__cuda_record_stream()
+ * process group given no stream works); cuBLAS/cuBLASLt handles on that stream; and a caching
+ * allocator (cuda_alloc.h) whose blocks belong to the compute stream. Memory that work on another
+ * stream (a communication stream) reads or writes must be announced with fsdp__cuda_record_stream()
  * before it is freed, or the allocator may hand it out again while that work still runs.
  *
  * Host memory for CPU offload: fsdp__cuda_host_alloc() gives page-locked (pinned) host memory,

@@ -42,10 +42,18 @@ extern "C" cudaError_t fsdp__cuda_k_fill(cudaStream_t s, size_t es, uint64_t bit
                                          void *y) {
     unsigned g = blocks_for(n);
     switch (es) {
-    case 1: fill_k<<<g, THREADS, 0, s>>>((uint8_t *)y, (uint8_t)bits, n); break;
-    case 2: fill_k<<<g, THREADS, 0, s>>>((uint16_t *)y, (uint16_t)bits, n); break;
-    case 4: fill_k<<<g, THREADS, 0, s>>>((uint32_t *)y, (uint32_t)bits, n); break;
-    default: fill_k<<<g, THREADS, 0, s>>>((uint64_t *)y, (uint64_t)bits, n); break;
+    case 1:
+        fill_k<<<g, THREADS, 0, s>>>((uint8_t *)y, (uint8_t)bits, n);
+        break;
+    case 2:
+        fill_k<<<g, THREADS, 0, s>>>((uint16_t *)y, (uint16_t)bits, n);
+        break;
+    case 4:
+        fill_k<<<g, THREADS, 0, s>>>((uint32_t *)y, (uint32_t)bits, n);
+        break;
+    default:
+        fill_k<<<g, THREADS, 0, s>>>((uint64_t *)y, (uint64_t)bits, n);
+        break;
     }
     return cudaGetLastError();
 }
@@ -91,7 +99,9 @@ extern "C" cudaError_t fsdp__cuda_k_copy_strided(cudaStream_t s, size_t es,
                                                  void *y, const void *x) {
     unsigned g = blocks_for((size_t)total);
     switch (es) {
-    case 1: copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint8_t *)y, (const uint8_t *)x); break;
+    case 1:
+        copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint8_t *)y, (const uint8_t *)x);
+        break;
     case 2:
         copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint16_t *)y, (const uint16_t *)x);
         break;
@@ -107,12 +117,18 @@ extern "C" cudaError_t fsdp__cuda_k_copy_strided(cudaStream_t s, size_t es,
 
 template <typename T> __device__ static T bin_op(int op, T A, T B) {
     switch (op) {
-    case FSDP_CUDA_BIN_ADD: return A + B;
-    case FSDP_CUDA_BIN_SUB: return A - B;
-    case FSDP_CUDA_BIN_MUL: return A * B;
-    case FSDP_CUDA_BIN_DIV: return A / B;
-    case FSDP_CUDA_BIN_MAX: return (A > B || A != A) ? A : B;
-    default: return (A < B || A != A) ? A : B;
+    case FSDP_CUDA_BIN_ADD:
+        return A + B;
+    case FSDP_CUDA_BIN_SUB:
+        return A - B;
+    case FSDP_CUDA_BIN_MUL:
+        return A * B;
+    case FSDP_CUDA_BIN_DIV:
+        return A / B;
+    case FSDP_CUDA_BIN_MAX:
+        return (A > B || A != A) ? A : B;
+    default:
+        return (A < B || A != A) ? A : B;
     }
 }
 
@@ -134,8 +150,8 @@ extern "C" cudaError_t fsdp__cuda_k_binary(cudaStream_t s, bool f64, int op,
         binary_k<double><<<g, THREADS, 0, s>>>(op, *p, total, (double *)y, (const double *)a,
                                                (const double *)b);
     else
-        binary_k<float><<<g, THREADS, 0, s>>>(op, *p, total, (float *)y, (const float *)a,
-                                              (const float *)b);
+        binary_k<float>
+            <<<g, THREADS, 0, s>>>(op, *p, total, (float *)y, (const float *)a, (const float *)b);
     return cudaGetLastError();
 }
 
@@ -149,32 +165,45 @@ extern "C" cudaError_t fsdp__cuda_k_binary(cudaStream_t s, bool f64, int op,
 template <typename T> __device__ static T unary_f(int op, T v, T al) {
     const T half = (T)0.5, one = (T)1, zero = (T)0;
     switch (op) {
-    case FSDP_CUDA_UN_RELU: return v < zero ? zero : v;
-    case FSDP_CUDA_UN_GELU_ERF: return half * v * (one + erf(v * (T)SQRT1_2));
+    case FSDP_CUDA_UN_RELU:
+        return v < zero ? zero : v;
+    case FSDP_CUDA_UN_GELU_ERF:
+        return half * v * (one + erf(v * (T)SQRT1_2));
     case FSDP_CUDA_UN_GELU_TANH:
         return half * v * (one + tanh((T)SQRT_2_OVER_PI * (v + (T)GELU_KAPPA * v * v * v)));
-    case FSDP_CUDA_UN_TANH: return tanh(v);
-    case FSDP_CUDA_UN_SIGMOID: return one / (one + exp(-v));
-    case FSDP_CUDA_UN_NEG: return -v;
-    case FSDP_CUDA_UN_EXP: return exp(v);
-    case FSDP_CUDA_UN_LOG: return log(v);
-    case FSDP_CUDA_UN_SQRT: return sqrt(v);
-    case FSDP_CUDA_UN_RSQRT: return one / sqrt(v);
-    case FSDP_CUDA_UN_SQUARE: return v * v;
-    case FSDP_CUDA_UN_ABS: return fabs(v);
-    case FSDP_CUDA_UN_SCALE: return al * v;
-    case FSDP_CUDA_UN_ADD_SCALAR: return v + al;
-    default: return pow(v, al);
+    case FSDP_CUDA_UN_TANH:
+        return tanh(v);
+    case FSDP_CUDA_UN_SIGMOID:
+        return one / (one + exp(-v));
+    case FSDP_CUDA_UN_NEG:
+        return -v;
+    case FSDP_CUDA_UN_EXP:
+        return exp(v);
+    case FSDP_CUDA_UN_LOG:
+        return log(v);
+    case FSDP_CUDA_UN_SQRT:
+        return sqrt(v);
+    case FSDP_CUDA_UN_RSQRT:
+        return one / sqrt(v);
+    case FSDP_CUDA_UN_SQUARE:
+        return v * v;
+    case FSDP_CUDA_UN_ABS:
+        return fabs(v);
+    case FSDP_CUDA_UN_SCALE:
+        return al * v;
+    case FSDP_CUDA_UN_ADD_SCALAR:
+        return v + al;
+    default:
+        return pow(v, al);
     }
 }
 
-template <typename T>
-__global__ static void unary_k(int op, size_t n, T al, const T *x, T *y) {
+template <typename T> __global__ static void unary_k(int op, size_t n, T al, const T *x, T *y) {
     GRID_LOOP(i, n) y[i] = unary_f<T>(op, x[i], al);
 }
 
-extern "C" cudaError_t fsdp__cuda_k_unary(cudaStream_t s, bool f64, int op, size_t n,
-                                          double alpha, const void *x, void *y) {
+extern "C" cudaError_t fsdp__cuda_k_unary(cudaStream_t s, bool f64, int op, size_t n, double alpha,
+                                          const void *x, void *y) {
     unsigned g = blocks_for(n);
     if (f64)
         unary_k<double><<<g, THREADS, 0, s>>>(op, n, alpha, (const double *)x, (double *)y);
@@ -190,26 +219,38 @@ __device__ static T unary_bwd_f(int op, T al, const T *x, const T *y, T g, size_
     const T half = (T)0.5, one = (T)1, zero = (T)0, two = (T)2;
     const T beta = (T)SQRT_2_OVER_PI, kappa = (T)GELU_KAPPA;
     switch (op) {
-    case FSDP_CUDA_UN_NEG: return -g;
-    case FSDP_CUDA_UN_SCALE: return al * g;
-    case FSDP_CUDA_UN_ADD_SCALAR: return g;
-    default: break;
+    case FSDP_CUDA_UN_NEG:
+        return -g;
+    case FSDP_CUDA_UN_SCALE:
+        return al * g;
+    case FSDP_CUDA_UN_ADD_SCALAR:
+        return g;
+    default:
+        break;
     }
     if (y) {
         const T u = y[i];
         switch (op) {
-        case FSDP_CUDA_UN_RELU: return u > zero ? g : zero;
-        case FSDP_CUDA_UN_TANH: return g * (one - u * u);
-        case FSDP_CUDA_UN_SIGMOID: return g * u * (one - u);
-        case FSDP_CUDA_UN_EXP: return g * u;
-        case FSDP_CUDA_UN_SQRT: return g * half / u;
-        case FSDP_CUDA_UN_RSQRT: return -half * g * u * u * u;
-        default: break;
+        case FSDP_CUDA_UN_RELU:
+            return u > zero ? g : zero;
+        case FSDP_CUDA_UN_TANH:
+            return g * (one - u * u);
+        case FSDP_CUDA_UN_SIGMOID:
+            return g * u * (one - u);
+        case FSDP_CUDA_UN_EXP:
+            return g * u;
+        case FSDP_CUDA_UN_SQRT:
+            return g * half / u;
+        case FSDP_CUDA_UN_RSQRT:
+            return -half * g * u * u * u;
+        default:
+            break;
         }
     }
     const T v = x[i];
     switch (op) {
-    case FSDP_CUDA_UN_RELU: return v > zero ? g : zero;
+    case FSDP_CUDA_UN_RELU:
+        return v > zero ? g : zero;
     case FSDP_CUDA_UN_TANH: {
         const T t = tanh(v);
         return g * (one - t * t);
@@ -218,9 +259,12 @@ __device__ static T unary_bwd_f(int op, T al, const T *x, const T *y, T g, size_
         const T sg = one / (one + exp(-v));
         return g * sg * (one - sg);
     }
-    case FSDP_CUDA_UN_EXP: return g * exp(v);
-    case FSDP_CUDA_UN_SQRT: return g * half / sqrt(v);
-    case FSDP_CUDA_UN_RSQRT: return -half * g / (v * sqrt(v));
+    case FSDP_CUDA_UN_EXP:
+        return g * exp(v);
+    case FSDP_CUDA_UN_SQRT:
+        return g * half / sqrt(v);
+    case FSDP_CUDA_UN_RSQRT:
+        return -half * g / (v * sqrt(v));
     case FSDP_CUDA_UN_GELU_ERF:
         return g * (half * (one + erf(v * (T)SQRT1_2)) + v * (T)INV_SQRT_2PI * exp(-half * v * v));
     case FSDP_CUDA_UN_GELU_TANH: {
@@ -229,10 +273,14 @@ __device__ static T unary_bwd_f(int op, T al, const T *x, const T *y, T g, size_
         const T right = half * v * (one - t * t) * beta * (one + (T)3 * kappa * v * v);
         return g * (left + right);
     }
-    case FSDP_CUDA_UN_LOG: return g / v;
-    case FSDP_CUDA_UN_SQUARE: return two * v * g;
-    case FSDP_CUDA_UN_ABS: return v > zero ? g : (v < zero ? -g : zero);
-    default: return al == zero ? zero : g * al * pow(v, al - one);
+    case FSDP_CUDA_UN_LOG:
+        return g / v;
+    case FSDP_CUDA_UN_SQUARE:
+        return two * v * g;
+    case FSDP_CUDA_UN_ABS:
+        return v > zero ? g : (v < zero ? -g : zero);
+    default:
+        return al == zero ? zero : g * al * pow(v, al - one);
     }
 }
 
@@ -247,13 +295,11 @@ extern "C" cudaError_t fsdp__cuda_k_unary_backward(cudaStream_t s, bool f64, int
                                                    const void *gy, void *gx) {
     unsigned g = blocks_for(n);
     if (f64)
-        unary_bwd_k<double><<<g, THREADS, 0, s>>>(op, n, alpha, (const double *)x,
-                                                  (const double *)y, (const double *)gy,
-                                                  (double *)gx);
+        unary_bwd_k<double><<<g, THREADS, 0, s>>>(
+            op, n, alpha, (const double *)x, (const double *)y, (const double *)gy, (double *)gx);
     else
         unary_bwd_k<float><<<g, THREADS, 0, s>>>(op, n, (float)alpha, (const float *)x,
-                                                 (const float *)y, (const float *)gy,
-                                                 (float *)gx);
+                                                 (const float *)y, (const float *)gy, (float *)gx);
     return cudaGetLastError();
 }
 
@@ -284,11 +330,11 @@ extern "C" cudaError_t fsdp__cuda_k_where(cudaStream_t s, bool f64, size_t n, co
                                           void *y) {
     unsigned g = blocks_for(n);
     if (f64)
-        where_k<double><<<g, THREADS, 0, s>>>(n, cond, (const double *)a, av, (const double *)b,
-                                              bv, (double *)y);
+        where_k<double><<<g, THREADS, 0, s>>>(n, cond, (const double *)a, av, (const double *)b, bv,
+                                              (double *)y);
     else
-        where_k<float><<<g, THREADS, 0, s>>>(n, cond, (const float *)a, (float)av,
-                                             (const float *)b, (float)bv, (float *)y);
+        where_k<float><<<g, THREADS, 0, s>>>(n, cond, (const float *)a, (float)av, (const float *)b,
+                                             (float)bv, (float *)y);
     return cudaGetLastError();
 }
 
@@ -328,24 +374,23 @@ __global__ static void col_sum_k(size_t outer, size_t r, size_t inner, T al, con
 }
 
 extern "C" cudaError_t fsdp__cuda_k_reduce_sum(cudaStream_t s, bool f64, size_t outer, size_t r,
-                                               size_t inner, double alpha, const void *x,
-                                               void *y) {
+                                               size_t inner, double alpha, const void *x, void *y) {
     if (inner == 1) {
         unsigned g = (unsigned)(outer < 65535 ? outer : 65535);
         if (f64)
-            row_sum_k<double><<<g, THREADS, 0, s>>>(outer, r, alpha, (const double *)x,
-                                                    (double *)y);
+            row_sum_k<double>
+                <<<g, THREADS, 0, s>>>(outer, r, alpha, (const double *)x, (double *)y);
         else
-            row_sum_k<float><<<g, THREADS, 0, s>>>(outer, r, (float)alpha, (const float *)x,
-                                                   (float *)y);
+            row_sum_k<float>
+                <<<g, THREADS, 0, s>>>(outer, r, (float)alpha, (const float *)x, (float *)y);
     } else {
         unsigned g = blocks_for(outer * inner);
         if (f64)
-            col_sum_k<double><<<g, THREADS, 0, s>>>(outer, r, inner, alpha, (const double *)x,
-                                                    (double *)y);
+            col_sum_k<double>
+                <<<g, THREADS, 0, s>>>(outer, r, inner, alpha, (const double *)x, (double *)y);
         else
-            col_sum_k<float><<<g, THREADS, 0, s>>>(outer, r, inner, (float)alpha,
-                                                   (const float *)x, (float *)y);
+            col_sum_k<float>
+                <<<g, THREADS, 0, s>>>(outer, r, inner, (float)alpha, (const float *)x, (float *)y);
     }
     return cudaGetLastError();
 }
@@ -360,8 +405,7 @@ template <typename T> __device__ static bool max_better(T v, int64_t j, T best, 
 }
 
 template <typename T>
-__global__ static void max_k(size_t outer, size_t r, size_t inner, const T *x, T *y,
-                             int64_t *idx) {
+__global__ static void max_k(size_t outer, size_t r, size_t inner, const T *x, T *y, int64_t *idx) {
     GRID_LOOP(k, outer * inner) {
         size_t o = k / inner, i = k % inner;
         const T *xo = x + o * r * inner + i;
@@ -398,9 +442,9 @@ __global__ static void row_max_k(size_t outer, size_t r, const T *x, T *y, int64
         for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
             if (threadIdx.x < w) {
                 int64_t oj = si[threadIdx.x + w];
-                if (oj >= 0 && (si[threadIdx.x] < 0 ||
-                                max_better<T>(sv[threadIdx.x + w], oj, sv[threadIdx.x],
-                                              si[threadIdx.x]))) {
+                if (oj >= 0 &&
+                    (si[threadIdx.x] < 0 ||
+                     max_better<T>(sv[threadIdx.x + w], oj, sv[threadIdx.x], si[threadIdx.x]))) {
                     sv[threadIdx.x] = sv[threadIdx.x + w];
                     si[threadIdx.x] = oj;
                 }
@@ -416,8 +460,7 @@ __global__ static void row_max_k(size_t outer, size_t r, const T *x, T *y, int64
 }
 
 extern "C" cudaError_t fsdp__cuda_k_reduce_max(cudaStream_t s, bool f64, size_t outer, size_t r,
-                                               size_t inner, const void *x, void *y,
-                                               int64_t *idx) {
+                                               size_t inner, const void *x, void *y, int64_t *idx) {
     if (inner == 1 && r >= THREADS) {
         unsigned g = (unsigned)(outer < 65535 ? outer : 65535);
         if (f64)
@@ -427,8 +470,8 @@ extern "C" cudaError_t fsdp__cuda_k_reduce_max(cudaStream_t s, bool f64, size_t 
     } else {
         unsigned g = blocks_for(outer * inner);
         if (f64)
-            max_k<double><<<g, THREADS, 0, s>>>(outer, r, inner, (const double *)x, (double *)y,
-                                                idx);
+            max_k<double>
+                <<<g, THREADS, 0, s>>>(outer, r, inner, (const double *)x, (double *)y, idx);
         else
             max_k<float><<<g, THREADS, 0, s>>>(outer, r, inner, (const float *)x, (float *)y, idx);
     }
@@ -437,8 +480,7 @@ extern "C" cudaError_t fsdp__cuda_k_reduce_max(cudaStream_t s, bool f64, size_t 
 
 /* Sum of squares in double: FSDP_CUDA_SUMSQ_BLOCKS partials, then one block adds them in a
  * fixed tree (deterministic: the grid size never depends on the device). */
-template <typename T>
-__global__ static void sumsq_part_k(size_t n, const T *x, double *part) {
+template <typename T> __global__ static void sumsq_part_k(size_t n, const T *x, double *part) {
     __shared__ double sh[THREADS];
     double acc = 0.0;
     GRID_LOOP(i, n) {
@@ -465,15 +507,15 @@ template <typename T> __global__ static void sumsq_final_k(const double *part, T
     if (threadIdx.x == 0) out[0] = (T)sh[0];
 }
 
-extern "C" cudaError_t fsdp__cuda_k_sum_squares(cudaStream_t s, bool f64, size_t n,
-                                                const void *x, double *scratch, void *out) {
+extern "C" cudaError_t fsdp__cuda_k_sum_squares(cudaStream_t s, bool f64, size_t n, const void *x,
+                                                double *scratch, void *out) {
     if (f64) {
-        sumsq_part_k<double><<<FSDP_CUDA_SUMSQ_BLOCKS, THREADS, 0, s>>>(n, (const double *)x,
-                                                                        scratch);
+        sumsq_part_k<double>
+            <<<FSDP_CUDA_SUMSQ_BLOCKS, THREADS, 0, s>>>(n, (const double *)x, scratch);
         sumsq_final_k<double><<<1, FSDP_CUDA_SUMSQ_BLOCKS, 0, s>>>(scratch, (double *)out);
     } else {
-        sumsq_part_k<float><<<FSDP_CUDA_SUMSQ_BLOCKS, THREADS, 0, s>>>(n, (const float *)x,
-                                                                       scratch);
+        sumsq_part_k<float>
+            <<<FSDP_CUDA_SUMSQ_BLOCKS, THREADS, 0, s>>>(n, (const float *)x, scratch);
         sumsq_final_k<float><<<1, FSDP_CUDA_SUMSQ_BLOCKS, 0, s>>>(scratch, (float *)out);
     }
     return cudaGetLastError();
@@ -498,7 +540,6 @@ extern "C" cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, bool f64, int64_t m,
     if (f64)
         scale_c_k<double><<<g, THREADS, 0, s>>>(m, n, beta, (double *)c, ldc, stride_c, batch);
     else
-        scale_c_k<float><<<g, THREADS, 0, s>>>(m, n, (float)beta, (float *)c, ldc, stride_c,
-                                               batch);
+        scale_c_k<float><<<g, THREADS, 0, s>>>(m, n, (float)beta, (float *)c, ldc, stride_c, batch);
     return cudaGetLastError();
 }

@@ -75,10 +75,10 @@ cudaError_t fsdp__cuda_k_axpy(cudaStream_t s, bool f64, size_t n, double alpha, 
                               void *y);
 cudaError_t fsdp__cuda_k_where(cudaStream_t s, bool f64, size_t n, const uint8_t *cond,
                                const void *a, double av, const void *b, double bv, void *y);
-cudaError_t fsdp__cuda_k_reduce_sum(cudaStream_t s, bool f64, size_t outer, size_t r,
-                                    size_t inner, double alpha, const void *x, void *y);
-cudaError_t fsdp__cuda_k_reduce_max(cudaStream_t s, bool f64, size_t outer, size_t r,
-                                    size_t inner, const void *x, void *y, int64_t *idx);
+cudaError_t fsdp__cuda_k_reduce_sum(cudaStream_t s, bool f64, size_t outer, size_t r, size_t inner,
+                                    double alpha, const void *x, void *y);
+cudaError_t fsdp__cuda_k_reduce_max(cudaStream_t s, bool f64, size_t outer, size_t r, size_t inner,
+                                    const void *x, void *y, int64_t *idx);
 /* Needs `scratch` of FSDP_CUDA_SUMSQ_BLOCKS doubles (device memory). */
 #define FSDP_CUDA_SUMSQ_BLOCKS 256
 cudaError_t fsdp__cuda_k_sum_squares(cudaStream_t s, bool f64, size_t n, const void *x,
@@ -90,8 +90,8 @@ cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, bool f64, int64_t m, int64_t n,
 /* ---- cuda_nn_kernels.cu ---- */
 cudaError_t fsdp__cuda_k_softmax(cudaStream_t s, bool f64, bool lg, size_t rows, size_t n,
                                  const void *x, void *y);
-cudaError_t fsdp__cuda_k_softmax_backward(cudaStream_t s, bool f64, bool lg, size_t rows,
-                                          size_t n, const void *y, const void *gy, void *gx);
+cudaError_t fsdp__cuda_k_softmax_backward(cudaStream_t s, bool f64, bool lg, size_t rows, size_t n,
+                                          const void *y, const void *gy, void *gx);
 cudaError_t fsdp__cuda_k_layer_norm(cudaStream_t s, bool f64, size_t rows, size_t n, double eps,
                                     const void *x, const void *w, const void *b, void *y,
                                     void *mean, void *rstd);
@@ -110,15 +110,15 @@ cudaError_t fsdp__cuda_k_batch_norm_backward(cudaStream_t s, bool f64, bool trai
 cudaError_t fsdp__cuda_k_embedding(cudaStream_t s, bool f64, size_t n, size_t dim,
                                    const int64_t *idx, const void *w, void *y);
 cudaError_t fsdp__cuda_k_embedding_backward(cudaStream_t s, bool f64, size_t n, size_t dim,
-                                            const int64_t *idx, int64_t padding_idx,
-                                            const void *gy, void *gw);
+                                            const int64_t *idx, int64_t padding_idx, const void *gy,
+                                            void *gw);
 cudaError_t fsdp__cuda_k_cross_entropy(cudaStream_t s, bool f64, size_t rows, size_t n,
                                        const void *logits, const int64_t *target,
                                        int64_t ignore_index, double ls, void *loss, void *logp);
 cudaError_t fsdp__cuda_k_cross_entropy_backward(cudaStream_t s, bool f64, size_t rows, size_t n,
                                                 const void *logp, const int64_t *target,
-                                                int64_t ignore_index, double ls,
-                                                const void *gloss, void *gx);
+                                                int64_t ignore_index, double ls, const void *gloss,
+                                                void *gx);
 /* thr: fsdp_cuda_dropout_threshold(p) for 0 < p < 1; p <= 0 and p >= 1 are handled by the
  * caller's flags keep_all / drop_all. */
 cudaError_t fsdp__cuda_k_dropout(cudaStream_t s, bool f64, size_t n, int mode, uint32_t thr,

@@ -104,11 +104,11 @@ __global__ static void softmax_k(bool lg, size_t rows, size_t n, const T *x, T *
 extern "C" cudaError_t fsdp__cuda_k_softmax(cudaStream_t s, bool f64, bool lg, size_t rows,
                                             size_t n, const void *x, void *y) {
     if (f64)
-        softmax_k<double><<<rows_grid(rows), THREADS, 0, s>>>(lg, rows, n, (const double *)x,
-                                                              (double *)y);
+        softmax_k<double>
+            <<<rows_grid(rows), THREADS, 0, s>>>(lg, rows, n, (const double *)x, (double *)y);
     else
-        softmax_k<float><<<rows_grid(rows), THREADS, 0, s>>>(lg, rows, n, (const float *)x,
-                                                             (float *)y);
+        softmax_k<float>
+            <<<rows_grid(rows), THREADS, 0, s>>>(lg, rows, n, (const float *)x, (float *)y);
     return cudaGetLastError();
 }
 
@@ -128,12 +128,12 @@ __global__ static void softmax_bwd_k(bool lg, size_t rows, size_t n, const T *y,
     }
 }
 
-extern "C" cudaError_t fsdp__cuda_k_softmax_backward(cudaStream_t s, bool f64, bool lg,
-                                                     size_t rows, size_t n, const void *y,
-                                                     const void *gy, void *gx) {
+extern "C" cudaError_t fsdp__cuda_k_softmax_backward(cudaStream_t s, bool f64, bool lg, size_t rows,
+                                                     size_t n, const void *y, const void *gy,
+                                                     void *gx) {
     if (f64)
-        softmax_bwd_k<double><<<rows_grid(rows), THREADS, 0, s>>>(
-            lg, rows, n, (const double *)y, (const double *)gy, (double *)gx);
+        softmax_bwd_k<double><<<rows_grid(rows), THREADS, 0, s>>>(lg, rows, n, (const double *)y,
+                                                                  (const double *)gy, (double *)gx);
     else
         softmax_bwd_k<float><<<rows_grid(rows), THREADS, 0, s>>>(lg, rows, n, (const float *)y,
                                                                  (const float *)gy, (float *)gx);
@@ -190,8 +190,8 @@ extern "C" cudaError_t fsdp__cuda_k_layer_norm(cudaStream_t s, bool f64, size_t 
 }
 
 template <typename T>
-__global__ static void layer_norm_gx_k(size_t rows, size_t n, const T *x, const T *w,
-                                       const T *mean, const T *rstd, const T *gy, T *gx) {
+__global__ static void layer_norm_gx_k(size_t rows, size_t n, const T *x, const T *w, const T *mean,
+                                       const T *rstd, const T *gy, T *gx) {
     __shared__ double shd[THREADS];
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *xr = x + r * n, *gr = gy + r * n;
@@ -315,9 +315,8 @@ extern "C" cudaError_t fsdp__cuda_k_batch_norm(cudaStream_t s, bool f64, bool tr
                                                void *rstd) {
     if (f64)
         batch_norm_k<double><<<rows_grid(c), THREADS, 0, s>>>(
-            train, nb, c, l, eps, momentum, (const double *)x, (const double *)w,
-            (const double *)b, (double *)rmean, (double *)rvar, (double *)y, (double *)mean,
-            (double *)rstd);
+            train, nb, c, l, eps, momentum, (const double *)x, (const double *)w, (const double *)b,
+            (double *)rmean, (double *)rvar, (double *)y, (double *)mean, (double *)rstd);
     else
         batch_norm_k<float><<<rows_grid(c), THREADS, 0, s>>>(
             train, nb, c, l, eps, momentum, (const float *)x, (const float *)w, (const float *)b,
@@ -360,12 +359,10 @@ __global__ static void batch_norm_bwd_k(bool train, size_t nb, size_t c, size_t 
     }
 }
 
-extern "C" cudaError_t fsdp__cuda_k_batch_norm_backward(cudaStream_t s, bool f64, bool train,
-                                                        size_t nb, size_t c, size_t l,
-                                                        const void *x, const void *w,
-                                                        const void *mean, const void *rstd,
-                                                        const void *gy, void *gx, void *gw,
-                                                        void *gb) {
+extern "C" cudaError_t
+fsdp__cuda_k_batch_norm_backward(cudaStream_t s, bool f64, bool train, size_t nb, size_t c,
+                                 size_t l, const void *x, const void *w, const void *mean,
+                                 const void *rstd, const void *gy, void *gx, void *gw, void *gb) {
     if (f64)
         batch_norm_bwd_k<double><<<rows_grid(c), THREADS, 0, s>>>(
             train, nb, c, l, (const double *)x, (const double *)w, (const double *)mean,
@@ -416,11 +413,11 @@ extern "C" cudaError_t fsdp__cuda_k_embedding_backward(cudaStream_t s, bool f64,
                                                        void *gw) {
     unsigned g = blocks_for(dim);
     if (f64)
-        embedding_bwd_k<double><<<g, THREADS, 0, s>>>(n, dim, idx, padding_idx,
-                                                      (const double *)gy, (double *)gw);
+        embedding_bwd_k<double>
+            <<<g, THREADS, 0, s>>>(n, dim, idx, padding_idx, (const double *)gy, (double *)gw);
     else
-        embedding_bwd_k<float><<<g, THREADS, 0, s>>>(n, dim, idx, padding_idx, (const float *)gy,
-                                                     (float *)gw);
+        embedding_bwd_k<float>
+            <<<g, THREADS, 0, s>>>(n, dim, idx, padding_idx, (const float *)gy, (float *)gw);
     return cudaGetLastError();
 }
 
@@ -462,13 +459,12 @@ extern "C" cudaError_t fsdp__cuda_k_cross_entropy(cudaStream_t s, bool f64, size
                                                   int64_t ignore_index, double ls, void *loss,
                                                   void *logp) {
     if (f64)
-        cross_entropy_k<double><<<rows_grid(rows), THREADS, 0, s>>>(
-            rows, n, (const double *)logits, target, ignore_index, ls, (double *)loss,
-            (double *)logp);
+        cross_entropy_k<double><<<rows_grid(rows), THREADS, 0, s>>>(rows, n, (const double *)logits,
+                                                                    target, ignore_index, ls,
+                                                                    (double *)loss, (double *)logp);
     else
         cross_entropy_k<float><<<rows_grid(rows), THREADS, 0, s>>>(
-            rows, n, (const float *)logits, target, ignore_index, ls, (float *)loss,
-            (float *)logp);
+            rows, n, (const float *)logits, target, ignore_index, ls, (float *)loss, (float *)logp);
     return cudaGetLastError();
 }
 
@@ -498,9 +494,9 @@ extern "C" cudaError_t fsdp__cuda_k_cross_entropy_backward(cudaStream_t s, bool 
                                                            const void *gloss, void *gx) {
     unsigned g = blocks_for(rows * n);
     if (f64)
-        cross_entropy_bwd_k<double><<<g, THREADS, 0, s>>>(
-            rows, n, (const double *)logp, target, ignore_index, ls / (double)n, 1.0 - ls,
-            (const double *)gloss, (double *)gx);
+        cross_entropy_bwd_k<double><<<g, THREADS, 0, s>>>(rows, n, (const double *)logp, target,
+                                                          ignore_index, ls / (double)n, 1.0 - ls,
+                                                          (const double *)gloss, (double *)gx);
     else
         cross_entropy_bwd_k<float><<<g, THREADS, 0, s>>>(
             rows, n, (const float *)logp, target, ignore_index, (float)(ls / (double)n),
@@ -580,9 +576,7 @@ extern "C" cudaError_t fsdp__cuda_k_sgd_step(cudaStream_t s, bool f64, size_t n,
     return cudaGetLastError();
 }
 
-template <typename T> struct adam_coef {
-    T b1, omb1, b2, omb2, bc2_sqrt, eps, nstep, wd, decay;
-};
+template <typename T> struct adam_coef { T b1, omb1, b2, omb2, bc2_sqrt, eps, nstep, wd, decay; };
 
 template <typename T>
 __global__ static void adam_k(size_t n, T *p, const T *g, T *m, T *v, T *vmax, adam_coef<T> c,
@@ -632,14 +626,12 @@ extern "C" cudaError_t fsdp__cuda_k_adam_step(cudaStream_t s, bool f64, size_t n
     unsigned gr = blocks_for(n);
     const bool couple_wd = !decoupled && wd != 0.0;
     if (f64)
-        adam_k<double><<<gr, THREADS, 0, s>>>(n, (double *)p, (const double *)g, (double *)m,
-                                              (double *)v, (double *)vmax,
-                                              adam_coefs<double>(lr, beta1, beta2, eps, wd, t),
-                                              decoupled, couple_wd, amsgrad);
+        adam_k<double><<<gr, THREADS, 0, s>>>(
+            n, (double *)p, (const double *)g, (double *)m, (double *)v, (double *)vmax,
+            adam_coefs<double>(lr, beta1, beta2, eps, wd, t), decoupled, couple_wd, amsgrad);
     else
-        adam_k<float><<<gr, THREADS, 0, s>>>(n, (float *)p, (const float *)g, (float *)m,
-                                             (float *)v, (float *)vmax,
-                                             adam_coefs<float>(lr, beta1, beta2, eps, wd, t),
-                                             decoupled, couple_wd, amsgrad);
+        adam_k<float><<<gr, THREADS, 0, s>>>(
+            n, (float *)p, (const float *)g, (float *)m, (float *)v, (float *)vmax,
+            adam_coefs<float>(lr, beta1, beta2, eps, wd, t), decoupled, couple_wd, amsgrad);
     return cudaGetLastError();
 }

@@ -24,8 +24,7 @@
 #endif
 
 /* Philox-4x32-10 of counter c and key k into out (out may alias c). */
-FSDP_CUDA_HD void fsdp_cuda_philox(const uint32_t c[4], uint32_t k0, uint32_t k1,
-                                   uint32_t out[4]) {
+FSDP_CUDA_HD void fsdp_cuda_philox(const uint32_t c[4], uint32_t k0, uint32_t k1, uint32_t out[4]) {
     uint32_t x0 = c[0], x1 = c[1], x2 = c[2], x3 = c[3];
     for (int r = 0; r < 10; r++) {
         /* The first round uses the key as given; later rounds bump it by the Weyl constants. */
