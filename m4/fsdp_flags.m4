@@ -39,8 +39,21 @@ AC_DEFUN([FSDP_CHECK_CFLAGS], [
   AS_IF([test "x$enable_werror" = xyes], [FSDP_WARN_CFLAGS="$FSDP_WARN_CFLAGS -Werror"])
   FSDP_VISIBILITY_CFLAGS=
   FSDP_TRY_CFLAG([-fvisibility=hidden], [FSDP_VISIBILITY_CFLAGS])
+  # Kernel code generation (see "CPU kernels: SIMD" in docs/design.md). GCC's -O2 vectorizes
+  # only loops whose trip count is a known multiple of the vector width; the dynamic cost model
+  # vectorizes the kernels' elementwise loops (with run-time alias checks and scalar tails),
+  # -fno-math-errno lets sqrt become one instruction instead of a call guarded for errno, and
+  # -ffp-contract=off (already implied by -std=c11) is explicit because the bitwise agreement
+  # of the multiversioned kernels depends on it. None of them changes a result: no
+  # reassociation, no fused multiply-add. -Wno-psabi silences GCC's note on 64-byte vectors
+  # passed between the inlined helpers of cpu_vec.c.
+  FSDP_KERNEL_CFLAGS=
+  for fsdp_flag in -fvect-cost-model=dynamic -fno-math-errno -ffp-contract=off -Wno-psabi; do
+    FSDP_TRY_CFLAG([$fsdp_flag], [FSDP_KERNEL_CFLAGS])
+  done
   AC_SUBST([FSDP_WARN_CFLAGS])
   AC_SUBST([FSDP_VISIBILITY_CFLAGS])
+  AC_SUBST([FSDP_KERNEL_CFLAGS])
 ])
 
 # FSDP_TRY_CXXFLAG(FLAG, VAR): append FLAG to VAR when the C++ compiler accepts it with -Werror.

@@ -22,6 +22,7 @@
 #include <tgmath.h>
 
 #include "device/cpu_impl.h"
+#include "device/cpu_vec.h"
 
 #ifdef FSDP_HAVE_BLAS
 #include <cblas.h>
@@ -54,7 +55,15 @@ int fsdp__cpu_fill(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double value, 
     int rc = fsdp_dtype_convert(one, dt, &value, FSDP_DTYPE_F64, 1);
     if (rc < 0)
         return fsdp__ctx_err(dev->ctx, rc, "cpu fill: dtype %d is not a fsdp_dtype_t", (int)dt);
-    switch (fsdp_dtype_size(dt)) {
+    const size_t es = fsdp_dtype_size(dt);
+    static const unsigned char zero[8];
+    if (memcmp(one, zero, es) == 0) {
+        /* +0 in every dtype is all zero bytes: memset runs at memory bandwidth, while the loop
+         * below stores one element at a time (zero-filled gradients are megabytes per step). */
+        memset(yb, 0, n * es);
+        return FSDP_OK;
+    }
+    switch (es) {
     case 1:
         memset(yb, one[0], n);
         break;
@@ -362,6 +371,19 @@ DEF_UNARY_BWD(double, f64)
 int fsdp__cpu_unary(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n, double alpha,
                     const void *x, void *y) {
     int r;
+    if (dt == FSDP_DTYPE_F32 && op == FSDP_UNARY_GELU_TANH) {
+        /* The SIMD kernels of cpu_vec.c (within 3 ulp of libm's tanh and exp). */
+        fsdp__vec_gelu_tanh_f32(n, x, y);
+        return FSDP_OK;
+    }
+    if (dt == FSDP_DTYPE_F32 && op == FSDP_UNARY_TANH) {
+        fsdp__vec_tanh_f32(n, x, y);
+        return FSDP_OK;
+    }
+    if (dt == FSDP_DTYPE_F32 && op == FSDP_UNARY_EXP) {
+        fsdp__vec_exp_f32(n, x, 0.0f, y);
+        return FSDP_OK;
+    }
     if (dt == FSDP_DTYPE_F32)
         r = unary_f32(op, n, (float)alpha, x, y);
     else if (dt == FSDP_DTYPE_F64)
@@ -377,6 +399,10 @@ int fsdp__cpu_unary(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, siz
 int fsdp__cpu_unary_backward(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n,
                              double alpha, const void *x, const void *y, const void *gy, void *gx) {
     int r;
+    if (dt == FSDP_DTYPE_F32 && op == FSDP_UNARY_GELU_TANH && x) {
+        fsdp__vec_gelu_tanh_bwd_f32(n, x, gy, gx);
+        return FSDP_OK;
+    }
     if (dt == FSDP_DTYPE_F32)
         r = unary_bwd_f32(op, n, (float)alpha, x, y, gy, gx);
     else if (dt == FSDP_DTYPE_F64)
@@ -426,6 +452,7 @@ int fsdp__cpu_unary_backward(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_
 /* max and min propagate NaN (either operand), as torch.maximum / torch.minimum do. */
 /* clang-format off */
 #define DEF_BINARY(T, SFX)                                                                     \
+    FSDP_CPU_CLONES                                                                            \
     static void binary_row_##SFX(fsdp_binary_op_t op, int64_t n, T *y, const T *a, int64_t sa, \
                                  const T *b, int64_t sb) {                                     \
         switch (op) {                                                                          \
@@ -476,6 +503,7 @@ int fsdp__cpu_binary(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_binary_op_t op, i
 
 /* clang-format off */
 #define DEF_AXPY_WHERE(T, SFX)                                                                 \
+    FSDP_CPU_CLONES                                                                            \
     static void axpy_##SFX(size_t n, T al, const T *x, T *y) {                                 \
         for (size_t i = 0; i < n; i++) y[i] += al * x[i];                                      \
     }                                                                                          \
@@ -527,6 +555,7 @@ int fsdp__cpu_where(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const uint8_t
  */
 /* clang-format off */
 #define DEF_REDUCE(T, SFX)                                                                     \
+    FSDP_CPU_CLONES                                                                            \
     static void reduce_sum_##SFX(size_t outer, size_t r, size_t inner, T al, const T *x,       \
                                  T *y) {                                                       \
         for (size_t o = 0; o < outer; o++) {                                                   \

@@ -30,6 +30,11 @@
 #include <fsdp/rng.h>
 
 #include "cpu_impl.h"
+#include "cpu_vec.h"
+
+/* f32 rows are processed in chunks of this many elements where a kernel needs scratch (exp of a
+ * row before it is scaled), so that the scratch lives on the stack and in L1. */
+#define NN_VEC_CHUNK 512
 
 /* Columns of gw/gb accumulated at a time in the norm backwards: two double arrays of this size
  * live on the stack, and a chunk of one row (1 KiB of f32) stays in L1 across rows. */
@@ -43,21 +48,25 @@
 #define NN_S f32
 #define NN_EXP expf
 #define NN_SQRT sqrtf
+#define NN_F32 1
 #include "cpu_nn_kernels.c"
 #undef NN_T
 #undef NN_S
 #undef NN_EXP
 #undef NN_SQRT
+#undef NN_F32
 
 #define NN_T double
 #define NN_S f64
 #define NN_EXP exp
 #define NN_SQRT sqrt
+#define NN_F32 0
 #include "cpu_nn_kernels.c"
 #undef NN_T
 #undef NN_S
 #undef NN_EXP
 #undef NN_SQRT
+#undef NN_F32
 
 /* Calls fn_f32 or fn_f64 with the remaining arguments, or returns FSDP_ENOTSUP. */
 #define NN_DISPATCH(dt, fn, ...)                                                                   \
@@ -192,8 +201,25 @@ int fsdp__cpu_adam_step(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, 
 /* PyTorch's order: m = max(x); softmax = exp(x - m) * (1 / sum); log-softmax =
  * (x - m) - log(sum), subtracting the two terms separately so that a large m does not swallow
  * a small log(sum). y may alias x: each element is read before it is written. */
+FSDP_CPU_CLONES
 static void NN_FN(softmax_row)(bool lg, size_t n, const T *x, T *y) {
     if (n == 0) return;
+#if NN_F32
+    /* The same steps with the SIMD exp and lane-ordered double sums of cpu_vec.c. */
+    {
+        const float mx = fsdp__vec_max_f32(n, x);
+        if (lg) {
+            const float lse = (float)log(fsdp__vec_exp_sum_f32(n, x, mx, NULL));
+            for (size_t j = 0; j < n; j++)
+                y[j] = x[j] - mx - lse;
+        } else {
+            const float inv = (float)(1.0 / fsdp__vec_exp_sum_f32(n, x, mx, y));
+            for (size_t j = 0; j < n; j++)
+                y[j] *= inv;
+        }
+        return;
+    }
+#endif
     T mx = x[0];
     for (size_t j = 1; j < n; j++)
         if (x[j] > mx) mx = x[j];
@@ -222,11 +248,29 @@ static int NN_FN(softmax)(bool lg, size_t rows, size_t n, const T *x, T *y) {
     return FSDP_OK;
 }
 
+FSDP_CPU_CLONES
 static int NN_FN(softmax_backward)(bool lg, size_t rows, size_t n, const T *y, const T *gy, T *gx) {
     for (size_t r = 0; r < rows; r++) {
         const T *yr = y + r * n, *gr = gy + r * n;
         T *xr = gx + r * n;
         double s = 0.0;
+#if NN_F32
+        if (lg) {
+            const float st = (float)fsdp__vec_sum_f32(n, gr);
+            float e[NN_VEC_CHUNK];
+            for (size_t c0 = 0; c0 < n; c0 += NN_VEC_CHUNK) {
+                const size_t cn = n - c0 < NN_VEC_CHUNK ? n - c0 : NN_VEC_CHUNK;
+                fsdp__vec_exp_f32(cn, yr + c0, 0.0f, e);
+                for (size_t j = 0; j < cn; j++)
+                    xr[c0 + j] = gr[c0 + j] - e[j] * st;
+            }
+        } else {
+            const float st = (float)fsdp__vec_dot_f32(n, gr, yr);
+            for (size_t j = 0; j < n; j++)
+                xr[j] = yr[j] * (gr[j] - st);
+        }
+        continue;
+#endif
         if (lg) {
             for (size_t j = 0; j < n; j++)
                 s += (double)gr[j];
@@ -246,6 +290,7 @@ static int NN_FN(softmax_backward)(bool lg, size_t rows, size_t n, const T *y, c
 
 /* ---- layer norm ---- */
 
+FSDP_CPU_CLONES
 static int NN_FN(layer_norm)(size_t rows, size_t n, double eps, const T *x, const T *w, const T *b,
                              T *y, T *mean, T *rstd) {
     for (size_t r = 0; r < rows; r++) {
@@ -253,6 +298,11 @@ static int NN_FN(layer_norm)(size_t rows, size_t n, double eps, const T *x, cons
         T *yr = y + r * n;
         /* Two passes in double: the biased variance without E[x^2] - E[x]^2 cancellation. */
         double s = 0.0, ss = 0.0;
+#if NN_F32
+        s = fsdp__vec_sum_f32(n, xr);
+        const double mu = n ? s / (double)n : 0.0;
+        ss = fsdp__vec_sumsq_dev_f32(n, xr, mu);
+#else
         for (size_t j = 0; j < n; j++)
             s += (double)xr[j];
         const double mu = n ? s / (double)n : 0.0;
@@ -260,6 +310,7 @@ static int NN_FN(layer_norm)(size_t rows, size_t n, double eps, const T *x, cons
             double d = (double)xr[j] - mu;
             ss += d * d;
         }
+#endif
         const double var = n ? ss / (double)n : 0.0;
         const T mt = (T)mu, rt = (T)(1.0 / sqrt(var + eps));
         mean[r] = mt;
@@ -284,6 +335,7 @@ static int NN_FN(layer_norm)(size_t rows, size_t n, double eps, const T *x, cons
  * gw += sum_rows gy xh, gb += sum_rows gy. The weight gradients are summed over rows in double,
  * a chunk of columns at a time, so that they need no heap scratch and are rounded once.
  */
+FSDP_CPU_CLONES
 static int NN_FN(layer_norm_backward)(size_t rows, size_t n, const T *x, const T *w, const T *mean,
                                       const T *rstd, const T *gy, T *gx, T *gw, T *gb) {
     if (gx && n > 0) {
@@ -291,6 +343,10 @@ static int NN_FN(layer_norm_backward)(size_t rows, size_t n, const T *x, const T
             const T *xr = x + r * n, *gr = gy + r * n;
             T *dr = gx + r * n;
             const T mt = mean[r], rt = rstd[r];
+#if NN_F32
+            fsdp__vec_ln_bwd_row_f32(n, xr, w, mt, rt, gr, dr);
+            continue;
+#endif
             double sg = 0.0, sgx = 0.0;
             for (size_t j = 0; j < n; j++) {
                 T xh = (xr[j] - mt) * rt;
@@ -435,6 +491,7 @@ static int NN_FN(embedding)(size_t n, size_t dim, const int64_t *idx, const T *w
     return FSDP_OK;
 }
 
+FSDP_CPU_CLONES
 static int NN_FN(embedding_backward)(size_t n, size_t dim, const int64_t *idx, int64_t padding_idx,
                                      const T *gy, T *gw) {
     /* In index order, so repeated indices always sum in the same order. */
@@ -475,6 +532,7 @@ static int NN_FN(cross_entropy)(size_t rows, size_t n, const T *logits, const in
     return FSDP_OK;
 }
 
+FSDP_CPU_CLONES
 static int NN_FN(cross_entropy_backward)(size_t rows, size_t n, const T *logp,
                                          const int64_t *target, int64_t ignore_index, double ls,
                                          const T *gloss, T *gx) {
@@ -490,6 +548,16 @@ static int NN_FN(cross_entropy_backward)(size_t rows, size_t n, const T *logp,
         }
         if (t < 0 || (uint64_t)t >= (uint64_t)n) return FSDP_EINVAL;
         const T g = gloss[r];
+#if NN_F32
+        /* exp into the output row, then the scaling; the target's element is recomputed from
+         * its exp as the scalar code does. */
+        fsdp__vec_exp_f32(n, lp, 0.0f, dr);
+        const float et = dr[t];
+        for (size_t j = 0; j < n; j++)
+            dr[j] = g * (dr[j] - smooth);
+        dr[t] = g * (et - smooth - onehot);
+        continue;
+#endif
         for (size_t j = 0; j < n; j++)
             dr[j] = g * (NN_EXP(lp[j]) - smooth);
         dr[t] = g * (NN_EXP(lp[t]) - smooth - onehot);
@@ -565,6 +633,7 @@ static int NN_FN(sgd_step)(size_t n, T *p, const T *g, T *buf, double lr, double
  *   denom = sqrt(v) / sqrt(1 - b2^t) + eps;  p = p + ((-lr / (1 - b1^t)) m) / denom
  * with the bias corrections and step size computed in double (Python floats in PyTorch).
  */
+FSDP_CPU_CLONES
 static int NN_FN(adam_step)(size_t n, T *p, const T *g, T *m, T *v, T *vmax, double lr,
                             double beta1, double beta2, double eps, double wd, bool decoupled,
                             bool amsgrad, int64_t t) {
@@ -573,6 +642,24 @@ static int NN_FN(adam_step)(size_t n, T *p, const T *g, T *m, T *v, T *vmax, dou
     const T bc2_sqrt = (T)sqrt(bc2), epst = (T)eps, nstep = (T)(-(lr / bc1));
     const T wdt = (T)wd, decay = (T)(1.0 - lr * wd);
     const bool couple_wd = !decoupled && wd != 0.0;
+    if (!amsgrad && !couple_wd) {
+        /* AdamW, or Adam without weight decay: the same operations in branch-free loops the
+         * compiler vectorizes (sqrt and division are exact IEEE operations in any width). */
+        T *restrict pr = p, *restrict mr = m, *restrict vr = v;
+        const T *restrict gr = g;
+        const T dec = decoupled ? decay : (T)1;
+        for (size_t i = 0; i < n; i++) {
+            const T gi = gr[i];
+            const T mi = mr[i] * b1 + omb1 * gi;
+            const T vi = vr[i] * b2 + omb2 * gi * gi;
+            mr[i] = mi;
+            vr[i] = vi;
+            const T denom = NN_SQRT(vi) / bc2_sqrt + epst;
+            /* p * 1 is p exactly, so plain Adam takes the same loop. */
+            pr[i] = pr[i] * dec + nstep * mi / denom;
+        }
+        return FSDP_OK;
+    }
     for (size_t i = 0; i < n; i++) {
         T gi = g[i];
         if (decoupled)

@@ -1,0 +1,70 @@
+/*
+ * cpu_vec.h: f32 array kernels of the CPU device that are written for SIMD (cpu_vec.c): exp,
+ * tanh and the tanh-approximated GELU with its derivative, and the row reductions of softmax
+ * and layer norm.
+ *
+ * Invariants every caller may rely on:
+ *   - Results are bitwise the same on every x86-64 CPU and at every vector width: each element
+ *     goes through the same sequence of IEEE operations (no fused multiply-adds, see
+ *     FSDP_CPU_CLONES), and reductions use a fixed number of lanes combined in a fixed order,
+ *     so the instruction set chosen at run time changes the speed and never the bits.
+ *   - exp and tanh are within 3 ulp of the correctly rounded result over the whole f32 range
+ *     (tests/t_device_vec checks a sweep against the double functions), propagate NaN, and give
+ *     exp(-inf) = 0, exp(+inf) = +inf, tanh(+-inf) = +-1.
+ *   - Outputs may alias inputs exactly (y == x), never partially.
+ */
+#ifndef FSDP_CPU_VEC_H
+#define FSDP_CPU_VEC_H
+
+#include <stddef.h>
+
+/*
+ * Function multiversioning: on x86-64 with GCC (or a clang that has the attribute) and an ELF
+ * target (ifunc), a function carrying FSDP_CPU_CLONES is compiled for AVX-512, AVX2 and the
+ * baseline, and the loader picks one for the CPU. Elsewhere it expands to nothing and the
+ * portable code runs. The C11 mode of the build keeps -ffp-contract=off, so the AVX2 and
+ * AVX-512 clones do not fuse multiply-adds and compute the baseline's bits.
+ */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && !defined(FSDP_NO_CLONES)
+#if __has_attribute(target_clones)
+#define FSDP_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef FSDP_CPU_CLONES
+#define FSDP_CPU_CLONES
+#endif
+
+/* y[i] = exp(x[i] - sub). */
+void fsdp__vec_exp_f32(size_t n, const float *x, float sub, float *y);
+
+/* Returns the sum in double, lane by lane in a fixed order, of exp(x[i] - sub); stores the
+ * terms rounded to float in y unless y is NULL. */
+double fsdp__vec_exp_sum_f32(size_t n, const float *x, float sub, float *y);
+
+/* y[i] = tanh(x[i]). */
+void fsdp__vec_tanh_f32(size_t n, const float *x, float *y);
+
+/* y[i] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's GELU(approximate="tanh"). */
+void fsdp__vec_gelu_tanh_f32(size_t n, const float *x, float *y);
+
+/* gx[i] = gy[i] * d/dx gelu_tanh(x[i]) in PyTorch's formula (left + right, see cpu_kernels.c). */
+void fsdp__vec_gelu_tanh_bwd_f32(size_t n, const float *x, const float *gy, float *gx);
+
+/* The largest element (n >= 1); a NaN anywhere may or may not be returned, the callers' results
+ * are NaN either way. */
+float fsdp__vec_max_f32(size_t n, const float *x);
+
+/* Sums in double, in a fixed lane order: sum x[i], and sum (x[i] - mu)^2 with x[i] - mu in
+ * double. */
+double fsdp__vec_sum_f32(size_t n, const float *x);
+double fsdp__vec_sumsq_dev_f32(size_t n, const float *x, double mu);
+
+/* The sum in double of a[i] * b[i], each float converted to double, in a fixed lane order. */
+double fsdp__vec_dot_f32(size_t n, const float *a, const float *b);
+
+/* One row (n >= 1) of layer norm's input gradient: xh = (x - mt) rt, g = gy w (gy when w is
+ * NULL), c1 = mean(g), c2 = mean(g xh) with the sums in double, gx = (g - c1 - xh c2) rt. */
+void fsdp__vec_ln_bwd_row_f32(size_t n, const float *x, const float *w, float mt, float rt,
+                              const float *gy, float *gx);
+
+#endif /* FSDP_CPU_VEC_H */

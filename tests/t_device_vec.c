@@ -1,0 +1,260 @@
+/*
+ * t_device_vec.c: the f32 SIMD kernels of the CPU device (src/device/cpu_vec.c).
+ *
+ * exp and tanh are swept over a dense set of floats (every 97th bit pattern between the
+ * thresholds, both signs) and compared in ulps with the double functions of libm rounded to
+ * float; the special values (0, -0, +-inf, NaN, overflow and underflow edges) are checked
+ * exactly. GELU and its derivative are compared with a double evaluation of the same formulas.
+ * The reductions are compared with long double sums. Finally every kernel must give the same
+ * bits for an element whether it sits in a full vector or in the tail, and whatever the length
+ * of the array (the property that keeps results independent of shapes and of the vector width).
+ */
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/cpu_vec.h"
+#include "tap.h"
+
+#define MAX_ULP 3.0 /* the bound cpu_vec.h promises for exp and tanh */
+
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The error of got in ulps of the float nearest to the exact value want. */
+static double ulp_err(float got, double want) {
+    if (isinf(want) || isinf(got)) return (double)got == want ? 0.0 : INFINITY;
+    const float w = (float)want;
+    int e;
+    frexpf(w == 0.0f ? FLT_MIN : w, &e);
+    double ulp = ldexp(1.0, e - 24);
+    if (ulp < ldexp(1.0, -149)) ulp = ldexp(1.0, -149);
+    return fabs((double)got - want) / ulp;
+}
+
+/* Sweeps bit patterns of |x| in [lo, hi] (every `step`-th), both signs, through fn; returns the
+ * largest ulp error against ref and stores where it happened. */
+typedef void (*vec_fn)(size_t n, const float *x, float *y);
+
+static void exp_plain(size_t n, const float *x, float *y) {
+    fsdp__vec_exp_f32(n, x, 0.0f, y);
+}
+
+static double sweep(vec_fn fn, double (*ref)(double), float lo, float hi, uint32_t step,
+                    float *worst_x) {
+    enum { CHUNK = 4099 }; /* odd, so every call has a tail */
+    static float xs[CHUNK], ys[CHUNK];
+    double worst = 0.0;
+    *worst_x = 0.0f;
+    size_t m = 0;
+    for (int sign = 0; sign < 2; sign++) {
+        for (uint32_t u = bits_of(lo); u <= bits_of(hi); u += step) {
+            xs[m++] = sign ? -float_of(u) : float_of(u);
+            if (m == CHUNK || u + step > bits_of(hi)) {
+                fn(m, xs, ys);
+                for (size_t i = 0; i < m; i++) {
+                    const double e = ulp_err(ys[i], ref((double)xs[i]));
+                    if (!(e <= worst)) {
+                        worst = e;
+                        *worst_x = xs[i];
+                    }
+                }
+                m = 0;
+            }
+            if (u + step < u) break;
+        }
+    }
+    return worst;
+}
+
+static double gelu_ref(double v) {
+    return 0.5 * v * (1.0 + tanh(0.79788456080286535588 * (v + 0.044715 * v * v * v)));
+}
+
+static double gelu_grad_ref(double v) {
+    const double b = 0.79788456080286535588, k = 0.044715;
+    const double t = tanh(b * (v + k * v * v * v));
+    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * b * (1.0 + 3.0 * k * v * v);
+}
+
+static uint64_t rng = 0x243F6A8885A308D3u;
+static float uniform(float lo, float hi) {
+    rng = rng * 6364136223846793005u + 1442695040888963407u;
+    return lo + (hi - lo) * (float)((rng >> 40) * 0x1p-24);
+}
+
+static void test_exp(void) {
+    float wx;
+    /* From the smallest result that is not 0 to the largest that is finite. */
+    double e = sweep(exp_plain, exp, 0.0f, 88.7f, 97, &wx);
+    tap_ok(e <= MAX_ULP, "exp: |x| <= 88.7 (every 97th float) within %.0f ulp (worst %.3f at %a)",
+           MAX_ULP, e, wx);
+    const float sp[] = {0.0f,  -0.0f,   INFINITY, -INFINITY, NAN,     88.72f,
+                        89.0f, 1000.0f, -87.3f,   -103.0f,   -104.0f, -200.0f};
+    float y[12];
+    fsdp__vec_exp_f32(12, sp, 0.0f, y);
+    tap_ok(y[0] == 1.0f && y[1] == 1.0f, "exp(+-0) = 1");
+    tap_ok(isinf(y[2]) && y[2] > 0 && y[3] == 0.0f, "exp(inf) = inf, exp(-inf) = 0");
+    tap_ok(isnan(y[4]), "exp(NaN) is NaN");
+    tap_ok(y[5] == expf(88.72f) && isinf(y[6]) && isinf(y[7]),
+           "exp overflows exactly where libm does (%a %a %a)", y[5], y[6], y[7]);
+    tap_ok(ulp_err(y[8], exp((double)sp[8])) <= MAX_ULP &&
+               ulp_err(y[9], exp((double)sp[9])) <= 1.0 && y[10] == 0.0f && y[11] == 0.0f,
+           "exp underflows through the subnormals to 0 (%a %a %a)", y[8], y[9], y[10]);
+    /* exp(x - sub) is exp of the rounded difference. */
+    const float xs[3] = {1.5f, -2.25f, 7.0f};
+    float a[3], b[3], d[3];
+    for (int i = 0; i < 3; i++)
+        d[i] = xs[i] - 3.0f;
+    fsdp__vec_exp_f32(3, xs, 3.0f, a);
+    fsdp__vec_exp_f32(3, d, 0.0f, b);
+    tap_is_mem(a, b, sizeof a, "exp(x - sub) is exp of the difference");
+}
+
+static void test_tanh(void) {
+    float wx;
+    double e = sweep(fsdp__vec_tanh_f32, tanh, 0.0f, 12.0f, 97, &wx);
+    tap_ok(e <= MAX_ULP, "tanh: |x| <= 12 (every 97th float) within %.0f ulp (worst %.3f at %a)",
+           MAX_ULP, e, wx);
+    const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-30f, -1e-42f, 9.5f, -20.0f};
+    float y[9];
+    fsdp__vec_tanh_f32(9, sp, y);
+    tap_ok(y[0] == 0.0f && !signbit(y[0]) && y[1] == 0.0f && signbit(y[1]), "tanh(+-0) = +-0");
+    tap_ok(y[2] == 1.0f && y[3] == -1.0f, "tanh(+-inf) = +-1");
+    tap_ok(isnan(y[4]), "tanh(NaN) is NaN");
+    tap_ok(y[5] == 1e-30f && y[6] == -1e-42f, "tanh of tiny and subnormal x is x (%a %a)", y[5],
+           y[6]);
+    tap_ok(y[7] == 1.0f && y[8] == -1.0f, "tanh saturates to +-1 (%a %a)", y[7], y[8]);
+}
+
+static void test_gelu(void) {
+    enum { N = 20001 };
+    static float x[N], y[N], g[N], gx[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = -12.0f + 24.0f * (float)i / (float)(N - 1);
+        g[i] = uniform(-2.0f, 2.0f);
+    }
+    fsdp__vec_gelu_tanh_f32(N, x, y);
+    fsdp__vec_gelu_tanh_bwd_f32(N, x, g, gx);
+    /* The golden tests' f32 tolerance against PyTorch: rtol 1.3e-6, atol 1e-5. */
+    double worst_f = 0.0, worst_b = 0.0;
+    int bad_f = 0, bad_b = 0;
+    for (int i = 0; i < N; i++) {
+        const double rf = gelu_ref(x[i]), rb = (double)g[i] * gelu_grad_ref(x[i]);
+        const double ef = fabs(y[i] - rf), eb = fabs(gx[i] - rb);
+        if (ef > 1e-5 + 1.3e-6 * fabs(rf)) bad_f++;
+        if (eb > 1e-5 + 1.3e-6 * fabs(rb)) bad_b++;
+        if (ef / (1e-5 + 1.3e-6 * fabs(rf)) > worst_f) worst_f = ef / (1e-5 + 1.3e-6 * fabs(rf));
+        if (eb / (1e-5 + 1.3e-6 * fabs(rb)) > worst_b) worst_b = eb / (1e-5 + 1.3e-6 * fabs(rb));
+    }
+    tap_ok(bad_f == 0,
+           "gelu_tanh forward on [-12, 12] within rtol 1.3e-6 atol 1e-5 of double "
+           "(%d outside, worst %.3f of the tolerance)",
+           bad_f, worst_f);
+    tap_ok(bad_b == 0,
+           "gelu_tanh backward on [-12, 12] within rtol 1.3e-6 atol 1e-5 of double "
+           "(%d outside, worst %.3f of the tolerance)",
+           bad_b, worst_b);
+    /* In place gives the same bits. */
+    static float z[N];
+    memcpy(z, x, sizeof z);
+    fsdp__vec_gelu_tanh_f32(N, z, z);
+    tap_is_mem(z, y, sizeof z, "gelu_tanh in place (y == x) gives the same bits");
+}
+
+static void test_reductions(void) {
+    enum { N = 1037 };
+    static float a[N], b[N];
+    long double s = 0, d = 0;
+    for (int i = 0; i < N; i++) {
+        a[i] = uniform(-3.0f, 5.0f);
+        b[i] = uniform(-1.0f, 1.0f);
+        s += a[i];
+        d += (long double)a[i] * b[i];
+    }
+    const double mu = (double)(s / N);
+    long double ss = 0;
+    for (int i = 0; i < N; i++)
+        ss += ((long double)a[i] - mu) * ((long double)a[i] - mu);
+    tap_is_near(fsdp__vec_sum_f32(N, a), (double)s, 1e-14, 1e-12, "sum in double");
+    tap_is_near(fsdp__vec_dot_f32(N, a, b), (double)d, 1e-14, 1e-12, "dot in double");
+    tap_is_near(fsdp__vec_sumsq_dev_f32(N, a, mu), (double)ss, 1e-14, 1e-12,
+                "sum of squared deviations in double");
+    float mx = a[0];
+    for (int i = 1; i < N; i++)
+        if (a[i] > mx) mx = a[i];
+    tap_ok(fsdp__vec_max_f32(N, a) == mx && fsdp__vec_max_f32(1, a) == a[0], "max");
+    long double es = 0;
+    for (int i = 0; i < N; i++)
+        es += expl((long double)a[i] - 5.0L);
+    tap_is_near(fsdp__vec_exp_sum_f32(N, a, 5.0f, NULL), (double)es, 1e-6, 0.0,
+                "exp_sum without storing");
+    /* Layer norm's row gradient against a double evaluation of its formula. */
+    static float w[N], gx[N];
+    const float mt = (float)mu, rt = 0.75f;
+    double sg = 0, sgx = 0;
+    for (int i = 0; i < N; i++) {
+        w[i] = uniform(0.5f, 1.5f);
+        const float xh = (a[i] - mt) * rt, g = b[i] * w[i];
+        sg += g;
+        sgx += (double)g * xh;
+    }
+    fsdp__vec_ln_bwd_row_f32(N, a, w, mt, rt, b, gx);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const double xh = ((double)a[i] - mt) * rt, g = (double)b[i] * w[i];
+        const double want = (g - sg / N - xh * (sgx / N)) * rt;
+        if (fabs(gx[i] - want) > 1e-6 + 1e-5 * fabs(want)) bad++;
+    }
+    tap_is_int(bad, 0, "layer norm row gradient matches the formula in double");
+}
+
+/* Every kernel gives an element the same bits at every offset and array length. */
+static void test_position_independent(void) {
+    enum { N = 77 };
+    float x[N], g[N], ref[4][N], got[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = uniform(-6.0f, 6.0f);
+        g[i] = uniform(-1.0f, 1.0f);
+    }
+    fsdp__vec_exp_f32(N, x, 0.5f, ref[0]);
+    fsdp__vec_tanh_f32(N, x, ref[1]);
+    fsdp__vec_gelu_tanh_f32(N, x, ref[2]);
+    fsdp__vec_gelu_tanh_bwd_f32(N, x, g, ref[3]);
+    int bad = 0;
+    for (int off = 0; off < N; off += 5) {
+        for (size_t len = 1; off + len <= N; len += 7) {
+            fsdp__vec_exp_f32(len, x + off, 0.5f, got);
+            bad += memcmp(got, ref[0] + off, len * sizeof(float)) != 0;
+            fsdp__vec_tanh_f32(len, x + off, got);
+            bad += memcmp(got, ref[1] + off, len * sizeof(float)) != 0;
+            fsdp__vec_gelu_tanh_f32(len, x + off, got);
+            bad += memcmp(got, ref[2] + off, len * sizeof(float)) != 0;
+            fsdp__vec_gelu_tanh_bwd_f32(len, x + off, g + off, got);
+            bad += memcmp(got, ref[3] + off, len * sizeof(float)) != 0;
+        }
+    }
+    tap_is_int(bad, 0, "exp, tanh, gelu and its gradient: same bits at every offset and length");
+}
+
+int main(void) {
+    tap_plan(23);
+    test_exp();
+    test_tanh();
+    test_gelu();
+    test_reductions();
+    test_position_independent();
+    return tap_done();
+}
