@@ -137,12 +137,13 @@ static void bw_cases(bw_t *b, int n) {
         bw_add(b, FSDP_COLL_REDUCE_SCATTER, dts[di], FSDP_REDOP_SUM, BW_RS_COUNT);
         bw_add(b, FSDP_COLL_REDUCE_SCATTER, dts[di], FSDP_REDOP_AVG, BW_RS_COUNT);
     }
-    /* all_reduce reduces in rank order (the reduce-scatter plus an all-gather) at every size;
-     * reduce is Gloo's ring, whose order is rank order only at 2 ranks. */
+    /* all_reduce and reduce reduce in rank order (the reduce-scatter, then an all-gather or a
+     * gather at the root) at every size, so they are checked at 2, 3 and 4 ranks. */
+    (void)n;
     for (int di = 0; di < 3; di++) {
         fsdp_redop_t op = di == 1 ? FSDP_REDOP_AVG : FSDP_REDOP_SUM;
         bw_add(b, FSDP_COLL_ALL_REDUCE, dts[di], op, BW_AR_COUNT);
-        if (n == 2) bw_add(b, FSDP_COLL_REDUCE, dts[di], op, BW_AR_COUNT);
+        bw_add(b, FSDP_COLL_REDUCE, dts[di], op, BW_AR_COUNT);
     }
 }
 

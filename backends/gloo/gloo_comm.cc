@@ -7,13 +7,14 @@
  * address can be turned into a rank. The C side (gloo_pg.c) calls in through gloo_comm.h; every
  * entry point catches every exception and returns a status and a message instead.
  *
- * Collectives use Gloo's algorithms, except reduce-scatter, which Gloo only offers as a class
- * over bound buffers whose chunks are not pg.h's: here every rank posts receives for its own
- * chunk from every peer, sends each peer that peer's chunk, and reduces segment by segment, in
- * rank order, with fsdp__reduce() as the segments arrive. Each rank sends and receives
- * (size - 1) * count elements, the same volume as a ring, and the sums are bitwise the sim
- * backend's. Reductions inside Gloo's algorithms go through fsdp__reduce() as well, on f32
- * scratch for f16 and bf16, so the arithmetic is the library's everywhere.
+ * Collectives use Gloo's algorithms, except the reductions. Reduce-scatter, which Gloo only
+ * offers as a class over bound buffers whose chunks are not pg.h's: here every rank posts
+ * receives for its own chunk from every peer, sends each peer that peer's chunk, and reduces
+ * segment by segment, in rank order, with fsdp__reduce() as the segments arrive. Each rank
+ * sends and receives (size - 1) * count elements, the same volume as a ring, and the sums are
+ * bitwise the sim backend's. All-reduce and reduce are that reduce-scatter over chunks of the
+ * buffer followed by Gloo's allgatherv (all-reduce) or a gather of the chunks at the root
+ * (reduce), so every reduction is the library's arithmetic, in rank order.
  */
 #include <algorithm>
 #include <cctype>
@@ -28,12 +29,10 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
-#include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
-#include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
@@ -55,6 +54,8 @@ using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
 
 /* Slot prefix of our reduce-scatter; Gloo's own collectives use 0x01 to 0x08. */
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+/* Slot prefix of reduce's gather of the reduced chunks at the root. */
+constexpr uint8_t kReduceGatherSlotPrefix = 0x41;
 /* Reduce-scatter moves each peer's chunk in segments of this many bytes, with at most kWindow
  * segments per peer received ahead of the reduction. */
 constexpr size_t kSegmentBytes = size_t(512) << 10;
@@ -263,30 +264,10 @@ void connect(fsdp_gloo_comm *c, fsdp_store_t *store, int rank, int size, int64_t
 /* ---------------------------------------------------------------------------------------- */
 /* Collectives */
 
-bool is_half(fsdp_dtype_t dt) {
-    return dt == FSDP_DTYPE_F16 || dt == FSDP_DTYPE_BF16;
-}
-
 void reduce_or_throw(void *out, const void *const *ins, int nin, size_t n, fsdp_dtype_t dt,
                      fsdp_redop_t op, int divisor) {
     void *outs[1] = {out};
     if (fsdp__reduce(outs, 1, ins, nin, n, dt, op, divisor) < 0) throw std::bad_alloc();
-}
-
-/* The reduction function given to Gloo's algorithms: c = a op b, on the accumulation type
- * (avg sums; the division comes once at the end). */
-gloo::AllreduceOptions::Func pairwise(fsdp_dtype_t acc_dt, fsdp_redop_t op) {
-    fsdp_redop_t pop = op == FSDP_REDOP_AVG ? FSDP_REDOP_SUM : op;
-    return [acc_dt, pop](void *c, const void *a, const void *b, size_t n) {
-        const void *ins[2] = {a, b};
-        reduce_or_throw(c, ins, 2, n, acc_dt, pop, 1);
-    };
-}
-
-/* Divides n elements at buf by the group size in place (avg), on the accumulation type. */
-void divide(void *buf, size_t n, fsdp_dtype_t acc_dt, int size) {
-    const void *ins[1] = {buf};
-    reduce_or_throw(buf, ins, 1, n, acc_dt, FSDP_REDOP_AVG, size);
 }
 
 /* Calls f with a value of the unsigned type of `size` bytes (Gloo's options are templates on
@@ -369,39 +350,6 @@ void barrier(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
 void reduce_alone(const fsdp_gloo_op_t *op) {
     const void *ins[1] = {op->send};
     reduce_or_throw(op->recv, ins, 1, op->count, op->dtype, op->op, 1);
-}
-
-void reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
-    const int n = c->ctx->size;
-    const bool root = c->ctx->rank == op->root;
-    if (n == 1) return reduce_alone(op);
-    gloo::ReduceOptions o(c->ctx);
-    o.setRoot(op->root);
-    o.setTag(op->tag);
-    o.setTimeout(Ms(op->timeout_ms));
-    if (is_half(op->dtype)) {
-        float *acc = static_cast<float *>(c->scratch.get(op->count * sizeof(float)));
-        fsdp_dtype_convert(acc, FSDP_DTYPE_F32, op->send, op->dtype, op->count);
-        o.setOutput<float>(unbound(c, acc, op->count * sizeof(float)));
-        o.setReduceFunction(pairwise(FSDP_DTYPE_F32, op->op));
-        gloo::reduce(o);
-        if (!root) return;
-        if (op->op == FSDP_REDOP_AVG) divide(acc, op->count, FSDP_DTYPE_F32, n);
-        fsdp_dtype_convert(op->recv, op->dtype, acc, FSDP_DTYPE_F32, op->count);
-        return;
-    }
-    /* Gloo's reduce writes partial results into every rank's output; pg.h leaves a non-root's
-     * recv untouched (it may be NULL), so non-roots reduce into scratch. */
-    const size_t es = fsdp_dtype_size(op->dtype), bytes = op->count * es;
-    void *out = root ? op->recv : c->scratch.get(bytes);
-    with_type(es, [&](auto t) {
-        using T = decltype(t);
-        if (op->send != out) o.setInput<T>(unbound(c, op->send, bytes));
-        o.setOutput<T>(unbound(c, out, bytes));
-    });
-    o.setReduceFunction(pairwise(op->dtype, op->op));
-    gloo::reduce(o);
-    if (root && op->op == FSDP_REDOP_AVG) divide(op->recv, op->count, op->dtype, n);
 }
 
 /*
@@ -521,6 +469,58 @@ void all_reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
     o.setTag(op->tag);
     o.setTimeout(Ms(op->timeout_ms));
     gloo::allgatherv(o);
+}
+
+/*
+ * Reduce: the chunks of all_reduce, each reduced in rank order by its rank (rs_chunks), then
+ * gathered at the root: every other rank sends its chunk to the root, which receives it in
+ * place in recv. Each rank sends (n - 1) / n of the buffer in the first phase and its chunk in
+ * the second, about what Gloo's ring reduce moves, and the root's result is bitwise the sim
+ * backend's at every group size (fsdp__reduce over the n inputs in rank order, element by
+ * element). Non-roots reduce their chunk into a buffer of their own, since their recv may be
+ * NULL. In place (send == recv at the root) works as in all_reduce: rs_chunks writes only the
+ * root's own chunk, which no send reads, and the gather starts after every send completed.
+ */
+void reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
+    const int n = c->ctx->size, r = c->ctx->rank;
+    if (n == 1) return reduce_alone(op);
+    const bool root = r == op->root;
+    const size_t es = fsdp_dtype_size(op->dtype);
+    std::vector<size_t> off((size_t)n), len((size_t)n);
+    for (int q = 0, at = 0; q < n; q++) {
+        len[(size_t)q] = op->count / (size_t)n + ((size_t)q < op->count % (size_t)n ? 1 : 0);
+        off[(size_t)q] = (size_t)at;
+        at += (int)len[(size_t)q];
+    }
+    const size_t mine = len[(size_t)r] * es;
+    std::vector<char> own(root ? 0 : mine);
+    char *out = root ? static_cast<char *>(op->recv) + off[(size_t)r] * es : own.data();
+    rs_chunks(c, op->send, out, off.data(), len.data(), op->dtype, op->op, op->tag, op->timeout_ms);
+    if (op->count == 0) return;
+    const uint64_t slot = gloo::Slot::build(kReduceGatherSlotPrefix, op->tag);
+    const Clock::time_point deadline = Clock::now() + Ms(op->timeout_ms);
+    auto left = [&]() {
+        auto ms = std::chrono::duration_cast<Ms>(deadline - Clock::now());
+        return std::max(ms, Ms(1));
+    };
+    if (!root) {
+        if (mine == 0) return;
+        Buffer b = unbound(c, out, mine);
+        b->send(op->root, slot, 0, mine);
+        if (!b->waitSend(nullptr, left()))
+            throw gloo::IoException("reduce: the send to the root was aborted");
+        return;
+    }
+    Buffer b = unbound(c, op->recv, op->count * es);
+    int posted = 0;
+    for (int q = 0; q < n; q++)
+        if (q != r && len[(size_t)q] > 0) {
+            b->recv(q, slot, off[(size_t)q] * es, len[(size_t)q] * es);
+            posted++;
+        }
+    for (int i = 0; i < posted; i++)
+        if (!b->waitRecv(nullptr, left()))
+            throw gloo::IoException("reduce: a receive at the root was aborted");
 }
 
 } // namespace

@@ -24,14 +24,12 @@
  *   all_reduce: that reduce-scatter over size nearly equal chunks of the buffer, then Gloo's
  *       allgatherv in place: 2 (size - 1) / size of the buffer each way, as a ring, and bitwise
  *       the sim backend's result at every group size.
- *   reduce: Gloo's ring reduce with libfsdp's kernels as the reduction function. The ring
- *       combines the ranks' values in an order that depends on the position in the buffer, so
- *       from 3 ranks on a floating-point sum or product whose partial results are not exact may
- *       differ from the sim backend in the last bits; integer and bool results, min and max, and
- *       exact values never differ. (FSDP and DDP do not use reduce.)
- *   f16 and bf16 reductions accumulate in f32 and round once, as fsdp/pg.h requires:
- *   reduce_scatter and all_reduce move the 16-bit values and widen them when reducing; reduce
- *   widens the input to an f32 buffer, reduces it in f32 (twice the bytes travel) and rounds.
+ *   reduce: the reduce-scatter of all_reduce (each rank reduces one chunk in rank order), then
+ *       every rank sends its chunk to the root: each rank sends about (size - 1) / size of the
+ *       buffer plus its chunk, as Gloo's ring reduce does, and the root's result is bitwise the
+ *       sim backend's at every group size. Non-roots' recv is not touched (it may be NULL).
+ *   f16 and bf16 reductions accumulate in f32 and round once, as fsdp/pg.h requires: the
+ *   16-bit values travel as they are and are widened when reduced.
  *   avg divides the sum by the group size in the accumulation type; integer arithmetic wraps.
  *
  * Failures. A creation (world or sub-group) whose rendezvous times out fails with
