@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "device/device_impl.h"
 #include "pg/pg_impl.h"
 
 typedef struct sim_world sim_world_t;
@@ -31,6 +32,7 @@ typedef struct sim_group {
     int arrived, departed;
     const fsdp_coll_t **posted; /* [size]: each rank's descriptor for the current collective */
     uint64_t *posted_gen;       /* [size]: arrive_gen at which that rank posted */
+    fsdp_device_t **posted_dev; /* [size]: where that rank's buffers live (NULL: host memory) */
     uint64_t mismatch_gen;      /* arrive_gen + 1 of the last mismatched collective */
     char mismatch[2048];
     int broken;                 /* sticky failure: every later collective fails */
@@ -75,6 +77,7 @@ typedef struct sim_pg {
     fsdp_pg_t base;
     sim_world_t *world;
     sim_group_t *grp;
+    fsdp_device_t *dev; /* fsdp_sim_pg_set_device(); NULL: buffers are host memory */
 } sim_pg_t;
 
 /* Creates rank `rank`'s handle on the group `name` of `size` members (creating the shared state

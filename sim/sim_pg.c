@@ -45,6 +45,7 @@ static void group_free(sim_group_t *g) {
     free(g->world_ranks);
     free(g->posted);
     free(g->posted_gen);
+    free(g->posted_dev);
     free(g);
 }
 
@@ -54,10 +55,12 @@ static sim_group_t *group_new(const char *name, int size, const int *world_ranks
     g->world_ranks = malloc((size_t)size * sizeof *g->world_ranks);
     g->posted = calloc((size_t)size, sizeof *g->posted);
     g->posted_gen = malloc((size_t)size * sizeof *g->posted_gen);
-    if (!g->world_ranks || !g->posted || !g->posted_gen) {
+    g->posted_dev = calloc((size_t)size, sizeof *g->posted_dev);
+    if (!g->world_ranks || !g->posted || !g->posted_gen || !g->posted_dev) {
         free(g->world_ranks);
         free(g->posted);
         free(g->posted_gen);
+        free(g->posted_dev);
         free(g);
         return NULL;
     }
@@ -111,6 +114,23 @@ static int check_mismatch(sim_group_t *g) {
         if (!bad && (a->kind == FSDP_COLL_BROADCAST || a->kind == FSDP_COLL_REDUCE))
             bad = a->root != b->root;
     }
+    /* The ranks' buffers must all be host memory or all be memory of devices of one kind. */
+    int dev_bad = 0;
+    for (int q = 1; q < g->size && !bad && !dev_bad; q++) {
+        const fsdp_device_t *d0 = g->posted_dev[0], *dq = g->posted_dev[q];
+        dev_bad = (d0 == NULL) != (dq == NULL) || (d0 && dq && d0->kind != dq->kind);
+    }
+    if (dev_bad) {
+        size_t n = (size_t)snprintf(g->mismatch, sizeof g->mismatch,
+                                    "ranks of group '%s' keep their buffers in different memory "
+                                    "(fsdp_sim_pg_set_device):",
+                                    g->name);
+        for (int q = 0; q < g->size && n < sizeof g->mismatch; q++)
+            n += (size_t)snprintf(g->mismatch + n, sizeof g->mismatch - n, "%s rank %d: %s",
+                                  q ? ";" : "", q,
+                                  g->posted_dev[q] ? fsdp_device_name(g->posted_dev[q]) : "host");
+        return 1;
+    }
     if (!bad) return 0;
     size_t n = (size_t)snprintf(g->mismatch, sizeof g->mismatch,
                                 "ranks of group '%s' issued different collectives:", g->name);
@@ -138,7 +158,8 @@ static void spin_while(const sim_world_t *w, _Atomic uint64_t *gen_p, uint64_t g
  * Posts rank r's descriptor and waits for every member. Returns FSDP_OK when all arrived with
  * matching calls; otherwise a failure with its message in msg.
  */
-static int arrive(sim_world_t *w, sim_group_t *g, int r, const fsdp_coll_t *c, char *msg) {
+static int arrive(sim_world_t *w, sim_group_t *g, int r, const fsdp_coll_t *c,
+                  fsdp_device_t *dev, char *msg) {
     struct timespec deadline = fsdp__deadline_ms(c->timeout_ms);
     char d[160];
     int rc = FSDP_OK;
@@ -151,6 +172,7 @@ static int arrive(sim_world_t *w, sim_group_t *g, int r, const fsdp_coll_t *c, c
     uint64_t gen = atomic_load(&g->arrive_gen);
     g->posted[r] = c;
     g->posted_gen[r] = gen;
+    g->posted_dev[r] = dev;
     if (++g->arrived == g->size) {
         g->arrived = 0;
         if (check_mismatch(g)) g->mismatch_gen = gen + 1;
@@ -227,14 +249,33 @@ static void slice(size_t count, int n, int r, size_t *lo, size_t *hi) {
     *hi = *lo + base + ((size_t)r < rem ? 1 : 0);
 }
 
-static void copy(void *dst, const void *src, size_t bytes) {
-    if (bytes && dst != src) memcpy(dst, src, bytes);
+/*
+ * The data moves through host memory (dev NULL: memcpy and fsdp__reduce) or, when the rank's
+ * group has a device, through that device: its memcpy (device to device; every rank of a run
+ * shares the process, so a rank's thread reads its peers' device buffers directly) and its
+ * coll_reduce, both on the device's compute stream and synchronous, so the data is in place when
+ * they return.
+ */
+static int copy(fsdp_device_t *dev, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return FSDP_OK;
+    if (!dev) {
+        memcpy(dst, src, bytes);
+        return FSDP_OK;
+    }
+    return dev->ops->memcpy(dev, dst, src, bytes, FSDP_COPY_D2D, NULL);
+}
+
+static int reduce(fsdp_device_t *dev, void *const *outs, int nout, const void *const *ins,
+                  int nin, size_t n, const fsdp_coll_t *c, int divisor) {
+    if (!dev) return fsdp__reduce(outs, nout, ins, nin, n, c->dtype, c->op, divisor);
+    return dev->ops->coll_reduce(dev, c->dtype, c->op, divisor, outs, nout, ins, nin, n, NULL);
 }
 
 /* Moves rank r's share of the data; every descriptor in g->posted is valid. */
 static int move_data(sim_group_t *g, int r, char *msg) {
     enum { MAXN = 64 };
     const fsdp_coll_t *me = g->posted[r];
+    fsdp_device_t *dev = g->posted_dev[r];
     int n = g->size;
     size_t es = fsdp_dtype_size(me->dtype);
     size_t bytes = me->count * es;
@@ -255,21 +296,21 @@ static int move_data(sim_group_t *g, int r, char *msg) {
     size_t lo, hi;
     switch (me->kind) {
     case FSDP_COLL_ALL_GATHER:
-        for (int q = 0; q < n; q++)
-            copy((char *)me->recv + (size_t)q * bytes, g->posted[q]->send, bytes);
+        for (int q = 0; q < n && rc == FSDP_OK; q++)
+            rc = copy(dev, (char *)me->recv + (size_t)q * bytes, g->posted[q]->send, bytes);
         break;
     case FSDP_COLL_ALL_TO_ALL:
-        for (int q = 0; q < n; q++)
-            copy((char *)me->recv + (size_t)q * bytes,
-                 (const char *)g->posted[q]->send + (size_t)r * bytes, bytes);
+        for (int q = 0; q < n && rc == FSDP_OK; q++)
+            rc = copy(dev, (char *)me->recv + (size_t)q * bytes,
+                      (const char *)g->posted[q]->send + (size_t)r * bytes, bytes);
         break;
     case FSDP_COLL_BROADCAST:
-        copy(me->recv, g->posted[me->root]->send, bytes);
+        rc = copy(dev, me->recv, g->posted[me->root]->send, bytes);
         break;
     case FSDP_COLL_REDUCE_SCATTER:
         for (int q = 0; q < n; q++) ins[q] = (const char *)g->posted[q]->send + (size_t)r * bytes;
         outs[0] = me->recv;
-        rc = fsdp__reduce(outs, 1, ins, n, me->count, me->dtype, me->op, n);
+        rc = reduce(dev, outs, 1, ins, n, me->count, me, n);
         break;
     case FSDP_COLL_ALL_REDUCE:
     case FSDP_COLL_REDUCE:
@@ -279,16 +320,23 @@ static int move_data(sim_group_t *g, int r, char *msg) {
         if (me->kind == FSDP_COLL_REDUCE) {
             /* Only the root's recv exists (non-roots may pass NULL). */
             outs[0] = (char *)g->posted[me->root]->recv + lo * es;
-            rc = fsdp__reduce(outs, 1, ins, n, hi - lo, me->dtype, me->op, n);
+            rc = reduce(dev, outs, 1, ins, n, hi - lo, me, n);
         } else {
             for (int q = 0; q < n; q++) outs[q] = (char *)g->posted[q]->recv + lo * es;
-            rc = fsdp__reduce(outs, n, ins, n, hi - lo, me->dtype, me->op, n);
+            rc = reduce(dev, outs, n, ins, n, hi - lo, me, n);
         }
         break;
     default:
         break;
     }
-    if (rc < 0) fsdp__err(msg, rc, "sim: out of memory while reducing");
+    if (rc < 0 && dev) {
+        char d[160];
+        fsdp__coll_describe(me, d, sizeof d);
+        fsdp__err(msg, rc, "sim: rank %d of group '%s' could not move the data of %s on %s (%s)",
+                  r, g->name, d, fsdp_device_name(dev), fsdp_err_name(rc));
+    } else if (rc < 0) {
+        fsdp__err(msg, rc, "sim: out of memory while reducing");
+    }
 out:
     if (ins != ins_small) free(ins);
     if (outs != outs_small) free(outs);
@@ -346,7 +394,26 @@ static void execute(sim_rank_t *self, fsdp_work_t *work) {
         fsdp__work_complete(work, FSDP_EBACKEND, "%s", reason);
         return;
     }
-    int rc = arrive(w, g, r, c, msg);
+    /* The rank's earlier device work (what wrote its send buffer, what reads its recv buffer)
+     * completes before any peer touches its buffers. */
+    if (sp->dev) {
+        int src = sp->dev->ops->stream_sync(sp->dev, NULL);
+        if (src < 0) {
+            char reason[FSDP_ERR_LEN];
+            fsdp__coll_describe(c, d, sizeof d);
+            snprintf(reason, sizeof reason,
+                     "rank %d of group '%s' (world rank %d) failed %s seq %llu: its device %s "
+                     "could not synchronize (%s)",
+                     r, g->name, self->index, d, (unsigned long long)c->seq,
+                     fsdp_device_name(sp->dev), fsdp_err_name(src));
+            pthread_mutex_lock(&g->mu);
+            break_group(g, FSDP_EREMOTE, reason);
+            pthread_mutex_unlock(&g->mu);
+            fsdp__work_complete(work, src, "%s", reason);
+            return;
+        }
+    }
+    int rc = arrive(w, g, r, c, sp->dev, msg);
     if (rc == FSDP_OK) {
         rc = move_data(g, r, msg);
         depart(w, g);
@@ -421,6 +488,7 @@ static int sim_create_subgroup(fsdp_pg_t *parent, const int *members, int n, int
     int rc = fsdp__sim_pg_create(sp->world, parent->ctx, name, n, new_rank, world_ranks, out);
     free(world_ranks);
     if (rc < 0) return fsdp__err(parent->err, rc, "sim: cannot create group '%s'", name);
+    ((sim_pg_t *)*out)->dev = sp->dev; /* a sub-group keeps its buffers where its parent does */
     return FSDP_OK;
 }
 
@@ -495,4 +563,32 @@ void fsdp__sim_notify_exit(sim_world_t *w, int r) {
         }
     }
     pthread_mutex_unlock(&w->reg_mu);
+}
+
+int fsdp_sim_pg_set_device(fsdp_pg_t *pg, fsdp_device_t *dev) {
+    if (!pg || pg->ops != &sim_ops) {
+        fsdp_log(pg ? pg->ctx : NULL, FSDP_LOG_ERROR,
+                 "fsdp_sim_pg_set_device: pg is %s, not a group of the sim backend",
+                 pg ? pg->ops->name : "NULL");
+        return FSDP_EINVAL;
+    }
+    if (dev && dev->ctx != pg->ctx)
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_sim_pg_set_device: device %s belongs to another context than "
+                            "rank %d's group '%s'",
+                            fsdp_device_name(dev), pg->rank, pg->name);
+    pthread_mutex_lock(&pg->mu);
+    size_t pending = pg->pending;
+    pthread_mutex_unlock(&pg->mu);
+    if (pending)
+        return fsdp__pg_err(pg, FSDP_EINVAL,
+                            "fsdp_sim_pg_set_device: rank %d's group '%s' has %zu outstanding "
+                            "collective(s); wait for them first",
+                            pg->rank, pg->name, pending);
+    ((sim_pg_t *)pg)->dev = dev;
+    return FSDP_OK;
+}
+
+fsdp_device_t *fsdp_sim_pg_device(const fsdp_pg_t *pg) {
+    return pg && pg->ops == &sim_ops ? ((const sim_pg_t *)pg)->dev : NULL;
 }

@@ -45,6 +45,12 @@ _Static_assert(FSDP_CUDA_BIN_MIN == (int)FSDP_BINARY_MIN &&
                    FSDP_CUDA_BIN_DIV == (int)FSDP_BINARY_DIV &&
                    FSDP_CUDA_BIN_COUNT == (int)FSDP_BINARY_COUNT,
                "cuda_kernels.h's binary ops follow fsdp_binary_op_t");
+_Static_assert(FSDP_CUDA_REDOP_SUM == (int)FSDP_REDOP_SUM &&
+                   FSDP_CUDA_REDOP_AVG == (int)FSDP_REDOP_AVG &&
+                   FSDP_CUDA_REDOP_MIN == (int)FSDP_REDOP_MIN &&
+                   FSDP_CUDA_REDOP_MAX == (int)FSDP_REDOP_MAX &&
+                   FSDP_CUDA_REDOP_PROD == (int)FSDP_REDOP_PROD && FSDP_REDOP_COUNT == 5,
+               "cuda_kernels.h's reduction operators follow fsdp_redop_t");
 _Static_assert(FSDP_CUDA_MAX_DIMS == FSDP_MAX_DIMS, "strided kernels take FSDP_MAX_DIMS dims");
 
 #define LT_WORKSPACE ((size_t)32 << 20)
@@ -519,6 +525,36 @@ static int cuda_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const
         "sum_squares kernel");
 }
 
+/* Outputs beyond the kernel's pointer table get further launches over the same inputs: the
+ * result of an element does not depend on the launch, so every output gets the same bits. */
+static int cuda_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
+                            void *const *outs, int nout, const void *const *ins, int nin, size_t n,
+                            void *stream) {
+    USE(cd, dev);
+    if (nin < 1 || nin > FSDP_CUDA_COLL_MAX_PTRS)
+        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
+                             "%s coll_reduce: %d inputs (a group of %d ranks) is more than the "
+                             "%d the kernel takes",
+                             dev->name, nin, nin, FSDP_CUDA_COLL_MAX_PTRS);
+    if (n == 0 || nout <= 0) return FSDP_OK;
+    cudaStream_t s = stream ? stream : cd->compute;
+    struct fsdp_cuda_coll_ptrs p;
+    memset(&p, 0, sizeof p);
+    for (int k = 0; k < nin; k++) p.in[k] = ins[k];
+    for (int done = 0; done < nout;) {
+        int m = nout - done < FSDP_CUDA_COLL_MAX_PTRS ? nout - done : FSDP_CUDA_COLL_MAX_PTRS;
+        for (int k = 0; k < m; k++) p.out[k] = outs[done + k];
+        cudaError_t e = fsdp__cuda_k_coll_reduce(s, (int)dt, (int)op, divisor, &p, nin, m, n);
+        if (e != cudaSuccess) return cuda_fail(dev, e, "coll_reduce kernel");
+        done += m;
+    }
+    if (!stream) {
+        cudaError_t e = cudaStreamSynchronize(s);
+        if (e != cudaSuccess) return cuda_fail(dev, e, "cudaStreamSynchronize");
+    }
+    return FSDP_OK;
+}
+
 /* ---- gemm ---- */
 
 /*
@@ -933,6 +969,7 @@ const struct fsdp_dev_ops fsdp__cuda_dev_ops = {
     .reduce_sum = cuda_reduce_sum,
     .reduce_max = cuda_reduce_max,
     .sum_squares = cuda_sum_squares,
+    .coll_reduce = cuda_coll_reduce,
 
     .gemm = cuda_gemm,
 

@@ -543,3 +543,132 @@ extern "C" cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, bool f64, int64_t m,
         scale_c_k<float><<<g, THREADS, 0, s>>>(m, n, (float)beta, (float *)c, ldc, stride_c, batch);
     return cudaGetLastError();
 }
+
+/* ---- the reduction of a collective (device_impl.h, coll_reduce) ---- */
+
+/*
+ * One thread per element reads the element of every input, combines them left to right (rank
+ * order) in the accumulation type, and writes the result to every output: an output aliasing an
+ * input at the same offsets is read before it is written. The float operations are the
+ * round-to-nearest intrinsics, so nothing is contracted or flushed and each step is the one
+ * IEEE operation the CPU's loop does (core/reduce.c): every result is bitwise the CPU's, except
+ * that a NaN made by a float sum, product or division is the GPU's canonical NaN where the CPU
+ * propagates an input's payload (min and max return an input, NaNs included, bit for bit).
+ * Integer sums and products wrap in unsigned types; min and max compare the signed view.
+ */
+struct cr_f32 {
+    typedef float A;
+    __device__ static A load(const void *p, size_t i) { return ((const float *)p)[i]; }
+    __device__ static void store(void *p, size_t i, A v) { ((float *)p)[i] = v; }
+    __device__ static A sum(A a, A b) { return __fadd_rn(a, b); }
+    __device__ static A prod(A a, A b) { return __fmul_rn(a, b); }
+    __device__ static A mn(A a, A b) { return (a < b || a != a) ? a : b; }
+    __device__ static A mx(A a, A b) { return (a > b || a != a) ? a : b; }
+    __device__ static A avg(A a, int d) { return __fdiv_rn(a, (float)d); }
+};
+struct cr_f64 {
+    typedef double A;
+    __device__ static A load(const void *p, size_t i) { return ((const double *)p)[i]; }
+    __device__ static void store(void *p, size_t i, A v) { ((double *)p)[i] = v; }
+    __device__ static A sum(A a, A b) { return __dadd_rn(a, b); }
+    __device__ static A prod(A a, A b) { return __dmul_rn(a, b); }
+    __device__ static A mn(A a, A b) { return (a < b || a != a) ? a : b; }
+    __device__ static A mx(A a, A b) { return (a > b || a != a) ? a : b; }
+    __device__ static A avg(A a, int d) { return __ddiv_rn(a, (double)d); }
+};
+/* f16 and bf16: widened exactly to f32, reduced as f32, rounded once (cuda_cast.h's rules,
+ * bitwise those of fsdp_dtype_convert). */
+template <int DT> struct cr_half : cr_f32 {
+    __device__ static A load(const void *p, size_t i) {
+        uint16_t h = ((const uint16_t *)p)[i];
+        return DT == FSDP_DTYPE_F16 ? fsdp_cc_f16_to_f32(h) : fsdp_cc_bf16_to_f32(h);
+    }
+    __device__ static void store(void *p, size_t i, A v) { fsdp_cc_store_f(DT, p, i, (double)v); }
+};
+template <typename U, typename S> struct cr_int {
+    typedef U A;
+    __device__ static A load(const void *p, size_t i) { return ((const U *)p)[i]; }
+    __device__ static void store(void *p, size_t i, A v) { ((U *)p)[i] = v; }
+    __device__ static A sum(A a, A b) { return (A)(a + b); }
+    __device__ static A prod(A a, A b) { return (A)((A)a * (A)b); }
+    __device__ static A mn(A a, A b) { return (S)a < (S)b ? a : b; }
+    __device__ static A mx(A a, A b) { return (S)a > (S)b ? a : b; }
+    __device__ static A avg(A a, int d) { return (A)(S)((S)a / (S)d); }
+};
+/* u8 arithmetic goes through unsigned int and is truncated back, as the CPU's. */
+struct cr_u8 : cr_int<uint8_t, uint8_t> {
+    __device__ static A sum(A a, A b) { return (uint8_t)((unsigned)a + (unsigned)b); }
+    __device__ static A prod(A a, A b) { return (uint8_t)((unsigned)a * (unsigned)b); }
+    __device__ static A avg(A a, int d) { return (uint8_t)((unsigned)a / (unsigned)d); }
+};
+/* bool: inputs normalized (nonzero is true); sum and max are "or", prod and min "and". */
+struct cr_bool : cr_u8 {
+    __device__ static A load(const void *p, size_t i) { return ((const uint8_t *)p)[i] != 0; }
+    __device__ static A sum(A a, A b) { return a | b; }
+    __device__ static A prod(A a, A b) { return a & b; }
+    __device__ static A mn(A a, A b) { return a & b; }
+    __device__ static A mx(A a, A b) { return a | b; }
+};
+
+template <typename T>
+__global__ void coll_reduce_k(struct fsdp_cuda_coll_ptrs p, int nin, int nout, int op, int divisor,
+                              size_t n) {
+    GRID_LOOP(i, n) {
+        typename T::A acc = T::load(p.in[0], i);
+        for (int k = 1; k < nin; k++) {
+            typename T::A x = T::load(p.in[k], i);
+            switch (op) {
+            case FSDP_CUDA_REDOP_PROD:
+                acc = T::prod(acc, x);
+                break;
+            case FSDP_CUDA_REDOP_MIN:
+                acc = T::mn(acc, x);
+                break;
+            case FSDP_CUDA_REDOP_MAX:
+                acc = T::mx(acc, x);
+                break;
+            default:
+                acc = T::sum(acc, x);
+                break;
+            }
+        }
+        if (op == FSDP_CUDA_REDOP_AVG) acc = T::avg(acc, divisor);
+        for (int k = 0; k < nout; k++) T::store(p.out[k], i, acc);
+    }
+}
+
+extern "C" cudaError_t fsdp__cuda_k_coll_reduce(cudaStream_t s, int dt, int op, int divisor,
+                                                const struct fsdp_cuda_coll_ptrs *p, int nin,
+                                                int nout, size_t n) {
+    unsigned g = blocks_for(n);
+    switch (dt) {
+    case FSDP_DTYPE_F32:
+        coll_reduce_k<cr_f32><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        break;
+    case FSDP_DTYPE_F64:
+        coll_reduce_k<cr_f64><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        break;
+    case FSDP_DTYPE_F16:
+        coll_reduce_k<cr_half<FSDP_DTYPE_F16>><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        break;
+    case FSDP_DTYPE_BF16:
+        coll_reduce_k<cr_half<FSDP_DTYPE_BF16>><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor,
+                                                                       n);
+        break;
+    case FSDP_DTYPE_I32:
+        coll_reduce_k<cr_int<uint32_t, int32_t>><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor,
+                                                                        n);
+        break;
+    case FSDP_DTYPE_I64:
+        coll_reduce_k<cr_int<uint64_t, int64_t>><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor,
+                                                                        n);
+        break;
+    case FSDP_DTYPE_U8:
+        coll_reduce_k<cr_u8><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        break;
+    default:
+        coll_reduce_k<cr_bool><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        break;
+    }
+    return cudaGetLastError();
+}

@@ -87,6 +87,25 @@ cudaError_t fsdp__cuda_k_sum_squares(cudaStream_t s, bool f64, size_t n, const v
 cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, bool f64, int64_t m, int64_t n, double beta,
                                  void *c, int64_t ldc, int64_t stride_c, int64_t batch);
 
+/* The reduction of a collective (device_impl.h's coll_reduce): fsdp_redop_t's numbers (pg.h;
+ * cuda_device.c checks them), and the pointers, passed to the kernel by value. */
+enum {
+    FSDP_CUDA_REDOP_SUM = 0,
+    FSDP_CUDA_REDOP_AVG,
+    FSDP_CUDA_REDOP_MIN,
+    FSDP_CUDA_REDOP_MAX,
+    FSDP_CUDA_REDOP_PROD
+};
+#define FSDP_CUDA_COLL_MAX_PTRS 64
+struct fsdp_cuda_coll_ptrs {
+    const void *in[FSDP_CUDA_COLL_MAX_PTRS];
+    void *out[FSDP_CUDA_COLL_MAX_PTRS];
+};
+/* dt: an fsdp_dtype_t; 1 <= nin, nout <= FSDP_CUDA_COLL_MAX_PTRS. */
+cudaError_t fsdp__cuda_k_coll_reduce(cudaStream_t s, int dt, int op, int divisor,
+                                     const struct fsdp_cuda_coll_ptrs *p, int nin, int nout,
+                                     size_t n);
+
 /* ---- cuda_nn_kernels.cu ---- */
 cudaError_t fsdp__cuda_k_softmax(cudaStream_t s, bool f64, bool lg, size_t rows, size_t n,
                                  const void *x, void *y);

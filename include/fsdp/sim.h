@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include <fsdp/context.h>
+#include <fsdp/device.h>
 #include <fsdp/export.h>
 
 FSDP_BEGIN_DECLS
@@ -72,6 +73,33 @@ typedef int (*fsdp_sim_fn)(fsdp_ctx_t *ctx, void *arg);
  */
 FSDP_EXTERN int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg,
                              int *rank_status);
+
+/*
+ * Where a sim group's buffers live. By default (dev NULL) they are host memory: collectives copy
+ * with memcpy and reduce with the CPU's rank-ordered reduction. With a device, every buffer
+ * this rank passes to the group's collectives is memory of dev (CUDA memory for a CUDA device,
+ * so that several ranks can run FSDP on the memory of one GPU, which NCCL cannot), and every
+ * data movement of this rank's share of a collective goes through dev: copies with its memcpy
+ * (device to device: the ranks are threads of one process, so a rank reads its peers' buffers
+ * directly) and reductions with its collective-reduction kernel, in rank order with the
+ * semantics of fsdp/pg.h, so the results are bitwise those of the host path, for every dtype
+ * and operator, with one exception on CUDA: a NaN produced by a float sum, product or average
+ * is the GPU's canonical NaN, where the CPU keeps an input's payload (min and max return an
+ * input, so their NaNs match). Before a collective joins, the rank's device work queued so far (on its compute stream)
+ * completes; the copies and kernels run on the compute stream and are waited for, so a
+ * completed collective means the data is in place, as with host memory.
+ *
+ * Every rank of the group sets a device of the same kind, or none: a collective whose ranks
+ * disagree fails with FSDP_EMISMATCH on every rank. dev must be a device of the rank's context
+ * (the one that owns pg), and the group must have no outstanding collective (FSDP_EINVAL
+ * otherwise, as for a pg that is not a sim group). Sub-groups created from pg afterwards inherit
+ * its device. dev is borrowed: set NULL (or destroy the group) before destroying it. A CUDA
+ * device reduces at most 64 ranks' inputs (a larger group fails with FSDP_ENOTSUP).
+ */
+FSDP_EXTERN int fsdp_sim_pg_set_device(fsdp_pg_t *pg, fsdp_device_t *dev);
+
+/* The device set with fsdp_sim_pg_set_device() (NULL: host memory, or pg is not a sim group). */
+FSDP_EXTERN fsdp_device_t *fsdp_sim_pg_device(const fsdp_pg_t *pg);
 
 FSDP_END_DECLS
 

@@ -420,6 +420,7 @@ const struct fsdp_dev_ops fsdp__cpu_dev_ops = {
     .reduce_sum = fsdp__cpu_reduce_sum,
     .reduce_max = fsdp__cpu_reduce_max,
     .sum_squares = fsdp__cpu_sum_squares,
+    .coll_reduce = fsdp__cpu_coll_reduce,
 
     .gemm = fsdp__cpu_gemm,
 
