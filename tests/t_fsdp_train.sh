@@ -16,7 +16,11 @@
 #     world size;
 #   - a save killed mid-write (SIGXFSZ from a file-size limit, while the model file is half
 #     written) leaves the previous checkpoint of that step byte for byte, and it still resumes
-#     exactly.
+#     exactly;
+#   - GPUs: --device and --backend nccl refuse the combinations that cannot run (sim or gloo on
+#     the GPU, nccl on the CPU) with one line and exit 2; --backend nccl says in one line when
+#     the build has no NCCL or (exit 2) when no GPU is visible, naming CUDA's error; on a GPU
+#     machine, fsdprun -n 1 --backend nccl learns, with and without --cpu-offload.
 # Each rank computes on one thread (FSDP_NUM_THREADS=1) so that runs are comparable.
 top_builddir=${top_builddir:-.}
 train="$top_builddir/tools/fsdp-train"
@@ -41,7 +45,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..21"
+echo "1..26"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -194,3 +198,70 @@ echo "#   killed run: exit $st, partial files $partial; resume: exit $st2"
   cmp -s "$tmp/full.loss" "$tmp/res2.loss"
 ok $? "a save killed mid-write leaves the previous step-3 checkpoint intact and resumable" \
   "$tmp/kill.out" "$tmp/res2.out"
+
+# --- 22-26: GPUs (--device, --backend nccl) --------------------------------------------------------
+"$train" --help > "$tmp/help.out" 2>&1
+grep -q -- '--device D' "$tmp/help.out" && grep -q 'sim | gloo | nccl' "$tmp/help.out"
+ok $? "--help lists --device and --backend nccl" "$tmp/help.out"
+
+dev_ok=0
+for case in "--device tpu|'tpu' is not cpu or cuda" \
+  "--device cuda|the sim backend" \
+  "--backend gloo --device cuda|the gloo backend" \
+  "--backend nccl --device cpu|nccl"; do
+  args=${case%%|*}
+  want=${case#*|}
+  # shellcheck disable=SC2086
+  "$train" $args > "$tmp/dev.out" 2> "$tmp/dev.err"
+  st=$?
+  lines=$(wc -l < "$tmp/dev.err")
+  if [ "$st" -ne 2 ] || [ "$lines" -ne 1 ] || [ -s "$tmp/dev.out" ] ||
+    ! grep -q -- "$want" "$tmp/dev.err"; then
+    echo "#   '$args': exit $st, $lines lines on stderr (want '$want'):"
+    sed -e 's/^/#     /' "$tmp/dev.err"
+    dev_ok=1
+  fi
+done
+ok $dev_ok "four device/backend combinations that cannot run each exit 2 with one line saying why"
+
+# --backend nccl: no NCCL in the build, or no GPU, or a GPU (then 25-26 run on it).
+gpu=0
+"$train" --backend nccl --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
+  > "$tmp/nccl.out" 2> "$tmp/nccl.err"
+st=$?
+lines=$(wc -l < "$tmp/nccl.err")
+if grep -q 'has no NCCL' "$tmp/nccl.err"; then
+  [ "$st" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q -- '--with-nccl' "$tmp/nccl.err"
+  ok $? "without NCCL, --backend nccl exits 2 with one line saying so (exit $st)" "$tmp/nccl.err"
+elif grep -q 'no CUDA device is visible' "$tmp/nccl.err"; then
+  # CUDA's own words: cudaGetDeviceCount's message and error name.
+  [ "$st" -eq 2 ] && [ "$lines" -eq 1 ] && [ ! -s "$tmp/nccl.out" ] &&
+    grep -q -- '--device cuda: .*cudaGetDeviceCount: .*(cuda[A-Za-z]*)' "$tmp/nccl.err"
+  ok $? "with no GPU, --backend nccl exits 2 with one line naming CUDA's error (exit $st)" \
+    "$tmp/nccl.err"
+else
+  gpu=1
+  [ "$st" -eq 0 ]
+  ok $? "--backend nccl without a launcher runs as a world of one on a GPU (exit $st)" \
+    "$tmp/nccl.out" "$tmp/nccl.err"
+fi
+
+if [ "$gpu" = 1 ] && [ -x "$fsdprun" ]; then
+  for extra in "" "--cpu-offload"; do
+    # shellcheck disable=SC2086
+    timeout 300 "$fsdprun" -n 1 --backend nccl "$train" --backend nccl $short $extra \
+      > "$tmp/gpu.out" 2>&1
+    st=$?
+    v0=$(sed -n 's/^step 0: val loss //p' "$tmp/gpu.out")
+    v1=$(sed -n 's/^step 40: val loss //p' "$tmp/gpu.out")
+    [ "$st" -eq 0 ] && grep -q 'on cuda:' "$tmp/gpu.out" &&
+      awk -v a="$v0" -v b="$v1" 'BEGIN { exit !(a != "" && b != "" && a - b >= 1.0) }'
+    ok $? "fsdprun -n 1 --backend nccl ${extra:-(shards on the GPU)} computes on the GPU and the val loss falls by 1.0 ($v0 -> $v1, exit $st)" \
+      "$tmp/gpu.out"
+  done
+else
+  n=$((n + 1))
+  echo "ok $n # SKIP no GPU (or no NCCL): the GPU training run"
+  n=$((n + 1))
+  echo "ok $n # SKIP no GPU (or no NCCL): the --cpu-offload GPU training run"
+fi

@@ -10,11 +10,13 @@
  * to floating-point reduction order.
  *
  * Ranks are sim threads of this process (--backend sim), or this process is one rank under
- * fsdprun (--backend gloo, fsdp_init_from_env). Rank 0 prints, writes the metrics file and the
- * export. Gradient accumulation runs backward grad_accum times before the step, all but the
- * last under fsdp_no_sync_begin/_end: each unit keeps an unsharded local gradient and reduces
- * the sum once (--reduce-every-micro-batch reduces each micro-batch instead, with less memory
- * and grad_accum times the traffic).
+ * fsdprun (--backend gloo or nccl, fsdp_init_from_env; nccl: one process per GPU, the device
+ * from LOCAL_RANK). With --device cuda the units compute on the rank's GPU (options.device) and
+ * the batches, activations and gradients live there; --cpu-offload keeps the shards on the host.
+ * Rank 0 prints, writes the metrics file and the export. Gradient accumulation runs backward
+ * grad_accum times before the step, all but the last under fsdp_no_sync_begin/_end: each unit keeps
+ * an unsharded local gradient and reduces the sum once (--reduce-every-micro-batch reduces each
+ * micro-batch instead, with less memory and grad_accum times the traffic).
  *
  * This file runs the steps, the output and main; train_build.c makes the model, units,
  * optimizer and loaders, train_sample.c the sample, train_ckpt.c the checkpoints and export,
@@ -255,13 +257,14 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             &k,
             "%s: GPT %lld layers, %lld heads, width %lld, context %lld, vocabulary %lld: %lld "
             "parameters\n"
-            "%s: %d %s ranks, %s, %lld steps of %lld x %lld tokens%s, AdamW lr %g (%s, warm-up "
+            "%s: %d %s ranks%s%s, %s, %lld steps of %lld x %lld tokens%s, AdamW lr %g (%s, warm-up "
             "%lld), data %s (%llu train / %llu val tokens)\n",
             TRAIN_PROG, (long long)j->cfg.n_layer, (long long)j->cfg.n_head,
             (long long)j->cfg.d_model, (long long)j->cfg.max_seq, (long long)j->cfg.vocab,
-            (long long)k.nparams, TRAIN_PROG, k.world, fsdp_pg_backend(k.pg),
-            fsdp_sharding_strategy_name(o->sharding), (long long)o->steps, (long long)o->batch_size,
-            (long long)o->seq_len, o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
+            (long long)k.nparams, TRAIN_PROG, k.world, fsdp_pg_backend(k.pg), k.dev ? " on " : "",
+            k.dev ? fsdp_device_name(k.dev) : "", fsdp_sharding_strategy_name(o->sharding),
+            (long long)o->steps, (long long)o->batch_size, (long long)o->seq_len,
+            o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
             o->sched == TRAIN_SCHED_COSINE ? "cosine" : "constant", (long long)o->warmup,
             fsdp_dataset_path(j->train), (unsigned long long)fsdp_dataset_num_tokens(j->train),
             (unsigned long long)fsdp_dataset_num_tokens(j->val));
@@ -424,6 +427,30 @@ static int open_data(const train_opts_t *o, fsdp_dataset_t **train, fsdp_dataset
     return 0;
 }
 
+/* --device cuda: checks that this process sees a GPU before any rank starts, so that a machine
+ * without one gets one line naming CUDA's error (exit status 2) rather than a failure of every
+ * rank. It probes the GPU the rank will use ($LOCAL_RANK under fsdprun, as fsdp/nccl.h picks
+ * it), so that no process opens a context on another rank's GPU. */
+static int probe_cuda(void) {
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.log_level = FSDP_LOG_OFF;
+    fsdp_ctx_t *quiet = NULL;
+    if (fsdp_ctx_create(&co, &quiet) < 0) return usage_error("out of memory");
+    fsdp_device_options_t d;
+    fsdp_device_options_init(&d);
+    const char *lr = getenv("LOCAL_RANK");
+    if (lr && *lr) d.ordinal = atoi(lr);
+    fsdp_device_t *dev = NULL;
+    int rc = fsdp_device_create(quiet, FSDP_DEVICE_CUDA, &d, &dev);
+    int status = 0;
+    if (rc < 0) /* the library names CUDA's error, or says CUDA is not built in */
+        status = usage_error("--device cuda: %s", fsdp_ctx_last_error(quiet));
+    fsdp_device_destroy(dev);
+    fsdp_ctx_destroy(quiet);
+    return status;
+}
+
 int main(int argc, char **argv) {
     train_opts_t o;
     int status = train_parse_flags(argc, argv, &o);
@@ -440,13 +467,20 @@ int main(int argc, char **argv) {
     uint32_t maxtok = fsdp_dataset_max_token(train);
     if (fsdp_dataset_max_token(val) > maxtok) maxtok = fsdp_dataset_max_token(val);
     if (resolve_model(&o, j.text, maxtok, &j.cfg) != 0) goto out;
-    if (o.backend == TRAIN_BACKEND_GLOO) {
+    if (o.device == TRAIN_DEVICE_CUDA && probe_cuda() != 0) goto out;
+    if (o.backend != TRAIN_BACKEND_SIM) {
+        const char *name = o.backend == TRAIN_BACKEND_NCCL ? "nccl" : "gloo";
+        /* The flag names the backend; fsdprun's --backend (FSDP_BACKEND) need not repeat it. */
+        if (setenv("FSDP_BACKEND", name, 1) != 0) {
+            status = usage_error("--backend %s: cannot set FSDP_BACKEND", name);
+            goto out;
+        }
         fsdp_init_options_t io;
         fsdp_init_options_init(&io);
         io.seed = o.seed;
         char msg[512];
         if (fsdp_init_from_env(&io, &ctx, msg, sizeof msg) < 0) {
-            status = usage_error("--backend gloo: %s (run it under fsdprun)", msg);
+            status = usage_error("--backend %s: %s (run it under fsdprun)", name, msg);
             goto out;
         }
         j.world = fsdp_ctx_world_size(ctx);

@@ -3,7 +3,7 @@
  *
  * train_flags.c turns argv into a train_opts_t (every hyper-parameter is a flag, a bad flag
  * is one line on stderr and exit status 2); fsdp-train.c runs the job: one rank per sim thread,
- * or this process's rank under fsdprun for the gloo backend.
+ * or this process's rank under fsdprun for the gloo and nccl backends.
  */
 #ifndef FSDP_TOOLS_TRAIN_H
 #define FSDP_TOOLS_TRAIN_H
@@ -17,7 +17,18 @@
 #define TRAIN_PROG "fsdp-train"
 
 typedef enum train_sched { TRAIN_SCHED_CONSTANT = 0, TRAIN_SCHED_COSINE } train_sched_t;
-typedef enum train_backend { TRAIN_BACKEND_SIM = 0, TRAIN_BACKEND_GLOO } train_backend_t;
+typedef enum train_backend {
+    TRAIN_BACKEND_SIM = 0,
+    TRAIN_BACKEND_GLOO,
+    TRAIN_BACKEND_NCCL
+} train_backend_t;
+/* --device: where the model computes. AUTO is resolved by train_parse_flags (cuda for nccl,
+ * cpu otherwise), so the rest of the program sees CPU or CUDA only. */
+typedef enum train_device {
+    TRAIN_DEVICE_AUTO = 0,
+    TRAIN_DEVICE_CPU,
+    TRAIN_DEVICE_CUDA
+} train_device_t;
 
 typedef struct train_opts {
     /* optimisation */
@@ -45,6 +56,7 @@ typedef struct train_opts {
     /* distribution */
     train_backend_t backend;
     int world_size; /* sim only */
+    train_device_t device;
     fsdp_sharding_strategy_t sharding;
     int64_t shard_group_size; /* hybrid: ranks per shard group; 0: half the world */
     bool cpu_offload;
@@ -112,6 +124,7 @@ typedef struct rank {
     job_t *j;
     fsdp_ctx_t *ctx;
     fsdp_pg_t *pg, *shard_pg, *rep_pg;
+    fsdp_device_t *dev; /* --device cuda: this rank's GPU (the context's default device) */
     int r, world;
     fsdp_module_t *model;
     fsdp_unit_t *root;
@@ -129,9 +142,10 @@ int train_fail(const rank_t *k, const char *what, int rc);
 /* Rank 0 prints (clearing the progress line on a terminal); other ranks print nothing. */
 void train_say(const rank_t *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* train_build.c: the model (from the seed, or --init), its FSDP units (a GPTBlock each under a
- * root; hybrid groups split from the world), AdamW with decay on matrices; the loaders and the
- * batch tensors; and their release. Failures are reported with train_fail. */
+/* train_build.c: the compute device (--device cuda: the NCCL group's GPU, made the context's
+ * default device after the model is wrapped); the model (from the seed, or --init), its FSDP units
+ * (a GPTBlock each under a root; hybrid groups split from the world), AdamW with decay on matrices;
+ * the loaders and the batch tensors; and their release. Failures are reported with train_fail. */
 int train_build(rank_t *k);
 int train_make_loaders(rank_t *k);
 void train_teardown(rank_t *k);

@@ -38,9 +38,23 @@ static int load_init(rank_t *k) {
     return rc < 0 ? train_fail(k, "loading --init", rc) : 0;
 }
 
+/* --device cuda: this rank's GPU, the NCCL group's device (LOCAL_RANK under fsdprun). */
+static int make_device(rank_t *k) {
+    fsdp_device_options_t d;
+    fsdp_device_options_init(&d);
+    int ord = fsdp_nccl_device(k->pg);
+    d.ordinal = ord >= 0 ? ord : 0;
+    int rc = fsdp_device_create(k->ctx, FSDP_DEVICE_CUDA, &d, &k->dev);
+    return rc < 0 ? train_fail(k, "creating the CUDA device", rc) : 0;
+}
+
 int train_build(rank_t *k) {
     const train_opts_t *o = k->j->o;
     int rc;
+    if (o->device == TRAIN_DEVICE_CUDA && (rc = make_device(k)) < 0) return rc;
+    /* The model is made (and --init loaded) on the host, where the seeded initialisation is the
+     * same as in a CPU run; the wrap moves each unit to the GPU (options.device), or with
+     * --cpu-offload keeps its shard on the host and computes on the GPU. */
     fsdp_rng_init(fsdp_ctx_rng(k->ctx), o->seed, 0);
     if ((rc = fsdp_gpt_create(k->ctx, &k->j->cfg, &k->model)) < 0)
         return train_fail(k, "fsdp_gpt_create", rc);
@@ -68,6 +82,7 @@ int train_build(rank_t *k) {
     fo.forward_prefetch = o->forward_prefetch;
     fo.limit_all_gathers = o->limit_all_gathers;
     fo.use_orig_params = true;
+    fo.device = k->dev;
     if (o->sharding == FSDP_HYBRID_SHARD) {
         /* Shard within groups of consecutive ranks, replicate across the groups. */
         int g = (int)train_shard_group_size(o, k->world);
@@ -139,6 +154,9 @@ int train_build(rank_t *k) {
         goto out;
     }
     k->ngroups = 2;
+    /* From here on autograd, the loss and the batches are made on the compute device. */
+    if (k->dev && (rc = fsdp_ctx_set_device(k->ctx, k->dev)) < 0)
+        train_fail(k, "fsdp_ctx_set_device", rc);
 out:
     for (int i = 0; i < 2; i++) {
         free(g[i]);
@@ -186,5 +204,9 @@ void train_teardown(rank_t *k) {
     fsdp_module_release(k->model);
     fsdp_pg_destroy(k->shard_pg);
     fsdp_pg_destroy(k->rep_pg);
+    if (k->dev) {
+        fsdp_ctx_set_device(k->ctx, NULL);
+        fsdp_device_destroy(k->dev);
+    }
     free(k->mem_all);
 }

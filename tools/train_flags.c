@@ -18,8 +18,9 @@
 
 static const char usage_text[] =
     "usage: " TRAIN_PROG " [options]\n"
-    "Trains a GPT with FSDP on simulated ranks (threads) or, with --backend gloo under fsdprun,\n"
-    "on processes. With no options: a 4-layer GPT on 4 sim ranks, FULL_SHARD, on the corpus\n"
+    "Trains a GPT with FSDP on simulated ranks (threads) or, with --backend gloo or nccl under\n"
+    "fsdprun, on processes (nccl: one per GPU). With no options: a 4-layer GPT on 4 sim ranks, "
+    "FULL_SHARD, on the corpus\n"
     "that ships with libfsdp, about a minute on two cores.\n"
     "\n"
     "optimisation:\n"
@@ -48,7 +49,10 @@ static const char usage_text[] =
     "  --shuffle               visit each epoch's batches in a seeded order\n"
     "  --seed N                model initialisation, shuffling and sampling (1337)\n"
     "distribution:\n"
-    "  --backend B             sim | gloo (sim); gloo reads its rank from fsdprun's environment\n"
+    "  --backend B             sim | gloo | nccl (sim); gloo and nccl read the rank from\n"
+    "                          fsdprun's environment; nccl runs one rank per GPU\n"
+    "  --device D              cpu | cuda: where the model, its units and the batches live\n"
+    "                          (cuda for nccl, else cpu); cuda needs --backend nccl\n"
     "  --world-size N          sim ranks (4)\n"
     "  --sharding S            full | grad-op | no-shard | hybrid (full); hybrid shards within\n"
     "                          groups of --shard-group-size ranks and replicates across them\n"
@@ -187,6 +191,7 @@ static const char *const valued[] = {"--lr",
                                      "--val-data",
                                      "--seed",
                                      "--backend",
+                                     "--device",
                                      "--world-size",
                                      "--sharding",
                                      "--backward-prefetch",
@@ -277,8 +282,17 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
             o->backend = TRAIN_BACKEND_SIM;
         else if (strcmp(v, "gloo") == 0)
             o->backend = TRAIN_BACKEND_GLOO;
+        else if (strcmp(v, "nccl") == 0)
+            o->backend = TRAIN_BACKEND_NCCL;
         else
-            return bad("%s: '%s' is not sim or gloo", f, v);
+            return bad("%s: '%s' is not sim, gloo or nccl", f, v);
+    } else if (strcmp(f, "--device") == 0) {
+        if (strcmp(v, "cpu") == 0)
+            o->device = TRAIN_DEVICE_CPU;
+        else if (strcmp(v, "cuda") == 0)
+            o->device = TRAIN_DEVICE_CUDA;
+        else
+            return bad("%s: '%s' is not cpu or cuda", f, v);
     } else if (strcmp(f, "--sharding") == 0) {
         if (strcmp(v, "full") == 0)
             o->sharding = FSDP_FULL_SHARD;
@@ -359,7 +373,23 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
         int rc = apply(o, name, v);
         if (rc != 0) return rc;
     }
-    /* Checks between flags that need no data (the world size of gloo is known later). */
+    /* Checks between flags that need no data (the world size of gloo and nccl is known later). */
+    if (o->backend == TRAIN_BACKEND_NCCL && !fsdp_nccl_available())
+        return bad("--backend nccl: this build of libfsdp has no NCCL (configure it with "
+                   "--with-cuda and --with-nccl)");
+    if (o->device == TRAIN_DEVICE_AUTO)
+        o->device = o->backend == TRAIN_BACKEND_NCCL ? TRAIN_DEVICE_CUDA : TRAIN_DEVICE_CPU;
+    if (o->device == TRAIN_DEVICE_CPU && o->backend == TRAIN_BACKEND_NCCL)
+        return bad("--device cpu: the nccl backend's collectives run on GPUs; use --device cuda, "
+                   "or --backend gloo for processes on the CPU");
+    /* The sim backend has no device memory yet: its ranks, threads of one process, would have
+     * to share the GPU through it (docs/design.md, "fsdp-train on GPUs"). */
+    if (o->device == TRAIN_DEVICE_CUDA && o->backend == TRAIN_BACKEND_SIM)
+        return bad("--device cuda: the sim backend cannot run collectives on GPU memory yet; use "
+                   "--backend nccl under fsdprun (one process per GPU)");
+    if (o->device == TRAIN_DEVICE_CUDA && o->backend == TRAIN_BACKEND_GLOO)
+        return bad("--device cuda: the gloo backend's collectives take host memory; use "
+                   "--backend nccl under fsdprun");
     if (o->shard_group_size && o->sharding != FSDP_HYBRID_SHARD)
         return bad("--shard-group-size applies to --sharding hybrid only");
     if (o->backend == TRAIN_BACKEND_SIM) {
