@@ -1,0 +1,532 @@
+/*
+ * bench_gpt_gpu.c: FSDP training steps of GPT-2 small (124M) on CUDA GPUs over the NCCL
+ * backend, one rank per GPU. Alone it is a world of one on GPU 0 ($LOCAL_RANK when set); under
+ * the launcher it takes the launcher's world:
+ *
+ *     bench/bench_gpt_gpu                          # one GPU
+ *     tools/fsdprun -n 8 --backend nccl bench/bench_gpt_gpu
+ *
+ * The model is GPT-2 small (12 blocks, 12 heads, width 768, vocabulary 50257, context 1024,
+ * tied head, no dropout) unless the shape options say otherwise; --quick is a small model for a
+ * smoke test. Every rank builds it on the host from the same seed, then FSDP FULL_SHARD wraps
+ * every GPTBlock as a unit under a root that keeps the embeddings and the final norm, with the
+ * GPU as the compute device (options.device), so the wrap moves the shards to the GPU.
+ * BACKWARD_PRE prefetch, limit_all_gathers 2. AdamW (lr 1e-3, betas 0.9/0.95, weight decay 0.1
+ * on every parameter) over the original parameters. Each rank trains on its own fixed batch of
+ * --batch rows drawn from splitmix64(seed + rank) (bench_util.h; gpt2_torch_fsdp.py draws the
+ * same tokens).
+ *
+ * Precision: f32 compute and reduction. --bf16 asks for FSDP mixed precision with bf16
+ * parameters and f32 gradient reduction; it runs only when the CUDA device has bf16 matrix
+ * products (probed with a 2x2 product first), and the header line says which precision ran.
+ *
+ * Measures, printed by rank 0:
+ *   - peak: the best of --peak-iters cuBLASLt bf16 GEMMs of --peak-n cubed (f32 accumulation,
+ *     bf16 output) on this GPU, in FLOP/s: the denominator of MFU;
+ *   - tokens/s: batch x seq x world / the median step time (a step ends when the GPU is idle,
+ *     the slowest rank's time counts);
+ *   - MFU: tokens/s per GPU x the model FLOPs per token / peak, where the model FLOPs per token
+ *     are 6 N + 12 L T d (N: the parameters that take part in matrix products, the embedding
+ *     table included for the tied head, the position table excluded; the second term is the
+ *     attention scores and their weighted sum, forward and backward);
+ *   - memory: the library's peak of device memory (the context's counters after the warm-up)
+ *     and the GPU's used memory from cudaMemGetInfo (total - free after the last step: the
+ *     caching allocator's reserve plus the CUDA context), both of the largest rank.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The CUDA headers come in through -I, so GCC checks them like ours; cublasLt.h declares a
+ * function with an empty parameter list. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#pragma GCC diagnostic pop
+
+#include <fsdp.h>
+
+#include "bench_util.h"
+
+#define PROG "bench_gpt_gpu"
+#define MAX_WORLD 4096
+
+typedef struct options {
+    bench_common_t c; /* the shape's batch is per rank */
+    bool bf16;
+    int64_t peak_n;
+    int peak_iters;
+} options_t;
+
+static const char *const phase_name[PH_COUNT] = {"zero_grad", "forward+loss", "backward",
+                                                 "optimizer", "step"};
+
+static const bench_gpt_shape_t gpt2_small = {12, 768, 12, 1024, 8, 50257};
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: " PROG " [options]   (one GPU), or fsdprun -n N --backend nccl " PROG
+            " [options]\n"
+            "FSDP FULL_SHARD training steps over NCCL; GPT-2 small unless the shape options say\n"
+            "otherwise (12 layers, d 768, 12 heads, seq 1024, vocab 50257, batch 8 per rank).\n"
+            "  --layers N --d N --heads N --seq N --vocab N   the model's shape\n"
+            "  --batch N       sequences per rank (default 8)\n"
+            "  --steps N       timed steps (default 10)\n"
+            "  --warmup N      untimed steps before them (default 2)\n"
+            "  --seed N        seed of the batches and of the initialisation (default 1234)\n"
+            "  --lr X          AdamW learning rate (default 1e-3)\n"
+            "  --bf16          FSDP mixed precision: bf16 parameters, f32 reduction, when the\n"
+            "                  CUDA device has bf16 matrix products (else f32 runs and says so)\n"
+            "  --peak-n N      size of the peak GEMM (default 8192)\n"
+            "  --peak-iters N  GEMMs timed for the peak, the best counts (default 20)\n"
+            "  --quick         small model (2 blocks, d 64, 4 heads, T 32, B 2, vocab 256), 1\n"
+            "                  warm-up and 2 timed steps, peak GEMM 2048; later options override\n"
+            "  --help          this text\n");
+}
+
+/* Returns 0 to run, 1 after --help, -1 for bad options. */
+static int parse_options(int argc, char **argv, options_t *o) {
+    *o = (options_t){.c = bench_common_default(), .peak_n = 8192, .peak_iters = 20};
+    o->c.m = gpt2_small;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t v = 0;
+        int rc = bench_common_option(PROG, a, val, INT64_MAX - MAX_WORLD, &o->c);
+        if (rc < 0) return -1;
+        if (rc == 2) { /* --quick */
+            o->peak_n = 2048;
+            continue;
+        }
+        if (rc == 1) {
+            i++;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        } else if (strcmp(a, "--bf16") == 0) {
+            o->bf16 = true;
+        } else if (strcmp(a, "--peak-n") == 0) {
+            if (bench_parse_i64(PROG, a, val, 256, 32768, &v) < 0) return -1;
+            o->peak_n = v;
+            i++;
+        } else if (strcmp(a, "--peak-iters") == 0) {
+            if (bench_parse_i64(PROG, a, val, 1, 10000, &v) < 0) return -1;
+            o->peak_iters = (int)v;
+            i++;
+        } else {
+            fprintf(stderr, PROG ": unknown option '%s' (try --help)\n", a);
+            return -1;
+        }
+    }
+    return bench_shape_check(PROG, &o->c.m);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The peak: a large cuBLASLt bf16 GEMM */
+
+static int cuda_fail(cudaError_t e, const char *what) {
+    fprintf(stderr, PROG ": %s: %s (%s)\n", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return -1;
+}
+
+static int lt_fail(cublasStatus_t st, const char *what) {
+    fprintf(stderr, PROG ": %s: cuBLASLt status %d\n", what, (int)st);
+    return -1;
+}
+
+/* Best FLOP/s of `iters` n^3 bf16 GEMMs (C = A B, f32 accumulation) on the current device. The
+ * operands hold pseudo-random values in [-1, 1) (zeros would draw less power and flatter the
+ * peak). Returns 0 and sets *flops, or -1 after printing why. */
+static int measure_peak(int64_t n, int iters, double *flops) {
+    const size_t elems = (size_t)(n * n), bytes = elems * 2, ws_bytes = (size_t)64 << 20;
+    void *a = NULL, *b = NULL, *c = NULL, *ws = NULL;
+    uint16_t *host = malloc(bytes);
+    cublasLtHandle_t h = NULL;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e;
+    cublasStatus_t st;
+    int rc = -1;
+    if (!host) {
+        fprintf(stderr, PROG ": out of host memory for the peak GEMM's operands\n");
+        return -1;
+    }
+    uint64_t state = 42;
+    for (size_t i = 0; i < elems; i++) {
+        float x = (float)((double)(bench_splitmix64(&state) >> 11) * 0x1p-52 - 1.0);
+        uint32_t bits;
+        memcpy(&bits, &x, sizeof bits);
+        host[i] = (uint16_t)(bits >> 16);
+    }
+    if ((e = cudaMalloc(&a, bytes)) != cudaSuccess || (e = cudaMalloc(&b, bytes)) != cudaSuccess ||
+        (e = cudaMalloc(&c, bytes)) != cudaSuccess ||
+        (e = cudaMalloc(&ws, ws_bytes)) != cudaSuccess) {
+        cuda_fail(e, "cudaMalloc for the peak GEMM");
+        goto out;
+    }
+    if ((e = cudaMemcpy(a, host, bytes, cudaMemcpyHostToDevice)) != cudaSuccess ||
+        (e = cudaMemcpy(b, host, bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
+        cuda_fail(e, "cudaMemcpy of the peak GEMM's operands");
+        goto out;
+    }
+    if ((st = cublasLtCreate(&h)) != CUBLAS_STATUS_SUCCESS) {
+        lt_fail(st, "cublasLtCreate");
+        goto out;
+    }
+    if ((st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        (st = cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)n, (uint64_t)n, n)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        (st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)n, (uint64_t)n, n)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        (st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, (uint64_t)n, (uint64_t)n, n)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        (st = cublasLtMatmulPreferenceCreate(&pref)) != CUBLAS_STATUS_SUCCESS ||
+        (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &ws_bytes, sizeof ws_bytes)) !=
+            CUBLAS_STATUS_SUCCESS) {
+        lt_fail(st, "setting up the peak GEMM");
+        goto out;
+    }
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, 1, &heur, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
+        lt_fail(st, "cublasLtMatmulAlgoGetHeuristic found no bf16 algorithm");
+        goto out;
+    }
+    if ((e = cudaEventCreate(&e0)) != cudaSuccess || (e = cudaEventCreate(&e1)) != cudaSuccess) {
+        cuda_fail(e, "cudaEventCreate");
+        goto out;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    double best = INFINITY;
+    for (int i = -3; i < iters; i++) { /* three untimed GEMMs first */
+        cudaEventRecord(e0, NULL);
+        st = cublasLtMatmul(h, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &heur.algo, ws,
+                            ws_bytes, NULL);
+        cudaEventRecord(e1, NULL);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            lt_fail(st, "cublasLtMatmul");
+            goto out;
+        }
+        if ((e = cudaEventSynchronize(e1)) != cudaSuccess) {
+            cuda_fail(e, "the peak GEMM");
+            goto out;
+        }
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i >= 0 && ms > 0 && ms < best) best = ms;
+    }
+    *flops = 2.0 * (double)n * (double)n * (double)n / (best * 1e-3);
+    rc = 0;
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (h) cublasLtDestroy(h);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    cudaFree(ws);
+    free(host);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The rank */
+
+typedef struct rank_state {
+    fsdp_ctx_t *ctx;
+    fsdp_device_t *dev;
+    fsdp_module_t *model;
+    fsdp_unit_t *root;
+    fsdp_optim_t *opt;
+    fsdp_tensor_t *tokens, *targets; /* (B, T) int64 on the GPU */
+    size_t nunits;
+    int64_t nparams; /* of the model before wrapping */
+    bool bf16;       /* what runs */
+} rank_state_t;
+
+static int fail_msg(const rank_state_t *s, const char *what, int rc) {
+    fprintf(stderr, PROG ": rank %d: %s failed: %s (%s)\n", fsdp_ctx_rank(s->ctx), what,
+            fsdp_strerror(rc), fsdp_ctx_last_error(s->ctx));
+    return rc < 0 ? rc : FSDP_EINTERNAL;
+}
+
+/* Whether the context's device multiplies bf16 matrices: a 2x2 product, FSDP_ENOTSUP when not.
+ * *why receives the device's reason. */
+static int bf16_matmul_works(fsdp_ctx_t *ctx, bool *works, char *why, size_t cap) {
+    const int64_t shape[2] = {2, 2};
+    fsdp_tensor_t *a = NULL, *p = NULL;
+    int rc = fsdp_tensor_empty(ctx, FSDP_DTYPE_BF16, 2, shape, FSDP_MEM_OTHER, &a);
+    if (rc == 0) rc = fsdp_tensor_fill_(a, 1.0);
+    if (rc == 0) rc = fsdp_matmul(a, a, &p);
+    *works = rc == 0;
+    if (rc == FSDP_ENOTSUP || rc == FSDP_EINVAL) {
+        snprintf(why, cap, "%s", fsdp_ctx_last_error(ctx));
+        rc = 0;
+    }
+    fsdp_tensor_release(p);
+    fsdp_tensor_release(a);
+    return rc;
+}
+
+static int setup(rank_state_t *s, const options_t *o, int ordinal) {
+    int r = fsdp_ctx_rank(s->ctx), rc;
+    fsdp_device_options_t d;
+    fsdp_device_options_init(&d);
+    d.ordinal = ordinal;
+    if ((rc = fsdp_device_create(s->ctx, FSDP_DEVICE_CUDA, &d, &s->dev)) < 0)
+        return fail_msg(s, "creating the CUDA device", rc);
+    /* The same initial weights on every rank, made on the host. */
+    fsdp_rng_init(fsdp_ctx_rng(s->ctx), o->c.seed, 0);
+    if ((rc = bench_gpt_create(s->ctx, &o->c.m, &s->model)) < 0)
+        return fail_msg(s, "fsdp_gpt_create", rc);
+    s->nparams = fsdp_module_num_params(s->model);
+    if ((rc = fsdp_ctx_set_device(s->ctx, s->dev)) < 0) return fail_msg(s, "set_device", rc);
+    if (o->bf16) {
+        char why[512] = "";
+        if ((rc = bf16_matmul_works(s->ctx, &s->bf16, why, sizeof why)) < 0)
+            return fail_msg(s, "probing bf16 matrix products", rc);
+        if (!s->bf16 && r == 0)
+            printf("# --bf16: the CUDA device has no bf16 matrix product (%s); f32 runs\n", why);
+    }
+
+    static const char *const block_types[] = {"GPTBlock", NULL};
+    fsdp_policy_t *blocks = NULL;
+    if ((rc = fsdp_policy_module_types_create(block_types, &blocks)) < 0)
+        return fail_msg(s, "fsdp_policy_module_types_create", rc);
+    fsdp_options_t fo;
+    fsdp_options_init(&fo);
+    fo.strategy = FSDP_FULL_SHARD;
+    fo.backward_prefetch = FSDP_BACKWARD_PRE;
+    fo.limit_all_gathers = 2;
+    fo.auto_wrap_policy = blocks;
+    fo.use_orig_params = true;
+    fo.device = s->dev;
+    if (s->bf16) {
+        fsdp_mixed_precision_init(&fo.mixed_precision);
+        fo.mixed_precision.enabled = true;
+        fo.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
+        fo.mixed_precision.reduce_dtype = FSDP_DTYPE_F32;
+    }
+    rc = fsdp_wrap(s->model, &fo, &s->root);
+    fsdp_policy_release(blocks);
+    if (rc < 0) return fail_msg(s, "fsdp_wrap", rc);
+    fsdp_unit_t **units = NULL;
+    if ((rc = fsdp_units(s->root, &units, &s->nunits)) < 0) return fail_msg(s, "fsdp_units", rc);
+    free(units);
+
+    fsdp_named_list_t params = {0};
+    if ((rc = fsdp_named_params(s->root, &params)) < 0) return fail_msg(s, "fsdp_named_params", rc);
+    rc = bench_adamw_create(s->ctx, &o->c.adamw, &params, &s->opt);
+    fsdp_named_list_free(&params);
+    if (rc < 0) return fail_msg(s, "creating the optimizer", rc);
+    rc = bench_make_batch(s->ctx, &o->c.m, o->c.seed + (uint64_t)r, &s->tokens, &s->targets);
+    if (rc < 0) return fail_msg(s, "making the batch", rc);
+    return FSDP_OK;
+}
+
+static void teardown(rank_state_t *s) {
+    fsdp_tensor_release(s->tokens);
+    fsdp_tensor_release(s->targets);
+    fsdp_optim_destroy(s->opt);
+    fsdp_destroy(s->root);
+    fsdp_module_release(s->model);
+    if (s->dev) {
+        fsdp_ctx_set_device(s->ctx, NULL);
+        fsdp_device_destroy(s->dev);
+    }
+}
+
+static int step_loss(void *arg, fsdp_tensor_t **loss) {
+    rank_state_t *s = arg;
+    return fsdp_gpt_forward_loss(s->model, s->tokens, s->targets, loss, NULL);
+}
+
+/* Model FLOPs of one token, forward and backward: 6 N + 12 L T d (see the top of the file). */
+static double flops_per_token(const bench_gpt_shape_t *m) {
+    double n = (double)(bench_gpt_params(m) - m->seq * m->d);
+    return 6.0 * n + 12.0 * (double)m->layers * (double)m->seq * (double)m->d;
+}
+
+/* The GPU this process uses before any rank exists: $LOCAL_RANK, else 0. */
+static int local_ordinal(void) {
+    const char *lr = getenv("LOCAL_RANK");
+    long v = lr && *lr ? strtol(lr, NULL, 10) : 0;
+    return v >= 0 && v < 4096 ? (int)v : 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    options_t o;
+    int prc = parse_options(argc, argv, &o);
+    if (prc != 0) return prc > 0 ? 0 : 2;
+
+    /* A GPU first: without one, one line naming CUDA's error. */
+    int ndev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess || ndev < 1) {
+        fprintf(stderr, PROG ": no CUDA device is visible (cudaGetDeviceCount: %s (%s))\n",
+                ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices",
+                ce != cudaSuccess ? cudaGetErrorName(ce) : "none");
+        return 1;
+    }
+    int ordinal = local_ordinal();
+    if (ordinal >= ndev) {
+        fprintf(stderr, PROG ": LOCAL_RANK %d but only %d CUDA device(s) are visible\n", ordinal,
+                ndev);
+        return 1;
+    }
+    if ((ce = cudaSetDevice(ordinal)) != cudaSuccess) return cuda_fail(ce, "cudaSetDevice"), 1;
+    struct cudaDeviceProp prop;
+    if ((ce = cudaGetDeviceProperties(&prop, ordinal)) != cudaSuccess)
+        return cuda_fail(ce, "cudaGetDeviceProperties"), 1;
+    double peak = 0;
+    if (measure_peak(o.peak_n, o.peak_iters, &peak) < 0) return 1;
+
+    setenv("FSDP_BACKEND", "nccl", 1);
+    fsdp_init_options_t io;
+    fsdp_init_options_init(&io);
+    io.seed = o.c.seed;
+    char msg[1024];
+    rank_state_t s = {0};
+    int rc = fsdp_init_from_env(&io, &s.ctx, msg, sizeof msg);
+    if (rc < 0) {
+        fprintf(stderr, PROG ": fsdp_init_from_env failed: %s: %s\n", fsdp_err_name(rc), msg);
+        return 1;
+    }
+    const int rank = fsdp_ctx_rank(s.ctx), world = fsdp_ctx_world_size(s.ctx);
+    const int nsteps = o.c.warmup + o.c.steps;
+    fsdp_pg_t *pg = fsdp_ctx_pg(s.ctx);
+    int dev_ord = fsdp_nccl_device(pg) >= 0 ? fsdp_nccl_device(pg) : ordinal;
+    double *t = calloc((size_t)nsteps * PH_COUNT, sizeof *t); /* [step][phase], seconds */
+    double *loss = calloc((size_t)nsteps, sizeof *loss);
+    double *med = calloc(PH_COUNT, sizeof *med);
+    int status = 1;
+    if (!t || !loss || !med) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto out;
+    }
+    if (setup(&s, &o, dev_ord) < 0) goto out;
+    if (rank == 0) {
+        printf("# " PROG ": libfsdp FSDP FULL_SHARD over nccl, world %d, %s, GPT %lld layers, d "
+               "%lld, %lld heads, seq %lld, batch %lld per rank, vocab %lld, %s\n",
+               world, prop.name, (long long)o.c.m.layers, (long long)o.c.m.d,
+               (long long)o.c.m.heads, (long long)o.c.m.seq, (long long)o.c.m.batch,
+               (long long)o.c.m.vocab,
+               s.bf16 ? "bf16 mixed precision (bf16 parameters, f32 reduction)" : "f32");
+        printf("# params %lld; %zu units (one per GPTBlock + the root); BACKWARD_PRE, "
+               "limit_all_gathers 2\n",
+               (long long)s.nparams, s.nunits);
+        printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
+               "timed steps\n",
+               o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.wd,
+               (unsigned long long)o.c.seed, o.c.warmup, o.c.steps);
+        printf("peak bf16 GEMM %lld^3 (cuBLASLt, f32 accumulation, best of %d): %.1f TFLOP/s\n",
+               (long long)o.peak_n, o.peak_iters, peak * 1e-12);
+        fflush(stdout);
+    }
+
+    for (int k = 0; k < nsteps; k++) {
+        if (k == o.c.warmup) fsdp_mem_reset_peaks(s.ctx);
+        if ((rc = fsdp_pg_barrier(pg, NULL)) < 0) {
+            fail_msg(&s, "barrier", rc);
+            goto out;
+        }
+        double t0 = bench_now_s();
+        const char *failed = NULL;
+        double *ph = &t[(size_t)k * PH_COUNT];
+        rc = bench_train_step(s.opt, step_loss, &s, ph, &loss[k], &failed);
+        if (rc < 0) {
+            fail_msg(&s, failed, rc);
+            goto out;
+        }
+        /* The step ends when the GPU has finished its kernels (the optimizer's are queued). */
+        if ((ce = cudaDeviceSynchronize()) != cudaSuccess) {
+            cuda_fail(ce, "cudaDeviceSynchronize after a step");
+            goto out;
+        }
+        ph[PH_STEP] = bench_now_s() - t0;
+    }
+
+    fsdp_mem_stats_t ms;
+    fsdp_mem_get_stats(s.ctx, &ms);
+    size_t free_b = 0, total_b = 0;
+    if ((ce = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) {
+        cuda_fail(ce, "cudaMemGetInfo");
+        goto out;
+    }
+    double mem[6] = {(double)ms.total_peak,
+                     (double)ms.peak[FSDP_MEM_PARAMS],
+                     (double)ms.peak[FSDP_MEM_GRADS],
+                     (double)ms.peak[FSDP_MEM_OPTIM],
+                     (double)ms.peak[FSDP_MEM_ACTIVATIONS],
+                     (double)(total_b - free_b)};
+    if ((rc = fsdp_pg_all_reduce(pg, t, t, (size_t)nsteps * PH_COUNT, FSDP_DTYPE_F64,
+                                 FSDP_REDOP_MAX, NULL)) < 0 ||
+        (rc = fsdp_pg_all_reduce(pg, loss, loss, (size_t)nsteps, FSDP_DTYPE_F64, FSDP_REDOP_AVG,
+                                 NULL)) < 0 ||
+        (rc = fsdp_pg_all_reduce(pg, mem, mem, 6, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL)) < 0) {
+        fail_msg(&s, "gathering the results", rc);
+        goto out;
+    }
+    status = 0;
+    for (int k = 0; k < nsteps; k++)
+        if (!isfinite(loss[k])) {
+            if (rank == 0) fprintf(stderr, PROG ": the loss of step %d is not finite\n", k + 1);
+            status = 1;
+        }
+    if (rank != 0) goto out;
+
+    for (int k = 0; k < nsteps; k++)
+        printf("step %3d%s loss %.6f  ms %.1f\n", k + 1, k >= o.c.warmup ? "        " : " (warmup)",
+               loss[k], t[(size_t)k * PH_COUNT + PH_STEP] * 1e3);
+    double *v = t + (size_t)o.c.warmup * PH_COUNT;
+    double *col = calloc((size_t)o.c.steps, sizeof *col);
+    if (!col) {
+        status = 1;
+        goto out;
+    }
+    for (int p = 0; p < PH_COUNT; p++) {
+        for (int k = 0; k < o.c.steps; k++)
+            col[k] = v[(size_t)k * PH_COUNT + (size_t)p];
+        med[p] = bench_median(col, o.c.steps);
+    }
+    free(col);
+    double tok_s = (double)(o.c.m.batch * o.c.m.seq) * world / med[PH_STEP];
+    double mfu = tok_s / world * flops_per_token(&o.c.m) / peak;
+    printf("phases median ms (host-side; the GPU may still run):");
+    for (int p = 0; p < PH_STEP; p++)
+        printf(" %s %.1f", phase_name[p], med[p] * 1e3);
+    printf("\n");
+    printf("memory (library-counted device peak of the largest rank after the warm-up): %.1f MiB "
+           "(params %.1f, grads %.1f, optim %.1f, activations %.1f)\n",
+           mem[0] / 1048576.0, mem[1] / 1048576.0, mem[2] / 1048576.0, mem[3] / 1048576.0,
+           mem[4] / 1048576.0);
+    printf("GPU used memory (cudaMemGetInfo, largest rank): %.1f MiB\n", mem[5] / 1048576.0);
+    printf("ms/step median %.2f over %d steps\n", med[PH_STEP] * 1e3, o.c.steps);
+    printf("model FLOPs per token %.4g\n", flops_per_token(&o.c.m));
+    printf("tokens/s %.0f (all ranks)\n", tok_s);
+    printf("MFU %.2f%% (against the measured bf16 GEMM peak)\n", mfu * 100.0);
+    fflush(stdout);
+out:
+    teardown(&s);
+    fsdp_ctx_destroy(s.ctx);
+    free(t);
+    free(loss);
+    free(med);
+    return status;
+}
