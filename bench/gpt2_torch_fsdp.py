@@ -7,8 +7,8 @@ wrapped with torch.distributed.fsdp.FullyShardedDataParallel: FULL_SHARD, every 
 (ModuleWrapPolicy), BACKWARD_PRE, limit_all_gathers, use_orig_params, device_id the rank's GPU,
 over the NCCL backend. AdamW (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
 parameter). Each rank trains on its own fixed batch from splitmix64(seed + rank), the tokens
-bench_gpt_gpu draws. --bf16: MixedPrecision(param_dtype=bf16, reduce_dtype=f32), as
-bench_gpt_gpu's --bf16. f32 matrix products use TF32 only when FSDP_CUDA_TF32=1, as libfsdp's.
+bench_gpt_gpu draws. --bf16: MixedPrecision(param_dtype=bf16, reduce_dtype=f32, and the causal
+mask buffer in bf16), as bench_gpt_gpu's --bf16. f32 matrix products use TF32 only when FSDP_CUDA_TF32=1, as libfsdp's.
 
 Alone it is a world of one on GPU 0 (a file rendezvous in a temporary directory, no network);
 under torchrun it takes RANK, WORLD_SIZE and LOCAL_RANK. Rank 0 prints the lines bench_gpt_gpu
@@ -137,7 +137,10 @@ def main(argv):
     model = gpt_step_torch.build(torch, a)  # on the host, as bench_gpt_gpu
     model.train()
     nparams = sum(p.numel() for p in model.parameters())
-    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.bf16 else None
+    # buffer_dtype bf16 casts the additive causal mask, so that the masked scores stay bf16
+    # and meet v in the same dtype (the integer positions are not cast).
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                        buffer_dtype=torch.bfloat16) if a.bf16 else None
     fsdp = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD,
                 auto_wrap_policy=ModuleWrapPolicy({type(model.h[0])}),
                 backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
