@@ -665,18 +665,8 @@ static int cuda_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool tra
                      int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, double beta,
                      void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
     FLOAT_DT(dev, "gemm", dt);
-    if (m < 0 || n < 0 || k < 0 || batch < 0)
-        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
-                             "cuda gemm: negative size (m %lld, n %lld, k %lld, batch %lld)",
-                             (long long)m, (long long)n, (long long)k, (long long)batch);
-    if (m == 0 || n == 0 || batch == 0) return FSDP_OK;
-    int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-    if (ldc < n || (k > 0 && (lda < a_cols || ldb < b_cols)))
-        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
-                             "cuda gemm: leading dimensions too small (lda %lld for %lld columns, "
-                             "ldb %lld for %lld, ldc %lld for %lld)",
-                             (long long)lda, (long long)a_cols, (long long)ldb, (long long)b_cols,
-                             (long long)ldc, (long long)n);
+    int chk = fsdp__gemm_check(dev, "cuda", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
+    if (chk != 0) return chk < 0 ? chk : FSDP_OK;
     USE(cd, dev);
     const bool f64 = dt == FSDP_DTYPE_F64;
     if (k == 0)

@@ -711,20 +711,8 @@ int fsdp__cpu_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans
                    const void *b, int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc,
                    int64_t stride_c, int64_t batch) {
     if (dt != FSDP_DTYPE_F32 && dt != FSDP_DTYPE_F64) return bad_dtype(dev, "gemm", dt);
-    if (m < 0 || n < 0 || k < 0 || batch < 0)
-        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
-                             "cpu gemm: negative size (m %lld, n %lld, k %lld, batch %lld)",
-                             (long long)m, (long long)n, (long long)k, (long long)batch);
-    if (m == 0 || n == 0 || batch == 0) return FSDP_OK;
-    /* Row strides of the stored matrices must cover their rows; BLAS would report a violation
-     * through xerbla, which in some CBLAS builds exits the process. */
-    int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-    if (ldc < n || (k > 0 && (lda < a_cols || ldb < b_cols)))
-        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
-                             "cpu gemm: leading dimensions too small (lda %lld for %lld columns, "
-                             "ldb %lld for %lld, ldc %lld for %lld)",
-                             (long long)lda, (long long)a_cols, (long long)ldb, (long long)b_cols,
-                             (long long)ldc, (long long)n);
+    int chk = fsdp__gemm_check(dev, "cpu", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
+    if (chk != 0) return chk < 0 ? chk : FSDP_OK;
     for (int64_t i = 0; i < batch; i++) {
         if (dt == FSDP_DTYPE_F32) {
             const float *ab = (const float *)a + i * stride_a;

@@ -39,6 +39,23 @@ static const struct fsdp_dev_ops *const backends[FSDP_DEVICE_KIND_COUNT] = {
 
 static const char *const kind_names[FSDP_DEVICE_KIND_COUNT] = {"cpu", "cuda"};
 
+int fsdp__gemm_check(fsdp_device_t *dev, const char *who, bool trans_a, bool trans_b, int64_t m,
+                     int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch) {
+    if (m < 0 || n < 0 || k < 0 || batch < 0)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "%s gemm: negative size (m %lld, n %lld, k %lld, batch %lld)", who,
+                             (long long)m, (long long)n, (long long)k, (long long)batch);
+    if (m == 0 || n == 0 || batch == 0) return 1;
+    int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (ldc < n || (k > 0 && (lda < a_cols || ldb < b_cols)))
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "%s gemm: leading dimensions too small (lda %lld for %lld columns, "
+                             "ldb %lld for %lld, ldc %lld for %lld)",
+                             who, (long long)lda, (long long)a_cols, (long long)ldb,
+                             (long long)b_cols, (long long)ldc, (long long)n);
+    return 0;
+}
+
 /* ---- allocation map: open addressing, linear probing, backward-shift deletion ---- */
 
 struct alloc_entry {

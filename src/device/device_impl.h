@@ -227,6 +227,14 @@ struct fsdp_device {
     _Atomic size_t live_allocs;
 };
 
+/* The shape checks every gemm makes before it calls its library (BLAS would report a
+ * violation through xerbla, which in some CBLAS builds exits the process): negative sizes and
+ * row strides that do not cover their rows are FSDP_EINVAL with a message naming `who`'s gemm
+ * and the sizes. Returns 1 when there is nothing to compute (m, n or batch is 0), 0 to go on,
+ * or the error. */
+int fsdp__gemm_check(fsdp_device_t *dev, const char *who, bool trans_a, bool trans_b, int64_t m,
+                     int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch);
+
 /* The CPU device's vtable (src/device/cpu*.c). */
 extern const struct fsdp_dev_ops fsdp__cpu_dev_ops;
 
