@@ -242,7 +242,7 @@ static void test_parity(void) {
 
 typedef struct contract {
     int mismatch_rc[2];
-    int other_ctx_rc, null_rc, sub_inherits, sub_rc, after_rc[2];
+    int other_ctx_rc, null_rc, sub_inherits, sub_rc[2], after_rc[2];
 } contract_t;
 
 static int contract_rank(fsdp_ctx_t *ctx, void *arg) {
@@ -259,8 +259,8 @@ static int contract_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_sim_pg_set_device(pg, dev);
     fsdp_pg_t *sub = NULL;
     const int members[2] = {0, 1};
-    c->sub_rc = fsdp_pg_new_group(pg, members, 2, &sub);
-    if (c->sub_rc == FSDP_OK) {
+    c->sub_rc[r] = fsdp_pg_new_group(pg, members, 2, &sub);
+    if (c->sub_rc[r] == FSDP_OK) {
         if (r == 0) c->sub_inherits = fsdp_sim_pg_device(sub) == dev;
         for (int i = 0; i < 64; i++) buf[i] = (float)(r + i);
         c->after_rc[r] = fsdp_pg_all_reduce(sub, buf, buf, 64, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
@@ -306,7 +306,8 @@ static void test_contract(void) {
     tap_is_int(c.mismatch_rc[1], FSDP_EMISMATCH, NAME ": ... and on rank 1");
     tap_is_int(c.other_ctx_rc, FSDP_EINVAL, NAME ": a device of another context is FSDP_EINVAL");
     tap_is_int(c.null_rc, FSDP_EINVAL, NAME ": a NULL group is FSDP_EINVAL");
-    tap_is_int(c.sub_rc, FSDP_OK, NAME ": sub-group created");
+    tap_is_int(c.sub_rc[0], FSDP_OK, NAME ": sub-group created (rank 0)");
+    tap_is_int(c.sub_rc[1], FSDP_OK, NAME ": sub-group created (rank 1)");
     tap_ok(c.sub_inherits, NAME ": the sub-group keeps its buffers on the parent's device");
     tap_ok(c.after_rc[0] == FSDP_OK && c.after_rc[1] == FSDP_OK,
            NAME ": all_reduce on the sub-group through the device is right (rc %d, %d)",

@@ -25,6 +25,11 @@
  * portable code runs. The C11 mode of the build keeps -ffp-contract=off, so the AVX2 and
  * AVX-512 clones do not fuse multiply-adds and compute the baseline's bits.
  */
+/* Not under ThreadSanitizer: the clones' ifunc resolvers run while the dynamic loader relocates
+ * the program, before the TSan runtime is initialized, and their instrumentation crashes there. */
+#if defined(__SANITIZE_THREAD__) && !defined(FSDP_NO_CLONES)
+#define FSDP_NO_CLONES 1
+#endif
 #if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && !defined(FSDP_NO_CLONES)
 #if __has_attribute(target_clones)
 #define FSDP_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
