@@ -57,7 +57,13 @@ int train_save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *mod
     rc = fsdp_summon_end(root);
     if (rc < 0 && save_rc == 0)
         snprintf(err, cap, "ending the summon: %s", fsdp_ctx_last_error(ctx));
-    return save_rc < 0 ? save_rc : rc;
+    if (save_rc < 0 || rc < 0) return save_rc < 0 ? save_rc : rc;
+    /* No rank goes on (to write its optimizer file, say) until rank 0 has the model file on
+     * disk: the files of a checkpoint are written in one order on every run, so a failure
+     * part way (a full disk, a file-size limit) always stops at the same file. */
+    if ((rc = fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL)) < 0)
+        snprintf(err, cap, "the barrier after writing %s: %s", path, fsdp_ctx_last_error(ctx));
+    return rc;
 }
 
 int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
