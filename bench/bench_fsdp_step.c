@@ -94,7 +94,7 @@ typedef struct job {
     size_t pgo_end[MAX_WORLD];    /* params + grads + optim bytes after the last step */
     int64_t nparams;
     size_t nunits[MAX_WORLD];
-    char err[MAX_WORLD][512];
+    char err[MAX_WORLD][sizeof(((bench_rank_t *)0)->err)];
 } job_t;
 
 /* The summary of a finished job. */
@@ -138,6 +138,32 @@ static void usage(FILE *f) {
             "Compute threads per rank: FSDP_NUM_THREADS, else the online cores / world size.\n");
 }
 
+/* bench_fsdp_step's own options (a bench_extra_fn); each takes a value. */
+static int own_option(void *arg, const char *prog, const char *opt, const char *val) {
+    options_t *o = arg;
+    int64_t v = 0;
+    if (strcmp(opt, "--world") == 0) {
+        if (bench_parse_i64(prog, opt, val, 1, MAX_WORLD, &v) < 0) return -1;
+        o->world = (int)v;
+    } else if (strcmp(opt, "--rounds") == 0) {
+        if (bench_parse_i64(prog, opt, val, 1, MAX_ROUNDS, &v) < 0) return -1;
+        o->rounds = (int)v;
+    } else if (strcmp(opt, "--latency-us") == 0) {
+        if (bench_parse_i64(prog, opt, val, 0, 10000000, &v) < 0) return -1;
+        o->latency_us = v;
+    } else if (strcmp(opt, "--only") == 0 && val && strcmp(val, "main") == 0) {
+        o->sections = SECTION_MAIN;
+    } else if (strcmp(opt, "--only") == 0 && val && strcmp(val, "prefetch") == 0) {
+        o->sections = SECTION_PREFETCH;
+    } else if (strcmp(opt, "--only") == 0) {
+        fprintf(stderr, PROG ": --only needs main or prefetch, got '%s'\n", val ? val : "");
+        return -1;
+    } else {
+        return strcmp(opt, "--quick") == 0 ? 2 : 0;
+    }
+    return 1;
+}
+
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
 static int parse_options(int argc, char **argv, options_t *o) {
     *o = (options_t){.c = bench_common_default(),
@@ -145,137 +171,72 @@ static int parse_options(int argc, char **argv, options_t *o) {
                      .rounds = 2,
                      .latency_us = 5000,
                      .sections = SECTION_MAIN | SECTION_PREFETCH};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t v = 0;
-        int rc = bench_common_option(PROG, a, val, INT64_MAX - MAX_WORLD, &o->c);
-        if (rc < 0) return -1;
-        if (rc == 2) continue;
-        if (rc == 1) {
-            i++;
-            continue;
-        }
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 1;
-        } else if (strcmp(a, "--world") == 0) {
-            if (bench_parse_i64(PROG, a, val, 1, MAX_WORLD, &v) < 0) return -1;
-            o->world = (int)v;
-        } else if (strcmp(a, "--rounds") == 0) {
-            if (bench_parse_i64(PROG, a, val, 1, MAX_ROUNDS, &v) < 0) return -1;
-            o->rounds = (int)v;
-        } else if (strcmp(a, "--latency-us") == 0) {
-            if (bench_parse_i64(PROG, a, val, 0, 10000000, &v) < 0) return -1;
-            o->latency_us = v;
-        } else if (strcmp(a, "--only") == 0 && val && strcmp(val, "main") == 0) {
-            o->sections = SECTION_MAIN;
-        } else if (strcmp(a, "--only") == 0 && val && strcmp(val, "prefetch") == 0) {
-            o->sections = SECTION_PREFETCH;
-        } else if (strcmp(a, "--only") == 0) {
-            fprintf(stderr, PROG ": --only needs main or prefetch, got '%s'\n", val ? val : "");
-            return -1;
-        } else {
-            fprintf(stderr, PROG ": unknown option '%s' (try --help)\n", a);
-            return -1;
-        }
-        i++; /* the option's value */
-    }
-    return bench_shape_check(PROG, &o->c.m);
+    return bench_parse_args(PROG, argc, argv, INT64_MAX - MAX_WORLD, &o->c, own_option, o, usage);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* One rank of one configuration */
 
 typedef struct rank_state {
-    fsdp_ctx_t *ctx;
-    fsdp_module_t *model;
+    bench_rank_t b; /* first: step_loss gets a rank_state_t through bench_train_step */
     fsdp_ddp_t *ddp;
-    fsdp_unit_t *root;
-    fsdp_optim_t *opt;
-    fsdp_tensor_t *tokens, *targets; /* (B, T) int64 */
 } rank_state_t;
 
-static int rank_fail(job_t *j, const rank_state_t *s, const char *what, int rc) {
-    int r = fsdp_ctx_rank(s->ctx);
-    if (!j->err[r][0])
-        snprintf(j->err[r], sizeof j->err[r], "rank %d: %s failed: %s (%s)", r, what,
-                 fsdp_strerror(rc), fsdp_ctx_last_error(s->ctx));
-    return rc < 0 ? rc : FSDP_EINTERNAL;
+/* Keeps the rank's first failure (s->b.err, recorded by bench_rank_*) for the job's report. */
+static int keep_err(job_t *j, const rank_state_t *s, int rc) {
+    int r = fsdp_ctx_rank(s->b.ctx);
+    if (!j->err[r][0]) snprintf(j->err[r], sizeof j->err[r], "%s", s->b.err);
+    return rc;
+}
+
+static int rank_fail(job_t *j, rank_state_t *s, const char *what, int rc) {
+    return keep_err(j, s, bench_rank_fail(&s->b, what, rc));
 }
 
 static int setup(job_t *j, rank_state_t *s) {
     const options_t *o = j->o;
     const bench_gpt_shape_t *m = j->m;
-    int r = fsdp_ctx_rank(s->ctx), rc;
+    int r = fsdp_ctx_rank(s->b.ctx), rc;
 
     /* The same initial weights on every rank and in every configuration. */
-    fsdp_rng_init(fsdp_ctx_rng(s->ctx), o->c.seed, 0);
-    if ((rc = bench_gpt_create(s->ctx, m, &s->model)) < 0)
-        return rank_fail(j, s, "fsdp_gpt_create", rc);
-    if (r == 0) j->nparams = fsdp_module_num_params(s->model);
-
-    fsdp_named_list_t params = {0};
-    if (j->cfg.ddp) {
-        if ((rc = fsdp_ddp_create(s->model, NULL, NULL, &s->ddp)) < 0)
-            return rank_fail(j, s, "fsdp_ddp_create", rc);
-        if ((rc = fsdp_module_named_params(s->model, false, &params)) < 0)
-            return rank_fail(j, s, "fsdp_module_named_params", rc);
-    } else {
-        static const char *const block_types[] = {"GPTBlock", NULL};
+    if ((rc = bench_rank_model(&s->b, m, o->c.seed)) < 0) return keep_err(j, s, rc);
+    if (r == 0) j->nparams = s->b.nparams;
+    if (!j->cfg.ddp) {
         fsdp_options_t fo;
-        fsdp_options_init(&fo);
+        bench_fsdp_options(&fo);
         fo.strategy = j->cfg.strategy;
         fo.backward_prefetch = j->cfg.bp;
         fo.forward_prefetch = j->cfg.fwd_prefetch;
-        fo.limit_all_gathers = 2;
-        fsdp_policy_t *blocks = NULL;
-        if ((rc = fsdp_policy_module_types_create(block_types, &blocks)) < 0)
-            return rank_fail(j, s, "fsdp_policy_module_types_create", rc);
-        fo.auto_wrap_policy = blocks;
-        rc = fsdp_wrap(s->model, &fo, &s->root);
-        fsdp_policy_release(blocks);
-        if (rc < 0) return rank_fail(j, s, "fsdp_wrap", rc);
-        fsdp_unit_t **units = NULL;
-        if ((rc = fsdp_units(s->root, &units, &j->nunits[r])) < 0)
-            return rank_fail(j, s, "fsdp_units", rc);
-        free(units);
-        if (j->nunits[r] != (size_t)m->layers + 1) {
-            snprintf(j->err[r], sizeof j->err[r],
-                     "rank %d: wrapping made %zu units, expected one per block and the root (%lld)",
-                     r, j->nunits[r], (long long)m->layers + 1);
-            return FSDP_EINTERNAL;
-        }
-        if ((rc = fsdp_named_params(s->root, &params)) < 0)
-            return rank_fail(j, s, "fsdp_named_params", rc);
+        rc = bench_rank_wrap(&s->b, m, &fo);
+        j->nunits[r] = s->b.nunits;
+        if (rc < 0) return keep_err(j, s, rc);
+        rc = bench_rank_train_setup(&s->b, m, &o->c.adamw, o->c.seed, NULL);
+        return rc < 0 ? keep_err(j, s, rc) : FSDP_OK;
     }
-
-    rc = bench_adamw_create(s->ctx, &o->c.adamw, &params, &s->opt);
+    fsdp_named_list_t params = {0};
+    if ((rc = fsdp_ddp_create(s->b.model, NULL, NULL, &s->ddp)) < 0)
+        return rank_fail(j, s, "fsdp_ddp_create", rc);
+    if ((rc = fsdp_module_named_params(s->b.model, false, &params)) < 0)
+        return rank_fail(j, s, "fsdp_module_named_params", rc);
+    rc = bench_rank_train_setup(&s->b, m, &o->c.adamw, o->c.seed, &params);
     fsdp_named_list_free(&params);
-    if (rc < 0) return rank_fail(j, s, "creating the optimizer", rc);
-    /* Rank r trains on its own batch, drawn from splitmix64(seed + r). */
-    rc = bench_make_batch(s->ctx, m, o->c.seed + (uint64_t)r, &s->tokens, &s->targets);
-    if (rc < 0) return rank_fail(j, s, "making the batch", rc);
-    return FSDP_OK;
+    return rc < 0 ? keep_err(j, s, rc) : FSDP_OK;
 }
 
 static void teardown(rank_state_t *s) {
-    fsdp_tensor_release(s->tokens);
-    fsdp_tensor_release(s->targets);
-    fsdp_optim_destroy(s->opt);
-    fsdp_ddp_destroy(s->ddp);
-    fsdp_destroy(s->root);
-    fsdp_module_release(s->model);
+    fsdp_ddp_destroy(s->ddp); /* before the model it wraps */
+    s->ddp = NULL;
+    bench_rank_teardown(&s->b);
 }
 
 /* The forward and loss of a step, through the DDP wrapper or the FSDP-wrapped model. */
 static int step_loss(void *arg, fsdp_tensor_t **loss) {
     rank_state_t *s = arg;
-    if (!s->ddp) return fsdp_gpt_forward_loss(s->model, s->tokens, s->targets, loss, NULL);
+    if (!s->ddp) return bench_rank_loss(&s->b, loss);
     /* What fsdp_gpt_forward_loss does, through the DDP wrapper's forward. */
     fsdp_tensor_t *logits = NULL;
-    int rc = fsdp_ddp_forward1(s->ddp, s->tokens, &logits);
-    if (rc == 0) rc = fsdp_gpt_loss(logits, s->targets, loss);
+    int rc = fsdp_ddp_forward1(s->ddp, s->b.tokens, &logits);
+    if (rc == 0) rc = fsdp_gpt_loss(logits, s->b.targets, loss);
     fsdp_tensor_release(logits);
     return rc;
 }
@@ -283,13 +244,13 @@ static int step_loss(void *arg, fsdp_tensor_t **loss) {
 /* One training step; ph[] receives the seconds of each phase, *loss the loss. */
 static int train_step(job_t *j, rank_state_t *s, double ph[PH_COUNT], double *loss) {
     const char *failed = NULL;
-    int rc = bench_train_step(s->opt, step_loss, s, ph, loss, &failed);
+    int rc = bench_train_step(s->b.opt, step_loss, s, ph, loss, &failed);
     return rc < 0 ? rank_fail(j, s, failed, rc) : FSDP_OK;
 }
 
 static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     job_t *j = arg;
-    rank_state_t s = {.ctx = ctx};
+    rank_state_t s = {.b = {.ctx = ctx}};
     int r = fsdp_ctx_rank(ctx);
     fsdp_pg_t *world = fsdp_ctx_pg(ctx);
     int rc = setup(j, &s);

@@ -40,9 +40,6 @@
 #define PROG "bench_gpt_gloo"
 #define MAX_WORLD 256
 
-static const char *const phase_name[PH_COUNT] = {"zero_grad", "forward+loss", "backward",
-                                                 "optimizer", "step"};
-
 typedef struct options {
     bench_common_t c; /* the shape's batch is per rank */
     int threads;      /* 0: FSDP_NUM_THREADS, else the online cores / the world size */
@@ -59,28 +56,8 @@ static void usage(FILE *f) {
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
 static int parse_options(int argc, char **argv, options_t *o) {
     *o = (options_t){.c = bench_common_default()};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t v = 0;
-        int rc = bench_common_option(PROG, a, val, INT64_MAX - MAX_WORLD, &o->c);
-        if (rc < 0) return -1;
-        if (rc == 2) continue;
-        if (rc == 1) {
-            i++;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 1;
-        } else if (strcmp(a, "--threads") == 0) {
-            if (bench_parse_i64(PROG, a, val, 1, 4096, &v) < 0) return -1;
-            o->threads = (int)v;
-            i++;
-        } else {
-            fprintf(stderr, PROG ": unknown option '%s' (try --help)\n", a);
-            return -1;
-        }
-    }
-    return bench_shape_check(PROG, &o->c.m);
+    return bench_parse_args(PROG, argc, argv, INT64_MAX - MAX_WORLD, &o->c, bench_threads_option,
+                            &o->threads, usage);
 }
 
 /* The thread count when --threads is not given: FSDP_NUM_THREADS, else the online cores shared
@@ -102,73 +79,14 @@ static int default_threads(void) {
 /* ---------------------------------------------------------------------------------------- */
 /* The rank */
 
-typedef struct rank_state {
-    fsdp_ctx_t *ctx;
-    fsdp_module_t *model;
-    fsdp_unit_t *root;
-    fsdp_optim_t *opt;
-    fsdp_tensor_t *tokens, *targets; /* (B, T) int64 */
-    size_t nunits;
-    int64_t nparams; /* of the model before wrapping */
-} rank_state_t;
-
-static int fail_msg(const rank_state_t *s, const char *what, int rc) {
-    fprintf(stderr, PROG ": rank %d: %s failed: %s (%s)\n", fsdp_ctx_rank(s->ctx), what,
-            fsdp_strerror(rc), fsdp_ctx_last_error(s->ctx));
-    return rc < 0 ? rc : FSDP_EINTERNAL;
-}
-
-static int setup(rank_state_t *s, const options_t *o) {
-    int r = fsdp_ctx_rank(s->ctx), rc;
-    /* The same initial weights on every rank. */
-    fsdp_rng_init(fsdp_ctx_rng(s->ctx), o->c.seed, 0);
-    if ((rc = bench_gpt_create(s->ctx, &o->c.m, &s->model)) < 0)
-        return fail_msg(s, "fsdp_gpt_create", rc);
-    s->nparams = fsdp_module_num_params(s->model);
-
-    static const char *const block_types[] = {"GPTBlock", NULL};
-    fsdp_policy_t *blocks = NULL;
-    if ((rc = fsdp_policy_module_types_create(block_types, &blocks)) < 0)
-        return fail_msg(s, "fsdp_policy_module_types_create", rc);
+/* The rank: the model, wrapped as the file's header says. */
+static int setup(bench_rank_t *s, const options_t *o) {
+    int rc;
+    if ((rc = bench_rank_model(s, &o->c.m, o->c.seed)) < 0) return rc;
     fsdp_options_t fo;
-    fsdp_options_init(&fo);
-    fo.strategy = FSDP_FULL_SHARD;
-    fo.backward_prefetch = FSDP_BACKWARD_PRE;
-    fo.limit_all_gathers = 2;
-    fo.auto_wrap_policy = blocks;
-    rc = fsdp_wrap(s->model, &fo, &s->root);
-    fsdp_policy_release(blocks);
-    if (rc < 0) return fail_msg(s, "fsdp_wrap", rc);
-    fsdp_unit_t **units = NULL;
-    if ((rc = fsdp_units(s->root, &units, &s->nunits)) < 0) return fail_msg(s, "fsdp_units", rc);
-    free(units);
-    if (s->nunits != (size_t)o->c.m.layers + 1) {
-        fprintf(stderr, PROG ": rank %d: wrapping made %zu units, expected %lld\n", r, s->nunits,
-                (long long)o->c.m.layers + 1);
-        return FSDP_EINTERNAL;
-    }
-
-    fsdp_named_list_t params = {0};
-    if ((rc = fsdp_named_params(s->root, &params)) < 0) return fail_msg(s, "fsdp_named_params", rc);
-    rc = bench_adamw_create(s->ctx, &o->c.adamw, &params, &s->opt);
-    fsdp_named_list_free(&params);
-    if (rc < 0) return fail_msg(s, "creating the optimizer", rc);
-    rc = bench_make_batch(s->ctx, &o->c.m, o->c.seed + (uint64_t)r, &s->tokens, &s->targets);
-    if (rc < 0) return fail_msg(s, "making the batch", rc);
-    return FSDP_OK;
-}
-
-static void teardown(rank_state_t *s) {
-    fsdp_tensor_release(s->tokens);
-    fsdp_tensor_release(s->targets);
-    fsdp_optim_destroy(s->opt);
-    fsdp_destroy(s->root);
-    fsdp_module_release(s->model);
-}
-
-static int step_loss(void *arg, fsdp_tensor_t **loss) {
-    rank_state_t *s = arg;
-    return fsdp_gpt_forward_loss(s->model, s->tokens, s->targets, loss, NULL);
+    bench_fsdp_options(&fo);
+    if ((rc = bench_rank_wrap(s, &o->c.m, &fo)) < 0) return rc;
+    return bench_rank_train_setup(s, &o->c.m, &o->c.adamw, o->c.seed, NULL);
 }
 
 /* Peak resident set size of this process in KiB (VmHWM), or -1 when it cannot be read. */
@@ -202,7 +120,7 @@ int main(int argc, char **argv) {
     fsdp_init_options_init(&io);
     io.seed = o.c.seed;
     char msg[1024];
-    rank_state_t s = {0};
+    bench_rank_t s = {0};
     int rc = fsdp_init_from_env(&io, &s.ctx, msg, sizeof msg);
     if (rc < 0) {
         fprintf(stderr, PROG ": fsdp_init_from_env failed: %s: %s\n", fsdp_err_name(rc), msg);
@@ -224,20 +142,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, PROG ": out of memory\n");
         goto out;
     }
-    if (setup(&s, &o) < 0) goto out;
+    if (setup(&s, &o) < 0) {
+        fprintf(stderr, PROG ": %s\n", s.err);
+        goto out;
+    }
     if (rank == 0) {
         printf("# " PROG ": libfsdp FSDP FULL_SHARD over gloo, world %d (processes), GPT %lld "
                "layers, d %lld, %lld heads, seq %lld, batch %lld per rank, vocab %lld, f32, %d "
                "thread(s) per rank\n",
                world, (long long)o.c.m.layers, (long long)o.c.m.d, (long long)o.c.m.heads,
                (long long)o.c.m.seq, (long long)o.c.m.batch, (long long)o.c.m.vocab, threads);
-        printf("# params %lld; %zu units (one per GPTBlock + the root); BACKWARD_PRE, "
-               "limit_all_gathers 2\n",
-               (long long)s.nparams, s.nunits);
-        printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
-               "timed steps\n",
-               o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.wd,
-               (unsigned long long)o.c.seed, o.c.warmup, o.c.steps);
+        bench_print_setup(&s, &o.c);
         fflush(stdout);
     }
 
@@ -245,70 +160,38 @@ int main(int argc, char **argv) {
         if (k == o.c.warmup) fsdp_mem_reset_peaks(s.ctx);
         /* Every step starts together, so the slowest rank's time is the step's. */
         if ((rc = fsdp_pg_barrier(pg, NULL)) < 0) {
-            fail_msg(&s, "barrier", rc);
+            bench_rank_report(PROG, &s, "barrier", rc);
             goto out;
         }
         const char *failed = NULL;
-        rc = bench_train_step(s.opt, step_loss, &s, &t[(size_t)k * PH_COUNT], &loss[k], &failed);
+        rc = bench_train_step(s.opt, bench_rank_loss, &s, &t[(size_t)k * PH_COUNT], &loss[k],
+                              &failed);
         if (rc < 0) {
-            fail_msg(&s, failed, rc);
+            bench_rank_report(PROG, &s, failed, rc);
             goto out;
         }
     }
 
     /* Gather the results: the slowest rank's phases, the mean loss, every rank's peaks. */
-    fsdp_mem_stats_t ms;
-    fsdp_mem_get_stats(s.ctx, &ms);
-    double mem[5] = {(double)ms.total_peak, (double)ms.peak[FSDP_MEM_PARAMS],
-                     (double)ms.peak[FSDP_MEM_GRADS], (double)ms.peak[FSDP_MEM_OPTIM],
-                     (double)ms.peak[FSDP_MEM_ACTIVATIONS]};
+    double mem[BENCH_MEM_N];
+    bench_mem_peaks(s.ctx, mem);
     rss[rank] = peak_rss_kib();
-    if ((rc = fsdp_pg_all_reduce(pg, t, t, (size_t)nsteps * PH_COUNT, FSDP_DTYPE_F64,
-                                 FSDP_REDOP_MAX, NULL)) < 0 ||
-        (rc = fsdp_pg_all_reduce(pg, loss, loss, (size_t)nsteps, FSDP_DTYPE_F64, FSDP_REDOP_AVG,
-                                 NULL)) < 0 ||
-        (rc = fsdp_pg_all_reduce(pg, mem, mem, 5, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL)) < 0 ||
-        (rc = fsdp_pg_all_gather(pg, &rss[rank], rss, 1, FSDP_DTYPE_F64, NULL)) < 0) {
-        fail_msg(&s, "gathering the results", rc);
+    if ((rc = fsdp_pg_all_gather(pg, &rss[rank], rss, 1, FSDP_DTYPE_F64, NULL)) < 0) {
+        bench_rank_report(PROG, &s, "gathering the peak RSS", rc);
         goto out;
     }
-    status = 0;
-    for (int k = 0; k < nsteps; k++)
-        if (!isfinite(loss[k])) {
-            if (rank == 0) fprintf(stderr, PROG ": the loss of step %d is not finite\n", k + 1);
-            status = 1;
-        }
+    rc = bench_rank_results(&s, PROG, t, loss, nsteps, mem, BENCH_MEM_N);
+    if (rc < 0) goto out;
+    status = rc;
     if (rank != 0) goto out;
 
-    for (int k = 0; k < nsteps; k++)
-        printf("step %3d%s loss %.6f  ms %.1f\n", k + 1, k >= o.c.warmup ? "        " : " (warmup)",
-               loss[k], t[(size_t)k * PH_COUNT + PH_STEP] * 1e3);
-    double step_min = INFINITY, step_max = 0;
-    double *v = t + (size_t)o.c.warmup * PH_COUNT; /* the timed steps */
-    for (int k = 0; k < o.c.steps; k++) {
-        double x = v[(size_t)k * PH_COUNT + PH_STEP];
-        if (x < step_min) step_min = x;
-        if (x > step_max) step_max = x;
-    }
-    double *col = calloc((size_t)o.c.steps, sizeof *col);
-    if (!col) {
+    bench_print_steps(t, loss, o.c.warmup, nsteps);
+    double step_min = 0, step_max = 0;
+    if (bench_phase_medians(t, o.c.warmup, o.c.steps, med, &step_min, &step_max) < 0) {
         status = 1;
         goto out;
     }
-    for (int p = 0; p < PH_COUNT; p++) {
-        for (int k = 0; k < o.c.steps; k++)
-            col[k] = v[(size_t)k * PH_COUNT + (size_t)p];
-        med[p] = bench_median(col, o.c.steps);
-    }
-    free(col);
-    printf("phases median ms:");
-    for (int p = 0; p < PH_STEP; p++)
-        printf(" %s %.1f", phase_name[p], med[p] * 1e3);
-    printf("\n");
-    printf("memory (library-counted peak of the largest rank after the warm-up): %.1f MiB "
-           "(params %.1f, grads %.1f, optim %.1f, activations %.1f)\n",
-           mem[0] / 1048576.0, mem[1] / 1048576.0, mem[2] / 1048576.0, mem[3] / 1048576.0,
-           mem[4] / 1048576.0);
+    bench_print_phases_mem("", med, "library-counted peak", mem);
     double rss_max = 0;
     printf("peak RSS MiB per rank:");
     for (int r = 0; r < world; r++) {
@@ -322,7 +205,7 @@ int main(int argc, char **argv) {
     printf("tokens/s %.0f (all ranks)\n", (double)(o.c.m.batch * o.c.m.seq) * world / med[PH_STEP]);
     fflush(stdout);
 out:
-    teardown(&s);
+    bench_rank_teardown(&s);
     fsdp_ctx_destroy(s.ctx);
     free(t);
     free(loss);

@@ -62,9 +62,6 @@ typedef struct options {
     int peak_iters;
 } options_t;
 
-static const char *const phase_name[PH_COUNT] = {"zero_grad", "forward+loss", "backward",
-                                                 "optimizer", "step"};
-
 static const bench_gpt_shape_t gpt2_small = {12, 768, 12, 1024, 8, 50257};
 
 static void usage(FILE *f) {
@@ -88,41 +85,36 @@ static void usage(FILE *f) {
             "  --help          this text\n");
 }
 
+/* bench_gpt_gpu's own options (a bench_extra_fn); --quick also makes the peak GEMM small. */
+static int own_option(void *arg, const char *prog, const char *opt, const char *val) {
+    options_t *o = arg;
+    int64_t v = 0;
+    if (strcmp(opt, "--quick") == 0) {
+        o->peak_n = 2048;
+        return 2;
+    }
+    if (strcmp(opt, "--bf16") == 0) {
+        o->bf16 = true;
+        return 2;
+    }
+    if (strcmp(opt, "--peak-n") == 0) {
+        if (bench_parse_i64(prog, opt, val, 256, 32768, &v) < 0) return -1;
+        o->peak_n = v;
+        return 1;
+    }
+    if (strcmp(opt, "--peak-iters") == 0) {
+        if (bench_parse_i64(prog, opt, val, 1, 10000, &v) < 0) return -1;
+        o->peak_iters = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
 static int parse_options(int argc, char **argv, options_t *o) {
     *o = (options_t){.c = bench_common_default(), .peak_n = 8192, .peak_iters = 20};
     o->c.m = gpt2_small;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t v = 0;
-        int rc = bench_common_option(PROG, a, val, INT64_MAX - MAX_WORLD, &o->c);
-        if (rc < 0) return -1;
-        if (rc == 2) { /* --quick */
-            o->peak_n = 2048;
-            continue;
-        }
-        if (rc == 1) {
-            i++;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 1;
-        } else if (strcmp(a, "--bf16") == 0) {
-            o->bf16 = true;
-        } else if (strcmp(a, "--peak-n") == 0) {
-            if (bench_parse_i64(PROG, a, val, 256, 32768, &v) < 0) return -1;
-            o->peak_n = v;
-            i++;
-        } else if (strcmp(a, "--peak-iters") == 0) {
-            if (bench_parse_i64(PROG, a, val, 1, 10000, &v) < 0) return -1;
-            o->peak_iters = (int)v;
-            i++;
-        } else {
-            fprintf(stderr, PROG ": unknown option '%s' (try --help)\n", a);
-            return -1;
-        }
-    }
-    return bench_shape_check(PROG, &o->c.m);
+    return bench_parse_args(PROG, argc, argv, INT64_MAX - MAX_WORLD, &o->c, own_option, o, usage);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -246,24 +238,6 @@ out:
 /* ---------------------------------------------------------------------------------------- */
 /* The rank */
 
-typedef struct rank_state {
-    fsdp_ctx_t *ctx;
-    fsdp_device_t *dev;
-    fsdp_module_t *model;
-    fsdp_unit_t *root;
-    fsdp_optim_t *opt;
-    fsdp_tensor_t *tokens, *targets; /* (B, T) int64 on the GPU */
-    size_t nunits;
-    int64_t nparams; /* of the model before wrapping */
-    bool bf16;       /* what runs */
-} rank_state_t;
-
-static int fail_msg(const rank_state_t *s, const char *what, int rc) {
-    fprintf(stderr, PROG ": rank %d: %s failed: %s (%s)\n", fsdp_ctx_rank(s->ctx), what,
-            fsdp_strerror(rc), fsdp_ctx_last_error(s->ctx));
-    return rc < 0 ? rc : FSDP_EINTERNAL;
-}
-
 /* Whether the context's device multiplies bf16 matrices: a 2x2 product, FSDP_ENOTSUP when not.
  * *why receives the device's reason. */
 static int bf16_matmul_works(fsdp_ctx_t *ctx, bool *works, char *why, size_t cap) {
@@ -282,77 +256,37 @@ static int bf16_matmul_works(fsdp_ctx_t *ctx, bool *works, char *why, size_t cap
     return rc;
 }
 
-static int setup(rank_state_t *s, const options_t *o, int ordinal) {
-    int r = fsdp_ctx_rank(s->ctx), rc;
+/* The rank: the model made on the host, then wrapped onto the GPU (use_orig_params, and
+ * bf16 mixed precision when asked for and available). *bf16 receives what runs. */
+static int setup(bench_rank_t *s, const options_t *o, int ordinal, bool *bf16) {
+    int rc;
     fsdp_device_options_t d;
     fsdp_device_options_init(&d);
     d.ordinal = ordinal;
+    *bf16 = false;
     if ((rc = fsdp_device_create(s->ctx, FSDP_DEVICE_CUDA, &d, &s->dev)) < 0)
-        return fail_msg(s, "creating the CUDA device", rc);
-    /* The same initial weights on every rank, made on the host. */
-    fsdp_rng_init(fsdp_ctx_rng(s->ctx), o->c.seed, 0);
-    if ((rc = bench_gpt_create(s->ctx, &o->c.m, &s->model)) < 0)
-        return fail_msg(s, "fsdp_gpt_create", rc);
-    s->nparams = fsdp_module_num_params(s->model);
-    if ((rc = fsdp_ctx_set_device(s->ctx, s->dev)) < 0) return fail_msg(s, "set_device", rc);
+        return bench_rank_fail(s, "creating the CUDA device", rc);
+    if ((rc = bench_rank_model(s, &o->c.m, o->c.seed)) < 0) return rc;
+    if ((rc = fsdp_ctx_set_device(s->ctx, s->dev)) < 0) return bench_rank_fail(s, "set_device", rc);
     if (o->bf16) {
         char why[512] = "";
-        if ((rc = bf16_matmul_works(s->ctx, &s->bf16, why, sizeof why)) < 0)
-            return fail_msg(s, "probing bf16 matrix products", rc);
-        if (!s->bf16 && r == 0)
+        if ((rc = bf16_matmul_works(s->ctx, bf16, why, sizeof why)) < 0)
+            return bench_rank_fail(s, "probing bf16 matrix products", rc);
+        if (!*bf16 && fsdp_ctx_rank(s->ctx) == 0)
             printf("# --bf16: the CUDA device has no bf16 matrix product (%s); f32 runs\n", why);
     }
-
-    static const char *const block_types[] = {"GPTBlock", NULL};
-    fsdp_policy_t *blocks = NULL;
-    if ((rc = fsdp_policy_module_types_create(block_types, &blocks)) < 0)
-        return fail_msg(s, "fsdp_policy_module_types_create", rc);
     fsdp_options_t fo;
-    fsdp_options_init(&fo);
-    fo.strategy = FSDP_FULL_SHARD;
-    fo.backward_prefetch = FSDP_BACKWARD_PRE;
-    fo.limit_all_gathers = 2;
-    fo.auto_wrap_policy = blocks;
+    bench_fsdp_options(&fo);
     fo.use_orig_params = true;
     fo.device = s->dev;
-    if (s->bf16) {
+    if (*bf16) {
         fsdp_mixed_precision_init(&fo.mixed_precision);
         fo.mixed_precision.enabled = true;
         fo.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
         fo.mixed_precision.reduce_dtype = FSDP_DTYPE_F32;
     }
-    rc = fsdp_wrap(s->model, &fo, &s->root);
-    fsdp_policy_release(blocks);
-    if (rc < 0) return fail_msg(s, "fsdp_wrap", rc);
-    fsdp_unit_t **units = NULL;
-    if ((rc = fsdp_units(s->root, &units, &s->nunits)) < 0) return fail_msg(s, "fsdp_units", rc);
-    free(units);
-
-    fsdp_named_list_t params = {0};
-    if ((rc = fsdp_named_params(s->root, &params)) < 0) return fail_msg(s, "fsdp_named_params", rc);
-    rc = bench_adamw_create(s->ctx, &o->c.adamw, &params, &s->opt);
-    fsdp_named_list_free(&params);
-    if (rc < 0) return fail_msg(s, "creating the optimizer", rc);
-    rc = bench_make_batch(s->ctx, &o->c.m, o->c.seed + (uint64_t)r, &s->tokens, &s->targets);
-    if (rc < 0) return fail_msg(s, "making the batch", rc);
-    return FSDP_OK;
-}
-
-static void teardown(rank_state_t *s) {
-    fsdp_tensor_release(s->tokens);
-    fsdp_tensor_release(s->targets);
-    fsdp_optim_destroy(s->opt);
-    fsdp_destroy(s->root);
-    fsdp_module_release(s->model);
-    if (s->dev) {
-        fsdp_ctx_set_device(s->ctx, NULL);
-        fsdp_device_destroy(s->dev);
-    }
-}
-
-static int step_loss(void *arg, fsdp_tensor_t **loss) {
-    rank_state_t *s = arg;
-    return fsdp_gpt_forward_loss(s->model, s->tokens, s->targets, loss, NULL);
+    if ((rc = bench_rank_wrap(s, &o->c.m, &fo)) < 0) return rc;
+    return bench_rank_train_setup(s, &o->c.m, &o->c.adamw, o->c.seed, NULL);
 }
 
 /* Model FLOPs of one token, forward and backward: 6 N + 12 L T d (see the top of the file). */
@@ -402,7 +336,8 @@ int main(int argc, char **argv) {
     fsdp_init_options_init(&io);
     io.seed = o.c.seed;
     char msg[1024];
-    rank_state_t s = {0};
+    bench_rank_t s = {0};
+    bool bf16 = false;
     int rc = fsdp_init_from_env(&io, &s.ctx, msg, sizeof msg);
     if (rc < 0) {
         fprintf(stderr, PROG ": fsdp_init_from_env failed: %s: %s\n", fsdp_err_name(rc), msg);
@@ -420,21 +355,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, PROG ": out of memory\n");
         goto out;
     }
-    if (setup(&s, &o, dev_ord) < 0) goto out;
+    if (setup(&s, &o, dev_ord, &bf16) < 0) {
+        fprintf(stderr, PROG ": %s\n", s.err);
+        goto out;
+    }
     if (rank == 0) {
         printf("# " PROG ": libfsdp FSDP FULL_SHARD over nccl, world %d, %s, GPT %lld layers, d "
                "%lld, %lld heads, seq %lld, batch %lld per rank, vocab %lld, %s\n",
                world, prop.name, (long long)o.c.m.layers, (long long)o.c.m.d,
                (long long)o.c.m.heads, (long long)o.c.m.seq, (long long)o.c.m.batch,
                (long long)o.c.m.vocab,
-               s.bf16 ? "bf16 mixed precision (bf16 parameters, f32 reduction)" : "f32");
-        printf("# params %lld; %zu units (one per GPTBlock + the root); BACKWARD_PRE, "
-               "limit_all_gathers 2\n",
-               (long long)s.nparams, s.nunits);
-        printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
-               "timed steps\n",
-               o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.wd,
-               (unsigned long long)o.c.seed, o.c.warmup, o.c.steps);
+               bf16 ? "bf16 mixed precision (bf16 parameters, f32 reduction)" : "f32");
+        bench_print_setup(&s, &o.c);
         printf("peak bf16 GEMM %lld^3 (cuBLASLt, f32 accumulation, best of %d): %.1f TFLOP/s\n",
                (long long)o.peak_n, o.peak_iters, peak * 1e-12);
         fflush(stdout);
@@ -443,15 +375,15 @@ int main(int argc, char **argv) {
     for (int k = 0; k < nsteps; k++) {
         if (k == o.c.warmup) fsdp_mem_reset_peaks(s.ctx);
         if ((rc = fsdp_pg_barrier(pg, NULL)) < 0) {
-            fail_msg(&s, "barrier", rc);
+            bench_rank_report(PROG, &s, "barrier", rc);
             goto out;
         }
         double t0 = bench_now_s();
         const char *failed = NULL;
         double *ph = &t[(size_t)k * PH_COUNT];
-        rc = bench_train_step(s.opt, step_loss, &s, ph, &loss[k], &failed);
+        rc = bench_train_step(s.opt, bench_rank_loss, &s, ph, &loss[k], &failed);
         if (rc < 0) {
-            fail_msg(&s, failed, rc);
+            bench_rank_report(PROG, &s, failed, rc);
             goto out;
         }
         /* The step ends when the GPU has finished its kernels (the optimizer's are queued). */
@@ -462,68 +394,37 @@ int main(int argc, char **argv) {
         ph[PH_STEP] = bench_now_s() - t0;
     }
 
-    fsdp_mem_stats_t ms;
-    fsdp_mem_get_stats(s.ctx, &ms);
     size_t free_b = 0, total_b = 0;
     if ((ce = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) {
         cuda_fail(ce, "cudaMemGetInfo");
         goto out;
     }
-    double mem[6] = {(double)ms.total_peak,
-                     (double)ms.peak[FSDP_MEM_PARAMS],
-                     (double)ms.peak[FSDP_MEM_GRADS],
-                     (double)ms.peak[FSDP_MEM_OPTIM],
-                     (double)ms.peak[FSDP_MEM_ACTIVATIONS],
-                     (double)(total_b - free_b)};
-    if ((rc = fsdp_pg_all_reduce(pg, t, t, (size_t)nsteps * PH_COUNT, FSDP_DTYPE_F64,
-                                 FSDP_REDOP_MAX, NULL)) < 0 ||
-        (rc = fsdp_pg_all_reduce(pg, loss, loss, (size_t)nsteps, FSDP_DTYPE_F64, FSDP_REDOP_AVG,
-                                 NULL)) < 0 ||
-        (rc = fsdp_pg_all_reduce(pg, mem, mem, 6, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL)) < 0) {
-        fail_msg(&s, "gathering the results", rc);
-        goto out;
-    }
-    status = 0;
-    for (int k = 0; k < nsteps; k++)
-        if (!isfinite(loss[k])) {
-            if (rank == 0) fprintf(stderr, PROG ": the loss of step %d is not finite\n", k + 1);
-            status = 1;
-        }
+    double mem[BENCH_MEM_N + 1];
+    bench_mem_peaks(s.ctx, mem);
+    mem[BENCH_MEM_N] = (double)(total_b - free_b);
+    rc = bench_rank_results(&s, PROG, t, loss, nsteps, mem, BENCH_MEM_N + 1);
+    if (rc < 0) goto out;
+    status = rc;
     if (rank != 0) goto out;
 
-    for (int k = 0; k < nsteps; k++)
-        printf("step %3d%s loss %.6f  ms %.1f\n", k + 1, k >= o.c.warmup ? "        " : " (warmup)",
-               loss[k], t[(size_t)k * PH_COUNT + PH_STEP] * 1e3);
-    double *v = t + (size_t)o.c.warmup * PH_COUNT;
-    double *col = calloc((size_t)o.c.steps, sizeof *col);
-    if (!col) {
+    bench_print_steps(t, loss, o.c.warmup, nsteps);
+    if (bench_phase_medians(t, o.c.warmup, o.c.steps, med, NULL, NULL) < 0) {
         status = 1;
         goto out;
     }
-    for (int p = 0; p < PH_COUNT; p++) {
-        for (int k = 0; k < o.c.steps; k++)
-            col[k] = v[(size_t)k * PH_COUNT + (size_t)p];
-        med[p] = bench_median(col, o.c.steps);
-    }
-    free(col);
     double tok_s = (double)(o.c.m.batch * o.c.m.seq) * world / med[PH_STEP];
     double mfu = tok_s / world * flops_per_token(&o.c.m) / peak;
-    printf("phases median ms (host-side; the GPU may still run):");
-    for (int p = 0; p < PH_STEP; p++)
-        printf(" %s %.1f", phase_name[p], med[p] * 1e3);
-    printf("\n");
-    printf("memory (library-counted device peak of the largest rank after the warm-up): %.1f MiB "
-           "(params %.1f, grads %.1f, optim %.1f, activations %.1f)\n",
-           mem[0] / 1048576.0, mem[1] / 1048576.0, mem[2] / 1048576.0, mem[3] / 1048576.0,
-           mem[4] / 1048576.0);
-    printf("GPU used memory (cudaMemGetInfo, largest rank): %.1f MiB\n", mem[5] / 1048576.0);
+    bench_print_phases_mem(" (host-side; the GPU may still run)", med,
+                           "library-counted device peak", mem);
+    printf("GPU used memory (cudaMemGetInfo, largest rank): %.1f MiB\n",
+           mem[BENCH_MEM_N] / 1048576.0);
     printf("ms/step median %.2f over %d steps\n", med[PH_STEP] * 1e3, o.c.steps);
     printf("model FLOPs per token %.4g\n", flops_per_token(&o.c.m));
     printf("tokens/s %.0f (all ranks)\n", tok_s);
     printf("MFU %.2f%% (against the measured bf16 GEMM peak)\n", mfu * 100.0);
     fflush(stdout);
 out:
-    teardown(&s);
+    bench_rank_teardown(&s);
     fsdp_ctx_destroy(s.ctx);
     free(t);
     free(loss);

@@ -34,9 +34,6 @@
 
 #define PROG "bench_gpt_step"
 
-static const char *const phase_name[PH_COUNT] = {"zero_grad", "forward+loss", "backward",
-                                                 "optimizer", "step"};
-
 typedef struct options {
     bench_common_t c;
     int threads;
@@ -66,28 +63,8 @@ static void usage(FILE *f) {
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
 static int parse_options(int argc, char **argv, options_t *o) {
     *o = (options_t){.c = bench_common_default(), .threads = default_threads()};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t v = 0;
-        int rc = bench_common_option(PROG, a, val, INT64_MAX, &o->c);
-        if (rc < 0) return -1;
-        if (rc == 2) continue;
-        if (rc == 1) {
-            i++;
-        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 1;
-        } else if (strcmp(a, "--threads") == 0) {
-            if (bench_parse_i64(PROG, a, val, 1, 4096, &v) < 0) return -1;
-            o->threads = (int)v;
-            i++;
-        } else {
-            fprintf(stderr, PROG ": unknown option '%s' (try --help)\n", a);
-            return -1;
-        }
-    }
-    return bench_shape_check(PROG, &o->c.m);
+    return bench_parse_args(PROG, argc, argv, INT64_MAX, &o->c, bench_threads_option,
+                            &o->threads, usage);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -222,7 +199,7 @@ int main(int argc, char **argv) {
         med[p] = bench_median(times[p], o.c.steps);
     printf("phases median ms:");
     for (int p = 0; p < PH_STEP; p++)
-        printf(" %s %.1f", phase_name[p], med[p] * 1e3);
+        printf(" %s %.1f", bench_phase_name[p], med[p] * 1e3);
     printf("\n");
     fsdp_mem_get_stats(r.ctx, &ms);
     printf("memory: %.1f allocations/step, peak %.1f MiB (params %.1f, grads %.1f, optim %.1f, "

@@ -1,7 +1,9 @@
 /*
  * bench_util.h: what the GPT step benchmarks share (bench_gpt_step on one rank,
- * bench_fsdp_step on a sim world): the model shape and its command-line options, the fixed
- * token batch, the AdamW optimizer, one timed training step, and small timing helpers.
+ * bench_fsdp_step on a sim world, bench_gpt_gloo and bench_gpt_gpu one rank per process): the
+ * model shape and its command-line options, the fixed token batch, the AdamW optimizer, one
+ * rank's FSDP-wrapped model, one timed training step, the medians of the phases, and small
+ * timing helpers.
  *
  * Header-only (static functions) because each benchmark is one program of its own: nothing
  * here is part of the library. The batch generator must stay the same function as the one in
@@ -10,6 +12,7 @@
 #ifndef FSDP_BENCH_UTIL_H
 #define FSDP_BENCH_UTIL_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,14 +23,22 @@
 
 #include <fsdp/autograd.h>
 #include <fsdp/context.h>
+#include <fsdp/device.h>
 #include <fsdp/errno.h>
+#include <fsdp/fsdp.h>
+#include <fsdp/mem.h>
 #include <fsdp/nn.h>
 #include <fsdp/optim.h>
+#include <fsdp/pg.h>
+#include <fsdp/policy.h>
+#include <fsdp/rng.h>
 #include <fsdp/tensor.h>
 #include <fsdp/transformer.h>
 
-/* The phases of a step, timed separately. */
+/* The phases of a step, timed separately, and their names in the reports. */
 enum { PH_ZERO = 0, PH_FWD, PH_BWD, PH_OPT, PH_STEP, PH_COUNT };
+static const char *const bench_phase_name[PH_COUNT] = {"zero_grad", "forward+loss", "backward",
+                                                       "optimizer", "step"};
 
 /* The GPT model and batch of a benchmark. */
 typedef struct bench_gpt_shape {
@@ -181,6 +192,56 @@ static inline int bench_common_option(const char *prog, const char *opt, const c
     return 1;
 }
 
+/* A benchmark's own options: returns 1 when it took opt and its value val, 2 when it took opt
+ * alone (a flag), 0 when opt is not one of them, -1 for a bad value (printed). It also sees
+ * --quick, after the common options took it, and may then change its own defaults. */
+typedef int (*bench_extra_fn)(void *o, const char *prog, const char *opt, const char *val);
+
+static inline int bench_shape_check(const char *prog, const bench_gpt_shape_t *s);
+
+/* --threads N as a benchmark's only option of its own: a bench_extra_fn over an int (the
+ * count of compute threads). */
+static inline int bench_threads_option(void *threads, const char *prog, const char *opt,
+                                       const char *val) {
+    int64_t v = 0;
+    if (strcmp(opt, "--threads") != 0) return 0;
+    if (bench_parse_i64(prog, opt, val, 1, 4096, &v) < 0) return -1;
+    *(int *)threads = (int)v;
+    return 1;
+}
+
+/* Parses a benchmark's command line into c (the common options) and, through extra (may be
+ * NULL), into o: --help or -h prints usage on stdout. Returns 0 to run, 1 after --help, -1
+ * for bad options (printed). */
+static inline int bench_parse_args(const char *prog, int argc, char **argv, uint64_t max_seed,
+                                   bench_common_t *c, bench_extra_fn extra, void *o,
+                                   void (*usage)(FILE *)) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = bench_common_option(prog, a, val, max_seed, c);
+        if (rc < 0) return -1;
+        if (rc == 2 && extra && extra(o, prog, a, val) < 0) return -1; /* --quick */
+        if (rc == 2) continue;
+        if (rc == 1) {
+            i++;
+            continue;
+        }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        }
+        rc = extra ? extra(o, prog, a, val) : 0;
+        if (rc < 0) return -1;
+        if (rc == 0) {
+            fprintf(stderr, "%s: unknown option '%s' (try --help)\n", prog, a);
+            return -1;
+        }
+        if (rc == 1) i++;
+    }
+    return bench_shape_check(prog, &c->m);
+}
+
 /* Checks what the options cannot check one by one; returns 0, or -1 after printing why. */
 static inline int bench_shape_check(const char *prog, const bench_gpt_shape_t *s) {
     if (s->d % s->heads != 0) {
@@ -291,6 +352,228 @@ static inline int bench_train_step(fsdp_optim_t *opt, bench_loss_fn loss_fn, voi
     ph[PH_OPT] = t4 - t3;
     ph[PH_STEP] = t4 - t0;
     return 0;
+}
+
+/* The median of each phase over the timed steps: t is [step][phase] for warmup + steps steps,
+ * med[] receives PH_COUNT medians; *lo and *hi (when not NULL) the fastest and slowest timed
+ * step. Returns 0, or -1 when out of memory. */
+static inline int bench_phase_medians(const double *t, int warmup, int steps, double med[PH_COUNT],
+                                      double *lo, double *hi) {
+    const double *v = t + (size_t)warmup * PH_COUNT;
+    double *col = calloc((size_t)steps, sizeof *col);
+    if (!col) return -1;
+    for (int p = 0; p < PH_COUNT; p++) {
+        for (int k = 0; k < steps; k++)
+            col[k] = v[(size_t)k * PH_COUNT + (size_t)p];
+        med[p] = bench_median(col, steps);
+    }
+    free(col);
+    double mn = INFINITY, mx = 0;
+    for (int k = 0; k < steps; k++) {
+        double x = v[(size_t)k * PH_COUNT + PH_STEP];
+        if (x < mn) mn = x;
+        if (x > mx) mx = x;
+    }
+    if (lo) *lo = mn;
+    if (hi) *hi = mx;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* One rank of a GPT benchmark: its model wrapped by FSDP, one unit per GPTBlock and the root
+ * (or left unwrapped for a DDP baseline), its AdamW optimizer and its fixed batch. */
+
+typedef struct bench_rank {
+    fsdp_ctx_t *ctx;
+    fsdp_device_t *dev; /* the compute device when the benchmark made one (owned), or NULL */
+    fsdp_module_t *model;
+    fsdp_unit_t *root; /* NULL until bench_rank_wrap */
+    fsdp_optim_t *opt;
+    fsdp_tensor_t *tokens, *targets; /* (B, T) int64 */
+    size_t nunits;
+    int64_t nparams; /* of the model before wrapping */
+    char err[768];   /* the first failure: "rank R: what failed: status (detail)" */
+} bench_rank_t;
+
+/* Records the first failure of the rank in s->err; returns rc (FSDP_EINTERNAL when rc >= 0). */
+static inline int bench_rank_fail(bench_rank_t *s, const char *what, int rc) {
+    if (!s->err[0])
+        snprintf(s->err, sizeof s->err, "rank %d: %s failed: %s (%s)", fsdp_ctx_rank(s->ctx), what,
+                 fsdp_strerror(rc), fsdp_ctx_last_error(s->ctx));
+    return rc < 0 ? rc : FSDP_EINTERNAL;
+}
+
+/* Records a failure (as bench_rank_fail) and prints the rank's first failure on stderr. */
+static inline int bench_rank_report(const char *prog, bench_rank_t *s, const char *what, int rc) {
+    rc = bench_rank_fail(s, what, rc);
+    fprintf(stderr, "%s: %s\n", prog, s->err);
+    return rc;
+}
+
+/* The model of shape m on the context's device, the same initial weights on every rank (the
+ * context's random stream is reset to (seed, 0) first). */
+static inline int bench_rank_model(bench_rank_t *s, const bench_gpt_shape_t *m, uint64_t seed) {
+    int rc;
+    fsdp_rng_init(fsdp_ctx_rng(s->ctx), seed, 0);
+    if ((rc = bench_gpt_create(s->ctx, m, &s->model)) < 0)
+        return bench_rank_fail(s, "fsdp_gpt_create", rc);
+    s->nparams = fsdp_module_num_params(s->model);
+    return FSDP_OK;
+}
+
+/* The FSDP options every GPT benchmark starts from: FULL_SHARD, BACKWARD_PRE,
+ * limit_all_gathers 2 (the caller may change any of them before bench_rank_wrap). */
+static inline void bench_fsdp_options(fsdp_options_t *fo) {
+    fsdp_options_init(fo);
+    fo->strategy = FSDP_FULL_SHARD;
+    fo->backward_prefetch = FSDP_BACKWARD_PRE;
+    fo->limit_all_gathers = 2;
+}
+
+/* Wraps the model with fo, every GPTBlock a unit of its own (fo's auto-wrap policy is set
+ * here), and checks that wrapping made one unit per block and the root. */
+static inline int bench_rank_wrap(bench_rank_t *s, const bench_gpt_shape_t *m, fsdp_options_t *fo) {
+    static const char *const block_types[] = {"GPTBlock", NULL};
+    fsdp_policy_t *blocks = NULL;
+    int rc;
+    if ((rc = fsdp_policy_module_types_create(block_types, &blocks)) < 0)
+        return bench_rank_fail(s, "fsdp_policy_module_types_create", rc);
+    fo->auto_wrap_policy = blocks;
+    rc = fsdp_wrap(s->model, fo, &s->root);
+    fo->auto_wrap_policy = NULL;
+    fsdp_policy_release(blocks);
+    if (rc < 0) return bench_rank_fail(s, "fsdp_wrap", rc);
+    fsdp_unit_t **units = NULL;
+    if ((rc = fsdp_units(s->root, &units, &s->nunits)) < 0)
+        return bench_rank_fail(s, "fsdp_units", rc);
+    free(units);
+    if (s->nunits != (size_t)m->layers + 1) {
+        snprintf(s->err, sizeof s->err,
+                 "rank %d: wrapping made %zu units, expected one per block and the root (%lld)",
+                 fsdp_ctx_rank(s->ctx), s->nunits, (long long)m->layers + 1);
+        return FSDP_EINTERNAL;
+    }
+    return FSDP_OK;
+}
+
+/* AdamW over params and the rank's batch: rank r trains on its own batch drawn from
+ * splitmix64(seed + r). params NULL: the wrapped model's parameters. */
+static inline int bench_rank_train_setup(bench_rank_t *s, const bench_gpt_shape_t *m,
+                                         const bench_adamw_t *h, uint64_t seed,
+                                         const fsdp_named_list_t *params) {
+    fsdp_named_list_t own = {0};
+    int rc;
+    if (!params) {
+        if ((rc = fsdp_named_params(s->root, &own)) < 0)
+            return bench_rank_fail(s, "fsdp_named_params", rc);
+        params = &own;
+    }
+    rc = bench_adamw_create(s->ctx, h, params, &s->opt);
+    fsdp_named_list_free(&own);
+    if (rc < 0) return bench_rank_fail(s, "creating the optimizer", rc);
+    rc = bench_make_batch(s->ctx, m, seed + (uint64_t)fsdp_ctx_rank(s->ctx), &s->tokens,
+                          &s->targets);
+    if (rc < 0) return bench_rank_fail(s, "making the batch", rc);
+    return FSDP_OK;
+}
+
+/* Releases what the rank holds (its device last, once the context no longer uses it). */
+static inline void bench_rank_teardown(bench_rank_t *s) {
+    fsdp_tensor_release(s->tokens);
+    fsdp_tensor_release(s->targets);
+    fsdp_optim_destroy(s->opt);
+    fsdp_destroy(s->root);
+    fsdp_module_release(s->model);
+    s->tokens = s->targets = NULL;
+    s->opt = NULL;
+    s->root = NULL;
+    s->model = NULL;
+    if (s->dev) {
+        fsdp_ctx_set_device(s->ctx, NULL);
+        fsdp_device_destroy(s->dev);
+        s->dev = NULL;
+    }
+}
+
+/* The forward and mean cross-entropy of the wrapped model on the rank's batch (a
+ * bench_loss_fn over a bench_rank_t). */
+static inline int bench_rank_loss(void *arg, fsdp_tensor_t **loss) {
+    bench_rank_t *s = arg;
+    return fsdp_gpt_forward_loss(s->model, s->tokens, s->targets, loss, NULL);
+}
+
+/* The two header lines of a run: the model and its units, and the optimizer and steps. */
+static inline void bench_print_setup(const bench_rank_t *s, const bench_common_t *c) {
+    printf("# params %lld; %zu units (one per GPTBlock + the root); BACKWARD_PRE, "
+           "limit_all_gathers 2\n",
+           (long long)s->nparams, s->nunits);
+    printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
+           "timed steps\n",
+           c->adamw.lr, c->adamw.beta1, c->adamw.beta2, c->adamw.eps, c->adamw.wd,
+           (unsigned long long)c->seed, c->warmup, c->steps);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The results of a multi-rank run (one rank per process or per thread) */
+
+/* The library-counted peaks a run reports, in bytes: total, params, grads, optim, activations. */
+enum { BENCH_MEM_N = 5 };
+static inline void bench_mem_peaks(fsdp_ctx_t *ctx, double mem[BENCH_MEM_N]) {
+    fsdp_mem_stats_t ms;
+    fsdp_mem_get_stats(ctx, &ms);
+    mem[0] = (double)ms.total_peak;
+    mem[1] = (double)ms.peak[FSDP_MEM_PARAMS];
+    mem[2] = (double)ms.peak[FSDP_MEM_GRADS];
+    mem[3] = (double)ms.peak[FSDP_MEM_OPTIM];
+    mem[4] = (double)ms.peak[FSDP_MEM_ACTIVATIONS];
+}
+
+/*
+ * Combines the ranks' results over pg, in place: t ([step][phase], seconds) becomes the slowest
+ * rank's, loss the mean over the ranks, mem[0..nmem) the largest rank's. Returns a negative
+ * status when a collective failed (reported on stderr), 1 when a loss is not finite (rank 0
+ * says which), else 0.
+ */
+static inline int bench_rank_results(bench_rank_t *s, const char *prog, double *t, double *loss,
+                                     int nsteps, double *mem, size_t nmem) {
+    fsdp_pg_t *pg = fsdp_ctx_pg(s->ctx);
+    int rc;
+    if ((rc = fsdp_pg_all_reduce(pg, t, t, (size_t)nsteps * PH_COUNT, FSDP_DTYPE_F64,
+                                 FSDP_REDOP_MAX, NULL)) < 0 ||
+        (rc = fsdp_pg_all_reduce(pg, loss, loss, (size_t)nsteps, FSDP_DTYPE_F64, FSDP_REDOP_AVG,
+                                 NULL)) < 0 ||
+        (rc = fsdp_pg_all_reduce(pg, mem, mem, nmem, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL)) < 0)
+        return bench_rank_report(prog, s, "gathering the results", rc);
+    int bad = 0;
+    for (int k = 0; k < nsteps; k++)
+        if (!isfinite(loss[k])) {
+            if (fsdp_ctx_rank(s->ctx) == 0)
+                fprintf(stderr, "%s: the loss of step %d is not finite\n", prog, k + 1);
+            bad = 1;
+        }
+    return bad;
+}
+
+/* The per-step lines of a report: loss and step time, the warm-up steps marked. */
+static inline void bench_print_steps(const double *t, const double *loss, int warmup,
+                                     int nsteps) {
+    for (int k = 0; k < nsteps; k++)
+        printf("step %3d%s loss %.6f  ms %.1f\n", k + 1, k >= warmup ? "        " : " (warmup)",
+               loss[k], t[(size_t)k * PH_COUNT + PH_STEP] * 1e3);
+}
+
+/* The phase medians line ("phases median ms<note>: zero_grad x ..."), and the memory line of
+ * bench_mem_peaks's values ("memory (<what> of the largest rank after the warm-up): ..."). */
+static inline void bench_print_phases_mem(const char *note, const double med[PH_COUNT],
+                                          const char *what, const double mem[BENCH_MEM_N]) {
+    printf("phases median ms%s:", note);
+    for (int p = 0; p < PH_STEP; p++)
+        printf(" %s %.1f", bench_phase_name[p], med[p] * 1e3);
+    printf("\n");
+    printf("memory (%s of the largest rank after the warm-up): %.1f MiB (params %.1f, grads %.1f, "
+           "optim %.1f, activations %.1f)\n",
+           what, mem[0] / 1048576.0, mem[1] / 1048576.0, mem[2] / 1048576.0, mem[3] / 1048576.0,
+           mem[4] / 1048576.0);
 }
 
 #endif /* FSDP_BENCH_UTIL_H */
