@@ -16,7 +16,8 @@
 #
 # Environment: BENCH_GPT_GPU (the C program; default bench/bench_gpt_gpu in the current
 # directory, then next to this script), FSDPRUN (default tools/fsdprun likewise), PYTHON (the
-# interpreter with torch; default python3), TORCHRUN (default "$PYTHON -m torch.distributed.run").
+# interpreter with torch; default /usr/bin/python3 when it imports torch, else python3),
+# TORCHRUN (default "$PYTHON -m torch.distributed.run").
 #
 # Exit status: 0 when every run succeeded, 1 when one failed, 2 for bad usage. Without torch
 # the script prints libfsdp's numbers alone and exits 0.
@@ -24,35 +25,15 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 runs=3
 nproc=1
-args=
+bench_args gpt2_gpu.sh "--runs --nproc" --bf16 "$@"
 bf16=0
-while [ $# -gt 0 ]; do
-    case $1 in
-    --runs|--nproc)
-        [ $# -ge 2 ] || { echo "gpt2_gpu.sh: $1 needs a value" >&2; exit 2; }
-        if [ "$1" = --runs ]; then runs=$2; else nproc=$2; fi
-        shift 2 ;;
-    --help|-h)
-        sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    --bf16)
-        bf16=1; shift ;;
-    *)
-        args="$args '$(printf '%s' "$1" | sed "s/'/'\\\\''/g")'"; shift ;;
-    esac
-done
-case $runs in ''|*[!0-9]*|0) echo "gpt2_gpu.sh: --runs needs a positive integer" >&2; exit 2 ;; esac
-case $nproc in ''|*[!0-9]*|0) echo "gpt2_gpu.sh: --nproc needs a positive integer" >&2; exit 2 ;; esac
+bench_has --bf16 "$@" && bf16=1
 
-find_prog() { # $1: variable's value, $2: path relative to the build tree
-    if [ -n "$1" ]; then echo "$1"; return; fi
-    for c in "./$2" "$here/$(basename "$2")" "$here/../$2"; do
-        [ -x "$c" ] && { echo "$c"; return; }
-    done
-}
-cbench=$(find_prog "${BENCH_GPT_GPU:-}" bench/bench_gpt_gpu)
-fsdprun=$(find_prog "${FSDPRUN:-}" tools/fsdprun)
+cbench=$(bench_find_prog "${BENCH_GPT_GPU:-}" bench/bench_gpt_gpu)
+fsdprun=$(bench_find_prog "${FSDPRUN:-}" tools/fsdprun)
 if [ -z "$cbench" ] || [ ! -x "$cbench" ]; then
     echo "gpt2_gpu.sh: bench_gpt_gpu not found${cbench:+ at $cbench} (it is built only with --with-cuda and --with-nccl; set BENCH_GPT_GPU)" >&2
     exit 2
@@ -61,11 +42,8 @@ if [ "$nproc" -gt 1 ] && [ -z "$fsdprun" ]; then
     echo "gpt2_gpu.sh: tools/fsdprun not found for --nproc $nproc (set FSDPRUN)" >&2
     exit 2
 fi
-python=${PYTHON:-python3}
-torchrun=${TORCHRUN:-"$python -m torch.distributed.run"}
-have_torch=1
-"$python" -c 'import torch, torch.distributed.fsdp' >/dev/null 2>&1 || have_torch=0
-[ "$have_torch" = 1 ] || echo "gpt2_gpu.sh: no PyTorch for $python; libfsdp's numbers alone" >&2
+bench_torch gpt2_gpu.sh "torch, torch.distributed.fsdp"
+torchrun=${TORCHRUN:-"$py -m torch.distributed.run"}
 
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
@@ -83,7 +61,7 @@ run_torch() { # $1: --bf16 or nothing
     if [ "$nproc" -gt 1 ]; then
         eval "$torchrun --standalone --nproc_per_node $nproc \"\$here/gpt2_torch_fsdp.py\" \"\$@\" $args"
     else
-        eval "\"\$python\" \"\$here/gpt2_torch_fsdp.py\" \"\$@\" $args"
+        eval "\"\$py\" \"\$here/gpt2_torch_fsdp.py\" \"\$@\" $args"
     fi
 }
 # field FILE PATTERN: the number after the last ':' or the first number after PATTERN's text

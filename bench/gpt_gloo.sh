@@ -31,52 +31,14 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 runs=3
 nproc=2
-threads=
-next_is_threads=0
-for arg in "$@"; do
-    if [ "$next_is_threads" = 1 ]; then threads=$arg; next_is_threads=0; fi
-    [ "$arg" = "--threads" ] && next_is_threads=1
-done
+bench_args gpt_gloo.sh "--runs --nproc" "" "$@"
+bench_threads $(($(bench_cores) / nproc))
 
-args=
-while [ $# -gt 0 ]; do
-    case $1 in
-    --runs|--nproc)
-        [ $# -ge 2 ] || { echo "gpt_gloo.sh: $1 needs a value" >&2; exit 2; }
-        if [ "$1" = --runs ]; then runs=$2; else nproc=$2; fi
-        shift 2 ;;
-    --help|-h)
-        sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *)
-        args="$args '$(printf '%s' "$1" | sed "s/'/'\\\\''/g")'"; shift ;;
-    esac
-done
-case $runs in ''|*[!0-9]*|0) echo "gpt_gloo.sh: --runs needs a positive integer" >&2; exit 2 ;; esac
-case $nproc in ''|*[!0-9]*|0) echo "gpt_gloo.sh: --nproc needs a positive integer" >&2; exit 2 ;; esac
-
-if [ -z "$threads" ]; then
-    if [ -n "${FSDP_NUM_THREADS:-}" ]; then
-        threads=$FSDP_NUM_THREADS
-    else
-        cores=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)
-        threads=$((cores / nproc))
-        [ "$threads" -ge 1 ] || threads=1
-    fi
-    args="$args --threads $threads"
-fi
-export FSDP_NUM_THREADS=$threads OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
-
-
-find_prog() { # $1: variable's value, $2: path relative to the build tree
-    if [ -n "$1" ]; then echo "$1"; return; fi
-    for c in "./$2" "$here/$(basename "$2")" "$here/../$2"; do
-        [ -x "$c" ] && { echo "$c"; return; }
-    done
-}
-cbench=$(find_prog "${BENCH_GPT_GLOO:-}" bench/bench_gpt_gloo)
-fsdprun=$(find_prog "${FSDPRUN:-}" tools/fsdprun)
+cbench=$(bench_find_prog "${BENCH_GPT_GLOO:-}" bench/bench_gpt_gloo)
+fsdprun=$(bench_find_prog "${FSDPRUN:-}" tools/fsdprun)
 for p in "$cbench" "$fsdprun"; do
     if [ -z "$p" ] || [ ! -x "$p" ]; then
         echo "gpt_gloo.sh: bench_gpt_gloo or fsdprun not found (make bench/bench_gpt_gloo" \
@@ -93,15 +55,7 @@ if [ -z "${OPENBLAS_CORETYPE+set}" ] && [ "$blas_core" = Prescott ]; then
     fi
 fi
 
-py=${PYTHON:-}
-if [ -z "$py" ]; then
-    if /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then py=/usr/bin/python3; else py=python3; fi
-fi
-have_torch=1
-if ! "$py" -c 'import torch' >/dev/null 2>&1; then
-    have_torch=0
-    echo "gpt_gloo.sh: PyTorch is not installed for $py (set PYTHON); printing libfsdp's numbers only"
-fi
+bench_torch gpt_gloo.sh
 
 echo "# gpt_gloo.sh: $nproc processes per side, $threads thread(s) each," \
     "OpenBLAS core ${blas_core:-unknown}, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)};" \

@@ -20,55 +20,19 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 runs=1
-threads=
-next_is_threads=0
-for arg in "$@"; do
-    if [ "$next_is_threads" = 1 ]; then threads=$arg; next_is_threads=0; fi
-    [ "$arg" = "--threads" ] && next_is_threads=1
-done
-
 # --runs is ours; everything else is passed through.
-args=
-while [ $# -gt 0 ]; do
-    case $1 in
-    --runs)
-        [ $# -ge 2 ] || { echo "gpt_step.sh: --runs needs a value" >&2; exit 2; }
-        runs=$2; shift 2 ;;
-    --help|-h)
-        sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *)
-        args="$args '$(printf '%s' "$1" | sed "s/'/'\\\\''/g")'"; shift ;;
-    esac
-done
-case $runs in ''|*[!0-9]*|0) echo "gpt_step.sh: --runs needs a positive integer" >&2; exit 2 ;; esac
+bench_args gpt_step.sh --runs "" "$@"
+bench_threads "$(bench_cores)"
 
-if [ -z "$threads" ]; then
-    threads=${FSDP_NUM_THREADS:-$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)}
-    args="$args --threads $threads"
-fi
-export FSDP_NUM_THREADS=$threads OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
-
-cbench=${BENCH_GPT_STEP:-}
-if [ -z "$cbench" ]; then
-    for c in ./bench/bench_gpt_step "$here/bench_gpt_step"; do
-        [ -x "$c" ] && { cbench=$c; break; }
-    done
-fi
+cbench=$(bench_find_prog "${BENCH_GPT_STEP:-}" bench/bench_gpt_step)
 if [ -z "$cbench" ] || [ ! -x "$cbench" ]; then
     echo "gpt_step.sh: bench_gpt_step not found (build it with make bench/bench_gpt_step, or set BENCH_GPT_STEP)" >&2
     exit 1
 fi
 
-py=${PYTHON:-}
-if [ -z "$py" ]; then
-    if /usr/bin/python3 -c 'import torch' >/dev/null 2>&1; then py=/usr/bin/python3; else py=python3; fi
-fi
-have_torch=1
-if ! "$py" -c 'import torch' >/dev/null 2>&1; then
-    have_torch=0
-    echo "gpt_step.sh: PyTorch is not installed for $py (set PYTHON); printing libfsdp's numbers only"
-fi
+bench_torch gpt_step.sh
 
 median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1"; }
 
