@@ -31,6 +31,18 @@
  * wrap time (CUDA_BEFORE + offload, refused by fsdp_wrap) needs a CUDA device and is not built
  * here.
  *
+ * HOST, a fourth variant, builds, wraps and trains on H alone (no options.device): an
+ * independent reference that REF must match within the spec's f32 tolerance (rtol 1.3e-6,
+ * atol 1e-5; bf16 parameters: rtol 1.6e-2, atol 1e-5).
+ *
+ * Built twice from this file:
+ *   - t_fsdp_device (make check): A and H are two CPU device objects, as described above;
+ *   - t_fsdp_cuda (make check-gpu, FSDP_DEV_CUDA): A is a CUDA device on the one GPU (every
+ *     rank's), the world group's buffers live on it (fsdp_sim_pg_set_device) for REF, MOVE and
+ *     OFF, and HOST trains on the CPU: the FSDP parity matrix on the sim backend over CUDA
+ *     memory, at world sizes 2 and 4, against the CPU within tolerance. Skips where no CUDA
+ *     device is visible.
+ *
  * Ranks are threads of a sim run. The rank functions record checks per rank and fu_run_job()
  * prints one TAP line per check (see fsdp_util.h).
  */
@@ -40,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <config.h>
 #include <fsdp.h>
 
 #include "fsdp/fsdp_impl.h"
@@ -48,6 +61,16 @@
 #include "tap.h"
 
 #define STEPS 2
+
+#ifdef FSDP_DEV_CUDA
+#define A_KIND FSDP_DEVICE_CUDA
+#define A_NAME "the GPU A"
+#define W_BIG 4 /* the larger world of the matrix */
+#else
+#define A_KIND FSDP_DEVICE_CPU
+#define A_NAME "the device A"
+#define W_BIG 3
+#endif
 
 /* A job of this file: the strategy, use_orig_params and mixed precision of fu_job_t, plus how
  * the nested units get the device. */
@@ -59,7 +82,8 @@ typedef struct dev_job {
 /* ---- helpers --------------------------------------------------------------------------------- */
 
 /* fu_list_values() of the parameters of m's tree (grads: of their gradients, where a missing one
- * is FSDP_EINVAL); *all_on (may be NULL) says whether every one of them is on dev. */
+ * is FSDP_EINVAL); *all_on (may be NULL) says whether every one of them is on dev (dev NULL: on
+ * a host device, any of them). */
 static int module_values(const fsdp_module_t *m, bool grads, const fsdp_device_t *dev, bool *all_on,
                          fu_vals_t *out) {
     fsdp_named_list_t l = {0};
@@ -69,7 +93,10 @@ static int module_values(const fsdp_module_t *m, bool grads, const fsdp_device_t
     for (size_t i = 0; i < l.n; i++) {
         const fsdp_tensor_t *t = grads ? fsdp_tensor_grad(l.tensors[i]) : l.tensors[i];
         if (!t && rc == 0) rc = FSDP_EINVAL;
-        if (all_on && t && fsdp_tensor_device(t) != dev) *all_on = false;
+        if (all_on && t &&
+            (dev ? fsdp_tensor_device(t) != dev
+                 : fsdp_device_kind(fsdp_tensor_device(t)) != FSDP_DEVICE_CPU))
+            *all_on = false;
     }
     fsdp_named_list_free(&l);
     return rc;
@@ -95,6 +122,18 @@ static bool same_vals(const fu_vals_t *a, const fu_vals_t *b, char *why, size_t 
     for (size_t i = 0; i < a->n; i++)
         if (memcmp(&a->v[i], &b->v[i], sizeof a->v[i]) != 0) {
             snprintf(why, len, "first difference at %zu: %.9g vs %.9g", i, a->v[i], b->v[i]);
+            return false;
+        }
+    return true;
+}
+
+/* Closeness (fu_close's rule |a - b| <= atol + rtol |b|) of two value lists, per step series
+ * when steps is set; the first difference into why. */
+static bool close_vals(const double *a, const double *b, size_t n, double rtol, double atol,
+                       const char *what, char *why, size_t len) {
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs(a[i] - b[i]) <= atol + rtol * fabs(b[i]))) {
+            snprintf(why, len, "%s %zu: %.9g vs HOST %.9g", what, i, a[i], b[i]);
             return false;
         }
     return true;
@@ -131,8 +170,9 @@ static bool tree_on(const fsdp_module_t *m, bool buffers, const fsdp_device_t *d
 
 /* ---- one training run ------------------------------------------------------------------------ */
 
-enum { V_REF, V_MOVE, V_OFF, V_COUNT };
-static const char *const vname[V_COUNT] = {"REF", "MOVE (F07 device)", "OFF (F08 offload)"};
+enum { V_REF, V_MOVE, V_OFF, V_HOST, V_COUNT };
+static const char *const vname[V_COUNT] = {"REF", "MOVE (F07 device)", "OFF (F08 offload)",
+                                           "HOST (CPU only)"};
 
 typedef struct result {
     double loss[STEPS], norm[STEPS];
@@ -213,7 +253,7 @@ static int add_buffer(fsdp_ctx_t *ctx, fsdp_module_t *m, const char *name, doubl
 static void wrap_options(const dev_job_t *j, int v, fsdp_device_t *A, fsdp_options_t *o) {
     fu_job_options(&j->base, o);
     o->cpu_offload = v == V_OFF;
-    o->device = v == V_REF ? NULL : A;
+    o->device = v == V_REF || v == V_HOST ? NULL : A;
 }
 
 /* NestedWrappedModule with buffers, built on `build`, wrapped for variant v. */
@@ -240,6 +280,8 @@ static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_de
                  result_t *res) {
     fu_res_t *r = fu_res_of(&j->base, ctx);
     fsdp_device_t *build = v == V_REF ? A : H;
+    /* HOST: everything on H, as if A did not exist. */
+    if (v == V_HOST) A = H;
     fsdp_module_t *m = NULL;
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
@@ -252,9 +294,9 @@ static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_de
     int rc = FSDP_OK;
 
     FU_TRY(out, "building and wrapping", build_wrapped(ctx, j, v, build, A, &m, &root));
-    if (v != V_REF) {
+    if (v == V_MOVE || v == V_OFF) {
         snprintf(name, sizeof name, "%s: original parameters on %s after wrap", vname[v],
-                 v == V_OFF ? "the host H" : "the device A");
+                 v == V_OFF ? "the host H" : A_NAME);
         fu_ck(r, tree_on(m, false, v == V_OFF ? H : A, why, sizeof why), name, "%s", why);
         snprintf(name, sizeof name, "%s: buffers moved to A", vname[v]);
         fu_ck(r, tree_on(m, true, A, why, sizeof why), name, "%s", why);
@@ -288,7 +330,8 @@ static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_de
         FU_TRY(out, "loss", tm_sum_loss(y, &loss));
         FU_TRY(out, "reading the loss", fsdp_tensor_item(loss, 0, &res->loss[s]));
         FU_TRY(out, "backward", fsdp_backward(loss, NULL));
-        if (v != V_REF && !units_on(root, v == V_OFF ? H : A, A, true, why, sizeof why)) {
+        if ((v == V_MOVE || v == V_OFF) &&
+            !units_on(root, v == V_OFF ? H : A, A, true, why, sizeof why)) {
             grads_ok = false;
             fu_ck(r, false, "sharded gradients where the shards are", "step %d: %s", s, why);
         }
@@ -325,7 +368,7 @@ static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_de
     }
     snprintf(name, sizeof name, "%s: every unit idle and resharded after each step", vname[v]);
     fu_ck(r, idle, name, "a unit was left running or unsharded");
-    if (v != V_REF) {
+    if (v == V_MOVE || v == V_OFF) {
         snprintf(name, sizeof name, "%s: sharded gradients stay on %s after each backward",
                  vname[v], v == V_OFF ? "H" : "A");
         if (grads_ok) fu_ck(r, true, name, "-");
@@ -351,19 +394,27 @@ static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_de
     rc = module_values(m, false, A, &on, &res->params);
     int rc2 = fsdp_summon_end(root);
     FU_TRY(out, "reading the full parameters", rc ? rc : rc2);
-    snprintf(name, sizeof name, "%s: summoned full parameters on A", vname[v]);
+    snprintf(name, sizeof name, "%s: summoned full parameters on %s", vname[v],
+             v == V_HOST ? "H" : "A");
     fu_ck(r, on, name, "a full parameter is not on A");
-    /* offload_to_cpu: on the offload host H with offload, else on the (host-kind) device A. */
+    /* offload_to_cpu: on the offload host H with offload, else on A when it is a host device,
+     * else on a host device of the context. */
     sm.offload_to_cpu = true;
     fu_vals_t host = {0};
     FU_TRY(out, "summon offload_to_cpu", fsdp_summon_begin(root, &sm));
-    rc = module_values(m, false, v == V_OFF ? H : A, &on, &host);
+    rc = module_values(m, false,
+                       v == V_OFF                               ? H
+                       : fsdp_device_kind(A) == FSDP_DEVICE_CPU ? A
+                                                                : NULL,
+                       &on, &host);
     rc2 = fsdp_summon_end(root);
     if (rc == 0) rc = rc2;
     if (rc < 0) fu_vals_free(&host);
     FU_TRY(out, "reading the offloaded full parameters", rc);
     snprintf(name, sizeof name, "%s: summon offload_to_cpu shows the same values on %s", vname[v],
-             v == V_OFF ? "H" : "A");
+             v == V_OFF || v == V_HOST                ? "H"
+             : fsdp_device_kind(A) == FSDP_DEVICE_CPU ? "A"
+                                                      : "the host");
     fu_ck(r, on && same_vals(&host, &res->params, why, sizeof why), name, "%s",
           on ? why : "a parameter is on the wrong device");
     fu_vals_free(&host);
@@ -411,11 +462,34 @@ static int train_rank(fsdp_ctx_t *ctx, void *arg) {
     result_t res[V_COUNT];
     memset(res, 0, sizeof res);
     int rc = FSDP_OK;
-    FU_TRY(out, "creating device A", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &A));
+    FU_TRY(out, "creating device A", fsdp_device_create(ctx, A_KIND, NULL, &A));
     FU_TRY(out, "creating device H", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &H));
-    for (int v = 0; v < V_COUNT; v++)
+    for (int v = 0; v < V_COUNT; v++) {
+#ifdef FSDP_DEV_CUDA
+        /* The collectives' buffers: on the GPU, except HOST's. */
+        FU_TRY(out, "fsdp_sim_pg_set_device",
+               fsdp_sim_pg_set_device(fsdp_ctx_pg(ctx), v == V_HOST ? NULL : A));
+#endif
         if ((rc = train(ctx, j, v, A, H, &res[v])) < 0) goto out;
-    for (int v = V_MOVE; v < V_COUNT; v++) {
+    }
+    /* REF against the CPU-only run: within tolerance (bitwise where A is a CPU device too). */
+    const bool bf16 = j->base.mp.enabled;
+    const double rtol = bf16 ? 1.6e-2 : 1.3e-6, atol = 1e-5;
+    char why0[300] = "";
+    fu_ck(r,
+          close_vals(res[V_REF].loss, res[V_HOST].loss, STEPS, rtol, atol, "loss of step", why0,
+                     sizeof why0) &&
+              close_vals(res[V_REF].norm, res[V_HOST].norm, STEPS, rtol, atol, "norm of step", why0,
+                         sizeof why0),
+          "REF on A: losses and clip_grad_norm totals match HOST (CPU only) within tolerance", "%s",
+          why0);
+    fu_ck(r,
+          res[V_REF].params.n == res[V_HOST].params.n && res[V_REF].params.n > 0 &&
+              close_vals(res[V_REF].params.v, res[V_HOST].params.v, res[V_REF].params.n, rtol, atol,
+                         "parameter element", why0, sizeof why0),
+          "REF on A: full parameters after training match HOST (CPU only) within tolerance", "%s",
+          why0[0] ? why0 : "different counts");
+    for (int v = V_MOVE; v <= V_OFF; v++) {
         char why[300] = "", name[200];
         snprintf(name, sizeof name, "%s: losses bitwise equal to REF (model built on A)", vname[v]);
         fu_ck(r, same_steps(res[v].loss, res[V_REF].loss, "loss", why, sizeof why), name, "%s",
@@ -438,6 +512,9 @@ out:
         fu_vals_free(&res[v].grads);
     }
     fsdp_ctx_set_device(ctx, NULL);
+#ifdef FSDP_DEV_CUDA
+    fsdp_sim_pg_set_device(fsdp_ctx_pg(ctx), NULL);
+#endif
     fsdp_device_destroy(H);
     fsdp_device_destroy(A);
     return rc;
@@ -480,8 +557,11 @@ static int error_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_module_t *m = NULL;
     fsdp_unit_t *u = NULL;
     int rc = FSDP_OK;
-    FU_TRY(out, "creating device A", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &A));
+    FU_TRY(out, "creating device A", fsdp_device_create(ctx, A_KIND, NULL, &A));
     FU_TRY(out, "creating device H", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &H));
+#ifdef FSDP_DEV_CUDA
+    FU_TRY(out, "fsdp_sim_pg_set_device", fsdp_sim_pg_set_device(fsdp_ctx_pg(ctx), A));
+#endif
 
     /* options.device of another context (another rank's device). */
     FU_TRY(out, "creating another context", fsdp_ctx_create(NULL, &other));
@@ -534,6 +614,9 @@ out:
     fsdp_ctx_set_device(ctx, NULL);
     fsdp_device_destroy(other_dev);
     fsdp_ctx_destroy(other);
+#ifdef FSDP_DEV_CUDA
+    fsdp_sim_pg_set_device(fsdp_ctx_pg(ctx), NULL);
+#endif
     fsdp_device_destroy(H);
     fsdp_device_destroy(A);
     return rc;
@@ -541,7 +624,27 @@ out:
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
+#ifdef FSDP_DEV_CUDA
+/* Whether the library can make a CUDA device here (a GPU is visible and works). */
+static bool cuda_visible(void) {
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_device_t *d = NULL;
+    bool ok = fsdp_ctx_create(NULL, &ctx) == 0 &&
+              fsdp_device_create(ctx, FSDP_DEVICE_CUDA, NULL, &d) == 0;
+    fsdp_device_destroy(d);
+    fsdp_ctx_destroy(ctx);
+    return ok;
+}
+#endif
+
 int main(void) {
+#ifdef FSDP_DEV_CUDA
+#ifndef FSDP_HAVE_CUDA
+    return tap_skip_all("libfsdp was configured without CUDA");
+#else
+    if (!cuda_visible()) return tap_skip_all("no CUDA device");
+#endif
+#endif
     static const struct dev_case {
         const char *title;
         int world;
@@ -554,15 +657,15 @@ int main(void) {
         {.title = "F07/F08 FULL_SHARD", .world = 2, .strategy = FSDP_FULL_SHARD},
         {.title = "F07/F08 SHARD_GRAD_OP", .world = 2, .strategy = FSDP_SHARD_GRAD_OP},
         {.title = "F07/F08 NO_SHARD", .world = 2, .strategy = FSDP_NO_SHARD},
-        {.title = "F07/F08 FULL_SHARD", .world = 3, .strategy = FSDP_FULL_SHARD},
-        {.title = "F07/F08 SHARD_GRAD_OP", .world = 3, .strategy = FSDP_SHARD_GRAD_OP},
-        {.title = "F07/F08 NO_SHARD", .world = 3, .strategy = FSDP_NO_SHARD},
+        {.title = "F07/F08 FULL_SHARD", .world = W_BIG, .strategy = FSDP_FULL_SHARD},
+        {.title = "F07/F08 SHARD_GRAD_OP", .world = W_BIG, .strategy = FSDP_SHARD_GRAD_OP},
+        {.title = "F07/F08 NO_SHARD", .world = W_BIG, .strategy = FSDP_NO_SHARD},
         {.title = "F07/F08 FULL_SHARD use_orig_params",
          .world = 2,
          .strategy = FSDP_FULL_SHARD,
          .orig = true},
         {.title = "F07/F08 NO_SHARD use_orig_params",
-         .world = 3,
+         .world = W_BIG,
          .strategy = FSDP_NO_SHARD,
          .orig = true},
         {.title = "F07/F08 FULL_SHARD bf16 params",
