@@ -12,11 +12,52 @@
 /* How long a whole run may take before its processes are killed. */
 #define MP_DEADLINE_S 240
 
-/* One rank process: file store, context, Gloo world group, the job's rank function. */
+/* One rank process: file store, context, world group (and for NCCL the GPU as the context's
+ * device), the job's rank function. */
 typedef struct mp_job_run {
     fu_job_t *j; /* the job's copy in shared memory */
     fsdp_sim_fn fn;
+    mp_backend_t be;
 } mp_job_run_t;
+
+/* Rank `rank` of n over NCCL on GPU `rank`: its context (seed), world group and CUDA device,
+ * the device set as the context's. On failure err says which step failed. */
+static int nccl_rank(int rank, int n, uint64_t seed, fsdp_store_t *store, fsdp_ctx_t **ctx,
+                     fsdp_device_t **dev, char *err, size_t cap) {
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.rank = rank;
+    co.world_size = n;
+    co.seed = seed;
+    *ctx = NULL;
+    *dev = NULL;
+    int rc = fsdp_ctx_create(&co, ctx);
+    if (rc < 0) {
+        snprintf(err, cap, "fsdp_ctx_create: %s", fsdp_err_name(rc));
+        return rc;
+    }
+    fsdp_nccl_options_t no;
+    fsdp_nccl_options_init(&no);
+    no.device = rank;
+    no.timeout_ms = 120000;
+    fsdp_pg_t *pg = NULL;
+    const char *what = "fsdp_pg_create_nccl";
+    rc = fsdp_pg_create_nccl(*ctx, store, &no, &pg);
+    if (rc == 0) {
+        fsdp_device_options_t d;
+        fsdp_device_options_init(&d);
+        d.ordinal = rank;
+        what = "fsdp_device_create(cuda)";
+        rc = fsdp_device_create(*ctx, FSDP_DEVICE_CUDA, &d, dev);
+    }
+    if (rc == 0) {
+        what = "fsdp_ctx_set_device";
+        rc = fsdp_ctx_set_device(*ctx, *dev);
+    }
+    if (rc < 0)
+        snprintf(err, cap, "%s: %s: %s", what, fsdp_err_name(rc), fsdp_ctx_last_error(*ctx));
+    return rc;
+}
 
 static int job_rank(int rank, int n, const char *dir, void *arg) {
     mp_job_run_t *run = arg;
@@ -24,6 +65,7 @@ static int job_rank(int rank, int n, const char *dir, void *arg) {
     fsdp_ctx_t *ctx = NULL;
     fsdp_store_t *store = NULL;
     fsdp_pg_t *pg = NULL;
+    fsdp_device_t *dev = NULL;
     char err[600];
     int rc = fsdp_store_create_file(dir, &store);
     if (rc < 0) {
@@ -31,21 +73,30 @@ static int job_rank(int rank, int n, const char *dir, void *arg) {
               fsdp_store_open_error());
         goto done;
     }
-    rc = mp_gloo_rank(rank, n, run->j->seed, store, &ctx, &pg, err, sizeof err);
+    if (run->be == MP_NCCL)
+        rc = nccl_rank(rank, n, run->j->seed, store, &ctx, &dev, err, sizeof err);
+    else
+        rc = mp_gloo_rank(rank, n, run->j->seed, store, &ctx, &pg, err, sizeof err);
     if (rc < 0) {
-        fu_ck(r, false, "creating the rank's context and Gloo world group", "%s", err);
+        fu_ck(r, false, "creating the rank's context and world group", "%s", err);
         goto done;
     }
     rc = run->fn(ctx, run->j);
 done:
-    fsdp_ctx_destroy(ctx); /* destroys pg, the world group */
+    if (ctx && dev) fsdp_ctx_set_device(ctx, NULL);
+    fsdp_device_destroy(dev);
+    fsdp_ctx_destroy(ctx); /* destroys the world group */
     fsdp_store_destroy(store);
     return rc < 0 ? rc : 0;
 }
 
 int mp_run_job(fu_job_t *j, size_t size, fsdp_sim_fn fn) {
-    if (!fsdp_gloo_available()) return FSDP_ENOTSUP;
-    mp_job_run_t run = {mp_shared_alloc(size), fn};
+    return mp_run_job_on(j, size, fn, MP_GLOO);
+}
+
+int mp_run_job_on(fu_job_t *j, size_t size, fsdp_sim_fn fn, mp_backend_t be) {
+    if (be == MP_GLOO ? !fsdp_gloo_available() : !fsdp_nccl_available()) return FSDP_ENOTSUP;
+    mp_job_run_t run = {mp_shared_alloc(size), fn, be};
     memcpy(run.j, j, size);
     for (int r = 0; r < FU_MAXR; r++)
         run.j->r[r].n = 0;
@@ -55,4 +106,28 @@ int mp_run_job(fu_job_t *j, size_t size, fsdp_sim_fn fn) {
     mp_shared_free(run.j);
     fu_report_job(j, rc, st);
     return rc;
+}
+
+/* Counts the CUDA devices by creating them in turn (the child's exit status carries it). */
+static int count_rank(int rank, int n, const char *dir, void *arg) {
+    (void)rank, (void)n, (void)dir, (void)arg;
+    fsdp_ctx_t *ctx = NULL;
+    int k = 0;
+    if (fsdp_ctx_create(NULL, &ctx) < 0) return 0;
+    for (; k < MP_MAX_RANKS; k++) {
+        fsdp_device_options_t d;
+        fsdp_device_options_init(&d);
+        d.ordinal = k;
+        fsdp_device_t *dev = NULL;
+        if (fsdp_device_create(ctx, FSDP_DEVICE_CUDA, &d, &dev) < 0) break;
+        fsdp_device_destroy(dev);
+    }
+    fsdp_ctx_destroy(ctx);
+    return k;
+}
+
+int mp_cuda_devices(void) {
+    int st[1] = {0};
+    int rc = mp_fork_ranks(1, count_rank, NULL, 60, st);
+    return rc == 0 && st[0] > 0 ? st[0] : 0;
 }

@@ -1,6 +1,7 @@
 /*
- * mp_run.h: runs an fu_job on real processes over the Gloo backend, as fu_run_job() runs it
- * on sim threads, so that one rank function serves both backends.
+ * mp_run.h: runs an fu_job on real processes over the Gloo backend (or NCCL, one GPU per
+ * rank), as fu_run_job() runs it on sim threads, so that one rank function serves every
+ * backend.
  *
  * The job is copied into memory shared with the children (MAP_SHARED), so that each rank
  * process records its checks (and anything else the job struct carries: losses, parameter
@@ -23,5 +24,20 @@
  * whole struct travels to the children and back. Returns FSDP_ENOTSUP, printing nothing, when
  * libfsdp has no Gloo backend; otherwise prints the job's lines and returns the run's status. */
 int mp_run_job(fu_job_t *j, size_t size, fsdp_sim_fn fn);
+
+/* The process group of each rank process. */
+typedef enum mp_backend { MP_GLOO, MP_NCCL } mp_backend_t;
+
+/*
+ * mp_run_job() over the backend be. MP_NCCL: rank r's world group is an NCCL group on GPU r,
+ * and its context's device (fsdp_ctx_set_device) is a CUDA device on that GPU, so that what
+ * the rank function makes on the context's device lives on its GPU. Returns FSDP_ENOTSUP,
+ * printing nothing, when libfsdp lacks the backend.
+ */
+int mp_run_job_on(fu_job_t *j, size_t size, fsdp_sim_fn fn, mp_backend_t be);
+
+/* The CUDA devices libfsdp can use here, counted in a child process (a process that has used
+ * CUDA cannot fork ranks that use it); 0 without CUDA or a GPU. */
+int mp_cuda_devices(void);
 
 #endif /* FSDP_TESTS_MP_RUN_H */

@@ -11,6 +11,14 @@
  * rank order as the sim's do, and all-gathers and broadcasts only move bytes, so every strategy
  * must agree with the sim backend bit for bit at any world size (on a mismatch the closeness
  * under spec section 0's fp32 tolerances is printed too).
+ *
+ * Built a second time as t_nccl_fsdp (make check-gpu, GP_NCCL): the same rank function on NCCL
+ * processes, one per GPU, each with its GPU as the context's device, so that the model, the
+ * shards and every collective live on the GPUs; FULL_SHARD, SHARD_GRAD_OP and NO_SHARD at the
+ * world size of the GPUs present (1 on a single-GPU machine, up to 4), and HYBRID_SHARD 2 x 2
+ * with 4 GPUs or more. The reference is the sim run on the CPU at the same world size: the GPU's
+ * kernels are not the CPU's, so losses and parameters must agree within the fp32 tolerances
+ * (rtol 1.3e-6, atol 1e-5), not bitwise. Skips without NCCL or a GPU.
  */
 #include <math.h>
 #include <stdio.h>
@@ -77,8 +85,8 @@ static int gp_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(done, "summon", fu_summon_nowb(root));
     summoned = true;
     FU_TRY(done, "reading the parameters", fu_module_values(m, false, false, &vals));
-    fu_ck(r, vals.n > 0 && vals.n <= GP_MAXP, "the full parameters fit the job",
-          "%zu values", vals.n);
+    fu_ck(r, vals.n > 0 && vals.n <= GP_MAXP, "the full parameters fit the job", "%zu values",
+          vals.n);
     if (rank == 0 && vals.n <= GP_MAXP) {
         memcpy(j->params, vals.v, vals.n * sizeof *vals.v);
         j->nparams = vals.n;
@@ -95,8 +103,16 @@ done:
     return rc < 0 ? rc : FSDP_OK;
 }
 
+#ifdef GP_NCCL
+#define GP_BACKEND MP_NCCL
+#define GP_NAME "nccl"
+#else
+#define GP_BACKEND MP_GLOO
+#define GP_NAME "gloo"
+#endif
+
 /* Compares the Gloo run g with the sim run s, bit for bit; the closeness under the fp32
- * tolerances is shown when they differ. */
+ * tolerances is shown when they differ. NCCL: within the tolerances. */
 static void compare(const gp_job_t *g, const gp_job_t *s, const char *what) {
     int w = g->base.world;
     bool bits = g->nparams == s->nparams && g->nparams > 0 &&
@@ -113,6 +129,13 @@ static void compare(const gp_job_t *g, const gp_job_t *s, const char *what) {
         double c = fu_closeness(g->params[i], s->params[i], FU_F32_RTOL, FU_F32_ATOL);
         if (!(c <= worst_p)) worst_p = isnan(c) ? INFINITY : c;
     }
+#ifdef GP_NCCL
+    tap_ok(worst <= 1.0 && worst_p <= 1.0,
+           "%s W=%d nccl on GPUs vs sim on the CPU: every rank's 3 losses and the %zu trained "
+           "parameters agree within rtol 1.3e-6, atol 1e-5 (worst closeness %.3g, %.3g)",
+           what, w, g->nparams, worst, worst_p);
+    return;
+#endif
     tap_ok(bits,
            "%s W=%d gloo vs sim: every rank's 3 losses and the %zu trained parameters are "
            "bitwise the same",
@@ -126,10 +149,10 @@ static void run_case(const char *what, int world, fsdp_sharding_strategy_t st, b
     gp_job_t *g = calloc(1, sizeof *g), *s = calloc(1, sizeof *s);
     if (!g || !s) tap_bail("out of memory");
     char prefix[160];
-    snprintf(prefix, sizeof prefix, "%s gloo", what);
+    snprintf(prefix, sizeof prefix, "%s " GP_NAME, what);
     fu_job_init(&g->base, prefix, world, st, false);
     g->hybrid = hybrid;
-    int rc = mp_run_job(&g->base, sizeof *g, gp_rank);
+    int rc = mp_run_job_on(&g->base, sizeof *g, gp_rank, GP_BACKEND);
     snprintf(prefix, sizeof prefix, "%s sim", what);
     fu_job_init(&s->base, prefix, world, st, false);
     s->hybrid = hybrid;
@@ -137,7 +160,7 @@ static void run_case(const char *what, int world, fsdp_sharding_strategy_t st, b
     if (rc == 0)
         compare(g, s, what);
     else
-        tap_ok(false, "%s W=%d gloo vs sim: the gloo run failed (%s)", what, world,
+        tap_ok(false, "%s W=%d " GP_NAME " vs sim: the " GP_NAME " run failed (%s)", what, world,
                fsdp_err_name(rc));
     free(g);
     free(s);
@@ -145,6 +168,18 @@ static void run_case(const char *what, int world, fsdp_sharding_strategy_t st, b
 
 int main(void) {
     setenv("FSDP_LOG", "warn", 1);
+#ifdef GP_NCCL
+    if (!fsdp_nccl_available()) return tap_skip_all("libfsdp was built without NCCL");
+    int ngpu = mp_cuda_devices();
+    if (ngpu < 1) return tap_skip_all("no CUDA device");
+    int w = ngpu < FU_MAXR ? ngpu : FU_MAXR;
+    tap_plan_lazy();
+    run_case("CORE-P01 FULL_SHARD", w, FSDP_FULL_SHARD, false);
+    run_case("CORE-P01 SHARD_GRAD_OP", w, FSDP_SHARD_GRAD_OP, false);
+    run_case("CORE-P01 NO_SHARD", w, FSDP_NO_SHARD, false);
+    if (ngpu >= 4) run_case("CORE-P01 HYBRID_SHARD 2x2", 4, FSDP_HYBRID_SHARD, true);
+    return tap_done();
+#endif
     if (!fsdp_gloo_available()) return tap_skip_all("libfsdp was built without Gloo");
     tap_plan_lazy();
     run_case("CORE-P01 FULL_SHARD", 2, FSDP_FULL_SHARD, false);
