@@ -107,8 +107,19 @@ static int reap(int n, pid_t *pid, int *rc) {
     return left;
 }
 
+/* ThreadSanitizer slows the rank processes several times over (and make check runs tests in
+ * parallel on a small machine), so the deadlines, which only catch hangs, stretch with it. */
+#if defined(__SANITIZE_THREAD__)
+#define MP_DEADLINE_SCALE 5
+#elif defined(__SANITIZE_ADDRESS__)
+#define MP_DEADLINE_SCALE 2
+#else
+#define MP_DEADLINE_SCALE 1
+#endif
+
 int mp_fork_ranks(int n, mp_rank_fn fn, void *arg, int deadline_s, int *status) {
     if (n < 1 || n > MP_MAX_RANKS) tap_bail("mp_fork_ranks: %d ranks", n);
+    deadline_s *= MP_DEADLINE_SCALE;
     int *st = mp_shared_alloc(MP_MAX_RANKS * sizeof *st);
     for (int r = 0; r < n; r++)
         st[r] = FSDP_EINTERNAL; /* until the rank says otherwise */

@@ -36,7 +36,8 @@ typedef int (*mp_rank_fn)(int rank, int n, const char *dir, void *arg);
 
 /*
  * Runs fn in n (1..MP_MAX_RANKS) forked processes and waits for them, at most deadline_s
- * seconds: then it kills the ones left with SIGKILL and says so with tap_diag(). status[] (may
+ * seconds (5 times that under ThreadSanitizer, twice under AddressSanitizer): then it kills the
+ * ones left with SIGKILL and says so with tap_diag(). status[] (may
  * be NULL) gets every rank's status: what fn returned, FSDP_EINTERNAL for a process that did not
  * get that far. Returns FSDP_ETIMEDOUT when processes were killed, else FSDP_EREMOTE when one
  * ended by a signal or a nonzero exit status (named with tap_diag()), else the first negative
