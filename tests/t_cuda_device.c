@@ -384,6 +384,89 @@ static void test_gemm(void) {
     }
 }
 
+/* bf16 and f16 GEMMs (cuBLASLt, f32 accumulation) against the CPU's f32 GEMM of the same
+ * half-precision values, rounded once to the half type: within 1e-2 relative (bf16 has 8
+ * significant bits; the accumulation order differs). */
+static void test_gemm_half(void) {
+    static const fsdp_dtype_t HT[2] = {FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    for (int h = 0; h < 2; h++) {
+        fsdp_dtype_t dt = HT[h];
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            const int64_t m = 37, n = 29, kk = 64, batch = 3;
+            const int64_t lda = (ta ? m : kk) + 3, ldb = (tb ? kk : n) + 1, ldc = n + 2;
+            const int64_t sa = (ta ? kk : m) * lda, sb = (tb ? n : kk) * ldb, sc = m * ldc + 5;
+            const size_t na = (size_t)(sa * batch), nb = (size_t)(sb * batch),
+                         nc = (size_t)(sc * batch);
+            /* f32 values exactly representable in dt: random, rounded through dt. */
+            buf_t *a32 = rnd(FSDP_DTYPE_F32, na, 0.5, 1.5), *b32 = rnd(FSDP_DTYPE_F32, nb, 0.5, 1.5);
+            buf_t *c32 = rnd(FSDP_DTYPE_F32, nc, -1, 1);
+            buf_t *a = mk(na * 2), *b = mk(nb * 2), *c = mk(nc * 2);
+            fsdp_dtype_convert(a->h, dt, a32->h, FSDP_DTYPE_F32, na);
+            fsdp_dtype_convert(b->h, dt, b32->h, FSDP_DTYPE_F32, nb);
+            fsdp_dtype_convert(c->h, dt, c32->h, FSDP_DTYPE_F32, nc);
+            fsdp_dtype_convert(a32->h, FSDP_DTYPE_F32, a->h, dt, na);
+            fsdp_dtype_convert(b32->h, FSDP_DTYPE_F32, b->h, dt, nb);
+            fsdp_dtype_convert(c32->h, FSDP_DTYPE_F32, c->h, dt, nc);
+            up(a);
+            up(b);
+            up(c);
+            BOTH(cpu->ops->gemm(cpu, FSDP_DTYPE_F32, ta, tb, m, n, kk, 0.7, a32->h, lda, sa, b32->h,
+                                ldb, sb, 0.3, c32->h, ldc, sc, batch),
+                 gpu->ops->gemm(gpu, dt, ta, tb, m, n, kk, 0.7, a->d, lda, sa, b->d, ldb, sb, 0.3,
+                                c->d, ldc, sc, batch),
+                 "half gemm");
+            const void *g = down(c);
+            size_t bad = 0;
+            for (size_t i = 0; i < nc; i++) {
+                float got, want;
+                fsdp_dtype_convert(&got, FSDP_DTYPE_F32, (const char *)g + 2 * i, dt, 1);
+                uint16_t r;
+                fsdp_dtype_convert(&r, dt, (const float *)c32->h + i, FSDP_DTYPE_F32, 1);
+                fsdp_dtype_convert(&want, FSDP_DTYPE_F32, &r, dt, 1);
+                if (!(fabs((double)got - want) <= 1e-2 * fabs((double)want) + 1e-3)) bad++;
+            }
+            tap_is_size(bad, 0, "%s gemm trans_a %d trans_b %d, batch 3, beta 0.3: within 1e-2 "
+                        "of the CPU's f32 gemm of the same values", dn(dt), ta, tb);
+            release();
+        }
+        /* k = 0: C = beta C in the half type; beta = 0 overwrites NaN. */
+        uint16_t hv[12], want[12];
+        for (int i = 0; i < 12; i++) {
+            float f = i == 3 ? NAN : (float)(i - 6) * 0.375f, w = i == 3 ? NAN : f * 0.5f;
+            fsdp_dtype_convert(&hv[i], dt, &f, FSDP_DTYPE_F32, 1);
+            fsdp_dtype_convert(&want[i], dt, &w, FSDP_DTYPE_F32, 1);
+        }
+        for (int beta0 = 0; beta0 < 2; beta0++) {
+            buf_t *c = mk(sizeof hv);
+            memcpy(c->h, hv, sizeof hv);
+            up(c);
+            int rc = gpu->ops->gemm(gpu, dt, false, false, 3, 4, 0, 1.0, NULL, 1, 0, NULL, 4, 0,
+                                    beta0 ? 0.0 : 0.5, c->d, 4, 0, 1);
+            const uint16_t *g = down(c);
+            bool ok = rc == 0;
+            for (int i = 0; i < 12; i++) {
+                float f;
+                fsdp_dtype_convert(&f, FSDP_DTYPE_F32, &g[i], dt, 1);
+                if (beta0)
+                    ok = ok && g[i] == 0;
+                else
+                    ok = ok && (i == 3 ? isnan(f) : g[i] == want[i]);
+            }
+            tap_ok(ok, "%s gemm with k = 0 and beta %s", dn(dt),
+                   beta0 ? "0 writes zeros over NaN" : "0.5 scales C (rounded once)");
+            release();
+        }
+    }
+    /* Integers have no GEMM on either device. */
+    buf_t *c = zeros(64);
+    int rc = gpu->ops->gemm(gpu, FSDP_DTYPE_I32, false, false, 2, 2, 2, 1.0, c->d, 2, 0, c->d, 2,
+                            0, 0.0, c->d, 2, 0, 1);
+    tap_is_int(rc, FSDP_ENOTSUP, "an i32 gemm is FSDP_ENOTSUP");
+    tap_has_str(fsdp_ctx_last_error(fsdp_device_ctx(gpu)), "dtype i32", "naming the dtype");
+    release();
+}
+
 /* ---- nn kernels ---- */
 
 static void test_softmax_norms(void) {
@@ -705,6 +788,7 @@ int main(void) {
     test_binary_axpy_where();
     test_reductions();
     test_gemm();
+    test_gemm_half();
     test_softmax_norms();
     test_embedding_ce();
     test_dropout();

@@ -7,6 +7,11 @@
  *     gives fsdp_dtype_convert's bits for every pair of dtypes;
  *   - dropout masks built from that header with the kernel's layout (one Philox block per four
  *     elements, block offset + i / 4) equal the CPU device's masks bit for bit;
+ *   - the GEMM planning of backends/cuda/cuda_gemm.h: the dtype dispatch table (f32, bf16, f16
+ *     through cuBLASLt, f64 through cuBLAS, the rest refused), the column-major operands handed
+ *     to the library (a column-major reference GEMM over the plan gives the row-major product
+ *     exactly, for every transpose pair, leading dimension and batch stride), and the operand
+ *     alignment told to the heuristic for 2-, 4- and 8-byte elements;
  *   - fsdp_device_create(FSDP_DEVICE_CUDA) fails cleanly where there is no GPU (FSDP_ENOTSUP and
  *     a message) or no CUDA build, and rejects an ordinal past the visible devices.
  */
@@ -20,6 +25,7 @@
 #include <fsdp.h>
 
 #include "backends/cuda/cuda_cast.h"
+#include "backends/cuda/cuda_gemm.h"
 #include "backends/cuda/cuda_philox.h"
 #include "device/device_impl.h"
 #include "tap.h"
@@ -215,6 +221,133 @@ static void test_cast(void) {
     free(vals);
 }
 
+/* ---- GEMM planning (cuda_gemm.h) ---- */
+
+static void test_gemm_table(void) {
+    static const struct {
+        fsdp_dtype_t dt;
+        fsdp_cuda_gemm_path_t path;
+        fsdp_cuda_lt_elem_t elem;
+        bool tf32;
+    } want[] = {
+        {FSDP_DTYPE_F32, FSDP_CUDA_GEMM_LT, FSDP_CUDA_LT_R32F, true},
+        {FSDP_DTYPE_F64, FSDP_CUDA_GEMM_DGEMM, FSDP_CUDA_LT_R32F, false},
+        {FSDP_DTYPE_F16, FSDP_CUDA_GEMM_LT, FSDP_CUDA_LT_R16F, false},
+        {FSDP_DTYPE_BF16, FSDP_CUDA_GEMM_LT, FSDP_CUDA_LT_R16BF, false},
+        {FSDP_DTYPE_I32, FSDP_CUDA_GEMM_NONE, FSDP_CUDA_LT_R32F, false},
+        {FSDP_DTYPE_I64, FSDP_CUDA_GEMM_NONE, FSDP_CUDA_LT_R32F, false},
+        {FSDP_DTYPE_U8, FSDP_CUDA_GEMM_NONE, FSDP_CUDA_LT_R32F, false},
+        {FSDP_DTYPE_BOOL, FSDP_CUDA_GEMM_NONE, FSDP_CUDA_LT_R32F, false},
+    };
+    _Static_assert(sizeof want / sizeof want[0] == FSDP_DTYPE_COUNT, "one row per dtype");
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        fsdp_cuda_gemm_type_t t = fsdp__cuda_gemm_type(want[i].dt);
+        const char *nm = fsdp_dtype_name(want[i].dt);
+        tap_is_int(t.path, want[i].path, "gemm of %s takes path %d", nm, (int)want[i].path);
+        if (t.path == FSDP_CUDA_GEMM_NONE) continue;
+        tap_is_size(t.size, fsdp_dtype_size(want[i].dt), "gemm of %s: element size", nm);
+        if (t.path == FSDP_CUDA_GEMM_LT)
+            tap_is_int(t.elem, want[i].elem, "gemm of %s: cuBLASLt element type", nm);
+        tap_ok(t.tf32_allowed == want[i].tf32, "gemm of %s: TF32 %s", nm,
+               want[i].tf32 ? "may apply" : "never applies");
+    }
+    tap_is_int(fsdp__cuda_gemm_type((fsdp_dtype_t)FSDP_DTYPE_COUNT).path, FSDP_CUDA_GEMM_NONE,
+               "an unknown dtype has no gemm");
+}
+
+/* Element (r, c) of a stored column-major matrix with op applied: op(X)(r, c). */
+static double lt_at(const fsdp_cuda_lt_mat_t *x, const double *base, int64_t batch, uint64_t r,
+                    uint64_t c, int *bad) {
+    uint64_t sr = x->trans ? c : r, scol = x->trans ? r : c;
+    if (sr >= x->rows || scol >= x->cols || (int64_t)x->rows > x->ld) {
+        (*bad)++;
+        return 0;
+    }
+    return base[batch * x->stride + (int64_t)(sr + scol * (uint64_t)x->ld)];
+}
+
+/* The column-major library's C (n x m) = alpha op(LA) op(LB) + beta C over a plan, the way
+ * cuBLASLt reads it; `*bad` counts any index the plan's shapes would not allow. */
+static void lt_reference(const fsdp_cuda_lt_plan_t *pl, int64_t m, int64_t n, int64_t k,
+                         double alpha, double beta, int64_t batch, int *bad) {
+    const fsdp_cuda_lt_mat_t *la = &pl->mat[0], *lb = &pl->mat[1], *lc = &pl->mat[2];
+    const double *pa = (const double *)la->ptr, *pb = (const double *)lb->ptr;
+    double *pc = (double *)lc->ptr;
+    if (lc->rows != (uint64_t)n || lc->cols != (uint64_t)m) (*bad)++;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < m; j++) {
+                double acc = 0;
+                for (int64_t p = 0; p < k; p++)
+                    acc += lt_at(la, pa, b, (uint64_t)i, (uint64_t)p, bad) *
+                           lt_at(lb, pb, b, (uint64_t)p, (uint64_t)j, bad);
+                double *e = pc + b * lc->stride + i + j * lc->ld;
+                *e = alpha * acc + beta * *e;
+            }
+}
+
+static void test_gemm_plan(void) {
+    const int64_t m = 5, n = 4, k = 3, batch = 2;
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t & 2;
+        const int64_t lda = (ta ? m : k) + 2, ldb = (tb ? k : n) + 1, ldc = n + 3;
+        const int64_t sa = (ta ? k : m) * lda + 1, sb = (tb ? n : k) * ldb + 2, sc = m * ldc + 1;
+        double *a = calloc((size_t)(sa * batch), sizeof *a);
+        double *b = calloc((size_t)(sb * batch), sizeof *b);
+        double *c = calloc((size_t)(sc * batch), sizeof *c);
+        double *want = calloc((size_t)(sc * batch), sizeof *want);
+        if (!a || !b || !c || !want) tap_bail("out of memory");
+        /* Small integers: every product and sum is exact, so the orders cannot differ. */
+        for (int64_t i = 0; i < sa * batch; i++) a[i] = (double)((i * 7) % 11) - 5;
+        for (int64_t i = 0; i < sb * batch; i++) b[i] = (double)((i * 5) % 13) - 6;
+        for (int64_t i = 0; i < sc * batch; i++) c[i] = want[i] = (double)(i % 9) - 4;
+        /* Row-major reference: C_b[i][j] = 2 sum_p op(A_b)[i][p] op(B_b)[p][j] + 0.5 C_b[i][j]. */
+        for (int64_t bb = 0; bb < batch; bb++)
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) {
+                    double acc = 0;
+                    for (int64_t p = 0; p < k; p++)
+                        acc += a[bb * sa + (ta ? p * lda + i : i * lda + p)] *
+                               b[bb * sb + (tb ? j * ldb + p : p * ldb + j)];
+                    double *e = want + bb * sc + i * ldc + j;
+                    *e = 2 * acc + 0.5 * *e;
+                }
+        fsdp_cuda_lt_plan_t pl;
+        fsdp__cuda_lt_plan(&pl, sizeof(double), ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc,
+                           sc, batch);
+        int bad = 0;
+        lt_reference(&pl, m, n, k, 2.0, 0.5, batch, &bad);
+        tap_is_int(bad, 0, "trans_a %d trans_b %d: the plan's shapes cover every index", ta, tb);
+        tap_is_mem(c, want, (size_t)(sc * batch) * sizeof *c,
+                   "trans_a %d trans_b %d: column-major C^T = op(B)^T op(A)^T over the plan is "
+                   "the row-major product (batch 2, padded strides)",
+                   ta, tb);
+        tap_ok(pl.mat[0].ptr == (uintptr_t)b && pl.mat[1].ptr == (uintptr_t)a,
+               "trans_a %d trans_b %d: the library's first operand is B, its second A", ta, tb);
+        free(a);
+        free(b);
+        free(c);
+        free(want);
+    }
+}
+
+static void test_gemm_align(void) {
+    /* 256-byte aligned bases: a single matrix is 256-aligned whatever its size. */
+    tap_is_uint(fsdp__cuda_lt_align(0x10000, 3, 2, 1), 256, "batch 1: the stride does not count");
+    tap_is_uint(fsdp__cuda_lt_align(0x10000, 3, 2, 2), 2, "bf16, batch stride 3: 2-byte aligned");
+    tap_is_uint(fsdp__cuda_lt_align(0x10000, 3, 4, 2), 4, "f32, batch stride 3: 4-byte aligned");
+    tap_is_uint(fsdp__cuda_lt_align(0x10000, 64, 2, 4), 128, "bf16, batch stride 64: 128 bytes");
+    tap_is_uint(fsdp__cuda_lt_align(0x10000, 1024, 2, 4), 256, "capped at 256 bytes");
+    tap_is_uint(fsdp__cuda_lt_align(0x10006, 1024, 2, 4), 2, "a view 3 bf16 elements in: 2");
+    tap_is_uint(fsdp__cuda_lt_align(0x10008, 0, 8, 3), 8, "an 8-byte offset, shared matrix: 8");
+    fsdp_cuda_lt_plan_t pl;
+    fsdp__cuda_lt_plan(&pl, 2, false, false, 8, 8, 8, (void *)0x1002, 8, 64, (void *)0x2000, 8, 64,
+                       (void *)0x3010, 8, 64, 2);
+    tap_ok(pl.align[0] == 128 && pl.align[1] == 2 && pl.align[2] == 16,
+           "the plan aligns B (%u), A (%u) and C (%u) separately", pl.align[0], pl.align[1],
+           pl.align[2]);
+}
+
 static void test_create(void) {
     fsdp_ctx_t *ctx = new_ctx();
     fsdp_device_t *dev = (fsdp_device_t *)&dev; /* must be reset to NULL on failure */
@@ -264,6 +397,9 @@ int main(void) {
     test_philox();
     test_dropout_layout();
     test_cast();
+    test_gemm_table();
+    test_gemm_plan();
+    test_gemm_align();
     test_create();
     return tap_done();
 }

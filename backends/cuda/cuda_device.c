@@ -1,7 +1,8 @@
 /*
  * cuda_device.c: the CUDA device's vtable (see cuda_device.h): memory through the caching
- * allocator, copies and streams through the CUDA runtime, matrix products through cuBLASLt (f32)
- * and cuBLAS (f64), and every other kernel through the launchers of cuda_kernels.h.
+ * allocator, copies and streams through the CUDA runtime, matrix products through cuBLASLt (f32,
+ * bf16 and f16, accumulated in f32) and cuBLAS (f64), and every other kernel through the
+ * launchers of cuda_kernels.h.
  *
  * Error translation happens in exactly one function, cuda_fail() (and blas_fail() for cuBLAS
  * statuses): a CUDA error becomes FSDP_EBACKEND (FSDP_ENOMEM for an allocation) with a message on
@@ -32,6 +33,7 @@
 #pragma GCC diagnostic pop
 
 #include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_gemm.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_philox.h"
 
@@ -558,32 +560,35 @@ static int cuda_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op
 /* ---- gemm ---- */
 
 /*
- * Row-major C (m x n) = op(A) op(B) is column-major C^T (n x m) = op(B)^T op(A)^T, so the
- * column-major libraries get B as their first operand and A as their second, each with its own
- * transpose flag, and the row strides as leading dimensions.
+ * cuda_gemm.h plans the call (path per dtype, the column-major operands, their alignment); the
+ * code below only turns that plan into cuBLASLt descriptors, for f32, bf16 and f16 alike.
  */
-/* The largest power of two up to 256 dividing the byte address of every f32 matrix of a batch:
- * p, p + stride, p + 2 stride, ... */
-static uint32_t align_of(const void *p, int64_t stride, int64_t batch) {
-    uint64_t bits = (uint64_t)(uintptr_t)p | 256;
-    if (batch > 1) bits |= (uint64_t)stride * 4;
-    return (uint32_t)(bits & (~bits + 1));
+static cudaDataType_t lt_data_type(fsdp_cuda_lt_elem_t e) {
+    return e == FSDP_CUDA_LT_R16BF ? CUDA_R_16BF : e == FSDP_CUDA_LT_R16F ? CUDA_R_16F : CUDA_R_32F;
 }
 
-static int gemm_f32_lt(fsdp_device_t *dev, struct cuda_dev *cd, bool ta, bool tb, int64_t m,
-                       int64_t n, int64_t k, float alpha, const void *a, int64_t lda, int64_t sa,
-                       const void *b, int64_t ldb, int64_t sb, float beta, void *c, int64_t ldc,
-                       int64_t sc, int64_t batch) {
+static int gemm_lt(fsdp_device_t *dev, struct cuda_dev *cd, fsdp_cuda_gemm_type_t ty, bool ta,
+                   bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                   int64_t lda, int64_t sa, const void *b, int64_t ldb, int64_t sb, float beta,
+                   void *c, int64_t ldc, int64_t sc, int64_t batch) {
     cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL;
+    cublasLtMatrixLayout_t lay[3] = {NULL, NULL, NULL};
     cublasLtMatmulPreference_t pref = NULL;
     cublasStatus_t st;
     int rc = FSDP_OK;
-    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasComputeType_t ct = cd->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    fsdp_cuda_lt_plan_t pl;
+    fsdp__cuda_lt_plan(&pl, ty.size, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+    const cublasOperation_t op0 = pl.mat[0].trans ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            op1 = pl.mat[1].trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    /* Half-precision inputs accumulate in f32 on tensor cores already; TF32 only concerns f32. */
+    const cublasComputeType_t ct =
+        cd->tf32 && ty.tf32_allowed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cudaDataType_t et = lt_data_type(ty.elem);
     const int32_t nb = (int32_t)batch;
     const uint64_t ws = LT_WORKSPACE;
+    static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
 #define LT(call, what)                                                                             \
     do {                                                                                           \
         if ((st = (call)) != CUBLAS_STATUS_SUCCESS) {                                              \
@@ -591,28 +596,21 @@ static int gemm_f32_lt(fsdp_device_t *dev, struct cuda_dev *cd, bool ta, bool tb
             goto out;                                                                              \
         }                                                                                          \
     } while (0)
+    /* alpha and beta are f32 (the scale type) for every element type. */
     LT(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opb, sizeof opb),
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op0, sizeof op0),
        "setting TRANSA");
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opa, sizeof opa),
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op1, sizeof op1),
        "setting TRANSB");
-    /* Column-major shapes of the stored matrices: B^T is (tb ? k : n) x (tb ? n : k). */
-    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, (uint64_t)(tb ? k : n), (uint64_t)(tb ? n : k),
-                                  ldb),
-       "layout of B");
-    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, (uint64_t)(ta ? m : k), (uint64_t)(ta ? k : m),
-                                  lda),
-       "layout of A");
-    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)n, (uint64_t)m, ldc), "layout of C");
-    if (batch > 1) {
-        cublasLtMatrixLayout_t ls[3] = {lb, la, lc};
-        const int64_t strides[3] = {sb, sa, sc};
-        for (int i = 0; i < 3; i++) {
-            LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb,
+    for (int i = 0; i < 3; i++) {
+        LT(cublasLtMatrixLayoutCreate(&lay[i], et, pl.mat[i].rows, pl.mat[i].cols, pl.mat[i].ld),
+           i == 0 ? "layout of B" : i == 1 ? "layout of A" : "layout of C");
+        if (batch > 1) {
+            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb,
                                                 sizeof nb),
                "setting the batch count");
-            LT(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                &strides[i], sizeof strides[i]),
+            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &pl.mat[i].stride, sizeof pl.mat[i].stride),
                "setting the batch stride");
         }
     }
@@ -622,24 +620,15 @@ static int gemm_f32_lt(fsdp_device_t *dev, struct cuda_dev *cd, bool ta, bool tb
        "setting the workspace size");
     /* The heuristic assumes 256-byte aligned operands unless told otherwise; views into a flat
      * parameter or a batch stride can be less aligned, so it is told what every matrix of the
-     * batch has. (Library operand A is our B, B is our A.) */
-    const uint32_t al_a = align_of(b, sb, batch), al_b = align_of(a, sa, batch),
-                   al_c = align_of(c, sc, batch);
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                            sizeof al_a),
-       "setting the alignment of A");
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                            sizeof al_b),
-       "setting the alignment of B");
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                            sizeof al_c),
-       "setting the alignment of C");
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
-                                            sizeof al_c),
-       "setting the alignment of D");
+     * batch has (D is C). */
+    for (int i = 0; i < 4; i++)
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &pl.align[i < 3 ? i : 2],
+                                                sizeof pl.align[0]),
+           "setting an operand's alignment");
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
-    LT(cublasLtMatmulAlgoGetHeuristic(cd->lt, op, lb, la, lc, lc, pref, 1, &heur, &found),
+    LT(cublasLtMatmulAlgoGetHeuristic(cd->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &heur,
+                                      &found),
        "cublasLtMatmulAlgoGetHeuristic");
     if (found < 1) {
         rc = fsdp__ctx_err(dev->ctx, FSDP_EBACKEND,
@@ -647,15 +636,14 @@ static int gemm_f32_lt(fsdp_device_t *dev, struct cuda_dev *cd, bool ta, bool tb
                            (long long)m, (long long)n, (long long)k);
         goto out;
     }
-    LT(cublasLtMatmul(cd->lt, op, &alpha, b, lb, a, la, &beta, c, lc, c, lc, &heur.algo, cd->lt_ws,
-                      LT_WORKSPACE, cd->compute),
+    LT(cublasLtMatmul(cd->lt, op, &alpha, b, lay[0], a, lay[1], &beta, c, lay[2], c, lay[2],
+                      &heur.algo, cd->lt_ws, LT_WORKSPACE, cd->compute),
        "cublasLtMatmul");
 #undef LT
 out:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    for (int i = 2; i >= 0; i--)
+        if (lay[i]) cublasLtMatrixLayoutDestroy(lay[i]);
     if (op) cublasLtMatmulDescDestroy(op);
     return rc;
 }
@@ -664,21 +652,25 @@ static int cuda_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool tra
                      int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
                      int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, double beta,
                      void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
-    FLOAT_DT(dev, "gemm", dt);
+    const fsdp_cuda_gemm_type_t ty = fsdp__cuda_gemm_type(dt);
+    if (ty.path == FSDP_CUDA_GEMM_NONE)
+        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
+                             "cuda gemm: dtype %s is not supported (the kernel takes f32, f64, "
+                             "bf16 or f16)",
+                             fsdp_dtype_name(dt));
     int chk = fsdp__gemm_check(dev, "cuda", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
     if (chk != 0) return chk < 0 ? chk : FSDP_OK;
     USE(cd, dev);
-    const bool f64 = dt == FSDP_DTYPE_F64;
     if (k == 0)
-        return launched(dev,
-                        fsdp__cuda_k_scale_c(cd->compute, f64, m, n, beta, c, ldc, stride_c, batch),
-                        "gemm (k = 0) scale kernel");
+        return launched(
+            dev, fsdp__cuda_k_scale_c(cd->compute, (int)dt, m, n, beta, c, ldc, stride_c, batch),
+            "gemm (k = 0) scale kernel");
     if (batch > INT_MAX)
         return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP, "cuda gemm: batch %lld beyond 32 bits",
                              (long long)batch);
-    if (!f64)
-        return gemm_f32_lt(dev, cd, trans_a, trans_b, m, n, k, (float)alpha, a, lda, stride_a, b,
-                           ldb, stride_b, (float)beta, c, ldc, stride_c, batch);
+    if (ty.path == FSDP_CUDA_GEMM_LT)
+        return gemm_lt(dev, cd, ty, trans_a, trans_b, m, n, k, (float)alpha, a, lda, stride_a, b,
+                       ldb, stride_b, (float)beta, c, ldc, stride_c, batch);
     if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
         ldc > INT_MAX)
         return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,

@@ -533,14 +533,34 @@ __global__ static void scale_c_k(int64_t m, int64_t n, T beta, T *c, int64_t ldc
     }
 }
 
-extern "C" cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, bool f64, int64_t m, int64_t n,
+/* bf16/f16 elements: widened exactly, scaled in f32, rounded once as the CPU's casts round. */
+__global__ static void scale_c_half_k(int dt, int64_t m, int64_t n, float beta, uint16_t *c,
+                                      int64_t ldc, int64_t sc, int64_t batch) {
+    GRID_LOOP(k, (size_t)(m * n * batch)) {
+        int64_t b = (int64_t)k / (m * n), rem = (int64_t)k % (m * n);
+        size_t at = (size_t)(b * sc + (rem / n) * ldc + rem % n);
+        float v = dt == FSDP_DTYPE_F16 ? fsdp_cc_f16_to_f32(c[at]) : fsdp_cc_bf16_to_f32(c[at]);
+        fsdp_cc_store_f(dt, c, at, beta == 0.0f ? 0.0 : (double)__fmul_rn(beta, v));
+    }
+}
+
+extern "C" cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, int dt, int64_t m, int64_t n,
                                             double beta, void *c, int64_t ldc, int64_t stride_c,
                                             int64_t batch) {
     unsigned g = blocks_for((size_t)(m * n * batch));
-    if (f64)
+    switch (dt) {
+    case FSDP_DTYPE_F64:
         scale_c_k<double><<<g, THREADS, 0, s>>>(m, n, beta, (double *)c, ldc, stride_c, batch);
-    else
+        break;
+    case FSDP_DTYPE_BF16:
+    case FSDP_DTYPE_F16:
+        scale_c_half_k<<<g, THREADS, 0, s>>>(dt, m, n, (float)beta, (uint16_t *)c, ldc, stride_c,
+                                             batch);
+        break;
+    default:
         scale_c_k<float><<<g, THREADS, 0, s>>>(m, n, (float)beta, (float *)c, ldc, stride_c, batch);
+        break;
+    }
     return cudaGetLastError();
 }
 

@@ -83,8 +83,10 @@ cudaError_t fsdp__cuda_k_reduce_max(cudaStream_t s, bool f64, size_t outer, size
 #define FSDP_CUDA_SUMSQ_BLOCKS 256
 cudaError_t fsdp__cuda_k_sum_squares(cudaStream_t s, bool f64, size_t n, const void *x,
                                      double *scratch, void *out);
-/* C = beta C for an m x n matrix with row stride ldc, `batch` matrices stride_c apart. */
-cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, bool f64, int64_t m, int64_t n, double beta,
+/* C = beta C for an m x n matrix with row stride ldc, `batch` matrices stride_c apart; dt (an
+ * fsdp_dtype_t) is f32, f64, bf16 or f16 (halves: beta C in f32, rounded once; beta 0 gives
+ * zeros, NaN included). */
+cudaError_t fsdp__cuda_k_scale_c(cudaStream_t s, int dt, int64_t m, int64_t n, double beta,
                                  void *c, int64_t ldc, int64_t stride_c, int64_t batch);
 
 /* The reduction of a collective (device_impl.h's coll_reduce): fsdp_redop_t's numbers (pg.h;
