@@ -22,6 +22,12 @@
  * bf16 mixed precision, and with every unit given the device (instead of nested units taking
  * it from the root). summon_full_params with offload_to_cpu shows OFF's parameters on H.
  *
+ * Offload host memory: a job whose device A has host memory of its own (A's vtable is the CPU's
+ * plus host_alloc/host_free that count per rank, as a CUDA device's pinned memory would be)
+ * must take every FSDP_MEM_OFFLOAD byte of OFF (shards, sharded gradients, offload_to_cpu
+ * summons) from that hook, and nothing else (the optimizer's state on H stays ordinary memory),
+ * give every block back through host_free by the end, and still give REF's bits.
+ *
  * Errors: options.device of another context is FSDP_EINVAL naming the option; a parameter
  * moved after wrapping is refused at the root's lazy init (the first forward): off the host with
  * offload (PyTorch's "An FSDP-managed module with parameter CPU offloading enabled has
@@ -55,6 +61,7 @@
 #include <config.h>
 #include <fsdp.h>
 
+#include "device/device_impl.h"
 #include "fsdp/fsdp_impl.h"
 #include "fsdp_util.h"
 #include "models/models.h"
@@ -77,7 +84,35 @@
 typedef struct dev_job {
     fu_job_t base; /* first: rank functions get &base and cast back */
     bool every;    /* every unit gets options.device (else nested units take the root's) */
+    bool pinned;   /* A has host memory of its own (pin_ops) */
 } dev_job_t;
+
+/* ---- a device with host memory of its own (what a CUDA device's pinned memory is) ---------- */
+
+#define MAX_RANKS 4
+static _Atomic size_t pinned_bytes[MAX_RANKS], pinned_calls[MAX_RANKS];
+static struct fsdp_dev_ops pin_ops; /* the CPU's table plus the two below (set in main) */
+
+/* Blocks carry their size in front (64 bytes, so the block stays 64-byte aligned). */
+static int pin_alloc(fsdp_device_t *host, size_t bytes, void **out) {
+    int r = fsdp_ctx_rank(host->ctx);
+    char *p = aligned_alloc(64, 64 + ((bytes + 63) & ~(size_t)63));
+    *out = NULL;
+    if (!p) return FSDP_ENOMEM;
+    memcpy(p, &bytes, sizeof bytes);
+    pinned_bytes[r] += bytes;
+    pinned_calls[r]++;
+    *out = p + 64;
+    return FSDP_OK;
+}
+
+static void pin_free(fsdp_device_t *host, void *ptr) {
+    size_t bytes;
+    char *p = (char *)ptr - 64;
+    memcpy(&bytes, p, sizeof bytes);
+    pinned_bytes[fsdp_ctx_rank(host->ctx)] -= bytes;
+    free(p);
+}
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 
@@ -309,6 +344,15 @@ static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_de
         fu_ck(r, ms.current[FSDP_MEM_OFFLOAD] == shard_bytes(root),
               "OFF (F08 offload): FSDP_MEM_OFFLOAD holds exactly the shards after wrap",
               "%zu bytes, shards %zu", ms.current[FSDP_MEM_OFFLOAD], shard_bytes(root));
+        size_t pb = pinned_bytes[fsdp_ctx_rank(ctx)];
+        if (j->pinned)
+            fu_ck(r, pb == ms.current[FSDP_MEM_OFFLOAD] && pb > 0,
+                  "OFF: every offloaded byte comes from the compute device's host memory",
+                  "host_alloc holds %zu bytes, FSDP_MEM_OFFLOAD %zu", pb,
+                  ms.current[FSDP_MEM_OFFLOAD]);
+        else
+            fu_ck(r, pb == 0, "OFF on a plain CPU compute device: ordinary host memory",
+                  "%zu bytes through host_alloc", pb);
     }
 
     /* Train on A: the context's device is the compute device (torch.cuda.set_device). */
@@ -341,6 +385,12 @@ static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_de
             mem_ok = false;
             fu_ck(r, false, "FSDP_MEM_OFFLOAD after backward", "step %d: %zu bytes, want %zu", s,
                   ms.current[FSDP_MEM_OFFLOAD], want);
+        }
+        size_t pb = pinned_bytes[fsdp_ctx_rank(ctx)];
+        if (pb != (j->pinned ? want : 0)) {
+            mem_ok = false;
+            fu_ck(r, false, "offload memory through host_alloc after backward",
+                  "step %d: %zu bytes, want %zu", s, pb, j->pinned ? want : 0);
         }
         FU_TRY(out, "clip_grad_norm", fsdp_unit_clip_grad_norm(root, 0.5, 2.0, &res->norm[s]));
         if (j->base.orig && s == STEPS - 1) {
@@ -464,6 +514,9 @@ static int train_rank(fsdp_ctx_t *ctx, void *arg) {
     int rc = FSDP_OK;
     FU_TRY(out, "creating device A", fsdp_device_create(ctx, A_KIND, NULL, &A));
     FU_TRY(out, "creating device H", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &H));
+    if (j->pinned) A->ops = &pin_ops;
+    int rk = fsdp_ctx_rank(ctx);
+    size_t calls0 = pinned_calls[rk];
     for (int v = 0; v < V_COUNT; v++) {
 #ifdef FSDP_DEV_CUDA
         /* The collectives' buffers: on the GPU, except HOST's. */
@@ -471,6 +524,13 @@ static int train_rank(fsdp_ctx_t *ctx, void *arg) {
                fsdp_sim_pg_set_device(fsdp_ctx_pg(ctx), v == V_HOST ? NULL : A));
 #endif
         if ((rc = train(ctx, j, v, A, H, &res[v])) < 0) goto out;
+    }
+    if (j->pinned) {
+        fu_ck(r, pinned_bytes[rk] == 0 && pinned_calls[rk] > calls0,
+              "offload host memory: blocks taken through host_alloc are all given back through "
+              "host_free once the units are destroyed",
+              "%zu bytes still held after %zu blocks", (size_t)pinned_bytes[rk],
+              (size_t)(pinned_calls[rk] - calls0));
     }
     /* REF against the CPU-only run: within tolerance (bitwise where A is a CPU device too). */
     const bool bf16 = j->base.mp.enabled;
@@ -652,6 +712,7 @@ int main(void) {
         bool orig;   /* use_orig_params */
         bool bf16;   /* bf16 parameters */
         bool every;  /* every unit gets options.device */
+        bool pinned; /* device A has host memory of its own */
         bool errors; /* the error-path job instead of training */
     } cases[] = {
         {.title = "F07/F08 FULL_SHARD", .world = 2, .strategy = FSDP_FULL_SHARD},
@@ -676,12 +737,27 @@ int main(void) {
          .world = 2,
          .strategy = FSDP_SHARD_GRAD_OP,
          .every = true},
+        {.title = "F08 offload into the compute device's host memory FULL_SHARD",
+         .world = 2,
+         .strategy = FSDP_FULL_SHARD,
+         .pinned = true},
+        {.title = "F08 offload into the compute device's host memory NO_SHARD use_orig_params",
+         .world = 3,
+         .strategy = FSDP_NO_SHARD,
+         .orig = true,
+         .pinned = true},
         {.title = "F07/F08 errors", .world = 2, .strategy = FSDP_FULL_SHARD, .errors = true},
     };
     static dev_job_t j; /* large: off the stack */
+    pin_ops = fsdp__cpu_dev_ops;
+    pin_ops.host_alloc = pin_alloc;
+    pin_ops.host_free = pin_free;
     tap_plan_lazy();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const struct dev_case *c = &cases[i];
+#ifdef FSDP_DEV_CUDA
+        if (c->pinned) continue; /* a CPU device's stand-in for what the GPU has itself */
+#endif
         fu_job_init(&j.base, c->title, c->world, c->strategy, c->orig);
         j.base.seed = 11;
         if (c->bf16) {
@@ -689,6 +765,7 @@ int main(void) {
             j.base.mp.param_dtype = FSDP_DTYPE_BF16;
         }
         j.every = c->every;
+        j.pinned = c->pinned;
         fu_run_job(&j.base, c->errors ? error_rank : train_rank);
     }
     return tap_done();

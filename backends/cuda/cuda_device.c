@@ -850,6 +850,33 @@ static int cuda_adam_step(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p
                     "adam_step kernel");
 }
 
+/* ---- host memory for the offload of FSDP units (the vtable's host_alloc/host_free) ---- */
+
+/* Pinned, portable (usable with every GPU of the process), page aligned. It needs no state of
+ * the device: the block belongs to the host device `host`, may outlive the CUDA device object
+ * that set up the routing, and is allocated in whatever CUDA context is current on the thread
+ * (the process's primary context of the device last used, or of GPU 0). */
+static int cuda_host_alloc_raw(fsdp_device_t *host, size_t bytes, void **out) {
+    *out = NULL;
+    if (bytes == 0) bytes = 1;
+    cudaError_t e = cudaHostAlloc(out, bytes, cudaHostAllocPortable);
+    if (e == cudaSuccess) return FSDP_OK;
+    cudaGetLastError();
+    *out = NULL;
+    if (e == cudaErrorMemoryAllocation) return FSDP_ENOMEM; /* device.c words the message */
+    return fsdp__ctx_err(host->ctx, FSDP_EBACKEND, "%s: cannot pin %zu bytes of host memory: %s (%s)",
+                         host->name, bytes, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static void cuda_host_free_raw(fsdp_device_t *host, void *ptr) {
+    cudaError_t e = cudaFreeHost(ptr);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fsdp_log(host->ctx, FSDP_LOG_ERROR, "%s: cudaFreeHost(%p): %s", host->name, ptr,
+                 cudaGetErrorString(e));
+    }
+}
+
 /* ---- beyond the vtable ---- */
 
 /* A pinned block starts with this header (host memory, so it can carry one). */
@@ -938,6 +965,8 @@ const struct fsdp_dev_ops fsdp__cuda_dev_ops = {
     .event_sync = cuda_event_sync,
     .init = cuda_init,
     .fini = cuda_fini,
+    .host_alloc = cuda_host_alloc_raw,
+    .host_free = cuda_host_free_raw,
 
     .fill = cuda_fill,
     .cast = cuda_cast,

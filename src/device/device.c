@@ -62,6 +62,7 @@ struct alloc_entry {
     void *ptr; /* NULL: empty slot */
     size_t bytes;
     fsdp_mem_cat_t cat;
+    const struct fsdp_dev_ops *host_ops; /* made by host_ops->host_alloc; NULL: dev->ops->alloc */
 };
 
 struct alloc_map {
@@ -103,13 +104,11 @@ static struct alloc_entry *map_find(const struct alloc_map *m, const void *ptr) 
 }
 
 /* Inserts without growing; the caller made room. */
-static void map_put(struct alloc_map *m, void *ptr, size_t bytes, fsdp_mem_cat_t cat) {
-    size_t i = map_hash(ptr, m->cap);
+static void map_put(struct alloc_map *m, struct alloc_entry e) {
+    size_t i = map_hash(e.ptr, m->cap);
     while (m->slots[i].ptr)
         i = (i + 1) & (m->cap - 1);
-    m->slots[i].ptr = ptr;
-    m->slots[i].bytes = bytes;
-    m->slots[i].cat = cat;
+    m->slots[i] = e;
     m->count++;
 }
 
@@ -127,7 +126,7 @@ static int map_reserve(struct alloc_map *m) {
     if (m->cap > SIZE_MAX / 2 / sizeof *m->slots) return FSDP_ENOMEM;
     if (map_init(&bigger, m->cap * 2) < 0) return FSDP_ENOMEM;
     for (size_t i = 0; i < m->cap; i++)
-        if (m->slots[i].ptr) map_put(&bigger, m->slots[i].ptr, m->slots[i].bytes, m->slots[i].cat);
+        if (m->slots[i].ptr) map_put(&bigger, m->slots[i]);
     free(m->slots);
     *m = bigger;
     return FSDP_OK;
@@ -235,7 +234,10 @@ void fsdp_device_destroy(fsdp_device_t *dev) {
         for (size_t i = 0; i < d->map.cap; i++) {
             struct alloc_entry *e = &d->map.slots[i];
             if (!e->ptr) continue;
-            dev->ops->free(dev, e->ptr);
+            if (e->host_ops)
+                e->host_ops->host_free(dev, e->ptr);
+            else
+                dev->ops->free(dev, e->ptr);
             fsdp_mem_account_free(ctx, e->cat, e->bytes);
             e->ptr = NULL;
         }
@@ -294,6 +296,23 @@ int fsdp_device_num_threads(const fsdp_device_t *dev) {
 
 /* ---- memory ---- */
 
+int fsdp__device_pin_offload(fsdp_device_t *host, fsdp_device_t *compute) {
+    if (!host || !compute)
+        return fsdp__ctx_err(host ? host->ctx : compute ? compute->ctx : NULL, FSDP_EINVAL,
+                             "fsdp__device_pin_offload: %s is NULL", host ? "compute" : "host");
+    if (host->ctx != compute->ctx)
+        return fsdp__ctx_err(host->ctx, FSDP_EINVAL,
+                             "fsdp__device_pin_offload: host %s and compute device %s belong to "
+                             "different contexts",
+                             host->name, compute->name);
+    if (host->kind != FSDP_DEVICE_CPU)
+        return fsdp__ctx_err(host->ctx, FSDP_EINVAL,
+                             "fsdp__device_pin_offload: %s is not a host device", host->name);
+    if (!compute->ops->host_alloc || !compute->ops->host_free) return 0;
+    host->offload_ops = compute->ops;
+    return 1;
+}
+
 int fsdp_device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out) {
     if (!dev) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_device_alloc: dev is NULL");
     if (!out) return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "fsdp_device_alloc: out is NULL");
@@ -308,13 +327,16 @@ int fsdp_device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void
                              "fsdp_device_alloc: out of host memory for the allocation map of %s",
                              dev->name);
     void *p = NULL;
-    int rc = dev->ops->alloc(dev, bytes, &p);
+    /* Offloaded parameters and gradients of a host device come from the compute device's host
+     * memory when fsdp__device_pin_offload asked for it. */
+    const struct fsdp_dev_ops *host_ops = cat == FSDP_MEM_OFFLOAD ? dev->offload_ops : NULL;
+    int rc = host_ops ? host_ops->host_alloc(dev, bytes, &p) : dev->ops->alloc(dev, bytes, &p);
     if (rc == FSDP_ENOMEM || (rc >= 0 && !p))
         return fsdp__ctx_err(dev->ctx, FSDP_ENOMEM,
                              "fsdp_device_alloc: out of %s memory allocating %zu bytes of %s",
                              dev->name, bytes, fsdp_mem_cat_name(cat));
     if (rc < 0) return rc; /* the backend described its failure */
-    map_put(&d->map, p, bytes, cat);
+    map_put(&d->map, (struct alloc_entry){p, bytes, cat, host_ops});
     atomic_store(&dev->live_allocs, d->map.count);
     fsdp_mem_account_alloc(dev->ctx, cat, bytes);
     *out = p;
@@ -338,9 +360,13 @@ void fsdp_device_free(fsdp_device_t *dev, void *ptr) {
     }
     size_t bytes = e->bytes;
     fsdp_mem_cat_t cat = e->cat;
+    const struct fsdp_dev_ops *host_ops = e->host_ops;
     map_remove(&d->map, e);
     atomic_store(&dev->live_allocs, d->map.count);
-    dev->ops->free(dev, ptr);
+    if (host_ops)
+        host_ops->host_free(dev, ptr);
+    else
+        dev->ops->free(dev, ptr);
     fsdp_mem_account_free(dev->ctx, cat, bytes);
 }
 

@@ -76,6 +76,14 @@ struct fsdp_dev_ops {
     /* Called once after creation (threads, handles) and once before destruction; may be NULL. */
     int (*init)(fsdp_device_t *dev);
     void (*fini)(fsdp_device_t *dev);
+    /* Host memory that this device copies to and from asynchronously (pinned memory on CUDA);
+     * both NULL when the device has none (the CPU). Used for the offloaded parameters and
+     * gradients of FSDP units computing on this device (fsdp__device_pin_offload). Neither may
+     * depend on the device's state: host_alloc is called with the host device that will hold
+     * the block (for error messages), raw and 64-byte aligned like alloc, and host_free may run
+     * after the device that set the routing up was destroyed. */
+    int (*host_alloc)(fsdp_device_t *host, size_t bytes, void **out);
+    void (*host_free)(fsdp_device_t *host, void *ptr);
 
     /* ---- elementwise (any dtype: fill and cast; f32/f64: the rest) ---- */
     /* y[i] = value, n elements of dt (every dtype). */
@@ -225,7 +233,18 @@ struct fsdp_device {
     char name[32];
     void *impl; /* backend state */
     _Atomic size_t live_allocs;
+    /* Host devices only: where FSDP_MEM_OFFLOAD allocations come from (a compute device's
+     * host_alloc/host_free table, set by fsdp__device_pin_offload); NULL: the device's own
+     * alloc. Each allocation remembers the table that made it, so changing this is safe. */
+    const struct fsdp_dev_ops *offload_ops;
 };
+
+/* Makes the FSDP_MEM_OFFLOAD allocations of host device `host` come from the host memory of
+ * compute device `compute` (pinned memory for a CUDA device) from now on. Returns 1 when that
+ * routing is in effect, 0 when `compute` has no host memory of its own (a CPU device: nothing
+ * changes), FSDP_EINVAL when host is not a host device or the two belong to different contexts.
+ * Other categories on `host` (optimizer state, temporaries) stay ordinary memory. */
+int fsdp__device_pin_offload(fsdp_device_t *host, fsdp_device_t *compute);
 
 /* The shape checks every gemm makes before it calls its library (BLAS would report a
  * violation through xerbla, which in some CBLAS builds exits the process): negative sizes and

@@ -328,6 +328,12 @@ static int flatten(fsdp_unit_t *u) {
          * bytes apart then). */
         u->host_dev = pdev;
         if (u->opt.device) u->dev = u->opt.device;
+        /* The shard and the sharded gradient (FSDP_MEM_OFFLOAD on the host) come from the
+         * compute device's host memory when it has some (pinned memory for CUDA, so the copies
+         * to and from it can be asynchronous); on a CPU compute device nothing changes. */
+        if (u->dev != pdev && (rc = fsdp__device_pin_offload(pdev, u->dev)) < 0)
+            return fsdp__unit_err(u, rc, "cannot set up the offload host memory on %s: %s",
+                                  fsdp_device_name(pdev), fsdp_ctx_last_error(u->ctx));
     }
     int64_t *numel = calloc((size_t)u->nparams, sizeof *numel);
     if (!numel) return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
@@ -436,6 +442,18 @@ static int move_buffers(fsdp_unit_t *u, fsdp_module_t *m, bool top, fsdp_device_
     return rc;
 }
 
+/* Gives t (and its gradient) new storage on the same device, allocated under the storage's
+ * category as the device routes it now; each tensor object is kept. */
+static int fresh_storage(fsdp_tensor_t *t) {
+    fsdp_tensor_t *c = NULL;
+    int rc = fsdp__tensor_new(t->ctx, t->dev, t->dt, t->ndim, t->shape, t->st->cat, &c);
+    if (rc == 0) rc = fsdp_tensor_copy_(c, t);
+    if (rc == 0 && t->grad) rc = fresh_storage(t->grad);
+    if (rc == 0) rc = repoint(t, c);
+    fsdp_tensor_release(c);
+    return rc;
+}
+
 /* Moves an idle unit (wrapped earlier, now adopted) to compute on dev: its buffers, and the
  * shard with the original parameters (unless offloaded: those stay on the host), the unsharded
  * parameter and the compute views, each tensor object kept. */
@@ -453,6 +471,8 @@ static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
         return FSDP_OK;
     }
     if (u->unsharded && fsdp__separate_full(u) && (rc = fsdp__reshard(u)) < 0) goto fail;
+    /* Whether the shard got new storage (the original parameters must view it again). */
+    bool moved = false;
     if (!u->opt.cpu_offload) {
         if (fsdp__separate_full(u)) {
             rc = fsdp__tensor_move(u->flat, dev); /* its gradient too */
@@ -465,28 +485,40 @@ static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
             v = NULL;
             if (rc == 0 && u->flat->grad) rc = fsdp__tensor_move(u->flat->grad, dev);
         }
-        for (int i = 0; i < u->nparams && rc == 0; i++) {
-            struct fsdp__param *p = &u->params[i];
-            rc = fsdp__view1d(u->flat, p->sh.in_shard ? p->sh.offset_in_shard : 0,
-                              p->sh.numel_in_shard, &v);
-            if (rc == 0) rc = repoint(p->orig, v);
-            fsdp_tensor_release(v);
-            v = NULL;
-            if (rc < 0 || !p->orig->grad || p->orig->grad->dev == dev) continue;
-            if (u->opt.use_orig_params && u->flat->grad) {
-                /* It viewed the old flat gradient: view the moved one. */
-                rc = fsdp__view1d(u->flat->grad, p->sh.offset_in_shard, p->sh.numel_in_shard, &v);
-                if (rc == 0) {
-                    fsdp_tensor_release(p->orig->grad);
-                    p->orig->grad = v;
-                    v = NULL;
-                }
-            } else {
-                rc = fsdp__tensor_move(p->orig->grad, dev);
-            }
+        moved = true;
+    } else {
+        /* Offloaded: the shard stays on the host, but moves into the new compute device's host
+         * memory when it has some (flatten's fsdp__device_pin_offload, for a unit that learns
+         * its compute device only now). */
+        int pin = fsdp__device_pin_offload(u->host_dev, dev);
+        if (pin < 0) rc = pin;
+        if (pin > 0) {
+            rc = fresh_storage(u->flat); /* its gradient too */
+            moved = true;
         }
-        if (rc < 0) goto fail;
     }
+    if (rc < 0) goto fail;
+    for (int i = 0; i < u->nparams && moved && rc == 0; i++) {
+        struct fsdp__param *p = &u->params[i];
+        rc = fsdp__view1d(u->flat, p->sh.in_shard ? p->sh.offset_in_shard : 0,
+                          p->sh.numel_in_shard, &v);
+        if (rc == 0) rc = repoint(p->orig, v);
+        fsdp_tensor_release(v);
+        v = NULL;
+        if (rc < 0 || !p->orig->grad) continue;
+        if (u->opt.use_orig_params && u->flat->grad) {
+            /* It viewed the old flat gradient: view the moved one. */
+            rc = fsdp__view1d(u->flat->grad, p->sh.offset_in_shard, p->sh.numel_in_shard, &v);
+            if (rc == 0) {
+                fsdp_tensor_release(p->orig->grad);
+                p->orig->grad = v;
+                v = NULL;
+            }
+        } else if (p->orig->grad->dev != u->flat->dev) {
+            rc = fsdp__tensor_move(p->orig->grad, u->flat->dev);
+        }
+    }
+    if (rc < 0) goto fail;
     if (fsdp__separate_full(u)) {
         const int64_t n[1] = {u->layout.padded_numel};
         rc = fsdp__tensor_new(u->ctx, dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &v);
