@@ -26,7 +26,9 @@
  * plus host_alloc/host_free that count per rank, as a CUDA device's pinned memory would be)
  * must take every FSDP_MEM_OFFLOAD byte of OFF (shards, sharded gradients, offload_to_cpu
  * summons) from that hook, and nothing else (the optimizer's state on H stays ordinary memory),
- * give every block back through host_free by the end, and still give REF's bits.
+ * give every block back through host_free by the end, send the shards to A on a stream (the
+ * asynchronous copy; with bf16 parameters the cast happens on A after it), and still give
+ * REF's bits.
  *
  * Errors: options.device of another context is FSDP_EINVAL naming the option; a parameter
  * moved after wrapping is refused at the root's lazy init (the first forward): off the host with
@@ -90,7 +92,7 @@ typedef struct dev_job {
 /* ---- a device with host memory of its own (what a CUDA device's pinned memory is) ---------- */
 
 #define MAX_RANKS 4
-static _Atomic size_t pinned_bytes[MAX_RANKS], pinned_calls[MAX_RANKS];
+static _Atomic size_t pinned_bytes[MAX_RANKS], pinned_calls[MAX_RANKS], stream_h2d[MAX_RANKS];
 static struct fsdp_dev_ops pin_ops; /* the CPU's table plus the two below (set in main) */
 
 /* Blocks carry their size in front (64 bytes, so the block stays 64-byte aligned). */
@@ -104,6 +106,13 @@ static int pin_alloc(fsdp_device_t *host, size_t bytes, void **out) {
     pinned_calls[r]++;
     *out = p + 64;
     return FSDP_OK;
+}
+
+/* The CPU's memcpy, counting host-to-device copies given a stream (the asynchronous ones). */
+static int pin_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,
+                      fsdp_copy_kind_t kind, void *stream) {
+    if (stream && kind == FSDP_COPY_H2D) stream_h2d[fsdp_ctx_rank(dev->ctx)]++;
+    return fsdp__cpu_dev_ops.memcpy(dev, dst, src, n, kind, stream);
 }
 
 static void pin_free(fsdp_device_t *host, void *ptr) {
@@ -516,7 +525,7 @@ static int train_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(out, "creating device H", fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &H));
     if (j->pinned) A->ops = &pin_ops;
     int rk = fsdp_ctx_rank(ctx);
-    size_t calls0 = pinned_calls[rk];
+    size_t calls0 = pinned_calls[rk], h2d0 = stream_h2d[rk];
     for (int v = 0; v < V_COUNT; v++) {
 #ifdef FSDP_DEV_CUDA
         /* The collectives' buffers: on the GPU, except HOST's. */
@@ -531,6 +540,9 @@ static int train_rank(fsdp_ctx_t *ctx, void *arg) {
               "host_free once the units are destroyed",
               "%zu bytes still held after %zu blocks", (size_t)pinned_bytes[rk],
               (size_t)(pinned_calls[rk] - calls0));
+        fu_ck(r, stream_h2d[rk] > h2d0,
+              "offload host memory: the shards go to the compute device on a copy stream",
+              "no H2D copy was given a stream");
     }
     /* REF against the CPU-only run: within tolerance (bitwise where A is a CPU device too). */
     const bool bf16 = j->base.mp.enabled;
@@ -746,12 +758,18 @@ int main(void) {
          .strategy = FSDP_NO_SHARD,
          .orig = true,
          .pinned = true},
+        {.title = "F08 offload into the compute device's host memory FULL_SHARD bf16 params",
+         .world = 2,
+         .strategy = FSDP_FULL_SHARD,
+         .bf16 = true,
+         .pinned = true},
         {.title = "F07/F08 errors", .world = 2, .strategy = FSDP_FULL_SHARD, .errors = true},
     };
     static dev_job_t j; /* large: off the stack */
     pin_ops = fsdp__cpu_dev_ops;
     pin_ops.host_alloc = pin_alloc;
     pin_ops.host_free = pin_free;
+    pin_ops.memcpy = pin_memcpy;
     tap_plan_lazy();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const struct dev_case *c = &cases[i];

@@ -194,6 +194,62 @@ int fsdp__xcopy(fsdp_tensor_t *dst, const fsdp_tensor_t *src) {
     return rc;
 }
 
+static void copy_stream_drop(fsdp_unit_t *u) {
+    for (int i = 0; i < 2; i++) {
+        fsdp_event_destroy(u->copy_ev[i]);
+        u->copy_ev[i] = NULL;
+    }
+    fsdp_stream_destroy(u->copy_stream);
+    u->copy_stream = NULL;
+    u->copy_dev = NULL;
+}
+
+/* The H2D copy of an offloaded shard: dst (on u->dev, contiguous) = src (u->flat on the host).
+ * When the shard is in the compute device's host memory (fsdp__device_pin_offload: pinned on
+ * CUDA), its bytes travel on the unit's copy stream, which first waits for the compute stream's
+ * earlier work (dst's memory may have been freed by it moments ago), and the compute stream
+ * waits on an event recorded after the copy: the host enqueues and goes on, the all-gather and
+ * the kernels that read dst are ordered after the copy on the device. A dtype change (mixed
+ * precision) then happens on the device, after the wait, through a temporary in the shard's
+ * dtype. Otherwise this is fsdp__xcopy's synchronous copy. The shard itself is next written by
+ * the optimizer, after the final callback has waited for the compute stream. */
+static int offload_h2d(fsdp_unit_t *u, fsdp_tensor_t *dst, const fsdp_tensor_t *src) {
+    if (!u->host_dev || u->dev == u->host_dev || !u->host_dev->offload_ops ||
+        src->dev != u->host_dev || dst->dev != u->dev || !fsdp_tensor_is_contiguous(src) ||
+        !fsdp_tensor_is_contiguous(dst))
+        return fsdp__xcopy(dst, src);
+    int rc = FSDP_OK;
+    if (u->copy_dev != u->dev) copy_stream_drop(u); /* the unit moved since the last copy */
+    if (!u->copy_stream) {
+        rc = fsdp_stream_create(u->dev, &u->copy_stream);
+        for (int i = 0; i < 2 && rc == 0; i++) rc = fsdp_event_create(u->dev, &u->copy_ev[i]);
+        if (rc < 0) {
+            copy_stream_drop(u);
+            return rc;
+        }
+        u->copy_dev = u->dev;
+    }
+    fsdp_tensor_t *tmp = NULL, *land = dst;
+    if (dst->dt != src->dt) {
+        rc = fsdp__tensor_new(u->ctx, u->dev, src->dt, dst->ndim, dst->shape, FSDP_MEM_OTHER, &tmp);
+        land = tmp;
+    }
+    size_t bytes = (size_t)fsdp_tensor_numel(src) * fsdp_dtype_size(src->dt);
+    if (rc == 0) rc = fsdp_event_record(u->copy_ev[0], NULL);
+    if (rc == 0) rc = fsdp_event_wait(u->copy_ev[0], u->copy_stream);
+    if (rc == 0)
+        rc = fsdp_device_memcpy(u->dev, fsdp_tensor_data(land), fsdp_tensor_data(src), bytes,
+                                FSDP_COPY_H2D, u->copy_stream);
+    if (rc == 0) rc = fsdp_event_record(u->copy_ev[1], u->copy_stream);
+    if (rc == 0) rc = fsdp_event_wait(u->copy_ev[1], NULL);
+    /* The cast runs on the compute stream after the wait; tmp's memory goes back to the compute
+     * stream's pool, where every later use is ordered after the copy as well. */
+    if (rc == 0 && tmp) rc = fsdp_tensor_copy_(dst, tmp);
+    fsdp_tensor_release(tmp);
+    return rc;
+}
+
+
 /* A zeroed contiguous 1-D tensor of n elements on dev. */
 int fsdp__zeros_on(fsdp_unit_t *u, fsdp_device_t *dev, fsdp_dtype_t dt, int64_t n,
                    fsdp_mem_cat_t cat, fsdp_tensor_t **out) {
@@ -284,7 +340,7 @@ static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
         /* The shard goes to the device and/or to the compute dtype first (PyTorch's
          * pre-unshard: the H2D copy of an offloaded shard, the low-precision shard). */
         if (!fsdp__is_sharded(u->opt.strategy)) {
-            rc = fsdp__xcopy(u->full, u->flat);
+            rc = offload_h2d(u, u->full, u->flat);
             if (rc < 0) {
                 fsdp_tensor_storage_resize(u->full, 0);
                 return fsdp__unit_err(u, rc, "preparing the unsharded parameters failed");
@@ -294,7 +350,7 @@ static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
         }
         const int64_t n[1] = {u->layout.shard_numel};
         rc = fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &u->staging);
-        if (rc == 0) rc = fsdp__xcopy(u->staging, u->flat);
+        if (rc == 0) rc = offload_h2d(u, u->staging, u->flat);
         if (rc < 0) {
             fsdp_tensor_release(u->staging);
             u->staging = NULL;
@@ -1043,6 +1099,7 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     fsdp_tensor_release(u->full_grad);
     fsdp_tensor_release(u->local_grad);
     fsdp_tensor_release(u->staging);
+    copy_stream_drop(u);
     fsdp_tensor_release(u->summon_host);
     fsdp__drop_summon_views(u);
     fsdp_tensor_release(u->rs_in);

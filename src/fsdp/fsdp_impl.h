@@ -126,6 +126,12 @@ struct fsdp_unit {
     fsdp_work_t *ag_work;        /* outstanding all-gather into full */
     fsdp_tensor_t *staging;      /* CPU offload: the shard on the device while it is gathered */
     fsdp_device_t *host_dev;     /* CPU offload: where flat and its gradient live (borrowed) */
+    /* CPU offload from the compute device's host memory: the H2D copies of the shard run on
+     * copy_stream (of copy_dev, created at the first one); ev[0] orders it after the compute
+     * stream's earlier work (reused memory), ev[1] the compute stream after the copy. */
+    fsdp_device_t *copy_dev;
+    fsdp_stream_t *copy_stream;
+    fsdp_event_t *copy_ev[2];
     bool prefetched;
 
     /* runtime state */
