@@ -139,7 +139,9 @@ struct fsdp_dev_ops {
     /* ---- matrix products (BLAS on the CPU, cuBLAS on CUDA) ---- */
     /* For each b < batch: C_b = alpha * op(A_b) op(B_b) + beta * C_b, row-major, where op(X) is
      * X or X^T, op(A) is M x K, op(B) is K x N, C is M x N; A_b = A + b * stride_a (elements),
-     * likewise B and C. lda/ldb/ldc are the row strides of the stored (untransposed) matrices. */
+     * likewise B and C. lda/ldb/ldc are the row strides of the stored (untransposed) matrices.
+     * dt is f32 or f64 on every device; the CUDA device also takes bf16 and f16 (f32
+     * accumulation, one rounding of the result), which the tensor layer does not pass yet. */
     int (*gemm)(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
                 int64_t n, int64_t k, double alpha, const void *a, int64_t lda, int64_t stride_a,
                 const void *b, int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc,
