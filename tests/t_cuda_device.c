@@ -399,7 +399,8 @@ static void test_gemm_half(void) {
             const size_t na = (size_t)(sa * batch), nb = (size_t)(sb * batch),
                          nc = (size_t)(sc * batch);
             /* f32 values exactly representable in dt: random, rounded through dt. */
-            buf_t *a32 = rnd(FSDP_DTYPE_F32, na, 0.5, 1.5), *b32 = rnd(FSDP_DTYPE_F32, nb, 0.5, 1.5);
+            buf_t *a32 = rnd(FSDP_DTYPE_F32, na, 0.5, 1.5);
+            buf_t *b32 = rnd(FSDP_DTYPE_F32, nb, 0.5, 1.5);
             buf_t *c32 = rnd(FSDP_DTYPE_F32, nc, -1, 1);
             buf_t *a = mk(na * 2), *b = mk(nb * 2), *c = mk(nc * 2);
             fsdp_dtype_convert(a->h, dt, a32->h, FSDP_DTYPE_F32, na);

@@ -864,8 +864,9 @@ static int cuda_host_alloc_raw(fsdp_device_t *host, size_t bytes, void **out) {
     cudaGetLastError();
     *out = NULL;
     if (e == cudaErrorMemoryAllocation) return FSDP_ENOMEM; /* device.c words the message */
-    return fsdp__ctx_err(host->ctx, FSDP_EBACKEND, "%s: cannot pin %zu bytes of host memory: %s (%s)",
-                         host->name, bytes, cudaGetErrorString(e), cudaGetErrorName(e));
+    return fsdp__ctx_err(host->ctx, FSDP_EBACKEND,
+                         "%s: cannot pin %zu bytes of host memory: %s (%s)", host->name, bytes,
+                         cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 static void cuda_host_free_raw(fsdp_device_t *host, void *ptr) {

@@ -505,7 +505,10 @@ static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
         if (rc == 0) rc = repoint(p->orig, v);
         fsdp_tensor_release(v);
         v = NULL;
-        if (rc < 0 || !p->orig->grad) continue;
+        /* A moved shard's gradients are on dev already when they are; an offloaded shard got
+         * fresh storage on the same host, so its views are redone regardless. */
+        if (rc < 0 || !p->orig->grad || (!u->opt.cpu_offload && p->orig->grad->dev == dev))
+            continue;
         if (u->opt.use_orig_params && u->flat->grad) {
             /* It viewed the old flat gradient: view the moved one. */
             rc = fsdp__view1d(u->flat->grad, p->sh.offset_in_shard, p->sh.numel_in_shard, &v);
@@ -514,7 +517,7 @@ static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
                 p->orig->grad = v;
                 v = NULL;
             }
-        } else if (p->orig->grad->dev != u->flat->dev) {
+        } else {
             rc = fsdp__tensor_move(p->orig->grad, u->flat->dev);
         }
     }
