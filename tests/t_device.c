@@ -1082,8 +1082,65 @@ static void test_cache_bound(void) {
     unsetenv("FSDP_CPU_CACHE_MB");
 }
 
+/* Whether n bytes at p are all zero. */
+static int all_zero(const void *p, size_t n) {
+    const unsigned char *q = p;
+    for (size_t i = 0; i < n; i++)
+        if (q[i]) return 0;
+    return 1;
+}
+
+/* fsdp__device_alloc_zeroed gives zeroed memory however the block was obtained: a new mapping
+ * (zero from the system), a dirty block back from the cache, a shrunk cached block, a small
+ * heap block, and with the cache off; and it is counted like any allocation. */
+static void test_alloc_zeroed(void) {
+    const size_t M = (size_t)1 << 20;
+    fsdp_ctx_t *c = NULL;
+    fsdp_device_t *d = NULL;
+    fsdp_ctx_create(NULL, &c);
+    fsdp_device_create(c, FSDP_DEVICE_CPU, NULL, &d);
+    void *a = NULL, *b = NULL, *e = NULL, *s = NULL;
+    int rc = fsdp__device_alloc_zeroed(d, FSDP_MEM_GRADS, M + 100, &a);
+    tap_ok(rc == 0 && a && all_zero(a, M + 100), "alloc_zeroed: a new large block is zero");
+    fsdp_mem_stats_t st;
+    fsdp_mem_get_stats(c, &st);
+    tap_is_size(st.current[FSDP_MEM_GRADS], M + 100, "alloc_zeroed: counted at the bytes asked");
+    memset(a, 0xab, M + 100);
+    fsdp_device_free(d, a);
+    rc = fsdp__device_alloc_zeroed(d, FSDP_MEM_GRADS, M + 100, &b);
+    tap_ok(rc == 0 && b && all_zero(b, M + 100),
+           "alloc_zeroed: a dirty block back from the cache is cleared");
+    memset(b, 0xcd, M + 100);
+    fsdp_device_free(d, b);
+    /* At least half of the cached block: it is shrunk and handed out, and must be cleared. */
+    rc = fsdp__device_alloc_zeroed(d, FSDP_MEM_GRADS, M * 3 / 4, &e);
+    tap_ok(rc == 0 && e && all_zero(e, M * 3 / 4), "alloc_zeroed: a shrunk cached block is zero");
+    rc = fsdp__device_alloc_zeroed(d, FSDP_MEM_GRADS, 100, &s);
+    tap_ok(rc == 0 && s && ((uintptr_t)s & 63) == 0 && all_zero(s, 100),
+           "alloc_zeroed: a small block is zero and aligned");
+    fsdp_device_free(d, e);
+    fsdp_device_free(d, s);
+    fsdp_device_destroy(d);
+    fsdp_ctx_destroy(c);
+
+    setenv("FSDP_CPU_CACHE_MB", "0", 1);
+    fsdp_ctx_create(NULL, &c);
+    fsdp_device_create(c, FSDP_DEVICE_CPU, NULL, &d);
+    int ok = 1;
+    for (int i = 0; i < 3; i++) {
+        rc = fsdp__device_alloc_zeroed(d, FSDP_MEM_ACTIVATIONS, M, &a);
+        ok = ok && rc == 0 && a && all_zero(a, M);
+        if (a) memset(a, 0x77, M);
+        fsdp_device_free(d, a);
+    }
+    tap_ok(ok, "alloc_zeroed: zero with the cache off (FSDP_CPU_CACHE_MB=0)");
+    fsdp_device_destroy(d);
+    fsdp_ctx_destroy(c);
+    unsetenv("FSDP_CPU_CACHE_MB");
+}
+
 int main(void) {
-    tap_plan(261);
+    tap_plan(267);
     test_create();
     test_ctx_device();
     test_alloc();
@@ -1100,5 +1157,6 @@ int main(void) {
     test_threads();
     test_cache();
     test_cache_bound();
+    test_alloc_zeroed();
     return tap_done();
 }

@@ -236,9 +236,11 @@ static void cache_drain(struct cpu_cache *c) {
     c->held = 0;
 }
 
-/* A large block of want bytes (a multiple of CACHE_ROUND): from the cache when it can. */
-static char *large_alloc(struct cpu_cache *c, size_t want) {
+/* A large block of want bytes (a multiple of CACHE_ROUND): from the cache when it can. *fresh
+ * tells whether it is a new mapping, whose pages the system has zeroed and nobody has written. */
+static char *large_alloc(struct cpu_cache *c, size_t want, bool *fresh) {
     char *b = NULL;
+    *fresh = false;
     size_t fit = SIZE_MAX;
     /* Newest first: the block freed last is the likeliest to be warm in cache. */
     for (size_t i = c->n; i-- > 0 && !b;) {
@@ -265,6 +267,7 @@ static char *large_alloc(struct cpu_cache *c, size_t want) {
         while (c->n > 0 && live + c->held > peak)
             block_release(cache_take(c, 0));
         if (!(b = block_new(want, true))) return NULL;
+        *fresh = block_header_of(b).mapped != 0;
     }
     c->live += want;
     if (c->live > c->live_peak) c->live_peak = c->live;
@@ -297,13 +300,33 @@ void fsdp__cpu_fini(fsdp_device_t *dev) {
     }
 }
 
-int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
+/* A block for `bytes`; *fresh as in large_alloc (false for blocks from the heap or the cache). */
+static char *cpu_block(fsdp_device_t *dev, size_t bytes, bool *fresh) {
     struct cpu_cache *c = dev->impl;
     size_t want = bytes < CACHE_MIN ? bytes : (bytes + CACHE_ROUND - 1) / CACHE_ROUND * CACHE_ROUND;
-    char *b =
-        c && c->limit > 0 && want >= CACHE_MIN ? large_alloc(c, want) : block_new(want, false);
+    *fresh = false;
+    return c && c->limit > 0 && want >= CACHE_MIN ? large_alloc(c, want, fresh)
+                                                  : block_new(want, false);
+}
+
+int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
+    bool fresh;
+    char *b = cpu_block(dev, bytes, &fresh);
     *out = b ? b + HEADER : NULL;
     return b ? FSDP_OK : FSDP_ENOMEM;
+}
+
+/* Zeroed memory. A new mapping is zero already (the kernel cleared its pages when MAP_POPULATE
+ * touched them, or will on first touch), so only blocks from the heap or the cache are cleared
+ * here: callers that would zero a new buffer themselves (the GEMM's beta = 0 pass, a gradient
+ * about to be scattered into) skip that pass for every block the cache could not provide. */
+int fsdp__cpu_alloc_zeroed(fsdp_device_t *dev, size_t bytes, void **out) {
+    bool fresh;
+    char *b = cpu_block(dev, bytes, &fresh);
+    *out = b ? b + HEADER : NULL;
+    if (!b) return FSDP_ENOMEM;
+    if (!fresh && bytes > 0) memset(b + HEADER, 0, bytes);
+    return FSDP_OK;
 }
 
 void fsdp__cpu_cache_bytes(const fsdp_device_t *dev, size_t *held, size_t *live,
@@ -394,6 +417,7 @@ const struct fsdp_dev_ops fsdp__cpu_dev_ops = {
     .kind = FSDP_DEVICE_CPU,
 
     .alloc = fsdp__cpu_alloc,
+    .alloc_zeroed = fsdp__cpu_alloc_zeroed,
     .free = fsdp__cpu_free,
     .memcpy = fsdp__cpu_memcpy,
     .memset = fsdp__cpu_memset,

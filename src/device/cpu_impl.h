@@ -16,6 +16,7 @@
 
 /* ---- memory, copies, streams (cpu.c) ---- */
 int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out);
+int fsdp__cpu_alloc_zeroed(fsdp_device_t *dev, size_t bytes, void **out);
 void fsdp__cpu_free(fsdp_device_t *dev, void *ptr);
 int fsdp__cpu_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,
                      fsdp_copy_kind_t kind, void *stream);

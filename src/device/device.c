@@ -313,7 +313,9 @@ int fsdp__device_pin_offload(fsdp_device_t *host, fsdp_device_t *compute) {
     return 1;
 }
 
-int fsdp_device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out) {
+/* fsdp_device_alloc, and fsdp__device_alloc_zeroed when zero is set. */
+static int device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, bool zero,
+                        void **out) {
     if (!dev) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_device_alloc: dev is NULL");
     if (!out) return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "fsdp_device_alloc: out is NULL");
     *out = NULL;
@@ -330,17 +332,35 @@ int fsdp_device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void
     /* Offloaded parameters and gradients of a host device come from the compute device's host
      * memory when fsdp__device_pin_offload asked for it. */
     const struct fsdp_dev_ops *host_ops = cat == FSDP_MEM_OFFLOAD ? dev->offload_ops : NULL;
-    int rc = host_ops ? host_ops->host_alloc(dev, bytes, &p) : dev->ops->alloc(dev, bytes, &p);
+    bool cleared = zero && !host_ops && dev->ops->alloc_zeroed;
+    int rc = host_ops ? host_ops->host_alloc(dev, bytes, &p)
+             : cleared ? dev->ops->alloc_zeroed(dev, bytes, &p)
+                       : dev->ops->alloc(dev, bytes, &p);
     if (rc == FSDP_ENOMEM || (rc >= 0 && !p))
         return fsdp__ctx_err(dev->ctx, FSDP_ENOMEM,
                              "fsdp_device_alloc: out of %s memory allocating %zu bytes of %s",
                              dev->name, bytes, fsdp_mem_cat_name(cat));
     if (rc < 0) return rc; /* the backend described its failure */
+    if (zero && !cleared && bytes > 0 && (rc = dev->ops->memset(dev, p, 0, bytes, NULL)) < 0) {
+        if (host_ops)
+            host_ops->host_free(dev, p);
+        else
+            dev->ops->free(dev, p);
+        return rc;
+    }
     map_put(&d->map, (struct alloc_entry){p, bytes, cat, host_ops});
     atomic_store(&dev->live_allocs, d->map.count);
     fsdp_mem_account_alloc(dev->ctx, cat, bytes);
     *out = p;
     return FSDP_OK;
+}
+
+int fsdp_device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out) {
+    return device_alloc(dev, cat, bytes, false, out);
+}
+
+int fsdp__device_alloc_zeroed(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out) {
+    return device_alloc(dev, cat, bytes, true, out);
 }
 
 void fsdp_device_free(fsdp_device_t *dev, void *ptr) {

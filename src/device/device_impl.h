@@ -61,6 +61,9 @@ struct fsdp_dev_ops {
 
     /* ---- memory, copies, streams ---- */
     int (*alloc)(fsdp_device_t *dev, size_t bytes, void **out); /* 64-byte aligned, raw */
+    /* As alloc, every byte zero. Optional: NULL means alloc followed by memset. A device that
+     * knows when new memory is zero already (the CPU's fresh mappings) skips the clearing. */
+    int (*alloc_zeroed)(fsdp_device_t *dev, size_t bytes, void **out);
     void (*free)(fsdp_device_t *dev, void *ptr);
     int (*memcpy)(fsdp_device_t *dev, void *dst, const void *src, size_t n, fsdp_copy_kind_t kind,
                   void *stream);
@@ -255,6 +258,10 @@ int fsdp__device_pin_offload(fsdp_device_t *host, fsdp_device_t *compute);
  * or the error. */
 int fsdp__gemm_check(fsdp_device_t *dev, const char *who, bool trans_a, bool trans_b, int64_t m,
                      int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch);
+
+/* fsdp_device_alloc() of memory whose every byte is zero: the device's alloc_zeroed when it has
+ * one (which clears only memory that is not zero already), else alloc and memset. */
+int fsdp__device_alloc_zeroed(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out);
 
 /* The CPU device's vtable (src/device/cpu*.c). */
 extern const struct fsdp_dev_ops fsdp__cpu_dev_ops;

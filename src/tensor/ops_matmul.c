@@ -9,7 +9,10 @@
  * are folded into one tall matrix, so n-d x 2-d is a single GEMM forward and backward (the
  * weight gradient sums over every row inside that GEMM).
  *
- * Outputs and gradients are new contiguous tensors; backward saves the inputs as given (views,
+ * Outputs and gradients are new contiguous tensors. Those without a bias start as zeros
+ * (fsdp__tensor_new_zeroed, which costs nothing for memory the device has just mapped) and the
+ * GEMM runs with beta = 1: the bits of beta = 0, whose separate pass clearing C OpenBLAS would
+ * otherwise run over every output. Backward saves the inputs as given (views,
  * no copies), which is what lets FSDP free and re-gather a parameter between forward and
  * backward.
  */
@@ -271,20 +274,22 @@ static int matmul_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
         /* ga = gy b^T, summed over the batch when a was shared. */
         FSDP_TRY(
             rc, fail,
-            fsdp__tensor_new(ctx, a->dev, pl.cdt, a->ndim, a->shape, fsdp__op_cat(ctx), &gin[0]));
+            fsdp__tensor_new_zeroed(ctx, a->dev, pl.cdt, a->ndim, a->shape, fsdp__op_cat(ctx),
+                                    &gin[0]));
         struct mm_arg bt = mm_t(pl.b);
         FSDP_TRY(rc, fail,
-                 mm_gemm(a->dev, pl.cdt, pl.batch, pl.m, pl.k, pl.n, &g, &bt, 0.0, pl.a_shared,
+                 mm_gemm(a->dev, pl.cdt, pl.batch, pl.m, pl.k, pl.n, &g, &bt, 1.0, pl.a_shared,
                          fsdp_tensor_data(gin[0])));
     }
     if (node->needs[1]) {
         /* gb = a^T gy; in the folded case one GEMM sums over every row. */
         FSDP_TRY(
             rc, fail,
-            fsdp__tensor_new(ctx, b->dev, pl.cdt, b->ndim, b->shape, fsdp__op_cat(ctx), &gin[1]));
+            fsdp__tensor_new_zeroed(ctx, b->dev, pl.cdt, b->ndim, b->shape, fsdp__op_cat(ctx),
+                                    &gin[1]));
         struct mm_arg at = mm_t(pl.a);
         FSDP_TRY(rc, fail,
-                 mm_gemm(b->dev, pl.cdt, pl.batch, pl.k, pl.n, pl.m, &at, &g, 0.0, pl.b_shared,
+                 mm_gemm(b->dev, pl.cdt, pl.batch, pl.k, pl.n, pl.m, &at, &g, 1.0, pl.b_shared,
                          fsdp_tensor_data(gin[1])));
     }
     fsdp_tensor_release(gy);
@@ -315,9 +320,10 @@ int fsdp_matmul(fsdp_tensor_t *a, fsdp_tensor_t *b, fsdp_tensor_t **out) {
     if (!out) return fsdp__op_err(a, FSDP_EINVAL, "matmul", "out is NULL");
     FSDP_TRY(rc, fail0, mm_prepare(a, b, &pl));
     FSDP_TRY(rc, fail,
-             fsdp__tensor_new(a->ctx, a->dev, pl.cdt, pl.ndim, pl.shape, fsdp__op_cat(a->ctx), &y));
+             fsdp__tensor_new_zeroed(a->ctx, a->dev, pl.cdt, pl.ndim, pl.shape,
+                                     fsdp__op_cat(a->ctx), &y));
     FSDP_TRY(rc, fail,
-             mm_gemm(a->dev, pl.cdt, pl.batch, pl.m, pl.n, pl.k, &pl.a, &pl.b, 0.0, false,
+             mm_gemm(a->dev, pl.cdt, pl.batch, pl.m, pl.n, pl.k, &pl.a, &pl.b, 1.0, false,
                      fsdp_tensor_data(y)));
     mm_plan_fini(&pl);
     FSDP_TRY(rc, fail0, fsdp__round_to(&y, a->dt));
@@ -363,19 +369,20 @@ static int linear_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
     if (node->needs[0]) {
         /* gx (rows, in) = gy (rows, out) w (out, in). */
         FSDP_TRY(rc, fail, prepare_arg(w, cdt, true, false, &wa));
-        FSDP_TRY(rc, fail, fsdp__tensor_new(ctx, dev, cdt, x->ndim, x->shape, cat, &gin[0]));
+        FSDP_TRY(rc, fail,
+                 fsdp__tensor_new_zeroed(ctx, dev, cdt, x->ndim, x->shape, cat, &gin[0]));
         FSDP_TRY(
             rc, fail,
-            mm_gemm(dev, cdt, 1, rows, nin, nout, &g, &wa, 0.0, false, fsdp_tensor_data(gin[0])));
+            mm_gemm(dev, cdt, 1, rows, nin, nout, &g, &wa, 1.0, false, fsdp_tensor_data(gin[0])));
     }
     if (node->needs[1]) {
         /* gw (out, in) = gy^T (out, rows) x (rows, in): every row in one GEMM. */
         FSDP_TRY(rc, fail, linear_x(x, cdt, &rows, &xa));
-        FSDP_TRY(rc, fail, fsdp__tensor_new(ctx, dev, cdt, 2, w->shape, cat, &gin[1]));
+        FSDP_TRY(rc, fail, fsdp__tensor_new_zeroed(ctx, dev, cdt, 2, w->shape, cat, &gin[1]));
         struct mm_arg gt = mm_t(g);
         FSDP_TRY(
             rc, fail,
-            mm_gemm(dev, cdt, 1, nout, nin, rows, &gt, &xa, 0.0, false, fsdp_tensor_data(gin[1])));
+            mm_gemm(dev, cdt, 1, nout, nin, rows, &gt, &xa, 1.0, false, fsdp_tensor_data(gin[1])));
     }
     if (node->nin > 2 && node->needs[2]) {
         /* gb = sum of gy's rows. */
@@ -452,8 +459,15 @@ int fsdp_linear(fsdp_tensor_t *x, fsdp_tensor_t *w, fsdp_tensor_t *b, fsdp_tenso
     shape[x->ndim - 1] = nout;
     FSDP_TRY(rc, fail, linear_x(x, cdt, &rows, &xa));
     FSDP_TRY(rc, fail, prepare_arg(w, cdt, true, false, &wa));
-    FSDP_TRY(rc, fail,
-             fsdp__tensor_new(x->ctx, dev, cdt, x->ndim, shape, fsdp__op_cat(x->ctx), &y));
+    /* Without a bias the output starts as zeros (free for a new mapping, see
+     * fsdp__tensor_new_zeroed) and the GEMM adds onto them, which gives the bits of beta = 0. */
+    if (b)
+        FSDP_TRY(rc, fail,
+                 fsdp__tensor_new(x->ctx, dev, cdt, x->ndim, shape, fsdp__op_cat(x->ctx), &y));
+    else
+        FSDP_TRY(rc, fail,
+                 fsdp__tensor_new_zeroed(x->ctx, dev, cdt, x->ndim, shape, fsdp__op_cat(x->ctx),
+                                         &y));
     if (b && rows > 0 && nout > 0) {
         /* Every row starts as the bias (a stride-0 read of b) and the GEMM adds onto it. */
         const fsdp_tensor_t *bs = b;
@@ -469,7 +483,7 @@ int fsdp_linear(fsdp_tensor_t *x, fsdp_tensor_t *w, fsdp_tensor_t *b, fsdp_tenso
     struct mm_arg wt = mm_t(wa);
     FSDP_TRY(
         rc, fail,
-        mm_gemm(dev, cdt, 1, rows, nout, nin, &xa, &wt, b ? 1.0 : 0.0, false, fsdp_tensor_data(y)));
+        mm_gemm(dev, cdt, 1, rows, nout, nin, &xa, &wt, 1.0, false, fsdp_tensor_data(y)));
     fsdp_tensor_release(bc);
     fsdp_tensor_release(xa.own);
     fsdp_tensor_release(wa.own);

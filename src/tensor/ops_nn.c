@@ -283,7 +283,6 @@ static int norm_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout, fs
     fsdp_device_t *dev = x->dev;
     fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
     fsdp_mem_cat_t cat = fsdp__op_cat(ctx);
-    int64_t pn = prod(pnd, pshape);
     int rc = 0;
     FSDP_TRY(rc, fail, fsdp__as_contig(x, cdt, &xc));
     if (w) FSDP_TRY(rc, fail, fsdp__as_contig(w, cdt, &wc));
@@ -293,8 +292,7 @@ static int norm_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout, fs
     /* The kernel accumulates gw and gb, so they start at zero. */
     for (int i = 1; i < 3; i++) {
         if (i >= node->nin || !node->needs[i]) continue;
-        FSDP_TRY(rc, fail, fsdp__tensor_new(ctx, dev, cdt, pnd, pshape, cat, &gin[i]));
-        FSDP_TRY(rc, fail, dev->ops->fill(dev, cdt, (size_t)pn, 0.0, fsdp_tensor_data(gin[i])));
+        FSDP_TRY(rc, fail, fsdp__tensor_new_zeroed(ctx, dev, cdt, pnd, pshape, cat, &gin[i]));
     }
     const struct norm_grads a = {
         .dev = dev,
@@ -511,14 +509,13 @@ static int embedding_backward(struct fsdp__node *node, fsdp_tensor_t *const *gou
     fsdp_device_t *dev = idx->dev;
     fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(node->in_dt[0]);
     const int64_t *wshape = node->in_shape[0];
-    int64_t n = fsdp_tensor_numel(idx), num = wshape[0], dim = wshape[1];
+    int64_t n = fsdp_tensor_numel(idx), dim = wshape[1];
     int rc = 0;
     if (!node->needs[0]) return 0;
     FSDP_TRY(rc, fail, fsdp__as_contig(gout[0], cdt, &gy));
-    FSDP_TRY(rc, fail, fsdp__tensor_new(ctx, dev, cdt, 2, wshape, fsdp__op_cat(ctx), &gin[0]));
-    if (num * dim > 0)
-        FSDP_TRY(rc, fail,
-                 dev->ops->fill(dev, cdt, (size_t)(num * dim), 0.0, fsdp_tensor_data(gin[0])));
+    /* Rows the batch never used keep their zeros. */
+    FSDP_TRY(rc, fail,
+             fsdp__tensor_new_zeroed(ctx, dev, cdt, 2, wshape, fsdp__op_cat(ctx), &gin[0]));
     if (n * dim > 0)
         FSDP_TRY(rc, fail,
                  dev->ops->embedding_backward(dev, cdt, (size_t)n, (size_t)dim,

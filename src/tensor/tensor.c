@@ -103,11 +103,12 @@ fsdp_mem_cat_t fsdp__op_cat(const fsdp_ctx_t *ctx) {
 
 /* ---- storage ----------------------------------------------------------------------------- */
 
-static int storage_new(fsdp_device_t *dev, size_t bytes, fsdp_mem_cat_t cat,
+static int storage_new(fsdp_device_t *dev, size_t bytes, fsdp_mem_cat_t cat, bool zero,
                        struct fsdp_storage **out) {
     struct fsdp_storage *st = calloc(1, sizeof *st);
     if (!st) return fsdp__ctx_err(dev->ctx, FSDP_ENOMEM, "tensor: out of host memory");
-    int rc = fsdp_device_alloc(dev, cat, bytes, &st->ptr);
+    int rc = zero ? fsdp__device_alloc_zeroed(dev, cat, bytes, &st->ptr)
+                  : fsdp_device_alloc(dev, cat, bytes, &st->ptr);
     if (rc < 0) {
         free(st);
         return rc;
@@ -157,19 +158,29 @@ static fsdp_tensor_t *header_new(fsdp_ctx_t *ctx, fsdp_device_t *dev, fsdp_dtype
     return t;
 }
 
-int fsdp__tensor_new(fsdp_ctx_t *ctx, fsdp_device_t *dev, fsdp_dtype_t dt, int ndim,
-                     const int64_t *shape, fsdp_mem_cat_t cat, fsdp_tensor_t **out) {
+static int tensor_new(fsdp_ctx_t *ctx, fsdp_device_t *dev, fsdp_dtype_t dt, int ndim,
+                      const int64_t *shape, fsdp_mem_cat_t cat, bool zero, fsdp_tensor_t **out) {
     *out = NULL;
     fsdp_tensor_t *t = header_new(ctx, dev, dt, ndim, shape);
     if (!t) return fsdp__ctx_err(ctx, FSDP_ENOMEM, "tensor: out of host memory");
     size_t bytes = (size_t)fsdp__shape_numel(ndim, shape) * fsdp_dtype_size(dt);
-    int rc = storage_new(dev, bytes, cat, &t->st);
+    int rc = storage_new(dev, bytes, cat, zero, &t->st);
     if (rc < 0) {
         free(t);
         return rc;
     }
     *out = t;
     return FSDP_OK;
+}
+
+int fsdp__tensor_new(fsdp_ctx_t *ctx, fsdp_device_t *dev, fsdp_dtype_t dt, int ndim,
+                     const int64_t *shape, fsdp_mem_cat_t cat, fsdp_tensor_t **out) {
+    return tensor_new(ctx, dev, dt, ndim, shape, cat, false, out);
+}
+
+int fsdp__tensor_new_zeroed(fsdp_ctx_t *ctx, fsdp_device_t *dev, fsdp_dtype_t dt, int ndim,
+                            const int64_t *shape, fsdp_mem_cat_t cat, fsdp_tensor_t **out) {
+    return tensor_new(ctx, dev, dt, ndim, shape, cat, true, out);
 }
 
 int fsdp__tensor_view(fsdp_tensor_t *t, int64_t offset, int ndim, const int64_t *shape,
