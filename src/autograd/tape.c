@@ -363,19 +363,45 @@ static int accumulate_leaf(fsdp_tensor_t *leaf, fsdp_tensor_t *g) {
     return rc;
 }
 
+/* Whether g can be added into acc in place: acc is a gradient gathered by this backward that
+ * nobody else sees (one reference to the tensor and one to its storage), both are contiguous
+ * f32 or f64 of one shape on one device. axpy with alpha 1 computes acc + g element by element,
+ * the bits of fsdp_add, without a new tensor and its first pass over fresh memory. */
+static bool add_in_place(const fsdp_tensor_t *acc, const fsdp_tensor_t *g) {
+    return atomic_load(&acc->refs) == 1 && atomic_load(&acc->st->refs) == 1 && acc->st->ptr &&
+           acc->dt == g->dt && (acc->dt == FSDP_DTYPE_F32 || acc->dt == FSDP_DTYPE_F64) &&
+           acc->dev == g->dev && same_shape(acc, g->ndim, g->shape) &&
+           fsdp_tensor_is_contiguous(acc) && fsdp_tensor_is_contiguous(g);
+}
+
+/* *acc += g: in place when add_in_place allows, else *acc becomes a new sum. Takes g's
+ * reference. */
+static int accumulate_into(fsdp_tensor_t **acc, fsdp_tensor_t *g) {
+    int rc;
+    if (add_in_place(*acc, g)) {
+        size_t n = (size_t)fsdp_tensor_numel(g);
+        rc = n == 0 ? FSDP_OK
+                    : (*acc)->dev->ops->axpy((*acc)->dev, (*acc)->dt, n, 1.0, fsdp_tensor_data(g),
+                                             fsdp_tensor_data(*acc));
+        fsdp_tensor_release(g);
+        return rc;
+    }
+    fsdp_tensor_t *sum = NULL;
+    rc = fsdp_add(*acc, g, &sum);
+    fsdp_tensor_release(g);
+    if (rc < 0) return rc;
+    fsdp_tensor_release(*acc);
+    *acc = sum;
+    return FSDP_OK;
+}
+
 /* Adds g into grads[slot]. Takes g's reference. */
 static int accumulate_slot(fsdp_tensor_t **grads, int64_t slot, fsdp_tensor_t *g) {
     if (!grads[slot]) {
         grads[slot] = g;
         return FSDP_OK;
     }
-    fsdp_tensor_t *sum = NULL;
-    int rc = fsdp_add(grads[slot], g, &sum);
-    fsdp_tensor_release(g);
-    if (rc < 0) return rc;
-    fsdp_tensor_release(grads[slot]);
-    grads[slot] = sum;
-    return FSDP_OK;
+    return accumulate_into(&grads[slot], g);
 }
 
 /* One backward's working state: a gradient per slot, and per leaf the number of recorded uses
@@ -452,12 +478,8 @@ static int leaf_use(struct bw *bw, fsdp_tensor_t *leaf, fsdp_tensor_t *g) {
         if (!ls->grad) {
             ls->grad = g;
         } else {
-            fsdp_tensor_t *sum = NULL;
-            rc = fsdp_add(ls->grad, g, &sum);
-            fsdp_tensor_release(g);
+            rc = accumulate_into(&ls->grad, g);
             if (rc < 0) return rc;
-            fsdp_tensor_release(ls->grad);
-            ls->grad = sum;
         }
     }
     if (--ls->pending == 0 && ls->grad) {
