@@ -46,20 +46,24 @@ void mp_mutex_init(pthread_mutex_t *mu) {
     pthread_mutexattr_destroy(&a);
 }
 
-int mp_gloo_rank(int rank, int n, uint64_t seed, fsdp_store_t *store, fsdp_ctx_t **ctx,
-                 fsdp_pg_t **pg, char *err, size_t cap) {
+/* A rank's context (rank of n, seed); err names the failure. */
+static int rank_ctx(int rank, int n, uint64_t seed, fsdp_ctx_t **ctx, char *err, size_t cap) {
     fsdp_ctx_options_t co;
     fsdp_ctx_options_init(&co);
     co.rank = rank;
     co.world_size = n;
     co.seed = seed;
     *ctx = NULL;
-    *pg = NULL;
     int rc = fsdp_ctx_create(&co, ctx);
-    if (rc < 0) {
-        snprintf(err, cap, "fsdp_ctx_create: %s", fsdp_err_name(rc));
-        return rc;
-    }
+    if (rc < 0) snprintf(err, cap, "fsdp_ctx_create: %s", fsdp_err_name(rc));
+    return rc;
+}
+
+int mp_gloo_rank(int rank, int n, uint64_t seed, fsdp_store_t *store, fsdp_ctx_t **ctx,
+                 fsdp_pg_t **pg, char *err, size_t cap) {
+    *pg = NULL;
+    int rc = rank_ctx(rank, n, seed, ctx, err, cap);
+    if (rc < 0) return rc;
     fsdp_gloo_options_t go;
     fsdp_gloo_options_init(&go);
     go.timeout_ms = MP_CONNECT_MS;
@@ -67,6 +71,34 @@ int mp_gloo_rank(int rank, int n, uint64_t seed, fsdp_store_t *store, fsdp_ctx_t
     if (rc < 0)
         snprintf(err, cap, "fsdp_pg_create_gloo: %s: %s", fsdp_err_name(rc),
                  fsdp_ctx_last_error(*ctx));
+    return rc;
+}
+
+int mp_nccl_rank(int rank, int n, uint64_t seed, fsdp_store_t *store, fsdp_ctx_t **ctx,
+                 fsdp_device_t **dev, char *err, size_t cap) {
+    *dev = NULL;
+    int rc = rank_ctx(rank, n, seed, ctx, err, cap);
+    if (rc < 0) return rc;
+    fsdp_nccl_options_t no;
+    fsdp_nccl_options_init(&no);
+    no.device = rank;
+    no.timeout_ms = 2 * MP_CONNECT_MS;
+    fsdp_pg_t *pg = NULL;
+    const char *what = "fsdp_pg_create_nccl";
+    rc = fsdp_pg_create_nccl(*ctx, store, &no, &pg);
+    if (rc == 0) {
+        fsdp_device_options_t d;
+        fsdp_device_options_init(&d);
+        d.ordinal = rank;
+        what = "fsdp_device_create(cuda)";
+        rc = fsdp_device_create(*ctx, FSDP_DEVICE_CUDA, &d, dev);
+    }
+    if (rc == 0) {
+        what = "fsdp_ctx_set_device";
+        rc = fsdp_ctx_set_device(*ctx, *dev);
+    }
+    if (rc < 0)
+        snprintf(err, cap, "%s: %s: %s", what, fsdp_err_name(rc), fsdp_ctx_last_error(*ctx));
     return rc;
 }
 

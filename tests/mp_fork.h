@@ -64,4 +64,9 @@ void mp_mutex_init(pthread_mutex_t *mu);
 int mp_gloo_rank(int rank, int n, uint64_t seed, fsdp_store_t *store, fsdp_ctx_t **ctx,
                  fsdp_pg_t **pg, char *err, size_t cap);
 
+/* The same over NCCL on GPU `rank`, with a CUDA device on that GPU (*dev, owned by the caller,
+ * destroyed after fsdp_ctx_set_device(ctx, NULL)) set as the context's device. */
+int mp_nccl_rank(int rank, int n, uint64_t seed, fsdp_store_t *store, fsdp_ctx_t **ctx,
+                 fsdp_device_t **dev, char *err, size_t cap);
+
 #endif /* FSDP_TESTS_MP_FORK_H */

@@ -20,45 +20,6 @@ typedef struct mp_job_run {
     mp_backend_t be;
 } mp_job_run_t;
 
-/* Rank `rank` of n over NCCL on GPU `rank`: its context (seed), world group and CUDA device,
- * the device set as the context's. On failure err says which step failed. */
-static int nccl_rank(int rank, int n, uint64_t seed, fsdp_store_t *store, fsdp_ctx_t **ctx,
-                     fsdp_device_t **dev, char *err, size_t cap) {
-    fsdp_ctx_options_t co;
-    fsdp_ctx_options_init(&co);
-    co.rank = rank;
-    co.world_size = n;
-    co.seed = seed;
-    *ctx = NULL;
-    *dev = NULL;
-    int rc = fsdp_ctx_create(&co, ctx);
-    if (rc < 0) {
-        snprintf(err, cap, "fsdp_ctx_create: %s", fsdp_err_name(rc));
-        return rc;
-    }
-    fsdp_nccl_options_t no;
-    fsdp_nccl_options_init(&no);
-    no.device = rank;
-    no.timeout_ms = 120000;
-    fsdp_pg_t *pg = NULL;
-    const char *what = "fsdp_pg_create_nccl";
-    rc = fsdp_pg_create_nccl(*ctx, store, &no, &pg);
-    if (rc == 0) {
-        fsdp_device_options_t d;
-        fsdp_device_options_init(&d);
-        d.ordinal = rank;
-        what = "fsdp_device_create(cuda)";
-        rc = fsdp_device_create(*ctx, FSDP_DEVICE_CUDA, &d, dev);
-    }
-    if (rc == 0) {
-        what = "fsdp_ctx_set_device";
-        rc = fsdp_ctx_set_device(*ctx, *dev);
-    }
-    if (rc < 0)
-        snprintf(err, cap, "%s: %s: %s", what, fsdp_err_name(rc), fsdp_ctx_last_error(*ctx));
-    return rc;
-}
-
 static int job_rank(int rank, int n, const char *dir, void *arg) {
     mp_job_run_t *run = arg;
     fu_res_t *r = &run->j->r[rank];
@@ -74,7 +35,7 @@ static int job_rank(int rank, int n, const char *dir, void *arg) {
         goto done;
     }
     if (run->be == MP_NCCL)
-        rc = nccl_rank(rank, n, run->j->seed, store, &ctx, &dev, err, sizeof err);
+        rc = mp_nccl_rank(rank, n, run->j->seed, store, &ctx, &dev, err, sizeof err);
     else
         rc = mp_gloo_rank(rank, n, run->j->seed, store, &ctx, &pg, err, sizeof err);
     if (rc < 0) {
