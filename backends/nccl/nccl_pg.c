@@ -29,6 +29,7 @@
 #include "backends/nccl/nccl_id.h"
 #include "backends/nccl/nccl_kernels.h"
 #include "backends/nccl/nccl_map.h"
+#include "backends/nccl/nccl_pg.h"
 #include "core/timeutil.h"
 #include "pg/pg_impl.h"
 
@@ -733,19 +734,10 @@ static int nccl_split(fsdp_pg_t *parent, int color, const int *members, int n, i
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Public API */
+/* Entry points (through the CUDA plugin's table, see cuda_plugin.c) */
 
-void fsdp_nccl_options_init(fsdp_nccl_options_t *o) {
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->device = -1;
-}
-
-int fsdp_nccl_available(void) {
-    return 1;
-}
-
-int fsdp_nccl_device(const fsdp_pg_t *pg) {
+/* fsdp_nccl_device() of fsdp/nccl.h, through the plugin's table (nccl_api.c). */
+int fsdp__nccl_device(const fsdp_pg_t *pg) {
     return pg && pg->ops == &nccl_ops ? ((const nccl_pg_t *)pg)->device : -1;
 }
 
@@ -769,8 +761,9 @@ static int pick_device(fsdp_ctx_t *ctx, const fsdp_nccl_options_t *o, int ndev, 
     return ctx->rank % ndev;
 }
 
-int fsdp_pg_create_nccl(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_nccl_options_t *o,
-                        fsdp_pg_t **out) {
+/* fsdp_pg_create_nccl() of fsdp/nccl.h, through the plugin's table (nccl_api.c). */
+int fsdp__nccl_create(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_nccl_options_t *o,
+                      fsdp_pg_t **out) {
     if (out) *out = NULL;
     if (!ctx) return FSDP_EINVAL;
     if (!store || !out)

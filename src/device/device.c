@@ -23,18 +23,15 @@
 
 #include "device/device_impl.h"
 #ifdef FSDP_HAVE_CUDA
-#include "backends/cuda/cuda_device.h"
+#include "core/plugin.h"
 #endif
 
-/* Backends by kind. A kind whose entry is NULL was not built: creating it is FSDP_ENOTSUP. The
- * CUDA device (backends/cuda/cuda_device.c) is built under FSDP_HAVE_CUDA. */
+/* Backends by kind. A kind whose entry is NULL is not linked in: under FSDP_HAVE_CUDA the CUDA
+ * device (backends/cuda/cuda_device.c) comes from the CUDA plugin, opened on its first creation
+ * (core/plugin.h); without CUDA creating it is FSDP_ENOTSUP. */
 static const struct fsdp_dev_ops *const backends[FSDP_DEVICE_KIND_COUNT] = {
     [FSDP_DEVICE_CPU] = &fsdp__cpu_dev_ops,
-#ifdef FSDP_HAVE_CUDA
-    [FSDP_DEVICE_CUDA] = &fsdp__cuda_dev_ops,
-#else
     [FSDP_DEVICE_CUDA] = NULL,
-#endif
 };
 
 static const char *const kind_names[FSDP_DEVICE_KIND_COUNT] = {"cpu", "cuda"};
@@ -174,6 +171,13 @@ int fsdp_device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const fsdp_devi
         opts = &defaults;
     }
     const struct fsdp_dev_ops *ops = backends[kind];
+#ifdef FSDP_HAVE_CUDA
+    if (kind == FSDP_DEVICE_CUDA) {
+        const struct fsdp_plugin *plugin = NULL;
+        if ((rc = fsdp__plugin_get(ctx, "fsdp_device_create", &plugin)) < 0) return rc;
+        ops = plugin->cuda_dev_ops;
+    }
+#endif
     if (!ops)
         return fsdp__ctx_err(ctx, FSDP_ENOTSUP,
                              "fsdp_device_create: the %s device is not built into this libfsdp",

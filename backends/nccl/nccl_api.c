@@ -1,0 +1,73 @@
+/*
+ * nccl_api.c: the public NCCL API (fsdp/nccl.h) in libfsdp itself, in every build.
+ *
+ * The group is in the CUDA plugin (nccl_pg.c, see core/plugin.h), so that libfsdp.so does not
+ * link NCCL: creating a group opens the plugin on first use. Without NCCL these functions say
+ * that the backend is missing, and the exported symbols do not depend on configure.
+ */
+#include <config.h>
+
+#include <string.h>
+
+#include "internal.h"
+#ifdef FSDP_HAVE_NCCL
+#include "core/plugin.h"
+#endif
+
+void fsdp_nccl_options_init(fsdp_nccl_options_t *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->device = -1;
+}
+
+#ifdef FSDP_HAVE_NCCL
+
+/* 1 when the plugin loads and has the NCCL group (this opens the plugin). */
+int fsdp_nccl_available(void) {
+    const struct fsdp_plugin *p = NULL;
+    return fsdp__plugin_get(NULL, "fsdp_nccl_available", &p) == FSDP_OK && p->nccl_create ? 1 : 0;
+}
+
+/* No NCCL group exists before the plugin is loaded, so this never loads it. */
+int fsdp_nccl_device(const fsdp_pg_t *pg) {
+    const struct fsdp_plugin *p = fsdp__plugin_loaded();
+    return p && p->nccl_device ? p->nccl_device(pg) : -1;
+}
+
+int fsdp_pg_create_nccl(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_nccl_options_t *o,
+                        fsdp_pg_t **out) {
+    if (out) *out = NULL;
+    if (!ctx) return FSDP_EINVAL;
+    const struct fsdp_plugin *p = NULL;
+    int rc = fsdp__plugin_get(ctx, "fsdp_pg_create_nccl", &p);
+    if (rc < 0) return rc;
+    if (!p->nccl_create)
+        return fsdp__ctx_err(ctx, FSDP_ENOTSUP,
+                             "fsdp_pg_create_nccl: the CUDA plugin was built without NCCL");
+    return p->nccl_create(ctx, store, o, out);
+}
+
+#else /* !FSDP_HAVE_NCCL */
+
+int fsdp_nccl_available(void) {
+    return 0;
+}
+
+int fsdp_nccl_device(const fsdp_pg_t *pg) {
+    (void)pg;
+    return -1;
+}
+
+int fsdp_pg_create_nccl(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_nccl_options_t *o,
+                        fsdp_pg_t **out) {
+    (void)store;
+    (void)o;
+    if (out) *out = NULL;
+    if (!ctx) return FSDP_ENOTSUP;
+    return fsdp__ctx_err(ctx, FSDP_ENOTSUP,
+                         "fsdp_pg_create_nccl: this libfsdp was built without NCCL (configure "
+                         "did not find CUDA and nccl.h with -lnccl; pass --with-cuda=DIR and "
+                         "--with-nccl=DIR, then reconfigure)");
+}
+
+#endif /* FSDP_HAVE_NCCL */
