@@ -56,7 +56,13 @@ typedef struct fsdp_device_options {
 FSDP_EXTERN void fsdp_device_options_init(fsdp_device_options_t *opts);
 
 /* Creates a device of `kind` for the rank of ctx. A kind that was not compiled in returns
- * FSDP_ENOTSUP. The device borrows ctx, which must outlive it. opts may be NULL. */
+ * FSDP_ENOTSUP. The device borrows ctx, which must outlive it. opts may be NULL.
+ *
+ * The CUDA device (like the NCCL group) lives in the plugin libfsdp-cuda.so, which the first
+ * creation opens (thread-safe; it stays loaded): from $FSDP_PLUGIN_DIR when that is set, else
+ * beside libfsdp in a build tree, else from the directory it was installed in. A plugin that is
+ * missing, cannot be loaded or belongs to another libfsdp version is FSDP_ENOTSUP, the message
+ * naming the paths tried and dlerror()'s text; the next creation tries again. */
 FSDP_EXTERN int fsdp_device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind,
                                    const fsdp_device_options_t *opts, fsdp_device_t **out);
 

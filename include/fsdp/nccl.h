@@ -89,14 +89,17 @@ FSDP_EXTERN void fsdp_nccl_options_init(fsdp_nccl_options_t *o);
  * store its store (fsdp_ctx_store()). The caller owns *out (fsdp_pg_destroy(), before ctx).
  *
  * Errors: FSDP_EINVAL (NULL ctx, store or out, negative timeout, a device ordinal that does not
- * exist), FSDP_ENOTSUP (no CUDA device is visible, or libfsdp was built without NCCL),
+ * exist), FSDP_ENOTSUP (no CUDA device is visible, libfsdp was built without NCCL, or the CUDA
+ * plugin libfsdp-cuda.so that holds the backend could not be loaded: the message names the paths
+ * tried and why; see FSDP_PLUGIN_DIR in fsdp/device.h),
  * FSDP_ETIMEDOUT, FSDP_EBACKEND (CUDA or NCCL failed; the message has their reason),
  * FSDP_ENOMEM. Messages go to fsdp_ctx_last_error(ctx). A failed creation leaves nothing behind.
  */
 FSDP_EXTERN int fsdp_pg_create_nccl(fsdp_ctx_t *ctx, fsdp_store_t *store,
                                     const fsdp_nccl_options_t *o, fsdp_pg_t **out);
 
-/* 1 when this build of libfsdp has the NCCL backend, else 0. */
+/* 1 when this build of libfsdp has the NCCL backend, else 0. It does not open the CUDA plugin
+ * (only fsdp_pg_create_nccl() does), so a plugin that cannot be loaded shows there. */
 FSDP_EXTERN int fsdp_nccl_available(void);
 
 /* The CUDA device ordinal of an NCCL group; -1 for another backend or NULL. */

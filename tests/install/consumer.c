@@ -3,7 +3,9 @@
  * "make installcheck" (and so by "make distcheck"): the headers, the library and fsdp.pc work
  * outside the build tree.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <fsdp.h>
@@ -39,6 +41,25 @@ static int gloo_alone(void) {
     return rc;
 }
 
+/* The CUDA device through the installed plugin (libfsdp-cuda.so in $(pkglibdir)), with no GPU
+ * visible: a CUDA build must find and load the plugin, whose own error then says that no device
+ * is visible; a build without CUDA says the device is not built in. */
+static int cuda_plugin(void) {
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_device_t *dev = NULL;
+    int rc = fsdp_ctx_create(NULL, &ctx);
+    if (rc != FSDP_OK) return rc;
+    rc = fsdp_device_create(ctx, FSDP_DEVICE_CUDA, NULL, &dev);
+    const char *msg = fsdp_ctx_last_error(ctx);
+    int ok = rc == FSDP_ENOTSUP && (strstr(msg, "no CUDA device is visible") ||
+                                    strstr(msg, "not built into this libfsdp"));
+    printf("installed libfsdp: CUDA device with no GPU visible: %s: %s\n", fsdp_err_name(rc), msg);
+    fsdp_device_destroy(dev);
+    fsdp_ctx_destroy(ctx);
+    return ok ? FSDP_OK : FSDP_EINTERNAL;
+}
+
 int main(void) {
     if (strcmp(fsdp_version_string(), FSDP_VERSION_STRING) != 0) {
         fprintf(stderr, "header version %s, library %s\n", FSDP_VERSION_STRING,
@@ -52,5 +73,6 @@ int main(void) {
     printf("installed libfsdp %s: sim all_reduce over 3 ranks: %s\n", fsdp_version_string(),
            fsdp_err_name(rc));
     if (rc != FSDP_OK) return 1;
-    return gloo_alone() == FSDP_OK ? 0 : 1;
+    if (gloo_alone() != FSDP_OK) return 1;
+    return cuda_plugin() == FSDP_OK ? 0 : 1;
 }
