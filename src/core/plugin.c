@@ -145,7 +145,7 @@ static int load_locked(char *tried, size_t cap, const struct fsdp_plugin **out) 
     if (&fsdp__cuda_plugin != NULL) {
         char why[512];
         if (check_table(&fsdp__cuda_plugin, why, sizeof why) < 0) {
-            tried_add(tried, cap, "the linked-in plugin: %s%s", why, "");
+            tried_add(tried, cap, "%s: %s", "the plugin linked into this program", why);
             return -1;
         }
         *out = &fsdp__cuda_plugin;
