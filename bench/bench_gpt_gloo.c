@@ -116,16 +116,9 @@ int main(int argc, char **argv) {
     snprintf(nbuf, sizeof nbuf, "%d", threads);
     setenv("FSDP_NUM_THREADS", nbuf, 1);
 
-    fsdp_init_options_t io;
-    fsdp_init_options_init(&io);
-    io.seed = o.c.seed;
-    char msg[1024];
     bench_rank_t s = {0};
-    int rc = fsdp_init_from_env(&io, &s.ctx, msg, sizeof msg);
-    if (rc < 0) {
-        fprintf(stderr, PROG ": fsdp_init_from_env failed: %s: %s\n", fsdp_err_name(rc), msg);
-        return 1;
-    }
+    int rc = bench_rank_init(PROG, &s, o.c.seed);
+    if (rc < 0) return 1;
     const int rank = fsdp_ctx_rank(s.ctx), world = fsdp_ctx_world_size(s.ctx);
     const int nsteps = o.c.warmup + o.c.steps;
     fsdp_pg_t *pg = fsdp_ctx_pg(s.ctx);

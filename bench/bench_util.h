@@ -26,6 +26,7 @@
 #include <fsdp/device.h>
 #include <fsdp/errno.h>
 #include <fsdp/fsdp.h>
+#include <fsdp/launch.h>
 #include <fsdp/mem.h>
 #include <fsdp/nn.h>
 #include <fsdp/optim.h>
@@ -394,6 +395,21 @@ typedef struct bench_rank {
     int64_t nparams; /* of the model before wrapping */
     char err[768];   /* the first failure: "rank R: what failed: status (detail)" */
 } bench_rank_t;
+
+/* Makes the rank's context from the launcher's environment (fsdp_init_from_env, RANK,
+ * WORLD_SIZE, FSDP_STORE, FSDP_BACKEND) with the given seed; on failure says why on stderr and
+ * returns the status. */
+static inline int bench_rank_init(const char *prog, bench_rank_t *s, uint64_t seed) {
+    fsdp_init_options_t io;
+    fsdp_init_options_init(&io);
+    io.seed = seed;
+    char msg[1024];
+    int rc = fsdp_init_from_env(&io, &s->ctx, msg, sizeof msg);
+    if (rc < 0)
+        fprintf(stderr, "%s: fsdp_init_from_env failed: %s: %s\n", prog, fsdp_err_name(rc),
+                msg);
+    return rc;
+}
 
 /* Records the first failure of the rank in s->err; returns rc (FSDP_EINTERNAL when rc >= 0). */
 static inline int bench_rank_fail(bench_rank_t *s, const char *what, int rc) {
