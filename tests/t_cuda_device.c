@@ -655,7 +655,7 @@ static void test_optim(void) {
 /* ---- memory, streams, events ---- */
 
 static void test_memory_streams(fsdp_ctx_t *ctx) {
-    fsdp_cuda_alloc_stats_t s0, s1;
+    fsdp_bcache_stats_t s0, s1;
     fsdp_mem_stats_t m0, m1;
     fsdp__cuda_empty_cache(gpu); /* no free block left by the kernel tests */
     fsdp__cuda_alloc_stats(gpu, &s0);
@@ -674,7 +674,7 @@ static void test_memory_streams(fsdp_ctx_t *ctx) {
     fsdp_device_free(gpu, b);
     void *c = NULL;
     fsdp_device_alloc(gpu, FSDP_MEM_ACTIVATIONS, 3 << 20, &c);
-    fsdp_cuda_alloc_stats_t s2;
+    fsdp_bcache_stats_t s2;
     fsdp__cuda_alloc_stats(gpu, &s2);
     tap_ok(c == b && s2.seg_allocs == s1.seg_allocs,
            "a freed block is reused without a new cudaMalloc");
@@ -720,7 +720,7 @@ static void test_memory_streams(fsdp_ctx_t *ctx) {
            (double)zz);
     tap_is_int(fsdp_event_sync(ev), 0, "event_sync");
     /* record_stream: x was used on the side stream; its free waits for an event there. */
-    fsdp_cuda_alloc_stats_t s3;
+    fsdp_bcache_stats_t s3;
     fsdp__cuda_alloc_stats(gpu, &s3);
     size_t pend0 = s3.pending_blocks;
     fsdp_device_free(gpu, x);

@@ -65,7 +65,7 @@ struct cuda_dev {
     cublasLtHandle_t lt;
     void *lt_ws;     /* cuBLASLt workspace (LT_WORKSPACE bytes) */
     double *scratch; /* FSDP_CUDA_SUMSQ_BLOCKS partial sums of sum_squares */
-    fsdp_cuda_alloc_t *alloc;
+    fsdp_bcache_t *alloc;
     bool tf32;
 };
 
@@ -128,8 +128,8 @@ static int raw_seg_alloc(void *ctx, size_t bytes, void **out) {
     return e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EBACKEND;
 }
 
-static void raw_seg_free(void *ctx, void *ptr) {
-    (void)ctx;
+static void raw_seg_free(void *ctx, void *ptr, size_t bytes) {
+    (void)ctx, (void)bytes;
     cudaFree(ptr);
 }
 
@@ -159,7 +159,7 @@ static void raw_event_destroy(void *ctx, void *ev) {
     cudaEventDestroy(ev);
 }
 
-static const struct fsdp_cuda_raw_ops raw_ops = {
+static const struct fsdp_bcache_ops raw_ops = {
     .seg_alloc = raw_seg_alloc,
     .seg_free = raw_seg_free,
     .event_create = raw_event_create,
@@ -186,7 +186,7 @@ static void cuda_teardown(struct cuda_dev *cd) {
     if (!cd) return;
     cudaSetDevice(cd->ordinal);
     if (cd->compute) cudaStreamSynchronize(cd->compute);
-    fsdp__cuda_alloc_destroy(cd->alloc);
+    fsdp__bcache_destroy(cd->alloc);
     if (cd->lt) cublasLtDestroy(cd->lt);
     if (cd->blas) cublasDestroy(cd->blas);
     cudaFree(cd->lt_ws);
@@ -245,7 +245,8 @@ static int cuda_init(fsdp_device_t *dev) {
         rc = cuda_fail(dev, e, "allocating the cuBLASLt workspace");
         goto fail;
     }
-    if (fsdp__cuda_alloc_create(&raw_ops, cd, &cd->alloc) < 0) {
+    const fsdp_bcache_opts_t opts = {.name = "cuda"};
+    if (fsdp__bcache_create(&raw_ops, cd, &opts, &cd->alloc) < 0) {
         rc = fsdp__ctx_err(dev->ctx, FSDP_ENOMEM, "fsdp_device_create: out of host memory");
         goto fail;
     }
@@ -268,14 +269,14 @@ static void cuda_fini(fsdp_device_t *dev) {
 
 static int cuda_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
     USE(cd, dev);
-    int rc = fsdp__cuda_alloc_malloc(cd->alloc, bytes, cd->compute, out);
+    int rc = fsdp__bcache_malloc(cd->alloc, bytes, cd->compute, out);
     if (rc < 0) {
         /* The allocator's message has the reserved and allocated bytes; the device layer
          * replaces an FSDP_ENOMEM message with its own, so it goes to the log as well. */
         fsdp_log(dev->ctx, FSDP_LOG_WARN, "%s: %s", dev->name,
-                 fsdp__cuda_alloc_last_error(cd->alloc));
+                 fsdp__bcache_last_error(cd->alloc));
         return fsdp__ctx_err(dev->ctx, rc, "%s: %s", dev->name,
-                             fsdp__cuda_alloc_last_error(cd->alloc));
+                             fsdp__bcache_last_error(cd->alloc));
     }
     return FSDP_OK;
 }
@@ -284,9 +285,9 @@ static void cuda_free(fsdp_device_t *dev, void *ptr) {
     int rc;
     struct cuda_dev *cd = use(dev, &rc);
     if (!cd) return;
-    if (fsdp__cuda_alloc_free(cd->alloc, ptr) < 0)
+    if (fsdp__bcache_free(cd->alloc, ptr) < 0)
         fsdp_log(dev->ctx, FSDP_LOG_ERROR, "%s: %s", dev->name,
-                 fsdp__cuda_alloc_last_error(cd->alloc));
+                 fsdp__bcache_last_error(cd->alloc));
 }
 
 static int cuda_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,
@@ -923,21 +924,21 @@ void fsdp__cuda_host_free(fsdp_device_t *dev, void *ptr) {
 
 int fsdp__cuda_record_stream(fsdp_device_t *dev, void *ptr, void *stream) {
     struct cuda_dev *cd = cd_of(dev);
-    int rc = fsdp__cuda_alloc_record_stream(cd->alloc, ptr, stream);
+    int rc = fsdp__bcache_record_stream(cd->alloc, ptr, stream);
     if (rc < 0)
         return fsdp__ctx_err(dev->ctx, rc, "%s: %s", dev->name,
-                             fsdp__cuda_alloc_last_error(cd->alloc));
+                             fsdp__bcache_last_error(cd->alloc));
     return FSDP_OK;
 }
 
-void fsdp__cuda_alloc_stats(fsdp_device_t *dev, fsdp_cuda_alloc_stats_t *out) {
-    fsdp__cuda_alloc_get_stats(cd_of(dev)->alloc, out);
+void fsdp__cuda_alloc_stats(fsdp_device_t *dev, fsdp_bcache_stats_t *out) {
+    fsdp__bcache_get_stats(cd_of(dev)->alloc, out);
 }
 
 size_t fsdp__cuda_empty_cache(fsdp_device_t *dev) {
     int rc;
     struct cuda_dev *cd = use(dev, &rc);
-    return cd ? fsdp__cuda_alloc_empty_cache(cd->alloc) : 0;
+    return cd ? fsdp__bcache_empty_cache(cd->alloc) : 0;
 }
 
 void fsdp__cuda_set_tf32(fsdp_device_t *dev, bool on) {

@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "backends/cuda/cuda_alloc.h"
+#include "device/block_cache.h"
 #include "device/device_impl.h"
 
 extern const struct fsdp_dev_ops fsdp__cuda_dev_ops;
@@ -40,7 +40,7 @@ void fsdp__cuda_host_free(fsdp_device_t *dev, void *ptr);
 int fsdp__cuda_record_stream(fsdp_device_t *dev, void *ptr, void *stream);
 
 /* The allocator's counters; gives back cached segments (returns the bytes released). */
-void fsdp__cuda_alloc_stats(fsdp_device_t *dev, fsdp_cuda_alloc_stats_t *out);
+void fsdp__cuda_alloc_stats(fsdp_device_t *dev, fsdp_bcache_stats_t *out);
 size_t fsdp__cuda_empty_cache(fsdp_device_t *dev);
 
 /* f32 matrix products on TF32 tensor cores (off by default: full f32, as the CPU; the

@@ -65,9 +65,9 @@ static void check_blas_core(void) {
     const char *core = openblas_get_corename();
     if (!core || strcmp(core, "Prescott") != 0) return;
     __builtin_cpu_init();
-    const char *better = __builtin_cpu_supports("avx512f")  ? "SkylakeX"
-                         : __builtin_cpu_supports("avx2") ? "Haswell"
-                                                          : NULL;
+    const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                         : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                           : NULL;
     if (better)
         fsdp_log(NULL, FSDP_LOG_WARN,
                  "OpenBLAS chose its generic '%s' kernels on a CPU with %s: matrix products run "
@@ -97,43 +97,33 @@ int fsdp__cpu_default_threads(int world_size) {
 }
 
 /*
- * Large blocks and their cache. A training step allocates and frees the same activation sizes
- * every step; handing each back to the system returns the pages to the kernel, and the next step
- * pays a page fault per 4 KiB again (about a tenth of a GPT step on this machine). So freed
- * blocks of at least CACHE_MIN bytes are kept per device, up to FSDP_CPU_CACHE_MB (default 512,
- * 0 disables), and reused for an allocation of the same rounded size. Accounting in device.c
- * counts what tensors hold, not what the cache keeps, like PyTorch's allocated vs. reserved.
- * Under AddressSanitizer the cache is off, so use-after-free stays detectable.
+ * Memory and its cache. A training step allocates and frees the same activation sizes every
+ * step; handing each back to the system returns the pages to the kernel, and the next step pays
+ * for mapping them again: a fault per 4 KiB page and the kernel clearing it, and on a virtual
+ * machine whose hypervisor shadows the guest's page tables, more faults that the guest counts
+ * as its own user time. So CPU memory comes from the block cache the CUDA device uses too
+ * (block_cache.h): segments from mmap, blocks carved out of them by best fit and merged again
+ * when freed, so what the backward freed as gradient sizes serves the next forward's
+ * activations. FSDP_CPU_CACHE_MB (default 512, 0 disables) bounds the bytes held and not
+ * allocated. Under AddressSanitizer the cache is off, so use-after-free stays detectable; with
+ * it off, blocks come from posix_memalign.
  *
- * The cache never makes the device's footprint larger than the most it has needed: live large
- * blocks plus cached ones stay within `live_peak`, the most bytes of large blocks live at once.
- * Without that bound, blocks freed in one phase of a step (the backward's gradients) sit in the
- * cache while the next phase allocates other sizes (the forward's activations), and the
- * process's peak resident memory grows by what the cache holds at the peak (180 MiB of 545 per
- * rank in bench_gpt_gloo's default model). The price is that at the peak the cache is empty, so
- * a step maps again what it needs after the peak and did not free after it (up to 300 MiB per
- * step and rank there; 2-4% of the step time).
+ * The cache keeps the device's resident memory near the most it has needed (`bound_to_peak`):
+ * when a block whose pages were never touched (or were given back) is handed out and the
+ * segments' resident bytes would pass the peak of bytes allocated by more than SLACK_PCT, it
+ * gives back wholly free segments, then the pages of the largest free blocks (MADV_DONTNEED;
+ * the blocks stay carved and fault in again when used). Without the bound, segments freed in one
+ * phase of a step stay resident while the next phase maps others. Without the slack, the few
+ * percent of the peak that the step's mix of sizes leaves fragmented are given back and faulted
+ * in again every step (in bench_gpt_gloo's model: 12% of the peak, 70 MiB a step with 6% slack,
+ * none once the warm-up is over with 12%).
  *
- * So a miss, in order: takes a cached block of at most twice the size and gives its tail back
- * (munmap of the pages past the new size; the pages kept were touched already); else evicts the
- * oldest cached blocks until the new block fits under the bound, and maps a new one.
+ * New segments are zero, and the cache says which blocks are still untouched (or were given
+ * back), so fsdp__cpu_alloc_zeroed clears only memory that was used before.
  *
- * With the cache on, large blocks come from mmap and go back with munmap, so an evicted block
- * leaves the process at once. From malloc they would not: glibc serves freed sizes below its
- * (rising) mmap threshold from its heap afterwards, where freed blocks between live ones stay
- * resident (another 70 MiB per rank in that benchmark). New mappings are populated in the mmap
- * call (MAP_POPULATE, where the system has it): one system call instead of a fault per page,
- * which takes a third off the kernel time a step spends getting memory; every byte of a tensor
- * is written soon after it is allocated anyway.
- *
- * Every block carries a 64-byte header with its rounded size and whether it is mapped, so free()
- * knows where it goes.
+ * Accounting in device.c counts what tensors hold, not what the cache keeps, like PyTorch's
+ * allocated vs. reserved.
  */
-#define CACHE_MIN ((size_t)64 << 10)
-#define CACHE_ROUND ((size_t)4 << 10)
-#define CACHE_SLOTS 512
-#define HEADER 64
-
 #if defined(__SANITIZE_ADDRESS__)
 #define CACHE_DEFAULT_MB 0
 #elif defined(__has_feature)
@@ -148,25 +138,12 @@ int fsdp__cpu_default_threads(int world_size) {
 #if !defined(MAP_ANONYMOUS) && defined(MAP_ANON)
 #define MAP_ANONYMOUS MAP_ANON
 #endif
-#ifndef MAP_POPULATE
-#define MAP_POPULATE 0
-#endif
 
-struct block_header {
-    size_t size; /* bytes after the header, rounded to CACHE_ROUND for large blocks */
-    int mapped;  /* 1: mmap'd (HEADER + size bytes), 0: posix_memalign */
-};
-
-struct cpu_cache {
-    size_t limit;     /* bytes the cache may hold; 0: no cache, large blocks are malloc'd */
-    size_t page;      /* the system's page size */
-    size_t held;      /* bytes it holds */
-    size_t live;      /* bytes of large blocks handed out and not freed */
-    size_t live_peak; /* the most `live` has been */
-    size_t n;         /* blocks in use of the slots, oldest first */
-    void *block[CACHE_SLOTS];
-    size_t size[CACHE_SLOTS];
-};
+/* The least rest split off a large block: a CPU has no allocation granularity to respect, and
+ * a tail kept unsplit is memory nobody else can use until the block is freed. */
+#define SPLIT_MIN ((size_t)64 << 10)
+/* How far above the peak of bytes allocated the cache's resident memory may go (see above). */
+#define SLACK_PCT 12u
 
 static size_t cache_limit_from_env(void) {
     const char *env = getenv("FSDP_CPU_CACHE_MB");
@@ -180,98 +157,56 @@ static size_t cache_limit_from_env(void) {
     return (size_t)CACHE_DEFAULT_MB << 20;
 }
 
-static struct block_header block_header_of(const void *b) {
-    struct block_header h;
-    memcpy(&h, b, sizeof h);
-    return h;
+/* The block cache's segments: anonymous mappings, zero, their pages faulted in when touched. */
+static int seg_map(void *ctx, size_t bytes, void **out) {
+    (void)ctx;
+    *out = NULL;
+#ifdef MAP_ANONYMOUS
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return FSDP_ENOMEM;
+    *out = p;
+    return FSDP_OK;
+#else
+    /* Without anonymous mappings, zeroed heap memory keeps the cache's zero-segment promise. */
+    return (*out = calloc(1, bytes)) ? FSDP_OK : FSDP_ENOMEM;
+#endif
 }
 
-/* Gives block b (header included) back to the system. */
-static void block_release(void *b) {
+static void seg_unmap(void *ctx, void *p, size_t bytes) {
+    (void)ctx;
 #ifdef MAP_ANONYMOUS
-    struct block_header h = block_header_of(b);
-    if (h.mapped) {
-        munmap(b, HEADER + h.size);
+    munmap(p, bytes);
+#else
+    (void)bytes;
+    free(p);
+#endif
+}
+
+/* Gives back the whole pages inside [p, p + bytes) (a private anonymous mapping reads as zero
+ * after MADV_DONTNEED) and clears the partial pages at its ends. */
+static void seg_decommit(void *ctx, void *p, size_t bytes) {
+    size_t page = *(const size_t *)ctx;
+    uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    uintptr_t in_lo = (lo + page - 1) / page * page, in_hi = hi / page * page;
+#if defined(MAP_ANONYMOUS) && defined(MADV_DONTNEED)
+    if (in_lo < in_hi && madvise((void *)in_lo, in_hi - in_lo, MADV_DONTNEED) == 0) {
+        memset(p, 0, in_lo - lo);
+        memset((void *)in_hi, 0, hi - in_hi);
         return;
     }
-#endif
-    free(b);
-}
-
-/* A new block of HEADER + want bytes, 64-byte aligned; mapped (and populated) when map is true
- * and the system has anonymous mappings. NULL when out of memory. */
-static void *block_new(size_t want, bool map) {
-    struct block_header h = {want, 0};
-    void *p = NULL;
-    if (want > SIZE_MAX - HEADER) return NULL;
-#ifdef MAP_ANONYMOUS
-    if (map) {
-        p = mmap(NULL, HEADER + want, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-        if (p == MAP_FAILED) return NULL;
-        h.mapped = 1;
-    }
 #else
-    (void)map;
+    (void)in_lo, (void)in_hi;
 #endif
-    if (!p && posix_memalign(&p, 64, HEADER + (want ? want : 1)) != 0) return NULL;
-    memcpy(p, &h, sizeof h);
-    return p;
+    memset(p, 0, bytes);
 }
 
-/* Removes slot i from the cache and returns its block; keeps the others in age order. */
-static char *cache_take(struct cpu_cache *c, size_t i) {
-    char *b = c->block[i];
-    c->held -= c->size[i];
-    c->n--;
-    memmove(c->block + i, c->block + i + 1, (c->n - i) * sizeof *c->block);
-    memmove(c->size + i, c->size + i + 1, (c->n - i) * sizeof *c->size);
-    return b;
-}
-
-static void cache_drain(struct cpu_cache *c) {
-    for (size_t i = 0; i < c->n; i++)
-        block_release(c->block[i]);
-    c->n = 0;
-    c->held = 0;
-}
-
-/* A large block of want bytes (a multiple of CACHE_ROUND): from the cache when it can. *fresh
- * tells whether it is a new mapping, whose pages the system has zeroed and nobody has written. */
-static char *large_alloc(struct cpu_cache *c, size_t want, bool *fresh) {
-    char *b = NULL;
-    *fresh = false;
-    size_t fit = SIZE_MAX;
-    /* Newest first: the block freed last is the likeliest to be warm in cache. */
-    for (size_t i = c->n; i-- > 0 && !b;) {
-        if (c->size[i] == want)
-            b = cache_take(c, i);
-        else if (c->size[i] > want && c->size[i] / 2 <= want &&
-                 (fit == SIZE_MAX || c->size[i] < c->size[fit]) &&
-                 block_header_of(c->block[i]).mapped)
-            fit = i;
-    }
-    if (!b && fit != SIZE_MAX) {
-        /* Shrink the closest larger block: its pages past the new size go back. */
-        size_t old_len = (HEADER + c->size[fit] + c->page - 1) / c->page * c->page;
-        size_t new_len = (HEADER + want + c->page - 1) / c->page * c->page;
-        b = cache_take(c, fit);
-        if (new_len < old_len) munmap(b + new_len, old_len - new_len);
-        struct block_header h = {want, 1};
-        memcpy(b, &h, sizeof h);
-    }
-    if (!b) {
-        /* Keep live + held within the live peak this allocation makes. */
-        size_t live = c->live + want;
-        size_t peak = live > c->live_peak ? live : c->live_peak;
-        while (c->n > 0 && live + c->held > peak)
-            block_release(cache_take(c, 0));
-        if (!(b = block_new(want, true))) return NULL;
-        *fresh = block_header_of(b).mapped != 0;
-    }
-    c->live += want;
-    if (c->live > c->live_peak) c->live_peak = c->live;
-    return b;
+static const struct fsdp_bcache_ops cpu_seg_ops = {
+    .seg_alloc = seg_map, .seg_free = seg_unmap, .decommit = seg_decommit};
+static size_t page_size;
+static pthread_once_t page_size_once = PTHREAD_ONCE_INIT;
+static void read_page_size(void) {
+    long v = sysconf(_SC_PAGESIZE);
+    page_size = v > 0 ? (size_t)v : 4096;
 }
 
 int fsdp__cpu_init(fsdp_device_t *dev) {
@@ -281,81 +216,78 @@ int fsdp__cpu_init(fsdp_device_t *dev) {
     set_blas_threads(dev->num_threads);
     pthread_once(&blas_core_once, check_blas_core);
 #endif
-    struct cpu_cache *c = calloc(1, sizeof *c);
-    if (!c) return FSDP_ENOMEM;
-    c->limit = cache_limit_from_env();
-    long page = sysconf(_SC_PAGESIZE);
-    c->page = page > 0 ? (size_t)page : 4096;
-    dev->impl = c;
+    size_t limit = cache_limit_from_env();
+    dev->impl = NULL;
+    if (limit > 0) {
+        const fsdp_bcache_opts_t opts = {.name = "cpu",
+                                         .zeroed_segments = true,
+                                         .bound_to_peak = true,
+                                         .max_cached = limit,
+                                         .bound_slack_pct = SLACK_PCT,
+                                         .large_split_min = SPLIT_MIN};
+        pthread_once(&page_size_once, read_page_size);
+        fsdp_bcache_t *cache = NULL;
+        if (fsdp__bcache_create(&cpu_seg_ops, &page_size, &opts, &cache) < 0) return FSDP_ENOMEM;
+        dev->impl = cache;
+    }
     return FSDP_OK;
 }
 
 void fsdp__cpu_fini(fsdp_device_t *dev) {
     /* The BLAS thread count is process state other devices may rely on; it is left as it is. */
-    struct cpu_cache *c = dev->impl;
-    if (c) {
-        cache_drain(c);
-        free(c);
-        dev->impl = NULL;
+    fsdp__bcache_destroy(dev->impl);
+    dev->impl = NULL;
+}
+
+/* A block of `bytes`, 64-byte aligned (the cache's are 512-byte aligned); *clean when it is
+ * known to be zero. */
+static int cpu_block(fsdp_device_t *dev, size_t bytes, void **out, bool *clean) {
+    fsdp_bcache_t *cache = dev->impl;
+    *clean = false;
+    if (cache) {
+        int rc = fsdp__bcache_malloc_clean(cache, bytes, NULL, out, clean);
+        if (rc < 0 && rc != FSDP_ENOMEM)
+            fsdp_log(dev->ctx, FSDP_LOG_WARN, "%s", fsdp__bcache_last_error(cache));
+        return rc < 0 ? FSDP_ENOMEM : FSDP_OK;
     }
-}
-
-/* A block for `bytes`; *fresh as in large_alloc (false for blocks from the heap or the cache). */
-static char *cpu_block(fsdp_device_t *dev, size_t bytes, bool *fresh) {
-    struct cpu_cache *c = dev->impl;
-    size_t want = bytes < CACHE_MIN ? bytes : (bytes + CACHE_ROUND - 1) / CACHE_ROUND * CACHE_ROUND;
-    *fresh = false;
-    return c && c->limit > 0 && want >= CACHE_MIN ? large_alloc(c, want, fresh)
-                                                  : block_new(want, false);
-}
-
-int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
-    bool fresh;
-    char *b = cpu_block(dev, bytes, &fresh);
-    *out = b ? b + HEADER : NULL;
-    return b ? FSDP_OK : FSDP_ENOMEM;
-}
-
-/* Zeroed memory. A new mapping is zero already (the kernel cleared its pages when MAP_POPULATE
- * touched them, or will on first touch), so only blocks from the heap or the cache are cleared
- * here: callers that would zero a new buffer themselves (the GEMM's beta = 0 pass, a gradient
- * about to be scattered into) skip that pass for every block the cache could not provide. */
-int fsdp__cpu_alloc_zeroed(fsdp_device_t *dev, size_t bytes, void **out) {
-    bool fresh;
-    char *b = cpu_block(dev, bytes, &fresh);
-    *out = b ? b + HEADER : NULL;
-    if (!b) return FSDP_ENOMEM;
-    if (!fresh && bytes > 0) memset(b + HEADER, 0, bytes);
+    if (posix_memalign(out, 64, bytes ? bytes : 1) != 0) {
+        *out = NULL;
+        return FSDP_ENOMEM;
+    }
     return FSDP_OK;
 }
 
-void fsdp__cpu_cache_bytes(const fsdp_device_t *dev, size_t *held, size_t *live,
-                           size_t *live_peak) {
-    const struct cpu_cache *c = dev->impl;
-    bool on = c && c->limit > 0;
-    *held = on ? c->held : 0;
-    *live = on ? c->live : 0;
-    *live_peak = on ? c->live_peak : 0;
+int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
+    bool clean;
+    return cpu_block(dev, bytes, out, &clean);
+}
+
+/* Zeroed memory: only blocks the cache cannot vouch for are cleared here, so callers that would
+ * zero a new buffer themselves (the GEMM's beta = 0 pass, a gradient about to be scattered into)
+ * skip that pass for every block of a new segment. */
+int fsdp__cpu_alloc_zeroed(fsdp_device_t *dev, size_t bytes, void **out) {
+    bool clean;
+    int rc = cpu_block(dev, bytes, out, &clean);
+    if (rc == FSDP_OK && !clean && bytes > 0) memset(*out, 0, bytes);
+    return rc;
+}
+
+bool fsdp__cpu_cache_stats(const fsdp_device_t *dev, fsdp_bcache_stats_t *out) {
+    memset(out, 0, sizeof *out);
+    if (!dev->impl) return false;
+    fsdp__bcache_get_stats(dev->impl, out);
+    return true;
 }
 
 void fsdp__cpu_free(fsdp_device_t *dev, void *ptr) {
     if (!ptr) return;
-    struct cpu_cache *c = dev->impl;
-    char *b = (char *)ptr - HEADER;
-    size_t size = block_header_of(b).size;
-    if (c && c->limit > 0 && size >= CACHE_MIN) {
-        c->live -= size;
-        if (size <= c->limit) {
-            /* Make room: evict the oldest blocks until this one fits. */
-            while (c->n > 0 && (c->n == CACHE_SLOTS || c->held + size > c->limit))
-                block_release(cache_take(c, 0));
-            c->block[c->n] = b;
-            c->size[c->n++] = size;
-            c->held += size;
-            return;
-        }
+    fsdp_bcache_t *cache = dev->impl;
+    if (!cache) {
+        free(ptr);
+        return;
     }
-    block_release(b);
+    if (fsdp__bcache_free(cache, ptr) < 0)
+        fsdp_log(dev->ctx, FSDP_LOG_WARN, "%s", fsdp__bcache_last_error(cache));
 }
 
 int fsdp__cpu_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,

@@ -7,11 +7,12 @@
  * (elementwise, reductions, gemm) and cpu_nn_kernels.c (row kernels, norms, embedding, losses,
  * dropout, optimizer steps). Nothing outside src/device/ calls them by name: the layers above
  * go through the vtable, so the CUDA device can stand in. (The one exception is
- * fsdp__cpu_cache_bytes, which tests call to see the block cache.)
+ * fsdp__cpu_cache_stats, which tests call to see the block cache.)
  */
 #ifndef FSDP_CPU_IMPL_H
 #define FSDP_CPU_IMPL_H
 
+#include "device/block_cache.h"
 #include "device/device_impl.h"
 
 /* ---- memory, copies, streams (cpu.c) ---- */
@@ -31,10 +32,9 @@ int fsdp__cpu_event_wait(fsdp_device_t *dev, void *ev, void *stream);
 int fsdp__cpu_event_sync(fsdp_device_t *dev, void *ev);
 int fsdp__cpu_init(fsdp_device_t *dev);
 void fsdp__cpu_fini(fsdp_device_t *dev);
-/* What the large-block cache of a CPU device holds, for tests: bytes cached, bytes of large
- * blocks in use, and the most bytes of large blocks in use at once. All 0 when the cache is off
- * (FSDP_CPU_CACHE_MB=0, or AddressSanitizer). */
-void fsdp__cpu_cache_bytes(const fsdp_device_t *dev, size_t *held, size_t *live, size_t *live_peak);
+/* The counters of a CPU device's block cache (block_cache.h), for tests and benchmarks. False,
+ * and all zero, when the cache is off (FSDP_CPU_CACHE_MB=0, or AddressSanitizer). */
+bool fsdp__cpu_cache_stats(const fsdp_device_t *dev, fsdp_bcache_stats_t *out);
 
 /* ---- elementwise, reductions, matrix products (cpu_kernels.c) ---- */
 int fsdp__cpu_fill(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double value, void *y);

@@ -1,5 +1,6 @@
 /*
- * cuda_alloc.c: the caching allocator of the CUDA device (see cuda_alloc.h for the policy).
+ * block_cache.c: the caching allocator of the CPU and CUDA devices (see block_cache.h for the
+ * policy).
  *
  * Structures:
  *   - segments: what the backend gave, in a list; each holds its blocks as a doubly linked list
@@ -10,7 +11,8 @@
  *   - pending blocks: freed blocks still waiting for events on other streams, in a list that
  *     every malloc, process_events and empty_cache walks.
  * Invariants: a block is in exactly one of {free array, live map, pending list}; two free
- * neighbours never stay unmerged; the counters equal the sums over the blocks and segments.
+ * neighbours never stay unmerged; the counters equal the sums over the blocks and segments; a
+ * block marked clean is free and its bytes are zero (only with zeroed segments).
  */
 #include <config.h>
 
@@ -21,7 +23,7 @@
 
 #include <fsdp/errno.h>
 
-#include "backends/cuda/cuda_alloc.h"
+#include "src/device/block_cache.h"
 
 enum blk_state { BLK_FREE = 0, BLK_LIVE, BLK_PENDING };
 
@@ -29,11 +31,13 @@ struct seg;
 
 struct blk {
     uintptr_t ptr;
-    size_t size; /* rounded, a multiple of FSDP_CUDA_ALLOC_ROUND */
+    size_t size; /* rounded, a multiple of FSDP_BCACHE_ROUND */
     size_t req;  /* bytes asked for (live blocks) */
     struct seg *seg;
     struct blk *prev, *next; /* neighbours in the segment, address order */
     enum blk_state state;
+    bool clean;  /* free, and nobody has written its bytes since its segment was made */
+    bool cold;   /* free, and its pages are not resident (never touched, or given back) */
     void **uses; /* other streams the block was used on (live blocks) */
     size_t nuse, capuse;
     void **evs; /* events still to complete (pending blocks) */
@@ -61,20 +65,21 @@ struct live_map {
     size_t count;
 };
 
-struct fsdp_cuda_alloc {
-    const struct fsdp_cuda_raw_ops *ops;
+struct fsdp_bcache {
+    const struct fsdp_bcache_ops *ops;
     void *ctx;
+    fsdp_bcache_opts_t opts;
     struct seg *segs;
-    struct free_list free[FSDP_CUDA_NPOOLS];
+    struct free_list free[FSDP_BCACHE_NPOOLS];
     struct live_map live;
     struct blk *pending;
     void **spare_evs; /* completed events kept for reuse */
     size_t nspare, capspare;
-    fsdp_cuda_alloc_stats_t st;
+    fsdp_bcache_stats_t st;
     char err[512];
 };
 
-static int set_err(fsdp_cuda_alloc_t *a, int rc, const char *fmt, ...) {
+static int set_err(fsdp_bcache_t *a, int rc, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(a->err, sizeof a->err, fmt, ap);
@@ -189,8 +194,8 @@ static void lm_remove(struct live_map *m, struct blk **slot) {
 
 /* ---- counters ---- */
 
-static void count_alloc(fsdp_cuda_alloc_t *a, int pool, size_t size, size_t req) {
-    fsdp_cuda_alloc_stats_t *s = &a->st;
+static void count_alloc(fsdp_bcache_t *a, int pool, size_t size, size_t req) {
+    fsdp_bcache_stats_t *s = &a->st;
     s->allocated[pool] += size;
     if (s->allocated[pool] > s->allocated_peak[pool]) s->allocated_peak[pool] = s->allocated[pool];
     s->allocated_total += size;
@@ -199,15 +204,15 @@ static void count_alloc(fsdp_cuda_alloc_t *a, int pool, size_t size, size_t req)
     s->blocks++;
 }
 
-static void count_free(fsdp_cuda_alloc_t *a, int pool, size_t size, size_t req) {
+static void count_free(fsdp_bcache_t *a, int pool, size_t size, size_t req) {
     a->st.allocated[pool] -= size;
     a->st.allocated_total -= size;
     a->st.requested_total -= req;
     a->st.blocks--;
 }
 
-static void count_seg(fsdp_cuda_alloc_t *a, int pool, size_t size, bool add) {
-    fsdp_cuda_alloc_stats_t *s = &a->st;
+static void count_seg(fsdp_bcache_t *a, int pool, size_t size, bool add) {
+    fsdp_bcache_stats_t *s = &a->st;
     if (add) {
         s->reserved[pool] += size;
         if (s->reserved[pool] > s->reserved_peak[pool]) s->reserved_peak[pool] = s->reserved[pool];
@@ -225,17 +230,19 @@ static void count_seg(fsdp_cuda_alloc_t *a, int pool, size_t size, bool add) {
 
 /* ---- creation ---- */
 
-int fsdp__cuda_alloc_create(const struct fsdp_cuda_raw_ops *ops, void *ctx,
-                            fsdp_cuda_alloc_t **out) {
+int fsdp__bcache_create(const struct fsdp_bcache_ops *ops, void *ctx,
+                        const fsdp_bcache_opts_t *opts, fsdp_bcache_t **out) {
     if (!out) return FSDP_EINVAL;
     *out = NULL;
-    if (!ops || !ops->seg_alloc || !ops->seg_free || !ops->event_create || !ops->event_record ||
-        !ops->event_query || !ops->event_destroy)
-        return FSDP_EINVAL;
-    fsdp_cuda_alloc_t *a = calloc(1, sizeof *a);
+    if (!ops || !ops->seg_alloc || !ops->seg_free) return FSDP_EINVAL;
+    int nev = !!ops->event_create + !!ops->event_record + !!ops->event_query + !!ops->event_destroy;
+    if (nev != 0 && nev != 4) return FSDP_EINVAL;
+    fsdp_bcache_t *a = calloc(1, sizeof *a);
     if (!a) return FSDP_ENOMEM;
     a->ops = ops;
     a->ctx = ctx;
+    if (opts) a->opts = *opts;
+    if (!a->opts.name) a->opts.name = "device";
     *out = a;
     return FSDP_OK;
 }
@@ -246,7 +253,7 @@ static void blk_destroy(struct blk *b) {
     free(b);
 }
 
-void fsdp__cuda_alloc_destroy(fsdp_cuda_alloc_t *a) {
+void fsdp__bcache_destroy(fsdp_bcache_t *a) {
     if (!a) return;
     for (struct blk *b = a->pending; b; b = b->pend_next)
         for (size_t i = 0; i < b->nev; i++)
@@ -259,38 +266,46 @@ void fsdp__cuda_alloc_destroy(fsdp_cuda_alloc_t *a) {
             bn = b->next;
             blk_destroy(b);
         }
-        a->ops->seg_free(a->ctx, (void *)s->base);
+        a->ops->seg_free(a->ctx, (void *)s->base, s->size);
         free(s);
     }
-    for (int p = 0; p < FSDP_CUDA_NPOOLS; p++)
+    for (int p = 0; p < FSDP_BCACHE_NPOOLS; p++)
         free(a->free[p].v);
     free(a->live.slots);
     free(a->spare_evs);
     free(a);
 }
 
+static void release_free_segs(fsdp_bcache_t *a, size_t limit);
+
 /* ---- freeing into the pools ---- */
 
 /* Absorbs b's next neighbour n (free, in the free list) into b. */
-static void absorb_next(fsdp_cuda_alloc_t *a, struct blk *b) {
+static void absorb_next(fsdp_bcache_t *a, struct blk *b) {
     struct blk *n = b->next;
     fl_remove(&a->free[b->seg->pool], n);
     b->size += n->size;
+    b->clean = b->clean && n->clean;
+    b->cold = b->cold && n->cold;
     b->next = n->next;
     if (n->next) n->next->prev = b;
     blk_destroy(n);
 }
 
 /* Makes b free: merges it with free neighbours and files it. */
-static int make_free(fsdp_cuda_alloc_t *a, struct blk *b) {
+static int make_free(fsdp_bcache_t *a, struct blk *b) {
     struct free_list *fl = &a->free[b->seg->pool];
     b->state = BLK_FREE;
+    b->clean = false; /* it was handed out */
+    b->cold = false;
     b->req = 0;
     b->nuse = 0;
     if (b->prev && b->prev->state == BLK_FREE) {
         struct blk *p = b->prev;
         fl_remove(fl, p);
         p->size += b->size;
+        p->clean = false;
+        p->cold = false;
         p->next = b->next;
         if (b->next) b->next->prev = p;
         blk_destroy(b);
@@ -300,12 +315,13 @@ static int make_free(fsdp_cuda_alloc_t *a, struct blk *b) {
     if (fl_insert(fl, b) < 0) {
         /* Not in the list, the block is lost to reuse until empty_cache or destroy; memory is
          * still accounted in its segment. Host memory is what ran out here. */
-        return set_err(a, FSDP_ENOMEM, "cuda allocator: out of host memory for its free list");
+        return set_err(a, FSDP_ENOMEM, "%s allocator: out of host memory for its free list",
+                       a->opts.name);
     }
     return FSDP_OK;
 }
 
-int fsdp__cuda_alloc_process_events(fsdp_cuda_alloc_t *a) {
+int fsdp__bcache_process_events(fsdp_bcache_t *a) {
     int freed = 0, err = FSDP_OK;
     struct blk **link = &a->pending;
     while (*link) {
@@ -314,7 +330,8 @@ int fsdp__cuda_alloc_process_events(fsdp_cuda_alloc_t *a) {
         for (size_t i = 0; i < b->nev; i++) {
             int q = a->ops->event_query(a->ctx, b->evs[i]);
             if (q < 0 && err == FSDP_OK)
-                err = set_err(a, q, "cuda allocator: querying an event of a freed block failed");
+                err = set_err(a, q, "%s allocator: querying an event of a freed block failed",
+                              a->opts.name);
             if (q <= 0) {
                 b->evs[k++] = b->evs[i];
                 continue;
@@ -340,7 +357,7 @@ int fsdp__cuda_alloc_process_events(fsdp_cuda_alloc_t *a) {
     return err < 0 ? err : freed;
 }
 
-static int event_get(fsdp_cuda_alloc_t *a, void **out) {
+static int event_get(fsdp_bcache_t *a, void **out) {
     if (a->nspare > 0) {
         *out = a->spare_evs[--a->nspare];
         return FSDP_OK;
@@ -348,23 +365,27 @@ static int event_get(fsdp_cuda_alloc_t *a, void **out) {
     return a->ops->event_create(a->ctx, out);
 }
 
-int fsdp__cuda_alloc_free(fsdp_cuda_alloc_t *a, void *ptr) {
+int fsdp__bcache_free(fsdp_bcache_t *a, void *ptr) {
     if (!ptr) return FSDP_OK;
     struct blk **slot = lm_find(&a->live, (uintptr_t)ptr);
     if (!slot)
-        return set_err(a, FSDP_EINVAL, "cuda allocator: %p is not a live block (freed twice?)",
-                       ptr);
+        return set_err(a, FSDP_EINVAL, "%s allocator: %p is not a live block (freed twice?)",
+                       a->opts.name, ptr);
     struct blk *b = *slot;
     lm_remove(&a->live, slot);
     count_free(a, b->seg->pool, b->size, b->req);
-    if (b->nuse == 0) return make_free(a, b);
+    if (b->nuse == 0) {
+        int rc = make_free(a, b);
+        if (a->opts.max_cached) release_free_segs(a, a->st.allocated_total + a->opts.max_cached);
+        return rc;
+    }
     /* Used on other streams: the block waits for an event on each. */
     int rc = FSDP_OK;
     b->state = BLK_PENDING;
     b->nev = 0;
     if (grow((void **)&b->evs, &b->capev, b->nuse, sizeof(void *)) < 0) {
-        rc =
-            set_err(a, FSDP_ENOMEM, "cuda allocator: out of host memory for the events of %p", ptr);
+        rc = set_err(a, FSDP_ENOMEM, "%s allocator: out of host memory for the events of %p",
+                     a->opts.name, ptr);
     } else {
         for (size_t i = 0; i < b->nuse && rc == FSDP_OK; i++) {
             void *ev = NULL;
@@ -378,9 +399,9 @@ int fsdp__cuda_alloc_free(fsdp_cuda_alloc_t *a, void *ptr) {
             }
             if (rc < 0)
                 set_err(a, rc,
-                        "cuda allocator: recording an event for %p on stream %p failed; the "
+                        "%s allocator: recording an event for %p on stream %p failed; the "
                         "block is never reused",
-                        ptr, b->uses[i]);
+                        a->opts.name, ptr, b->uses[i]);
         }
     }
     b->nuse = 0;
@@ -398,7 +419,11 @@ int fsdp__cuda_alloc_free(fsdp_cuda_alloc_t *a, void *ptr) {
     return FSDP_OK;
 }
 
-int fsdp__cuda_alloc_record_stream(fsdp_cuda_alloc_t *a, void *ptr, void *stream) {
+int fsdp__bcache_record_stream(fsdp_bcache_t *a, void *ptr, void *stream) {
+    if (!a->ops->event_record)
+        return set_err(a, FSDP_ENOTSUP,
+                       "%s allocator: record_stream: this memory has no streams to order",
+                       a->opts.name);
     struct blk **slot = lm_find(&a->live, (uintptr_t)ptr);
     struct blk *b = slot ? *slot : NULL;
     if (!b) {
@@ -414,8 +439,8 @@ int fsdp__cuda_alloc_record_stream(fsdp_cuda_alloc_t *a, void *ptr, void *stream
         }
     }
     if (!b)
-        return set_err(a, FSDP_EINVAL, "cuda allocator: record_stream: %p is not in a live block",
-                       ptr);
+        return set_err(a, FSDP_EINVAL, "%s allocator: record_stream: %p is not in a live block",
+                       a->opts.name, ptr);
     if (stream == b->seg->stream) return FSDP_OK;
     for (size_t i = 0; i < b->nuse; i++)
         if (b->uses[i] == stream) return FSDP_OK;
@@ -427,7 +452,7 @@ int fsdp__cuda_alloc_record_stream(fsdp_cuda_alloc_t *a, void *ptr, void *stream
 
 /* ---- segments ---- */
 
-static void seg_release(fsdp_cuda_alloc_t *a, struct seg *s) {
+static void seg_release(fsdp_bcache_t *a, struct seg *s) {
     struct seg **link = &a->segs;
     while (*link != s)
         link = &(*link)->next;
@@ -435,13 +460,13 @@ static void seg_release(fsdp_cuda_alloc_t *a, struct seg *s) {
     fl_remove(&a->free[s->pool], s->first);
     blk_destroy(s->first);
     count_seg(a, s->pool, s->size, false);
-    a->ops->seg_free(a->ctx, (void *)s->base);
+    a->ops->seg_free(a->ctx, (void *)s->base, s->size);
     free(s);
 }
 
-size_t fsdp__cuda_alloc_empty_cache(fsdp_cuda_alloc_t *a) {
+size_t fsdp__bcache_empty_cache(fsdp_bcache_t *a) {
     size_t released = 0;
-    (void)fsdp__cuda_alloc_process_events(a);
+    (void)fsdp__bcache_process_events(a);
     for (struct seg *s = a->segs, *sn; s; s = sn) {
         sn = s->next;
         struct blk *b = s->first;
@@ -453,20 +478,84 @@ size_t fsdp__cuda_alloc_empty_cache(fsdp_cuda_alloc_t *a) {
     return released;
 }
 
+/* Gives back wholly free segments, oldest first, until at most `limit` bytes are reserved or
+ * none is left. */
+static void release_free_segs(fsdp_bcache_t *a, size_t limit) {
+    while (a->st.reserved_total > limit) {
+        struct seg *oldest = NULL;
+        for (struct seg *s = a->segs; s; s = s->next) {
+            struct blk *b = s->first;
+            if (b->state == BLK_FREE && !b->next && b->size == s->size) oldest = s;
+        }
+        if (!oldest) return;
+        a->st.bound_frees++;
+        seg_release(a, oldest);
+    }
+}
+
+/* Bytes of free blocks whose pages are not resident. */
+static size_t cold_bytes(const fsdp_bcache_t *a) {
+    size_t n = 0;
+    for (int p = 0; p < FSDP_BCACHE_NPOOLS; p++)
+        for (size_t i = 0; i < a->free[p].n; i++)
+            if (a->free[p].v[i]->cold) n += a->free[p].v[i]->size;
+    return n;
+}
+
+/*
+ * bound_to_peak with a backend that decommits, after a block whose pages were not resident was
+ * handed out: the memory held and resident as far as the allocator knows (segments less cold
+ * free blocks) must stay within the most ever allocated at once, plus bound_slack_pct of it. Wholly
+ * free segments go back first, oldest first; then the pages of the largest resident free blocks,
+ * which stay carved and are faulted in again when used. (Without decommit, the check is made before
+ * a new segment is taken, on the segments alone.)
+ */
+static void keep_to_peak(fsdp_bcache_t *a) {
+    size_t peak = a->st.allocated_peak_total;
+    size_t bound = peak + peak / 100 * a->opts.bound_slack_pct;
+    size_t cold = cold_bytes(a);
+    while (a->st.reserved_total - cold > bound) {
+        struct seg *oldest = NULL;
+        for (struct seg *s = a->segs; s; s = s->next) {
+            struct blk *b = s->first;
+            if (b->state == BLK_FREE && !b->next && b->size == s->size) oldest = s;
+        }
+        if (!oldest) break;
+        if (oldest->first->cold) cold -= oldest->first->size;
+        a->st.bound_frees++;
+        seg_release(a, oldest);
+    }
+    while (a->st.reserved_total - cold > bound) {
+        struct blk *big = NULL;
+        for (int p = 0; p < FSDP_BCACHE_NPOOLS; p++)
+            for (size_t i = 0; i < a->free[p].n; i++) {
+                struct blk *b = a->free[p].v[i];
+                if (!b->cold && (!big || b->size > big->size)) big = b;
+            }
+        if (!big) break;
+        a->ops->decommit(a->ctx, (void *)big->ptr, big->size);
+        big->cold = true;
+        big->clean = true;
+        cold += big->size;
+        a->st.decommits++;
+        a->st.decommitted += big->size;
+    }
+}
+
 /* Gets a new segment of `size` for pool/stream, with one free block spanning it (not filed). */
-static int seg_new(fsdp_cuda_alloc_t *a, int pool, size_t size, void *stream, struct blk **out) {
+static int seg_new(fsdp_bcache_t *a, int pool, size_t size, void *stream, struct blk **out) {
     void *mem = NULL;
     struct seg *s = calloc(1, sizeof *s);
     struct blk *b = calloc(1, sizeof *b);
     if (!s || !b) {
         free(s);
         free(b);
-        return set_err(a, FSDP_ENOMEM, "cuda allocator: out of host memory");
+        return set_err(a, FSDP_ENOMEM, "%s allocator: out of host memory", a->opts.name);
     }
     int rc = a->ops->seg_alloc(a->ctx, size, &mem);
     if (rc == FSDP_ENOMEM) {
         a->st.oom_retries++;
-        fsdp__cuda_alloc_empty_cache(a);
+        fsdp__bcache_empty_cache(a);
         rc = a->ops->seg_alloc(a->ctx, size, &mem);
     }
     if (rc < 0 || !mem) {
@@ -485,22 +574,33 @@ static int seg_new(fsdp_cuda_alloc_t *a, int pool, size_t size, void *stream, st
     b->size = size;
     b->seg = s;
     b->state = BLK_FREE;
+    b->clean = a->opts.zeroed_segments;
+    b->cold = a->ops->decommit != NULL;
     count_seg(a, pool, size, true);
     *out = b;
     return FSDP_OK;
 }
 
-int fsdp__cuda_alloc_malloc(fsdp_cuda_alloc_t *a, size_t bytes, void *stream, void **out) {
+int fsdp__bcache_malloc(fsdp_bcache_t *a, size_t bytes, void *stream, void **out) {
+    bool clean;
+    return fsdp__bcache_malloc_clean(a, bytes, stream, out, &clean);
+}
+
+int fsdp__bcache_malloc_clean(fsdp_bcache_t *a, size_t bytes, void *stream, void **out,
+                              bool *clean) {
     *out = NULL;
+    *clean = false;
     a->err[0] = 0;
-    if (bytes > SIZE_MAX - FSDP_CUDA_ALLOC_LARGE_ROUND)
-        return set_err(a, FSDP_ENOMEM, "cuda allocator: %zu bytes cannot be rounded", bytes);
-    size_t size = bytes ? round_up(bytes, FSDP_CUDA_ALLOC_ROUND) : FSDP_CUDA_ALLOC_ROUND;
-    int pool = size <= FSDP_CUDA_ALLOC_SMALL_MAX ? FSDP_CUDA_POOL_SMALL : FSDP_CUDA_POOL_LARGE;
-    int rc = fsdp__cuda_alloc_process_events(a);
+    if (bytes > SIZE_MAX - FSDP_BCACHE_LARGE_ROUND)
+        return set_err(a, FSDP_ENOMEM, "%s allocator: %zu bytes cannot be rounded", a->opts.name,
+                       bytes);
+    size_t size = bytes ? round_up(bytes, FSDP_BCACHE_ROUND) : FSDP_BCACHE_ROUND;
+    int pool = size <= FSDP_BCACHE_SMALL_MAX ? FSDP_BCACHE_POOL_SMALL : FSDP_BCACHE_POOL_LARGE;
+    int rc = fsdp__bcache_process_events(a);
     if (rc < 0) return rc;
     if (lm_reserve(&a->live) < 0)
-        return set_err(a, FSDP_ENOMEM, "cuda allocator: out of host memory for its block map");
+        return set_err(a, FSDP_ENOMEM, "%s allocator: out of host memory for its block map",
+                       a->opts.name);
 
     struct free_list *fl = &a->free[pool];
     struct blk *b = NULL;
@@ -509,33 +609,38 @@ int fsdp__cuda_alloc_malloc(fsdp_cuda_alloc_t *a, size_t bytes, void *stream, vo
         b = fl->v[i];
         fl_remove(fl, b);
     } else {
-        size_t seg_size = pool == FSDP_CUDA_POOL_SMALL
-                              ? FSDP_CUDA_ALLOC_SMALL_SEG
-                              : round_up(size, FSDP_CUDA_ALLOC_LARGE_ROUND);
+        size_t seg_size = pool == FSDP_BCACHE_POOL_SMALL ? FSDP_BCACHE_SMALL_SEG
+                                                         : round_up(size, FSDP_BCACHE_LARGE_ROUND);
+        if (a->opts.bound_to_peak && !a->ops->decommit) {
+            size_t peak = a->st.allocated_peak_total, need = a->st.allocated_total + size;
+            size_t bound = need > peak ? need : peak;
+            release_free_segs(a, bound > seg_size ? bound - seg_size : 0);
+        }
         rc = seg_new(a, pool, seg_size, stream, &b);
         if (rc == FSDP_ENOMEM) {
             a->st.ooms++;
             size_t cached = 0;
-            for (int p = 0; p < FSDP_CUDA_NPOOLS; p++)
+            for (int p = 0; p < FSDP_BCACHE_NPOOLS; p++)
                 for (size_t j = 0; j < a->free[p].n; j++)
                     cached += a->free[p].v[j]->size;
             return set_err(a, FSDP_ENOMEM,
-                           "out of device memory: tried to allocate %zu bytes (a %zu-byte "
+                           "out of %s memory: tried to allocate %zu bytes (a %zu-byte "
                            "segment) after emptying the cache; %zu bytes reserved in %zu "
                            "segments, %zu allocated to %zu live blocks, %zu free in the cache "
                            "(fragmented or on other streams), %zu waiting for other streams",
-                           bytes, seg_size, a->st.reserved_total, a->st.segments,
+                           a->opts.name, bytes, seg_size, a->st.reserved_total, a->st.segments,
                            a->st.allocated_total, a->st.blocks, cached, a->st.pending_blocks);
         }
         if (rc < 0)
-            return set_err(a, rc, "cuda allocator: the device failed to give a %zu-byte segment",
-                           seg_size);
+            return set_err(a, rc, "%s allocator: the device failed to give a %zu-byte segment",
+                           a->opts.name, seg_size);
     }
 
     /* Split the rest off when it is worth keeping as a block of its own. */
     size_t rest = b->size - size;
-    bool split = pool == FSDP_CUDA_POOL_SMALL ? rest >= FSDP_CUDA_ALLOC_ROUND
-                                              : rest > FSDP_CUDA_ALLOC_SMALL_MAX;
+    size_t split_min =
+        a->opts.large_split_min ? a->opts.large_split_min : FSDP_BCACHE_SMALL_MAX + 1;
+    bool split = pool == FSDP_BCACHE_POOL_SMALL ? rest >= FSDP_BCACHE_ROUND : rest >= split_min;
     if (split) {
         struct blk *r = calloc(1, sizeof *r);
         if (r) {
@@ -548,6 +653,8 @@ int fsdp__cuda_alloc_malloc(fsdp_cuda_alloc_t *a, size_t bytes, void *stream, vo
             b->next = r;
             b->size = size;
             r->state = BLK_FREE;
+            r->clean = b->clean;
+            r->cold = b->cold;
             if (fl_insert(fl, r) < 0) {
                 /* Undo: the block keeps its tail. */
                 b->size += r->size;
@@ -557,24 +664,29 @@ int fsdp__cuda_alloc_malloc(fsdp_cuda_alloc_t *a, size_t bytes, void *stream, vo
             }
         }
     }
+    *clean = b->clean;
+    bool was_cold = b->cold;
+    b->clean = false;
+    b->cold = false;
     b->state = BLK_LIVE;
     b->req = bytes;
     b->nuse = 0;
     lm_put_nogrow(&a->live, b);
     count_alloc(a, pool, b->size, bytes);
     *out = (void *)b->ptr;
+    if (was_cold && a->opts.bound_to_peak && a->ops->decommit) keep_to_peak(a);
     return FSDP_OK;
 }
 
 /* ---- queries ---- */
 
-void fsdp__cuda_alloc_get_stats(const fsdp_cuda_alloc_t *a, fsdp_cuda_alloc_stats_t *out) {
+void fsdp__bcache_get_stats(const fsdp_bcache_t *a, fsdp_bcache_stats_t *out) {
     *out = a->st;
 }
 
-void fsdp__cuda_alloc_reset_peaks(fsdp_cuda_alloc_t *a) {
-    fsdp_cuda_alloc_stats_t *s = &a->st;
-    for (int p = 0; p < FSDP_CUDA_NPOOLS; p++) {
+void fsdp__bcache_reset_peaks(fsdp_bcache_t *a) {
+    fsdp_bcache_stats_t *s = &a->st;
+    for (int p = 0; p < FSDP_BCACHE_NPOOLS; p++) {
         s->allocated_peak[p] = s->allocated[p];
         s->reserved_peak[p] = s->reserved[p];
     }
@@ -582,11 +694,11 @@ void fsdp__cuda_alloc_reset_peaks(fsdp_cuda_alloc_t *a) {
     s->reserved_peak_total = s->reserved_total;
 }
 
-size_t fsdp__cuda_alloc_block_size(const fsdp_cuda_alloc_t *a, const void *ptr) {
+size_t fsdp__bcache_block_size(const fsdp_bcache_t *a, const void *ptr) {
     struct blk **slot = lm_find(&a->live, (uintptr_t)ptr);
     return slot ? (*slot)->size : 0;
 }
 
-const char *fsdp__cuda_alloc_last_error(const fsdp_cuda_alloc_t *a) {
+const char *fsdp__bcache_last_error(const fsdp_bcache_t *a) {
     return a ? a->err : "";
 }
