@@ -253,6 +253,30 @@ static void test_gemm_table(void) {
     }
     tap_is_int(fsdp__cuda_gemm_type((fsdp_dtype_t)FSDP_DTYPE_COUNT).path, FSDP_CUDA_GEMM_NONE,
                "an unknown dtype has no gemm");
+    /* gemm_lp: bf16 or f16 operands, C of their dtype or f32; every other pair is refused. */
+    int wrong = 0;
+    for (int d = 0; d < FSDP_DTYPE_COUNT; d++)
+        for (int c = 0; c < FSDP_DTYPE_COUNT; c++) {
+            fsdp_dtype_t dt = (fsdp_dtype_t)d, ct = (fsdp_dtype_t)c;
+            bool lp = dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16;
+            bool ok = lp && (ct == dt || ct == FSDP_DTYPE_F32);
+            fsdp_cuda_gemm_type_t t = fsdp__cuda_gemm_lp_type(dt, ct);
+            if (!ok) {
+                if (t.path != FSDP_CUDA_GEMM_NONE) {
+                    tap_diag("gemm_lp of %s into %s has path %d", fsdp_dtype_name(dt),
+                             fsdp_dtype_name(ct), (int)t.path);
+                    wrong++;
+                }
+                continue;
+            }
+            fsdp_cuda_gemm_type_t base = fsdp__cuda_gemm_type(dt), cbase = fsdp__cuda_gemm_type(ct);
+            tap_ok(t.path == FSDP_CUDA_GEMM_LT && t.elem == base.elem && t.size == 2 &&
+                       t.celem == cbase.elem && t.csize == fsdp_dtype_size(ct) && !t.tf32_allowed,
+                   "gemm_lp of %s into %s: cuBLASLt, operands %d (%zu bytes), C %d (%zu bytes)",
+                   fsdp_dtype_name(dt), fsdp_dtype_name(ct), (int)t.elem, t.size, (int)t.celem,
+                   t.csize);
+        }
+    tap_is_int(wrong, 0, "gemm_lp refuses every pair but bf16/f16 operands into their dtype or f32");
 }
 
 /* Element (r, c) of a stored column-major matrix with op applied: op(X)(r, c). */
@@ -313,8 +337,8 @@ static void test_gemm_plan(void) {
                     *e = 2 * acc + 0.5 * *e;
                 }
         fsdp_cuda_lt_plan_t pl;
-        fsdp__cuda_lt_plan(&pl, sizeof(double), ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc,
-                           sc, batch);
+        fsdp__cuda_lt_plan(&pl, sizeof(double), sizeof(double), ta, tb, m, n, k, a, lda, sa, b,
+                           ldb, sb, c, ldc, sc, batch);
         int bad = 0;
         lt_reference(&pl, m, n, k, 2.0, 0.5, batch, &bad);
         tap_is_int(bad, 0, "trans_a %d trans_b %d: the plan's shapes cover every index", ta, tb);
@@ -341,11 +365,17 @@ static void test_gemm_align(void) {
     tap_is_uint(fsdp__cuda_lt_align(0x10006, 1024, 2, 4), 2, "a view 3 bf16 elements in: 2");
     tap_is_uint(fsdp__cuda_lt_align(0x10008, 0, 8, 3), 8, "an 8-byte offset, shared matrix: 8");
     fsdp_cuda_lt_plan_t pl;
-    fsdp__cuda_lt_plan(&pl, 2, false, false, 8, 8, 8, (void *)0x1002, 8, 64, (void *)0x2000, 8, 64,
-                       (void *)0x3010, 8, 64, 2);
+    fsdp__cuda_lt_plan(&pl, 2, 2, false, false, 8, 8, 8, (void *)0x1002, 8, 64, (void *)0x2000, 8,
+                       64, (void *)0x3010, 8, 64, 2);
     tap_ok(pl.align[0] == 128 && pl.align[1] == 2 && pl.align[2] == 16,
            "the plan aligns B (%u), A (%u) and C (%u) separately", pl.align[0], pl.align[1],
            pl.align[2]);
+    /* gemm_lp with an f32 C: C's batch stride counts in 4-byte elements, the operands' in 2. */
+    fsdp__cuda_lt_plan(&pl, 2, 4, false, false, 8, 8, 8, (void *)0x1000, 8, 2, (void *)0x2000, 8,
+                       2, (void *)0x3000, 8, 2, 2);
+    tap_ok(pl.align[0] == 4 && pl.align[1] == 4 && pl.align[2] == 8,
+           "bf16 operands, f32 C, batch stride 2: B %u, A %u, C %u bytes (want 4, 4, 8)",
+           pl.align[0], pl.align[1], pl.align[2]);
 }
 
 static void test_create(void) {

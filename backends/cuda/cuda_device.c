@@ -578,13 +578,14 @@ static int gemm_lt(fsdp_device_t *dev, struct cuda_dev *cd, fsdp_cuda_gemm_type_
     cublasStatus_t st;
     int rc = FSDP_OK;
     fsdp_cuda_lt_plan_t pl;
-    fsdp__cuda_lt_plan(&pl, ty.size, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+    fsdp__cuda_lt_plan(&pl, ty.size, ty.csize, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc,
+                       batch);
     const cublasOperation_t op0 = pl.mat[0].trans ? CUBLAS_OP_T : CUBLAS_OP_N,
                             op1 = pl.mat[1].trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     /* Half-precision inputs accumulate in f32 on tensor cores already; TF32 only concerns f32. */
     const cublasComputeType_t ct =
         cd->tf32 && ty.tf32_allowed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    const cudaDataType_t et = lt_data_type(ty.elem);
+    const cudaDataType_t et = lt_data_type(ty.elem), ect = lt_data_type(ty.celem);
     const int32_t nb = (int32_t)batch;
     const uint64_t ws = LT_WORKSPACE;
     static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
@@ -604,7 +605,8 @@ static int gemm_lt(fsdp_device_t *dev, struct cuda_dev *cd, fsdp_cuda_gemm_type_
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op1, sizeof op1),
        "setting TRANSB");
     for (int i = 0; i < 3; i++) {
-        LT(cublasLtMatrixLayoutCreate(&lay[i], et, pl.mat[i].rows, pl.mat[i].cols, pl.mat[i].ld),
+        LT(cublasLtMatrixLayoutCreate(&lay[i], i == 2 ? ect : et, pl.mat[i].rows, pl.mat[i].cols,
+                                      pl.mat[i].ld),
            i == 0 ? "layout of B" : i == 1 ? "layout of A" : "layout of C");
         if (batch > 1) {
             LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb,
@@ -682,6 +684,34 @@ static int cuda_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool tra
         (int)m, (int)k, &alpha, b, (int)ldb, stride_b, a, (int)lda, stride_a, &beta, c, (int)ldc,
         stride_c, (int)batch);
     return st == CUBLAS_STATUS_SUCCESS ? FSDP_OK : blas_fail(dev, st, "cublasDgemmStridedBatched");
+}
+
+/* Products of bf16 or f16 operands with a C of the same dtype or f32 (the tensor layer's
+ * low-precision path): cuBLASLt with f32 accumulation, as gemm takes those dtypes, the layout
+ * of C alone having the output's element type. */
+static int cuda_gemm_lp(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool trans_a,
+                        bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
+                        int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
+                        int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c,
+                        int64_t batch) {
+    const fsdp_cuda_gemm_type_t ty = fsdp__cuda_gemm_lp_type(dt, ct);
+    if (ty.path != FSDP_CUDA_GEMM_LT)
+        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
+                             "cuda gemm_lp: operands of %s into %s are not supported (bf16 or "
+                             "f16 operands, C of their dtype or f32)",
+                             fsdp_dtype_name(dt), fsdp_dtype_name(ct));
+    int chk = fsdp__gemm_check(dev, "cuda", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
+    if (chk != 0) return chk < 0 ? chk : FSDP_OK;
+    USE(cd, dev);
+    if (k == 0)
+        return launched(
+            dev, fsdp__cuda_k_scale_c(cd->compute, (int)ct, m, n, beta, c, ldc, stride_c, batch),
+            "gemm_lp (k = 0) scale kernel");
+    if (batch > INT_MAX)
+        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP, "cuda gemm_lp: batch %lld beyond 32 bits",
+                             (long long)batch);
+    return gemm_lt(dev, cd, ty, trans_a, trans_b, m, n, k, (float)alpha, a, lda, stride_a, b, ldb,
+                   stride_b, (float)beta, c, ldc, stride_c, batch);
 }
 
 /* ---- row kernels, norms, embedding, losses, dropout, optimizers ---- */
@@ -985,6 +1015,8 @@ const struct fsdp_dev_ops fsdp__cuda_dev_ops = {
     .coll_reduce = cuda_coll_reduce,
 
     .gemm = cuda_gemm,
+    .gemm_lp_dtypes = FSDP__DT_BIT(FSDP_DTYPE_BF16) | FSDP__DT_BIT(FSDP_DTYPE_F16),
+    .gemm_lp = cuda_gemm_lp,
 
     .softmax = cuda_softmax,
     .softmax_backward = cuda_softmax_backward,

@@ -5,7 +5,8 @@
  * Three things are decided before cuBLASLt or cuBLAS is called, and all three live here:
  *   - which library path a dtype takes (fsdp__cuda_gemm_type): f32, bf16 and f16 go through
  *     cuBLASLt with f32 accumulation and f32 alpha/beta, f64 through cublasDgemmStridedBatched,
- *     every other dtype is refused;
+ *     every other dtype is refused; the low-precision products of gemm_lp
+ *     (fsdp__cuda_gemm_lp_type) take bf16 or f16 operands with a C of the same dtype or f32;
  *   - the column-major problem the library solves (fsdp__cuda_lt_plan): row-major
  *     C (m x n) = op(A) op(B) is column-major C^T (n x m) = op(B)^T op(A)^T, so the library's
  *     first operand is our B and its second our A, each with its own transpose flag, the row
@@ -38,14 +39,17 @@ typedef enum fsdp_cuda_lt_elem {
 
 typedef struct fsdp_cuda_gemm_type {
     fsdp_cuda_gemm_path_t path;
-    fsdp_cuda_lt_elem_t elem; /* meaningful for FSDP_CUDA_GEMM_LT */
-    size_t size;              /* bytes per element */
+    fsdp_cuda_lt_elem_t elem; /* of A and B; meaningful for FSDP_CUDA_GEMM_LT */
+    size_t size;              /* bytes per element of A and B */
     bool tf32_allowed;        /* FSDP_CUDA_TF32 applies (f32 inputs only) */
+    fsdp_cuda_lt_elem_t celem; /* of C (and D): elem, except f32 for gemm_lp's f32 outputs */
+    size_t csize;              /* bytes per element of C */
 } fsdp_cuda_gemm_type_t;
 
 /* The dispatch table: the path of dtype dt (FSDP_CUDA_GEMM_NONE for integers, bool, unknown). */
 static inline fsdp_cuda_gemm_type_t fsdp__cuda_gemm_type(fsdp_dtype_t dt) {
-    fsdp_cuda_gemm_type_t t = {FSDP_CUDA_GEMM_NONE, FSDP_CUDA_LT_R32F, 0, false};
+    fsdp_cuda_gemm_type_t t = {FSDP_CUDA_GEMM_NONE, FSDP_CUDA_LT_R32F, 0, false,
+                               FSDP_CUDA_LT_R32F, 0};
     switch (dt) {
     case FSDP_DTYPE_F32:
         t.path = FSDP_CUDA_GEMM_LT;
@@ -68,6 +72,24 @@ static inline fsdp_cuda_gemm_type_t fsdp__cuda_gemm_type(fsdp_dtype_t dt) {
         break;
     default:
         break;
+    }
+    t.celem = t.elem;
+    t.csize = t.size;
+    return t;
+}
+
+/* The path of gemm_lp's product: A and B of dtype dt (bf16 or f16), C of ct (dt or f32), through
+ * cuBLASLt with f32 accumulation; FSDP_CUDA_GEMM_NONE for any other pair. */
+static inline fsdp_cuda_gemm_type_t fsdp__cuda_gemm_lp_type(fsdp_dtype_t dt, fsdp_dtype_t ct) {
+    fsdp_cuda_gemm_type_t t = fsdp__cuda_gemm_type(dt);
+    if ((dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16) ||
+        (ct != dt && ct != FSDP_DTYPE_F32)) {
+        t.path = FSDP_CUDA_GEMM_NONE;
+        return t;
+    }
+    if (ct == FSDP_DTYPE_F32) {
+        t.celem = FSDP_CUDA_LT_R32F;
+        t.csize = 4;
     }
     return t;
 }
@@ -97,10 +119,12 @@ typedef struct fsdp_cuda_lt_plan {
     uint32_t align[3]; /* fsdp__cuda_lt_align of each (D is C) */
 } fsdp_cuda_lt_plan_t;
 
-static inline void fsdp__cuda_lt_plan(fsdp_cuda_lt_plan_t *pl, size_t size, bool ta, bool tb,
-                                      int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                                      int64_t sa, const void *b, int64_t ldb, int64_t sb, void *c,
-                                      int64_t ldc, int64_t sc, int64_t batch) {
+/* size: bytes per element of A and B; csize: of C. */
+static inline void fsdp__cuda_lt_plan(fsdp_cuda_lt_plan_t *pl, size_t size, size_t csize, bool ta,
+                                      bool tb, int64_t m, int64_t n, int64_t k, const void *a,
+                                      int64_t lda, int64_t sa, const void *b, int64_t ldb,
+                                      int64_t sb, void *c, int64_t ldc, int64_t sc,
+                                      int64_t batch) {
     /* Our B stored row-major is (tb ? n x k : k x n), i.e. column-major (tb ? k x n : n x k). */
     pl->mat[0] = (fsdp_cuda_lt_mat_t){(uint64_t)(tb ? k : n), (uint64_t)(tb ? n : k), ldb, sb,
                                       tb, (uintptr_t)b};
@@ -108,7 +132,8 @@ static inline void fsdp__cuda_lt_plan(fsdp_cuda_lt_plan_t *pl, size_t size, bool
                                       ta, (uintptr_t)a};
     pl->mat[2] = (fsdp_cuda_lt_mat_t){(uint64_t)n, (uint64_t)m, ldc, sc, false, (uintptr_t)c};
     for (int i = 0; i < 3; i++)
-        pl->align[i] = fsdp__cuda_lt_align(pl->mat[i].ptr, pl->mat[i].stride, size, batch);
+        pl->align[i] =
+            fsdp__cuda_lt_align(pl->mat[i].ptr, pl->mat[i].stride, i == 2 ? csize : size, batch);
 }
 
 #endif /* FSDP_CUDA_GEMM_H */

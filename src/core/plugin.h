@@ -29,7 +29,7 @@ struct fsdp_pg_ops;
 struct fsdp_coll;
 
 /* Bumped whenever either table, or a private structure the plugin reads, changes shape. */
-#define FSDP_PLUGIN_ABI 1
+#define FSDP_PLUGIN_ABI 2
 /* The file name of the plugin and its entry point (versioned by name as well). */
 #define FSDP_PLUGIN_FILE "libfsdp-cuda.so"
 #define FSDP_PLUGIN_ENTRY "fsdp_cuda_plugin_v1"

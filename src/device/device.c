@@ -53,6 +53,11 @@ int fsdp__gemm_check(fsdp_device_t *dev, const char *who, bool trans_a, bool tra
     return 0;
 }
 
+bool fsdp__device_gemm_native(const fsdp_device_t *dev, fsdp_dtype_t dt) {
+    if (dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16) return false;
+    return dev->ops->gemm_lp && (dev->ops->gemm_lp_dtypes & FSDP__DT_BIT(dt)) != 0;
+}
+
 /* ---- allocation map: open addressing, linear probing, backward-shift deletion ---- */
 
 struct alloc_entry {

@@ -144,11 +144,26 @@ struct fsdp_dev_ops {
      * X or X^T, op(A) is M x K, op(B) is K x N, C is M x N; A_b = A + b * stride_a (elements),
      * likewise B and C. lda/ldb/ldc are the row strides of the stored (untransposed) matrices.
      * dt is f32 or f64 on every device; the CUDA device also takes bf16 and f16 (f32
-     * accumulation, one rounding of the result), which the tensor layer does not pass yet. */
+     * accumulation, one rounding of the result), which the tensor layer reaches through
+     * gemm_lp below. */
     int (*gemm)(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
                 int64_t n, int64_t k, double alpha, const void *a, int64_t lda, int64_t stride_a,
                 const void *b, int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc,
                 int64_t stride_c, int64_t batch);
+    /* The low-precision dtypes whose products this device computes natively: a mask of
+     * FSDP__DT_BIT(dt) over bf16 and f16, 0 for a device that has none (the CPU: Debian's
+     * OpenBLAS is built without sbgemm). The tensor layer hands operands of these dtypes to
+     * gemm_lp as they are stored, and widens every other low-precision operand to f32 for gemm
+     * (fsdp__device_gemm_native says which). */
+    uint32_t gemm_lp_dtypes;
+    /* As gemm, with A and B of dtype dt (a dtype of gemm_lp_dtypes) and C of dtype ct, which is
+     * dt or f32: the products are accumulated in f32, alpha and beta are applied in f32 to that
+     * sum and to C read as f32, and the result is written to C rounded once to nearest even
+     * (not at all when ct is f32). NULL when gemm_lp_dtypes is 0. */
+    int (*gemm_lp)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool trans_a,
+                   bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
+                   int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
+                   double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch);
 
     /* ---- row kernels ---- */
     /* Softmax (log = false) or log-softmax (log = true) of each row. y may alias x. */
@@ -258,6 +273,13 @@ int fsdp__device_pin_offload(fsdp_device_t *host, fsdp_device_t *compute);
  * or the error. */
 int fsdp__gemm_check(fsdp_device_t *dev, const char *who, bool trans_a, bool trans_b, int64_t m,
                      int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch);
+
+/* The bit of dtype dt in a dtype mask (gemm_lp_dtypes). */
+#define FSDP__DT_BIT(dt) (UINT32_C(1) << (unsigned)(dt))
+
+/* Whether dev's gemm_lp takes operands of dtype dt (bf16 or f16) as they are stored: the
+ * device's gemm_lp_dtypes has dt and it has a gemm_lp. False for every other dtype. */
+bool fsdp__device_gemm_native(const fsdp_device_t *dev, fsdp_dtype_t dt);
 
 /* fsdp_device_alloc() of memory whose every byte is zero: the device's alloc_zeroed when it has
  * one (which clears only memory that is not zero already), else alloc and memset. */
