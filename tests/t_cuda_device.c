@@ -5,8 +5,10 @@
  * (the CPU's memory is host memory, so its kernels run on the host copies of the buffers), and
  * the results are compared: f32 within 1e-5 relative (plus a small absolute floor for values
  * near 0), f64 within 1e-12, and bitwise where the contract makes results exact (fill, cast,
- * copies, max, embedding, the dropout mask). Then the allocator's counters, streams and events,
- * pinned host memory and record_stream.
+ * copies, max, embedding, the dropout mask). The low-precision products (gemm_lp) are compared
+ * with the CPU's f32 gemm of the widened values, and an autograd linear on bf16 tensors (native
+ * bf16 products on the GPU, widened on the CPU) within 1e-2. Then the allocator's counters,
+ * streams and events, pinned host memory and record_stream.
  *
  * Skips where libfsdp was built without CUDA or no CUDA device is visible.
  */
@@ -468,6 +470,147 @@ static void test_gemm_half(void) {
     release();
 }
 
+/* gemm_lp: the CUDA device claims bf16 and f16, and its products of those operands into an f32
+ * C match the CPU's f32 gemm of the same (exactly widened) values; into their own dtype they are
+ * the f32 result rounded once. */
+static void test_gemm_lp(void) {
+    static const fsdp_dtype_t HT[2] = {FSDP_DTYPE_BF16, FSDP_DTYPE_F16};
+    tap_ok(fsdp__device_gemm_native(gpu, FSDP_DTYPE_BF16) &&
+               fsdp__device_gemm_native(gpu, FSDP_DTYPE_F16) &&
+               !fsdp__device_gemm_native(cpu, FSDP_DTYPE_BF16),
+           "the CUDA device multiplies bf16 and f16 natively, the CPU device neither");
+    for (int h = 0; h < 2; h++) {
+        fsdp_dtype_t dt = HT[h];
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            const int64_t m = 37, n = 29, kk = 64, batch = 3;
+            const int64_t lda = ta ? m : kk, ldb = tb ? kk : n, ldc = n;
+            const int64_t sa = m * kk, sb = kk * n, sc = m * n;
+            const size_t na = (size_t)(sa * batch), nb = (size_t)(sb * batch),
+                         nc = (size_t)(sc * batch);
+            buf_t *a32 = rnd(FSDP_DTYPE_F32, na, 0.5, 1.5);
+            buf_t *b32 = rnd(FSDP_DTYPE_F32, nb, 0.5, 1.5);
+            buf_t *c32 = rnd(FSDP_DTYPE_F32, nc, -1, 1);
+            buf_t *a = mk(na * 2), *b = mk(nb * 2), *c = mk(nc * 4);
+            fsdp_dtype_convert(a->h, dt, a32->h, FSDP_DTYPE_F32, na);
+            fsdp_dtype_convert(b->h, dt, b32->h, FSDP_DTYPE_F32, nb);
+            fsdp_dtype_convert(a32->h, FSDP_DTYPE_F32, a->h, dt, na);
+            fsdp_dtype_convert(b32->h, FSDP_DTYPE_F32, b->h, dt, nb);
+            memcpy(c->h, c32->h, nc * 4);
+            up(a);
+            up(b);
+            up(c);
+            BOTH(cpu->ops->gemm(cpu, FSDP_DTYPE_F32, ta, tb, m, n, kk, 0.7, a32->h, lda, sa, b32->h,
+                                ldb, sb, 0.3, c32->h, ldc, sc, batch),
+                 gpu->ops->gemm_lp(gpu, dt, FSDP_DTYPE_F32, ta, tb, m, n, kk, 0.7, a->d, lda, sa,
+                                   b->d, ldb, sb, 0.3, c->d, ldc, sc, batch),
+                 "gemm_lp into f32");
+            const float *g = down(c);
+            size_t bad = 0;
+            for (size_t i = 0; i < nc; i++) {
+                float want = ((const float *)c32->h)[i];
+                if (!(fabs((double)g[i] - want) <= 1e-4 * fabs((double)want) + 1e-4)) bad++;
+            }
+            tap_is_size(bad, 0,
+                        "gemm_lp %s into f32, trans_a %d trans_b %d, batch 3, beta 0.3: within "
+                        "1e-4 of the CPU's f32 gemm of the same values",
+                        dn(dt), ta, tb);
+            release();
+        }
+    }
+    buf_t *c = zeros(64);
+    int rc = gpu->ops->gemm_lp(gpu, FSDP_DTYPE_BF16, FSDP_DTYPE_F16, false, false, 2, 2, 2, 1.0,
+                               c->d, 2, 0, c->d, 2, 0, 0.0, c->d, 2, 0, 1);
+    tap_is_int(rc, FSDP_ENOTSUP, "gemm_lp of bf16 into f16 is FSDP_ENOTSUP");
+    release();
+}
+
+/* An autograd linear on bf16 tensors of the CUDA device (the native bf16 products) against the
+ * same linear on the CPU device (widened to f32): output and gradients within 1e-2. */
+static int lin_run(fsdp_ctx_t *ctx, fsdp_device_t *dev, const uint16_t *xv, const uint16_t *wv,
+                   const uint16_t *bv, const uint16_t *gv, float *out) {
+    const int64_t xs[3] = {4, 8, 32}, ws[2] = {16, 32}, bs[1] = {16}, ys[3] = {4, 8, 16};
+    fsdp_tensor_t *x = NULL, *w = NULL, *b = NULL, *gy = NULL, *y = NULL;
+    const fsdp_dtype_t bf = FSDP_DTYPE_BF16;
+    int rc = fsdp_ctx_set_device(ctx, dev);
+    if (rc == 0) rc = fsdp_tensor_from_host(ctx, bf, 3, xs, xv, FSDP_MEM_ACTIVATIONS, &x);
+    if (rc == 0) rc = fsdp_tensor_from_host(ctx, bf, 2, ws, wv, FSDP_MEM_PARAMS, &w);
+    if (rc == 0) rc = fsdp_tensor_from_host(ctx, bf, 1, bs, bv, FSDP_MEM_PARAMS, &b);
+    if (rc == 0) rc = fsdp_tensor_from_host(ctx, bf, 3, ys, gv, FSDP_MEM_GRADS, &gy);
+    if (rc == 0) rc = fsdp_tensor_set_requires_grad(x, true);
+    if (rc == 0) rc = fsdp_tensor_set_requires_grad(w, true);
+    if (rc == 0) rc = fsdp_tensor_set_requires_grad(b, true);
+    if (rc == 0) rc = fsdp_linear(x, w, b, &y);
+    if (rc == 0) rc = fsdp_backward(y, gy);
+    /* y (512), then the gradients of x (1024), w (512) and b (16), as f32. */
+    const fsdp_tensor_t *res[4] = {y, x ? fsdp_tensor_grad(x) : NULL,
+                                   w ? fsdp_tensor_grad(w) : NULL, b ? fsdp_tensor_grad(b) : NULL};
+    const size_t cnt[4] = {512, 1024, 512, 16};
+    uint16_t tmp[1024];
+    size_t at = 0;
+    for (int i = 0; i < 4 && rc == 0; i++) {
+        if (!res[i] || fsdp_tensor_dtype(res[i]) != bf) {
+            rc = FSDP_EINTERNAL;
+            break;
+        }
+        rc = fsdp_tensor_to_host(res[i], tmp, cnt[i] * 2);
+        if (rc == 0) rc = fsdp_dtype_convert(out + at, FSDP_DTYPE_F32, tmp, bf, cnt[i]);
+        at += cnt[i];
+    }
+    if (rc < 0) tap_diag("linear on %s: %s", fsdp_device_name(dev), fsdp_ctx_last_error(ctx));
+    fsdp_tensor_release(y);
+    fsdp_tensor_release(gy);
+    fsdp_tensor_release(b);
+    fsdp_tensor_release(w);
+    fsdp_tensor_release(x);
+    fsdp_tape_clear(ctx);
+    fsdp_ctx_set_device(ctx, NULL);
+    return rc;
+}
+
+static void test_linear_bf16(fsdp_ctx_t *ctx) {
+    static uint16_t xv[1024], wv[512], bv[16], gv[512];
+    static float on_cpu[2064], on_gpu[2064];
+    float f;
+    for (int i = 0; i < 1024; i++) {
+        f = (float)urand(-1, 1);
+        fsdp_dtype_convert(&xv[i], FSDP_DTYPE_BF16, &f, FSDP_DTYPE_F32, 1);
+    }
+    for (int i = 0; i < 512; i++) {
+        f = (float)urand(-1, 1);
+        fsdp_dtype_convert(&wv[i], FSDP_DTYPE_BF16, &f, FSDP_DTYPE_F32, 1);
+        f = (float)urand(-1, 1);
+        fsdp_dtype_convert(&gv[i], FSDP_DTYPE_BF16, &f, FSDP_DTYPE_F32, 1);
+    }
+    for (int i = 0; i < 16; i++) {
+        f = (float)urand(-1, 1);
+        fsdp_dtype_convert(&bv[i], FSDP_DTYPE_BF16, &f, FSDP_DTYPE_F32, 1);
+    }
+    int rc_c = lin_run(ctx, cpu, xv, wv, bv, gv, on_cpu);
+    int rc_g = lin_run(ctx, gpu, xv, wv, bv, gv, on_gpu);
+    if (!tap_ok(rc_c == 0 && rc_g == 0, "bf16 autograd linear runs on the CPU (rc %d) and the GPU "
+                "(rc %d)", rc_c, rc_g))
+        return;
+    static const char *const names[4] = {"output", "grad of x", "grad of w", "grad of b"};
+    const size_t off[5] = {0, 512, 1536, 2048, 2064};
+    for (int t = 0; t < 4; t++) {
+        double scale = 0;
+        for (size_t i = off[t]; i < off[t + 1]; i++)
+            scale = fabs(on_cpu[i]) > scale ? fabs(on_cpu[i]) : scale;
+        size_t bad = 0, first = 0;
+        for (size_t i = off[t]; i < off[t + 1]; i++)
+            if (!(fabs((double)on_gpu[i] - on_cpu[i]) <= 1e-2 * fabs(on_cpu[i]) + 1e-3 * scale)) {
+                if (!bad) first = i;
+                bad++;
+            }
+        if (bad)
+            tap_diag("first mismatch at %zu: GPU %g, CPU %g", first - off[t], on_gpu[first],
+                     on_cpu[first]);
+        tap_is_size(bad, 0, "bf16 autograd linear (x 4x8x32, w 16x32, bias): the GPU's %s is "
+                    "within 1e-2 of the CPU's", names[t]);
+    }
+}
+
 /* ---- nn kernels ---- */
 
 static void test_softmax_norms(void) {
@@ -790,6 +933,8 @@ int main(void) {
     test_reductions();
     test_gemm();
     test_gemm_half();
+    test_gemm_lp();
+    test_linear_bf16(ctx);
     test_softmax_norms();
     test_embedding_ce();
     test_dropout();
