@@ -588,8 +588,10 @@ static void test_linear_bf16(fsdp_ctx_t *ctx) {
     }
     int rc_c = lin_run(ctx, cpu, xv, wv, bv, gv, on_cpu);
     int rc_g = lin_run(ctx, gpu, xv, wv, bv, gv, on_gpu);
-    if (!tap_ok(rc_c == 0 && rc_g == 0, "bf16 autograd linear runs on the CPU (rc %d) and the GPU "
-                "(rc %d)", rc_c, rc_g))
+    if (!tap_ok(rc_c == 0 && rc_g == 0,
+                "bf16 autograd linear runs on the CPU (rc %d) and the GPU "
+                "(rc %d)",
+                rc_c, rc_g))
         return;
     static const char *const names[4] = {"output", "grad of x", "grad of w", "grad of b"};
     const size_t off[5] = {0, 512, 1536, 2048, 2064};
@@ -606,8 +608,10 @@ static void test_linear_bf16(fsdp_ctx_t *ctx) {
         if (bad)
             tap_diag("first mismatch at %zu: GPU %g, CPU %g", first - off[t], on_gpu[first],
                      on_cpu[first]);
-        tap_is_size(bad, 0, "bf16 autograd linear (x 4x8x32, w 16x32, bias): the GPU's %s is "
-                    "within 1e-2 of the CPU's", names[t]);
+        tap_is_size(bad, 0,
+                    "bf16 autograd linear (x 4x8x32, w 16x32, bias): the GPU's %s is "
+                    "within 1e-2 of the CPU's",
+                    names[t]);
     }
 }
 

@@ -276,7 +276,8 @@ static void test_gemm_table(void) {
                    fsdp_dtype_name(dt), fsdp_dtype_name(ct), (int)t.elem, t.size, (int)t.celem,
                    t.csize);
         }
-    tap_is_int(wrong, 0, "gemm_lp refuses every pair but bf16/f16 operands into their dtype or f32");
+    tap_is_int(wrong, 0,
+               "gemm_lp refuses every pair but bf16/f16 operands into their dtype or f32");
 }
 
 /* Element (r, c) of a stored column-major matrix with op applied: op(X)(r, c). */
@@ -337,8 +338,8 @@ static void test_gemm_plan(void) {
                     *e = 2 * acc + 0.5 * *e;
                 }
         fsdp_cuda_lt_plan_t pl;
-        fsdp__cuda_lt_plan(&pl, sizeof(double), sizeof(double), ta, tb, m, n, k, a, lda, sa, b,
-                           ldb, sb, c, ldc, sc, batch);
+        fsdp__cuda_lt_plan(&pl, sizeof(double), sizeof(double), ta, tb, m, n, k, a, lda, sa, b, ldb,
+                           sb, c, ldc, sc, batch);
         int bad = 0;
         lt_reference(&pl, m, n, k, 2.0, 0.5, batch, &bad);
         tap_is_int(bad, 0, "trans_a %d trans_b %d: the plan's shapes cover every index", ta, tb);
@@ -371,8 +372,8 @@ static void test_gemm_align(void) {
            "the plan aligns B (%u), A (%u) and C (%u) separately", pl.align[0], pl.align[1],
            pl.align[2]);
     /* gemm_lp with an f32 C: C's batch stride counts in 4-byte elements, the operands' in 2. */
-    fsdp__cuda_lt_plan(&pl, 2, 4, false, false, 8, 8, 8, (void *)0x1000, 8, 2, (void *)0x2000, 8,
-                       2, (void *)0x3000, 8, 2, 2);
+    fsdp__cuda_lt_plan(&pl, 2, 4, false, false, 8, 8, 8, (void *)0x1000, 8, 2, (void *)0x2000, 8, 2,
+                       (void *)0x3000, 8, 2, 2);
     tap_ok(pl.align[0] == 4 && pl.align[1] == 4 && pl.align[2] == 8,
            "bf16 operands, f32 C, batch stride 2: B %u, A %u, C %u bytes (want 4, 4, 8)",
            pl.align[0], pl.align[1], pl.align[2]);

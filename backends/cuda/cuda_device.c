@@ -607,7 +607,9 @@ static int gemm_lt(fsdp_device_t *dev, struct cuda_dev *cd, fsdp_cuda_gemm_type_
     for (int i = 0; i < 3; i++) {
         LT(cublasLtMatrixLayoutCreate(&lay[i], i == 2 ? ect : et, pl.mat[i].rows, pl.mat[i].cols,
                                       pl.mat[i].ld),
-           i == 0 ? "layout of B" : i == 1 ? "layout of A" : "layout of C");
+           i == 0   ? "layout of B"
+           : i == 1 ? "layout of A"
+                    : "layout of C");
         if (batch > 1) {
             LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb,
                                                 sizeof nb),
@@ -691,9 +693,8 @@ static int cuda_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool tra
  * of C alone having the output's element type. */
 static int cuda_gemm_lp(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool trans_a,
                         bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
-                        int64_t lda, int64_t stride_a, const void *b, int64_t ldb,
-                        int64_t stride_b, double beta, void *c, int64_t ldc, int64_t stride_c,
-                        int64_t batch) {
+                        int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
+                        double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
     const fsdp_cuda_gemm_type_t ty = fsdp__cuda_gemm_lp_type(dt, ct);
     if (ty.path != FSDP_CUDA_GEMM_LT)
         return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,

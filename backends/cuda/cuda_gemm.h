@@ -48,8 +48,8 @@ typedef struct fsdp_cuda_gemm_type {
 
 /* The dispatch table: the path of dtype dt (FSDP_CUDA_GEMM_NONE for integers, bool, unknown). */
 static inline fsdp_cuda_gemm_type_t fsdp__cuda_gemm_type(fsdp_dtype_t dt) {
-    fsdp_cuda_gemm_type_t t = {FSDP_CUDA_GEMM_NONE, FSDP_CUDA_LT_R32F, 0, false,
-                               FSDP_CUDA_LT_R32F, 0};
+    fsdp_cuda_gemm_type_t t = {
+        FSDP_CUDA_GEMM_NONE, FSDP_CUDA_LT_R32F, 0, false, FSDP_CUDA_LT_R32F, 0};
     switch (dt) {
     case FSDP_DTYPE_F32:
         t.path = FSDP_CUDA_GEMM_LT;
@@ -82,8 +82,7 @@ static inline fsdp_cuda_gemm_type_t fsdp__cuda_gemm_type(fsdp_dtype_t dt) {
  * cuBLASLt with f32 accumulation; FSDP_CUDA_GEMM_NONE for any other pair. */
 static inline fsdp_cuda_gemm_type_t fsdp__cuda_gemm_lp_type(fsdp_dtype_t dt, fsdp_dtype_t ct) {
     fsdp_cuda_gemm_type_t t = fsdp__cuda_gemm_type(dt);
-    if ((dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16) ||
-        (ct != dt && ct != FSDP_DTYPE_F32)) {
+    if ((dt != FSDP_DTYPE_BF16 && dt != FSDP_DTYPE_F16) || (ct != dt && ct != FSDP_DTYPE_F32)) {
         t.path = FSDP_CUDA_GEMM_NONE;
         return t;
     }
@@ -123,8 +122,7 @@ typedef struct fsdp_cuda_lt_plan {
 static inline void fsdp__cuda_lt_plan(fsdp_cuda_lt_plan_t *pl, size_t size, size_t csize, bool ta,
                                       bool tb, int64_t m, int64_t n, int64_t k, const void *a,
                                       int64_t lda, int64_t sa, const void *b, int64_t ldb,
-                                      int64_t sb, void *c, int64_t ldc, int64_t sc,
-                                      int64_t batch) {
+                                      int64_t sb, void *c, int64_t ldc, int64_t sc, int64_t batch) {
     /* Our B stored row-major is (tb ? n x k : k x n), i.e. column-major (tb ? k x n : n x k). */
     pl->mat[0] = (fsdp_cuda_lt_mat_t){(uint64_t)(tb ? k : n), (uint64_t)(tb ? n : k), ldb, sb,
                                       tb, (uintptr_t)b};

@@ -160,10 +160,10 @@ struct fsdp_dev_ops {
      * dt or f32: the products are accumulated in f32, alpha and beta are applied in f32 to that
      * sum and to C read as f32, and the result is written to C rounded once to nearest even
      * (not at all when ct is f32). NULL when gemm_lp_dtypes is 0. */
-    int (*gemm_lp)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool trans_a,
-                   bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
-                   int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
-                   double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch);
+    int (*gemm_lp)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool trans_a, bool trans_b,
+                   int64_t m, int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
+                   int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, double beta,
+                   void *c, int64_t ldc, int64_t stride_c, int64_t batch);
 
     /* ---- row kernels ---- */
     /* Softmax (log = false) or log-softmax (log = true) of each row. y may alias x. */
