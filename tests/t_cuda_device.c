@@ -525,6 +525,30 @@ static void test_gemm_lp(void) {
     release();
 }
 
+/* gemm_lp calls of bf16 operands seen on the GPU during the linear below (gpu_counting wraps
+ * the CUDA device's table), and gemm calls of any dtype. */
+static int lp_bf16_calls, plain_calls;
+static struct fsdp_dev_ops gpu_counting;
+static const struct fsdp_dev_ops *gpu_real;
+
+static int count_gemm_lp(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool ta, bool tb,
+                         int64_t m, int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
+                         int64_t sa, const void *b, int64_t ldb, int64_t sb, double beta, void *c,
+                         int64_t ldc, int64_t sc, int64_t batch) {
+    if (dt == FSDP_DTYPE_BF16) lp_bf16_calls++;
+    return gpu_real->gemm_lp(dev, dt, ct, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c,
+                             ldc, sc, batch);
+}
+
+static int count_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool ta, bool tb, int64_t m, int64_t n,
+                      int64_t k, double alpha, const void *a, int64_t lda, int64_t sa,
+                      const void *b, int64_t ldb, int64_t sb, double beta, void *c, int64_t ldc,
+                      int64_t sc, int64_t batch) {
+    plain_calls++;
+    return gpu_real->gemm(dev, dt, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc,
+                          batch);
+}
+
 /* An autograd linear on bf16 tensors of the CUDA device (the native bf16 products) against the
  * same linear on the CPU device (widened to f32): output and gradients within 1e-2. */
 static int lin_run(fsdp_ctx_t *ctx, fsdp_device_t *dev, const uint16_t *xv, const uint16_t *wv,
@@ -587,7 +611,18 @@ static void test_linear_bf16(fsdp_ctx_t *ctx) {
         fsdp_dtype_convert(&bv[i], FSDP_DTYPE_BF16, &f, FSDP_DTYPE_F32, 1);
     }
     int rc_c = lin_run(ctx, cpu, xv, wv, bv, gv, on_cpu);
+    gpu_real = gpu->ops;
+    gpu_counting = *gpu_real;
+    gpu_counting.gemm_lp = count_gemm_lp;
+    gpu_counting.gemm = count_gemm;
+    gpu->ops = &gpu_counting;
+    lp_bf16_calls = plain_calls = 0;
     int rc_g = lin_run(ctx, gpu, xv, wv, bv, gv, on_gpu);
+    gpu->ops = gpu_real;
+    /* Forward, grad of x, grad of w and the bias gradient (a ones-row product). */
+    tap_ok(lp_bf16_calls == 4 && plain_calls == 0,
+           "the GPU linear made %d bf16 gemm_lp calls (want 4) and %d f32 gemm calls (want 0)",
+           lp_bf16_calls, plain_calls);
     if (!tap_ok(rc_c == 0 && rc_g == 0,
                 "bf16 autograd linear runs on the CPU (rc %d) and the GPU "
                 "(rc %d)",
