@@ -5,6 +5,9 @@
  * whenever its last two dimensions form a plain row-major matrix or the transpose of one (the
  * GEMM's transpose flag and leading dimension absorb the view) and its batch dimensions step by
  * one stride; only other layouts are materialized.
+ * When the second operand has no batch dimensions, the first operand's batch and row dimensions
+ * are folded into one tall matrix, so n-d x 2-d is a single GEMM forward and backward (the
+ * weight gradient sums over every row inside that GEMM).
  *
  * f16/bf16 operands go to the device's gemm_lp as they are stored when the device multiplies
  * that dtype natively (fsdp__device_gemm_native: the CUDA device), with f32 accumulation: the
@@ -13,9 +16,6 @@
  * gradient sums the incoming gradient as it arrived). On other devices (the CPU) such operands
  * are widened to f32 copies for gemm and the output rounded afterwards, which rounds the same
  * f32-accumulated value once; only the order of the additions may differ between the two.
- * When the second operand has no batch dimensions, the first operand's batch and row dimensions
- * are folded into one tall matrix, so n-d x 2-d is a single GEMM forward and backward (the
- * weight gradient sums over every row inside that GEMM).
  *
  * Outputs and gradients are new contiguous tensors. Those without a bias start as zeros
  * (fsdp__tensor_new_zeroed, which costs nothing for memory the device has just mapped) and the
