@@ -535,6 +535,35 @@ static int nccl_post(fsdp_pg_t *pg, fsdp_work_t *w) {
     return FSDP_OK;
 }
 
+/*
+ * fsdp_work_wait_stream: `stream` waits for the end event of w's collective. The op is looked up
+ * in the queue under gp->mu, where the watchdog cannot free its event; an op no longer queued has
+ * completed or failed, and the core reads which from the work. A staged collective is complete
+ * only once the watchdog has copied its result back to host memory, which no stream can wait
+ * for: 1 asks the core to wait on the host.
+ */
+static int nccl_wait_stream(fsdp_pg_t *pg, fsdp_work_t *w, void *stream) {
+    nccl_pg_t *gp = (nccl_pg_t *)pg;
+    char msg[FSDP_ERR_LEN], who[384];
+    int rc = FSDP_OK;
+    pthread_mutex_lock(&gp->mu);
+    for (nccl_op_t *op = gp->head; op; op = op->next) {
+        if (op->w != w) continue;
+        if (op->back_host)
+            rc = 1;
+        else if (op->fail_rc == 0)
+            rc = cuda_err(cudaStreamWaitEvent((cudaStream_t)stream, op->end, 0),
+                          "making the stream wait for the collective's end event", msg, sizeof msg);
+        break;
+    }
+    pthread_mutex_unlock(&gp->mu);
+    if (rc < 0) {
+        describe(gp, &w->coll, who, sizeof who);
+        return fsdp__pg_err(pg, rc, "fsdp_work_wait_stream: %s: %s", who, msg);
+    }
+    return rc;
+}
+
 static const struct fsdp_pg_ops nccl_ops;
 
 /* Takes a reference on the rank's ordering state, shared with the context's other NCCL
@@ -611,6 +640,7 @@ static int nccl_split(fsdp_pg_t *parent, int color, const int *members, int n, i
 static const struct fsdp_pg_ops nccl_ops = {
     .name = "nccl",
     .post = nccl_post,
+    .wait_stream = nccl_wait_stream,
     .split = nccl_split,
     .destroy = nccl_destroy,
 };

@@ -133,6 +133,32 @@ FSDP_EXTERN int fsdp_pg_barrier(fsdp_pg_t *pg, fsdp_work_t **work);
  */
 FSDP_EXTERN int fsdp_work_wait(fsdp_work_t *work, int64_t timeout_ms);
 
+/*
+ * Stream-ordered wait: makes later work on `stream` (a native stream handle: a cudaStream_t for
+ * nccl, where NULL is the legacy default stream) wait for the work's collective without blocking
+ * the host, so that a device computes while the collective runs and reads its result in order.
+ * Backends without device streams (sim, gloo, dummy) wait on the host instead, exactly as
+ * fsdp_work_wait(work, -1) does; so does nccl for a collective whose buffers it staged through
+ * host memory, and any backend that fails to enqueue the wait. Returns FSDP_OK once the stream
+ * is ordered after the collective (or the collective has completed), or the work's failure when
+ * it is known already. The work handle may be released right after; the group keeps what it
+ * needs to report a late failure.
+ *
+ * Late failures. A collective that fails after its stream wait was enqueued keeps its status
+ * (fsdp_work_error()), and its group reports the failure once, at the group's next blocking
+ * point: fsdp_work_wait() on any work of the group (which returns it when that work itself
+ * succeeded), the next collective issued on the group (which is then not run and returns it:
+ * the group has failed, and a failure is sticky), or fsdp_pg_sync(). The message names the
+ * collective, its sequence number, the group and the rank. A failure still unreported when the
+ * group is destroyed is logged as an error. Two late failures are reported at two blocking
+ * points, oldest first.
+ */
+FSDP_EXTERN int fsdp_work_wait_stream(fsdp_work_t *work, void *stream);
+
+/* Waits on the host until every collective issued on the group so far has completed, then
+ * returns the oldest late failure not yet reported (see fsdp_work_wait_stream), or FSDP_OK. */
+FSDP_EXTERN int fsdp_pg_sync(fsdp_pg_t *pg);
+
 /* Sets *done to 1 when the work has completed, else 0; returns FSDP_OK or the work's failure. */
 FSDP_EXTERN int fsdp_work_test(fsdp_work_t *work, int *done);
 
@@ -164,12 +190,17 @@ FSDP_EXTERN int fsdp_pg_new_group(fsdp_pg_t *pg, const int *ranks, int n, fsdp_p
 /* Waits for the group's outstanding works, then frees it; NULL is accepted. */
 FSDP_EXTERN void fsdp_pg_destroy(fsdp_pg_t *pg);
 
-/* Calls and bytes per collective kind since creation or the last reset. Bytes are the size of
- * the whole message as nccl-tests counts it: size * count elements for all_gather,
+/* Calls, bytes and waits per collective kind since creation or the last reset. Bytes are the
+ * size of the whole message as nccl-tests counts it: size * count elements for all_gather,
  * reduce_scatter and all_to_all, count elements for the others. */
 typedef struct fsdp_pg_counters {
     uint64_t calls[FSDP_COLL_COUNT];
     uint64_t bytes[FSDP_COLL_COUNT];
+    /* Waits per kind of the waited collective: on the host (fsdp_work_wait, the blocking form
+     * of a collective, and fsdp_work_wait_stream where it falls back to the host) and on a
+     * stream (fsdp_work_wait_stream's wait that left the host free). */
+    uint64_t host_waits[FSDP_COLL_COUNT];
+    uint64_t stream_waits[FSDP_COLL_COUNT];
 } fsdp_pg_counters_t;
 FSDP_EXTERN void fsdp_pg_get_counters(const fsdp_pg_t *pg, fsdp_pg_counters_t *out);
 FSDP_EXTERN void fsdp_pg_reset_counters(fsdp_pg_t *pg);

@@ -50,6 +50,8 @@ void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap) {
     snprintf(buf + n, cap - (size_t)n, ")");
 }
 
+static int late_report(fsdp_pg_t *pg, const fsdp_work_t *skip);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Group base */
 
@@ -64,6 +66,7 @@ int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx,
     pg->stream = NULL;
     memset(&pg->counters, 0, sizeof pg->counters);
     pg->pending = 0;
+    pg->late_head = pg->late_tail = NULL;
     pg->err[0] = 0;
     snprintf(pg->name, sizeof pg->name, "%s", name);
     pthread_mutex_init(&pg->mu, NULL);
@@ -165,6 +168,9 @@ void fsdp_pg_destroy(fsdp_pg_t *pg) {
     while (pg->pending > 0)
         pthread_cond_wait(&pg->cv, &pg->mu);
     pthread_mutex_unlock(&pg->mu);
+    /* Late failures nobody asked for are logged, never dropped silently. */
+    while (late_report(pg, NULL) < 0)
+        fsdp_log(pg->ctx, FSDP_LOG_ERROR, "fsdp_pg_destroy: unreported failure: %s", pg->err);
     pg->ops->destroy(pg);
 }
 
@@ -275,6 +281,54 @@ static void work_unref_locked(fsdp_work_t *w) {
     if (--w->refs == 0) free(w);
 }
 
+/*
+ * Late failures (fsdp_work_wait_stream in pg.h). The late list holds the works waited on a
+ * stream whose status nobody has seen. late_report() drops the completed ones that succeeded
+ * and reports the oldest completed failure (except `skip`'s, whose waiter gets it directly):
+ * the message goes to the group's last error, the work leaves the list, the status is returned.
+ * A failure after it stays listed for the next blocking point. Works still running stay too.
+ */
+static void late_unlink_locked(fsdp_pg_t *pg, fsdp_work_t *prev, fsdp_work_t *w) {
+    if (prev)
+        prev->late_next = w->late_next;
+    else
+        pg->late_head = w->late_next;
+    if (pg->late_tail == w) pg->late_tail = prev;
+    w->late_next = NULL;
+    w->late = 0;
+    work_unref_locked(w);
+}
+
+static int late_report(fsdp_pg_t *pg, const fsdp_work_t *skip) {
+    int rc = FSDP_OK;
+    char desc[160], msg[FSDP_ERR_LEN];
+    uint64_t seq = 0;
+    pthread_mutex_lock(&pg->mu);
+    fsdp_work_t *prev = NULL, *w = pg->late_head;
+    while (w) {
+        fsdp_work_t *next = w->late_next;
+        if (w == skip || !w->done) {
+            prev = w;
+        } else if (w->status == FSDP_OK) {
+            late_unlink_locked(pg, prev, w);
+        } else {
+            rc = w->status;
+            seq = w->coll.seq;
+            fsdp__coll_describe(&w->coll, desc, sizeof desc);
+            memcpy(msg, w->err, sizeof msg);
+            late_unlink_locked(pg, prev, w);
+            break;
+        }
+        w = next;
+    }
+    pthread_mutex_unlock(&pg->mu);
+    if (rc == FSDP_OK) return FSDP_OK;
+    return fsdp__pg_err(pg, rc,
+                        "%s seq %llu on group '%s' (rank %d) failed after a stream was made to "
+                        "wait for it: %.1500s",
+                        desc, (unsigned long long)seq, pg->name, pg->rank, msg);
+}
+
 void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) {
     fsdp_pg_t *pg = w->pg;
     if (status < 0 && fmt) {
@@ -293,6 +347,9 @@ void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) {
 }
 
 int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
+    /* A collective that failed after a stream wait fails this one: the group is broken. */
+    int late = late_report(pg, NULL);
+    if (late < 0) return late;
     fsdp_work_t *w = calloc(1, sizeof *w);
     if (!w) return fsdp__pg_err(pg, FSDP_ENOMEM, "out of memory for a work handle");
     w->pg = pg;
@@ -359,12 +416,63 @@ int fsdp_work_wait(fsdp_work_t *w, int64_t timeout_ms) {
         }
     }
     int status = w->status;
+    /* Its own status reaches the caller now: no later blocking point reports it again. */
+    if (w->late) {
+        fsdp_work_t *prev = NULL;
+        for (fsdp_work_t *x = pg->late_head; x && x != w; x = x->late_next)
+            prev = x;
+        late_unlink_locked(pg, prev, w);
+    }
     pthread_mutex_unlock(&pg->mu);
+    if ((unsigned)w->coll.kind < FSDP_COLL_COUNT) pg->counters.host_waits[w->coll.kind]++;
     if (status < 0) {
         memcpy(pg->err, w->err, sizeof pg->err);
         fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "%s: %s", fsdp_err_name(status), w->err);
+        return status;
     }
-    return status;
+    return late_report(pg, w);
+}
+
+int fsdp_work_wait_stream(fsdp_work_t *w, void *stream) {
+    if (!w) return FSDP_EINVAL;
+    fsdp_pg_t *pg = w->pg;
+    if (!pg->ops->wait_stream) return fsdp_work_wait(w, -1);
+    pthread_mutex_lock(&pg->mu);
+    int status = w->done ? w->status : FSDP_OK;
+    pthread_mutex_unlock(&pg->mu);
+    if (status < 0) return fsdp_work_wait(w, -1); /* failed already: reported as by a wait */
+    int rc = pg->ops->wait_stream(pg, w, stream);
+    if (rc != FSDP_OK) {
+        /* The stream cannot wait for this one: the host does, so the caller may reuse its
+         * buffers as soon as this returns, as it would after a stream wait. */
+        if (rc < 0)
+            fsdp_log(pg->ctx, FSDP_LOG_WARN,
+                     "fsdp_work_wait_stream on group '%s' (rank %d): %s; waiting on the host",
+                     pg->name, pg->rank, pg->err);
+        return fsdp_work_wait(w, -1);
+    }
+    pthread_mutex_lock(&pg->mu);
+    if (!w->late) {
+        w->late = 1;
+        w->refs++;
+        if (pg->late_tail)
+            pg->late_tail->late_next = w;
+        else
+            pg->late_head = w;
+        pg->late_tail = w;
+    }
+    pthread_mutex_unlock(&pg->mu);
+    if ((unsigned)w->coll.kind < FSDP_COLL_COUNT) pg->counters.stream_waits[w->coll.kind]++;
+    return FSDP_OK;
+}
+
+int fsdp_pg_sync(fsdp_pg_t *pg) {
+    if (!pg) return FSDP_EINVAL;
+    pthread_mutex_lock(&pg->mu);
+    while (pg->pending > 0)
+        pthread_cond_wait(&pg->cv, &pg->mu);
+    pthread_mutex_unlock(&pg->mu);
+    return late_report(pg, NULL);
 }
 
 int fsdp_work_test(fsdp_work_t *w, int *done) {

@@ -37,9 +37,13 @@ struct fsdp_work {
     fsdp_coll_t coll;
     int done;   /* guarded by pg->mu */
     int status; /* valid once done */
-    int refs;   /* the caller's handle and the backend's, guarded by pg->mu */
+    int refs;   /* the caller's handle, the backend's and the late list's, guarded by pg->mu */
     int sync;   /* the caller blocks until completion; a backend may run it on that thread */
     fsdp_work_t *next; /* free for the backend's queue */
+    /* Waited on a stream (fsdp_work_wait_stream) and its status not reported yet: the work is
+     * on pg's late list, which holds a reference. Both guarded by pg->mu. */
+    int late;
+    fsdp_work_t *late_next;
     char err[FSDP_ERR_LEN];
 };
 
@@ -61,6 +65,15 @@ struct fsdp_pg_ops {
      * new_rank -1, name NULL; *out stays NULL). NULL for the other backends. */
     int (*split)(fsdp_pg_t *parent, int color, const int *members, int n, int new_rank,
                  const char *name, fsdp_pg_t **out);
+    /* Optional. Makes later work on `stream` (the backend's native stream: a cudaStream_t)
+     * wait until w's collective has completed, without blocking the host. Called by the core
+     * (fsdp_work_wait_stream, which checked the arguments) on a work that may have completed
+     * meanwhile; it neither completes nor frees w. Returns FSDP_OK once the wait is enqueued
+     * (or nothing is left to wait for), 1 when this collective cannot be ordered on a stream
+     * (the core then waits on the host), or a negative status with the group's last error set
+     * (the core then waits on the host too, so the caller's buffers are never released early).
+     * NULL for a backend without device streams: the core waits on the host. */
+    int (*wait_stream)(fsdp_pg_t *pg, fsdp_work_t *w, void *stream);
     /* Frees the backend's group after the core has waited for every outstanding work; must call
      * fsdp__pg_fini(). */
     void (*destroy)(fsdp_pg_t *pg);
@@ -80,6 +93,9 @@ struct fsdp_pg {
     pthread_mutex_t mu; /* guards the works' done/status/refs and pending */
     pthread_cond_t cv;  /* signalled when a work completes */
     size_t pending;     /* works posted and not yet completed */
+    /* Works waited on a stream whose status no blocking point has reported yet, oldest first
+     * (guarded by mu; see fsdp_work_wait_stream in pg.h). */
+    fsdp_work_t *late_head, *late_tail;
     fsdp_pg_t *ctx_next; /* the context's list of groups */
     char err[FSDP_ERR_LEN];
 };
