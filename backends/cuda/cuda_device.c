@@ -358,6 +358,15 @@ static int cuda_event_sync(fsdp_device_t *dev, void *ev) {
     return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, "cudaEventSynchronize");
 }
 
+static int cuda_event_query(fsdp_device_t *dev, void *ev) {
+    USE(cd, dev);
+    (void)cd;
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) return 0;
+    return cuda_fail(dev, e, "cudaEventQuery");
+}
+
 /* ---- elementwise ---- */
 
 static int cuda_fill(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double value, void *y) {
@@ -996,6 +1005,8 @@ const struct fsdp_dev_ops fsdp__cuda_dev_ops = {
     .event_record = cuda_event_record,
     .event_wait = cuda_event_wait,
     .event_sync = cuda_event_sync,
+    .event_query = cuda_event_query,
+    .compute_stream = fsdp__cuda_compute_stream,
     .init = cuda_init,
     .fini = cuda_fini,
     .host_alloc = cuda_host_alloc_raw,

@@ -588,6 +588,16 @@ int fsdp_event_wait(fsdp_event_t *ev, fsdp_stream_t *stream) {
     return ev->dev->ops->event_wait(ev->dev, ev->handle, sh);
 }
 
+int fsdp__event_query(fsdp_event_t *ev) {
+    if (!ev) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp__event_query: ev is NULL");
+    if (!ev->dev->ops->event_query) return 1;
+    return ev->dev->ops->event_query(ev->dev, ev->handle); /* a failure sets the error */
+}
+
+void *fsdp__device_compute_stream(fsdp_device_t *dev) {
+    return dev && dev->ops->compute_stream ? dev->ops->compute_stream(dev) : NULL;
+}
+
 int fsdp_event_sync(fsdp_event_t *ev) {
     if (!ev) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_event_sync: ev is NULL");
     return ev->dev->ops->event_sync(ev->dev, ev->handle);

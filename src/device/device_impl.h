@@ -76,6 +76,14 @@ struct fsdp_dev_ops {
     int (*event_record)(fsdp_device_t *dev, void *ev, void *stream);
     int (*event_wait)(fsdp_device_t *dev, void *ev, void *stream);
     int (*event_sync)(fsdp_device_t *dev, void *ev);
+    /* Optional: 1 when ev has completed, 0 when not yet, or a negative FSDP_E* code; never
+     * blocks. NULL: every event has completed once event_record returns (a device that computes
+     * on the calling thread, the CPU). */
+    int (*event_query)(fsdp_device_t *dev, void *ev);
+    /* Optional: the native handle of the stream the kernels run on (a cudaStream_t), which
+     * collectives are waited on (fsdp_work_wait_stream) so that the host runs ahead. NULL, or a
+     * NULL result: the device computes on the calling thread and FSDP waits on the host. */
+    void *(*compute_stream)(fsdp_device_t *dev);
     /* Called once after creation (threads, handles) and once before destruction; may be NULL. */
     int (*init)(fsdp_device_t *dev);
     void (*fini)(fsdp_device_t *dev);
@@ -258,6 +266,12 @@ struct fsdp_device {
      * alloc. Each allocation remembers the table that made it, so changing this is safe. */
     const struct fsdp_dev_ops *offload_ops;
 };
+
+/* The native compute stream of dev (its compute_stream entry), or NULL when it has none. */
+void *fsdp__device_compute_stream(fsdp_device_t *dev);
+/* 1 when ev has completed, 0 when not yet (its device's event_query; 1 without one), or the
+ * negative FSDP_E* code of the query's failure (which sets the context's error). */
+int fsdp__event_query(fsdp_event_t *ev);
 
 /* Makes the FSDP_MEM_OFFLOAD allocations of host device `host` come from the host memory of
  * compute device `compute` (pinned memory for a CUDA device) from now on. Returns 1 when that

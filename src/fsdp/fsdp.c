@@ -299,16 +299,96 @@ static void ag_queue_remove(fsdp_unit_t *root, fsdp_unit_t *u) {
         }
 }
 
+/* ---- stream-ordered waits (docs/design.md, "Stream-ordered collective waits") ------------- */
+
+/*
+ * Waits for one of u's collectives: on the compute stream when u's device has one (the host
+ * goes on; the kernels queued from now on read the result in order), else on the host. After it
+ * returns, a buffer the collective read may only be released through release_after().
+ */
+static int work_wait(fsdp_unit_t *u, fsdp_work_t *w) {
+    void *cs = fsdp__device_compute_stream(u->dev);
+    if (!cs) return fsdp_work_wait(w, -1);
+    u->stream_waited = true;
+    return fsdp_work_wait_stream(w, cs);
+}
+
+int fsdp__reap_deferred(fsdp_unit_t *u, bool wait) {
+    size_t k = 0;
+    int rc = FSDP_OK;
+    while (k < u->ndeferred) {
+        struct fsdp__deferred *d = &u->deferred[k];
+        int done = wait ? fsdp_event_sync(d->ev) : fsdp__event_query(d->ev);
+        if (wait && done == FSDP_OK) done = 1;
+        if (done < 0) rc = done;
+        /* Recorded in order on one stream: once one is pending, the later ones are too. */
+        if (done != 1) break;
+        fsdp_tensor_release(d->t); /* listed until released: see t_fsdp_stream */
+        fsdp_event_destroy(d->ev);
+        k++;
+    }
+    memmove(u->deferred, u->deferred + k, (u->ndeferred - k) * sizeof *u->deferred);
+    u->ndeferred -= k;
+    return rc;
+}
+
+/* Releases t (may be NULL) once the compute stream has passed this point: right away without a
+ * compute stream (the host waited), else through u's deferred list. When no event can be
+ * recorded, the compute stream is synchronized instead: never released on a guess. */
+static int release_after(fsdp_unit_t *u, fsdp_tensor_t *t) {
+    if (!t) return FSDP_OK;
+    if (!fsdp__device_compute_stream(u->dev)) {
+        fsdp_tensor_release(t);
+        return FSDP_OK;
+    }
+    fsdp__reap_deferred(u, false);
+    fsdp_event_t *ev = NULL;
+    int rc = FSDP_OK;
+    if (u->ndeferred == u->capdeferred) {
+        size_t cap = u->capdeferred ? 2 * u->capdeferred : 4;
+        struct fsdp__deferred *nd = realloc(u->deferred, cap * sizeof *nd);
+        if (nd) {
+            u->deferred = nd;
+            u->capdeferred = cap;
+        } else {
+            rc = fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+        }
+    }
+    if (rc == 0) rc = fsdp_event_create(u->dev, &ev);
+    if (rc == 0) rc = fsdp_event_record(ev, NULL);
+    if (rc == 0) {
+        u->deferred[u->ndeferred++] = (struct fsdp__deferred){t, ev};
+        return FSDP_OK;
+    }
+    fsdp_event_destroy(ev);
+    /* A device that cannot even synchronize has failed: nothing runs on it any more. */
+    u->dev->ops->stream_sync(u->dev, NULL);
+    fsdp_tensor_release(t);
+    return rc;
+}
+
+/* The message of a failed wait for w: its own failure, or another collective's of its group
+ * that the wait reported (a late failure). */
+static const char *wait_error(fsdp_pg_t *pg, fsdp_work_t *w) {
+    const char *e = fsdp_work_error(w);
+    return *e ? e : fsdp_pg_last_error(pg);
+}
+
 /* Waits for u's outstanding all-gather, if any. */
 static int unshard_wait(fsdp_unit_t *u) {
     if (!u->ag_work) return FSDP_OK;
-    int rc = fsdp_work_wait(u->ag_work, -1);
+    fsdp__reap_deferred(u, false);
+    int rc = work_wait(u, u->ag_work);
     char why[FSDP_ERR_LEN];
-    snprintf(why, sizeof why, "%s", rc < 0 ? fsdp_work_error(u->ag_work) : "");
+    snprintf(why, sizeof why, "%s", rc < 0 ? wait_error(u->pg, u->ag_work) : "");
     fsdp_work_release(u->ag_work);
     u->ag_work = NULL;
-    fsdp_tensor_release(u->staging);
+    int rc2 = release_after(u, u->staging);
     u->staging = NULL;
+    if (rc == 0 && rc2 < 0) {
+        rc = rc2;
+        snprintf(why, sizeof why, "releasing the staging shard: %s", fsdp_ctx_last_error(u->ctx));
+    }
     ag_queue_remove(root_of(u), u);
     if (rc < 0) {
         u->unsharded = false;
@@ -514,24 +594,29 @@ fail:
 static int finish_reduction(fsdp_unit_t *u) {
     if (!u->rs_in) return FSDP_OK;
     int rc = FSDP_OK;
+    fsdp__reap_deferred(u, false);
     if (u->rs_work) {
-        int r = fsdp_work_wait(u->rs_work, -1);
+        int r = work_wait(u, u->rs_work);
         if (r < 0 && rc == 0) rc = fsdp__unit_err(u, r, "gradient reduce-scatter failed: %s",
-                                                  fsdp_work_error(u->rs_work));
+                                                  wait_error(u->pg, u->rs_work));
         fsdp_work_release(u->rs_work);
         u->rs_work = NULL;
     }
     if (u->ar_work) {
-        int r = fsdp_work_wait(u->ar_work, -1);
+        fsdp_pg_t *apg = u->replicate_pg && fsdp__is_sharded(u->opt.strategy) ? u->replicate_pg
+                                                                               : u->pg;
+        int r = work_wait(u, u->ar_work);
         if (r < 0 && rc == 0) rc = fsdp__unit_err(u, r, "gradient all-reduce failed: %s",
-                                                  fsdp_work_error(u->ar_work));
+                                                  wait_error(apg, u->ar_work));
         fsdp_work_release(u->ar_work);
         u->ar_work = NULL;
     }
     fsdp_tensor_t *out = u->rs_out;
     u->rs_out = NULL;
-    fsdp_tensor_release(u->rs_in);
+    /* The reduction read rs_in on the communication stream: released after the wait's event. */
+    int rc2 = release_after(u, u->rs_in);
     u->rs_in = NULL;
+    if (rc == 0) rc = rc2;
     if (rc == 0) rc = div_inplace(out, u->post_divide);
     if (rc == 0 && (u->opt.cpu_offload || out->dt != u->dt)) {
         /* The reduced gradient goes to the parameters' dtype, and to the host with offload,
@@ -1019,6 +1104,28 @@ static int final_callback(fsdp_ctx_t *ctx, void *arg) {
         fsdp_unit_t *u = root->all[i];
         int r = finish_reduction(u);
         if (rc == 0) rc = r;
+    }
+    /* The end of backward is a blocking point for the collectives waited on the compute stream:
+     * a failure after such a wait is reported here at the latest, and the buffers they read go
+     * back. Only stream waits get here; a host that waited has nothing to synchronize. */
+    for (size_t i = 0; i < root->nall; i++) {
+        fsdp_unit_t *u = root->all[i];
+        if (!u->stream_waited) continue;
+        u->stream_waited = false;
+        int r = fsdp_pg_sync(u->pg);
+        if (r < 0 && rc == 0)
+            rc = fsdp__unit_err(u, r, "end of backward: %s", fsdp_pg_last_error(u->pg));
+        if (u->replicate_pg) {
+            r = fsdp_pg_sync(u->replicate_pg);
+            if (r < 0 && rc == 0)
+                rc = fsdp__unit_err(u, r, "end of backward: %s",
+                                    fsdp_pg_last_error(u->replicate_pg));
+        }
+        r = fsdp__reap_deferred(u, true);
+        if (r < 0 && rc == 0) rc = r;
+    }
+    for (size_t i = 0; i < root->nall; i++) {
+        fsdp_unit_t *u = root->all[i];
         u->state = FSDP_STATE_IDLE;
         u->fwd_invocations = 0;
         u->bwd_pending = 0;
@@ -1104,6 +1211,12 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     fsdp__drop_summon_views(u);
     fsdp_tensor_release(u->rs_in);
     fsdp_tensor_release(u->rs_out);
+    fsdp__reap_deferred(u, true);
+    for (size_t i = 0; i < u->ndeferred; i++) { /* an event failed: the device has too */
+        fsdp_tensor_release(u->deferred[i].t);
+        fsdp_event_destroy(u->deferred[i].ev);
+    }
+    free(u->deferred);
     free(u->children);
     free(u->ignored);
     free(u->all);

@@ -153,6 +153,17 @@ struct fsdp_unit {
     fsdp_tensor_t *rs_out;       /* where it writes (the new shard) */
     fsdp_work_t *ar_work;        /* all-reduce (NO_SHARD, or across replicas) */
     double post_divide;
+    /* Stream-ordered waits (a compute device with a compute stream; docs/design.md): buffers a
+     * collective read (the all-gather's staging, the reduction's input), each released once an
+     * event recorded on the compute stream after the collective's stream wait has completed;
+     * oldest first. stream_waited: a collective of u was waited on the stream since the last
+     * end of backward, which then synchronizes u's groups to report a late failure. */
+    struct fsdp__deferred {
+        fsdp_tensor_t *t;
+        fsdp_event_t *ev;
+    } *deferred;
+    size_t ndeferred, capdeferred;
+    bool stream_waited;
 
     /* root only */
     bool initialized;            /* lazy init done */
@@ -228,6 +239,9 @@ int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *cons
 int fsdp__backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad);
 /* The unit's backward hook (entry mark): reshard, prefetch, start the gradient reduction. */
 int fsdp__backward_hook(fsdp_module_t *m, void *arg, bool has_grad);
+/* Releases the deferred buffers of u whose event has completed (wait: after waiting for each),
+ * oldest first; returns the first event failure (the rest stay listed). */
+int fsdp__reap_deferred(fsdp_unit_t *u, bool wait);
 /* Frees u without communicating: slots restored, hooks removed, out of the registry. */
 void fsdp__unit_free(fsdp_unit_t *u);
 
