@@ -33,7 +33,8 @@
  *            the sim group; the host waits); in STREAM every all-gather, reduce-scatter and
  *            all-reduce FSDP issues is waited on S's compute stream and none on the host, each
  *            before it completed; in BLOCK none on a stream. No buffer is freed before its event
- *            completed, some are held past a wait point, and none is left after a backward.
+ *            completed, some are held past a wait point, every wait releases what completed in
+ *            the whole tree (at most LAG listed), and none is left after a backward.
  *   late     in STREAM, an injected failure of the first reduce-scatter, of the last one, and of
  *            the second all-gather of the first step is reported by that step's forward or
  *            backward, with a message naming the collective and the rank.
@@ -406,6 +407,7 @@ typedef struct srank {
     uint64_t recorded, synced; /* tickets recorded; the highest synchronized */
     uint64_t not_ready;        /* queries that found an event pending */
     uint64_t deferred_frees, early_frees;
+    size_t max_listed; /* deferred buffers listed in the tree when an event is recorded */
     fsdp_unit_t *root; /* units whose deferred lists S's free checks */
 } srank_t;
 
@@ -431,7 +433,12 @@ static void s_event_destroy(fsdp_device_t *dev, void *ev) {
 
 static int s_event_record(fsdp_device_t *dev, void *ev, void *stream) {
     (void)stream;
-    ((tev_t *)ev)->ticket = ++sr[s_rank(dev)].recorded;
+    srank_t *s = &sr[s_rank(dev)];
+    ((tev_t *)ev)->ticket = ++s->recorded;
+    size_t listed = 0;
+    for (size_t i = 0; s->root && i < s->root->nall; i++)
+        listed += s->root->all[i]->ndeferred;
+    if (listed > s->max_listed) s->max_listed = listed;
     return FSDP_OK;
 }
 
@@ -626,6 +633,12 @@ static int train(fsdp_ctx_t *ctx, sjob_t *j, bool stream, result_t *res) {
                   "STREAM: a buffer whose event was pending was kept past a wait point",
                   "no query found a pending event");
         fu_ck(r, clean, "STREAM: no buffer is left waiting after a backward", "one is");
+        /* Every wait reaps the whole tree: with events LAG records late, no more than LAG are
+         * listed, where reaping only the waiting unit's list would keep every unit's staging
+         * shard through the forward. */
+        fu_ck(r, sr[rk].max_listed <= LAG,
+              "STREAM: buffers whose events completed are released at the next wait of any unit",
+              "%zu listed at once", sr[rk].max_listed);
     }
     FU_TRY(out, "reading the shards", shard_values(root, &res->params));
 out:

@@ -332,6 +332,19 @@ int fsdp__reap_deferred(fsdp_unit_t *u, bool wait) {
     return rc;
 }
 
+/* At a wait of any unit: releases what the compute stream has finished with in u's whole tree,
+ * so that a unit's staging shard does not stay allocated until that unit's own next wait (its
+ * backward) while the rest of the forward runs. Non-blocking. */
+static void reap_tree(fsdp_unit_t *u) {
+    fsdp_unit_t *root = root_of(u);
+    if (!root->initialized) {
+        fsdp__reap_deferred(u, false);
+        return;
+    }
+    for (size_t i = 0; i < root->nall; i++)
+        if (root->all[i]->ndeferred) fsdp__reap_deferred(root->all[i], false);
+}
+
 /* Releases t (may be NULL) once the compute stream has passed this point: right away without a
  * compute stream (the host waited), else through u's deferred list. When no event can be
  * recorded, the compute stream is synchronized instead: never released on a guess. */
@@ -377,7 +390,7 @@ static const char *wait_error(fsdp_pg_t *pg, fsdp_work_t *w) {
 /* Waits for u's outstanding all-gather, if any. */
 static int unshard_wait(fsdp_unit_t *u) {
     if (!u->ag_work) return FSDP_OK;
-    fsdp__reap_deferred(u, false);
+    reap_tree(u);
     int rc = work_wait(u, u->ag_work);
     char why[FSDP_ERR_LEN];
     snprintf(why, sizeof why, "%s", rc < 0 ? wait_error(u->pg, u->ag_work) : "");
@@ -594,7 +607,7 @@ fail:
 static int finish_reduction(fsdp_unit_t *u) {
     if (!u->rs_in) return FSDP_OK;
     int rc = FSDP_OK;
-    fsdp__reap_deferred(u, false);
+    reap_tree(u);
     if (u->rs_work) {
         int r = work_wait(u, u->rs_work);
         if (r < 0 && rc == 0) rc = fsdp__unit_err(u, r, "gradient reduce-scatter failed: %s",
