@@ -31,8 +31,9 @@
  *            SHARD_GRAD_OP and NO_SHARD in f32, FULL_SHARD with bf16 parameters: STREAM (device
  *            S, the test group) gives bitwise BLOCK's losses and parameters (a plain CPU device,
  *            the sim group; the host waits); in STREAM every all-gather, reduce-scatter and
- *            all-reduce FSDP issues is waited on S's compute stream and none on the host, each
- *            before it completed; in BLOCK none on a stream. No buffer is freed before its event
+ *            all-reduce FSDP issues is issued after a side stream waited for the compute stream,
+ *            and waited on S's compute stream and none on the host, each before it completed;
+ *            in BLOCK none on a stream. No buffer is freed before its event
  *            completed, some are held past a wait point, every wait releases what completed in
  *            the whole tree (at most LAG listed), and none is left after a backward.
  *   late     in STREAM, an injected failure of the first reduce-scatter, of the last one, and of
@@ -64,6 +65,20 @@
 #define LAG 2            /* S's events complete LAG records later */
 #define FALLBACK_MS 3000 /* the test group completes an unwaited collective after this */
 #define QCAP 256
+
+/* Per rank: what the compute device S saw (reset by each FSDP run). */
+typedef struct srank {
+    int token;                 /* the compute stream's address is the handle */
+    uint64_t recorded, synced; /* tickets recorded; the highest synchronized */
+    uint64_t not_ready;        /* queries that found an event pending */
+    uint64_t deferred_frees, early_frees;
+    size_t max_listed;         /* deferred buffers listed in the tree when an event is recorded */
+    uint64_t side_waits;       /* event waits on a stream other than the compute stream */
+    uint64_t posts, unordered; /* collectives posted; those with no such wait since the last */
+    fsdp_unit_t *root;         /* units whose deferred lists S's free checks */
+} srank_t;
+
+static srank_t sr[FU_MAXR];
 
 /* ---- the test process group ----------------------------------------------------------------- */
 
@@ -141,6 +156,14 @@ static int spg_post(fsdp_pg_t *pg, fsdp_work_t *w) {
         ++g->seen[w->coll.kind] == g->fail_nth) {
         status = FSDP_EREMOTE;
         g->broken = 1;
+    }
+    /* FSDP's collectives (asynchronous ones) come after its side stream waited for the
+     * compute stream. */
+    srank_t *sk = &sr[pg->rank];
+    if (!w->sync) {
+        sk->posts++;
+        if (!sk->side_waits) sk->unordered++;
+        sk->side_waits = 0;
     }
     if (w->sync) { /* the caller blocks on it: no stream can wait */
         fsdp__work_complete(w, status, "injected failure of %s on rank %d",
@@ -402,16 +425,6 @@ typedef struct tev {
     int rank;
 } tev_t;
 
-typedef struct srank {
-    int token;                 /* the compute stream's address is the handle */
-    uint64_t recorded, synced; /* tickets recorded; the highest synchronized */
-    uint64_t not_ready;        /* queries that found an event pending */
-    uint64_t deferred_frees, early_frees;
-    size_t max_listed; /* deferred buffers listed in the tree when an event is recorded */
-    fsdp_unit_t *root; /* units whose deferred lists S's free checks */
-} srank_t;
-
-static srank_t sr[FU_MAXR];
 static struct fsdp_dev_ops s_ops;
 
 static int s_rank(fsdp_device_t *dev) {
@@ -463,7 +476,8 @@ static int s_event_sync(fsdp_device_t *dev, void *ev) {
 }
 
 static int s_event_wait(fsdp_device_t *dev, void *ev, void *stream) {
-    (void)dev, (void)ev, (void)stream;
+    (void)ev;
+    if (stream) sr[s_rank(dev)].side_waits++;
     return FSDP_OK;
 }
 
@@ -633,6 +647,11 @@ static int train(fsdp_ctx_t *ctx, sjob_t *j, bool stream, result_t *res) {
                   "STREAM: a buffer whose event was pending was kept past a wait point",
                   "no query found a pending event");
         fu_ck(r, clean, "STREAM: no buffer is left waiting after a backward", "one is");
+        fu_ck(r, sr[rk].posts == total && sr[rk].unordered == 0,
+              "STREAM: each collective is issued after a side stream waited for the compute "
+              "stream (the compute stream is held only where the result is used)",
+              "%llu of %llu posts without such a wait", (unsigned long long)sr[rk].unordered,
+              (unsigned long long)sr[rk].posts);
         /* Every wait reaps the whole tree: with events LAG records late, no more than LAG are
          * listed, where reaping only the waiting unit's list would keep every unit's staging
          * shard through the forward. */

@@ -380,6 +380,50 @@ static int release_after(fsdp_unit_t *u, fsdp_tensor_t *t) {
     return rc;
 }
 
+static void side_drop(fsdp_unit_t *u) {
+    fsdp_event_destroy(u->side_ev);
+    fsdp_stream_destroy(u->side);
+    u->side_ev = NULL;
+    u->side = NULL;
+    u->side_dev = NULL;
+}
+
+/*
+ * With a compute stream, u's collectives are issued on a side stream of u's (PyTorch's
+ * all-gather and reduce-scatter streams), which first waits for the compute stream's work so
+ * far: what the collective reads was produced there, and the memory it writes may have been
+ * freed there a moment ago. A group that makes its caller's stream wait for the collective's end
+ * when it is issued (NCCL) then holds only the side stream, and the compute stream waits for the
+ * end where the result is used (work_wait), so compute in between overlaps the collective.
+ * side_begin points pg at the side stream (the caller's stream is saved in *saved) and
+ * side_end puts it back. Without a compute stream nothing changes.
+ */
+static int side_begin(fsdp_unit_t *u, fsdp_pg_t *pg, void **saved) {
+    *saved = fsdp_pg_stream(pg);
+    if (!fsdp__device_compute_stream(u->dev)) return FSDP_OK;
+    int rc = FSDP_OK;
+    if (u->side_dev != u->dev) side_drop(u); /* the unit moved since its last collective */
+    if (!u->side) {
+        rc = fsdp_stream_create(u->dev, &u->side);
+        if (rc == 0) rc = fsdp_event_create(u->dev, &u->side_ev);
+        if (rc < 0) {
+            side_drop(u);
+            return fsdp__unit_err(u, rc, "creating the collectives' stream: %s",
+                                  fsdp_ctx_last_error(u->ctx));
+        }
+        u->side_dev = u->dev;
+    }
+    rc = fsdp_event_record(u->side_ev, NULL);
+    if (rc == 0) rc = fsdp_event_wait(u->side_ev, u->side);
+    if (rc < 0)
+        return fsdp__unit_err(u, rc, "ordering the collectives' stream after the compute stream: %s",
+                              fsdp_ctx_last_error(u->ctx));
+    fsdp_pg_set_stream(pg, fsdp_stream_native(u->side));
+    return FSDP_OK;
+}
+
+static void side_end(fsdp_pg_t *pg, void *saved) { fsdp_pg_set_stream(pg, saved); }
+
 /* The message of a failed wait for w: its own failure, or another collective's of its group
  * that the wait reported (a late failure). */
 static const char *wait_error(fsdp_pg_t *pg, fsdp_work_t *w) {
@@ -452,14 +496,21 @@ static int unshard_issue(fsdp_unit_t *u, bool prefetch) {
         }
         src = fsdp_tensor_data(u->staging);
     }
-    rc = fsdp_pg_all_gather(u->pg, src, fsdp_tensor_data(u->full),
-                            (size_t)u->layout.shard_numel, u->cdt, &u->ag_work);
+    void *saved = NULL;
+    rc = side_begin(u, u->pg, &saved);
+    if (rc == 0) {
+        rc = fsdp_pg_all_gather(u->pg, src, fsdp_tensor_data(u->full),
+                                (size_t)u->layout.shard_numel, u->cdt, &u->ag_work);
+        side_end(u->pg, saved);
+        if (rc < 0)
+            rc = fsdp__unit_err(u, rc, "all-gather of the flat parameter failed: %s",
+                                fsdp_pg_last_error(u->pg));
+    }
     if (rc < 0) {
         fsdp_tensor_release(u->staging);
         u->staging = NULL;
         fsdp_tensor_storage_resize(u->full, 0);
-        return fsdp__unit_err(u, rc, "all-gather of the flat parameter failed: %s",
-                              fsdp_pg_last_error(u->pg));
+        return rc;
     }
     if (root->nag == root->capag) {
         size_t cap = root->capag ? 2 * root->capag : 8;
@@ -560,9 +611,12 @@ static int reduce_grad(fsdp_unit_t *u) {
         const int64_t n[1] = {u->layout.shard_numel};
         FSDP_TRY(rc, fail, fsdp__tensor_new(u->ctx, u->dev, u->rdt, 1, n, FSDP_MEM_GRADS,
                                             &u->rs_out));
+        void *saved = NULL;
+        FSDP_TRY(rc, fail, side_begin(u, u->pg, &saved));
         rc = fsdp_pg_reduce_scatter(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(u->rs_out),
                                     (size_t)u->layout.shard_numel, u->rdt, FSDP_REDOP_SUM,
                                     &u->rs_work);
+        side_end(u->pg, saved);
         if (rc < 0) {
             rc = fsdp__unit_err(u, rc, "gradient reduce-scatter failed: %s",
                                 fsdp_pg_last_error(u->pg));
@@ -571,9 +625,11 @@ static int reduce_grad(fsdp_unit_t *u) {
         u->stats.reduce_scatters++;
         if (u->replicate_pg && fsdp_pg_size(u->replicate_pg) > 1) {
             /* A rank runs its collectives in issue order, so this reads the finished shard. */
+            FSDP_TRY(rc, fail, side_begin(u, u->replicate_pg, &saved));
             rc = fsdp_pg_all_reduce(u->replicate_pg, fsdp_tensor_data(u->rs_out),
                                     fsdp_tensor_data(u->rs_out), (size_t)u->layout.shard_numel,
                                     u->rdt, FSDP_REDOP_SUM, &u->ar_work);
+            side_end(u->replicate_pg, saved);
             if (rc < 0) {
                 rc = fsdp__unit_err(u, rc, "gradient all-reduce across replicas failed: %s",
                                     fsdp_pg_last_error(u->replicate_pg));
@@ -584,9 +640,12 @@ static int reduce_grad(fsdp_unit_t *u) {
     } else {
         u->rs_out = fsdp_tensor_retain(g);
         if (u->world > 1) {
+            void *saved = NULL;
+            FSDP_TRY(rc, fail, side_begin(u, u->pg, &saved));
             rc = fsdp_pg_all_reduce(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(g),
                                     (size_t)u->layout.padded_numel, u->rdt, FSDP_REDOP_SUM,
                                     &u->ar_work);
+            side_end(u->pg, saved);
             if (rc < 0) {
                 rc = fsdp__unit_err(u, rc, "gradient all-reduce failed: %s",
                                     fsdp_pg_last_error(u->pg));
@@ -1230,6 +1289,7 @@ void fsdp__unit_free(fsdp_unit_t *u) {
         fsdp_event_destroy(u->deferred[i].ev);
     }
     free(u->deferred);
+    side_drop(u);
     free(u->children);
     free(u->ignored);
     free(u->all);

@@ -164,6 +164,11 @@ struct fsdp_unit {
     } *deferred;
     size_t ndeferred, capdeferred;
     bool stream_waited;
+    /* The stream u's collectives are issued on (of side_dev, created at the first one; see
+     * fsdp.c's side_begin) and the event that orders it after the compute stream. */
+    fsdp_device_t *side_dev;
+    fsdp_stream_t *side;
+    fsdp_event_t *side_ev;
 
     /* root only */
     bool initialized;            /* lazy init done */
