@@ -313,7 +313,9 @@ static int work_wait(fsdp_unit_t *u, fsdp_work_t *w) {
     return fsdp_work_wait_stream(w, cs);
 }
 
-int fsdp__reap_deferred(fsdp_unit_t *u, bool wait) {
+/* Releases the deferred buffers of u whose event has completed (wait: after waiting for each),
+ * oldest first; returns the first event failure (the rest stay listed). */
+static int reap_deferred(fsdp_unit_t *u, bool wait) {
     size_t k = 0;
     int rc = FSDP_OK;
     while (k < u->ndeferred) {
@@ -338,11 +340,11 @@ int fsdp__reap_deferred(fsdp_unit_t *u, bool wait) {
 static void reap_tree(fsdp_unit_t *u) {
     fsdp_unit_t *root = root_of(u);
     if (!root->initialized) {
-        fsdp__reap_deferred(u, false);
+        reap_deferred(u, false);
         return;
     }
     for (size_t i = 0; i < root->nall; i++)
-        if (root->all[i]->ndeferred) fsdp__reap_deferred(root->all[i], false);
+        if (root->all[i]->ndeferred) reap_deferred(root->all[i], false);
 }
 
 /* Releases t (may be NULL) once the compute stream has passed this point: right away without a
@@ -354,7 +356,7 @@ static int release_after(fsdp_unit_t *u, fsdp_tensor_t *t) {
         fsdp_tensor_release(t);
         return FSDP_OK;
     }
-    fsdp__reap_deferred(u, false);
+    reap_deferred(u, false);
     fsdp_event_t *ev = NULL;
     int rc = FSDP_OK;
     if (u->ndeferred == u->capdeferred) {
@@ -1193,7 +1195,7 @@ static int final_callback(fsdp_ctx_t *ctx, void *arg) {
                 rc = fsdp__unit_err(u, r, "end of backward: %s",
                                     fsdp_pg_last_error(u->replicate_pg));
         }
-        r = fsdp__reap_deferred(u, true);
+        r = reap_deferred(u, true);
         if (r < 0 && rc == 0) rc = r;
     }
     for (size_t i = 0; i < root->nall; i++) {
@@ -1283,7 +1285,7 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     fsdp__drop_summon_views(u);
     fsdp_tensor_release(u->rs_in);
     fsdp_tensor_release(u->rs_out);
-    fsdp__reap_deferred(u, true);
+    reap_deferred(u, true);
     for (size_t i = 0; i < u->ndeferred; i++) { /* an event failed: the device has too */
         fsdp_tensor_release(u->deferred[i].t);
         fsdp_event_destroy(u->deferred[i].ev);

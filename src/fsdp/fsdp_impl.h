@@ -244,9 +244,6 @@ int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *cons
 int fsdp__backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad);
 /* The unit's backward hook (entry mark): reshard, prefetch, start the gradient reduction. */
 int fsdp__backward_hook(fsdp_module_t *m, void *arg, bool has_grad);
-/* Releases the deferred buffers of u whose event has completed (wait: after waiting for each),
- * oldest first; returns the first event failure (the rest stay listed). */
-int fsdp__reap_deferred(fsdp_unit_t *u, bool wait);
 /* Frees u without communicating: slots restored, hooks removed, out of the registry. */
 void fsdp__unit_free(fsdp_unit_t *u);
 
