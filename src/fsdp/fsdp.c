@@ -315,22 +315,27 @@ static int work_wait(fsdp_unit_t *u, fsdp_work_t *w) {
 
 /* Releases the deferred buffers of u whose event has completed (wait: after waiting for each),
  * oldest first; returns the first event failure (the rest stay listed). */
+/* Releases u's oldest deferred buffer and its event. The entry stays listed while its tensor
+ * is released (t_fsdp_stream's device checks each free against the list) and goes right after,
+ * so the list never holds a released tensor. */
+static void drop_first_deferred(fsdp_unit_t *u) {
+    fsdp_tensor_release(u->deferred[0].t);
+    fsdp_event_destroy(u->deferred[0].ev);
+    u->ndeferred--;
+    memmove(u->deferred, u->deferred + 1, u->ndeferred * sizeof *u->deferred);
+}
+
 static int reap_deferred(fsdp_unit_t *u, bool wait) {
-    size_t k = 0;
     int rc = FSDP_OK;
-    while (k < u->ndeferred) {
-        struct fsdp__deferred *d = &u->deferred[k];
+    while (u->ndeferred > 0) {
+        struct fsdp__deferred *d = &u->deferred[0];
         int done = wait ? fsdp_event_sync(d->ev) : fsdp__event_query(d->ev);
         if (wait && done == FSDP_OK) done = 1;
         if (done < 0) rc = done;
         /* Recorded in order on one stream: once one is pending, the later ones are too. */
         if (done != 1) break;
-        fsdp_tensor_release(d->t); /* listed until released: see t_fsdp_stream */
-        fsdp_event_destroy(d->ev);
-        k++;
+        drop_first_deferred(u);
     }
-    memmove(u->deferred, u->deferred + k, (u->ndeferred - k) * sizeof *u->deferred);
-    u->ndeferred -= k;
     return rc;
 }
 
@@ -1286,10 +1291,8 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     fsdp_tensor_release(u->rs_in);
     fsdp_tensor_release(u->rs_out);
     reap_deferred(u, true);
-    for (size_t i = 0; i < u->ndeferred; i++) { /* an event failed: the device has too */
-        fsdp_tensor_release(u->deferred[i].t);
-        fsdp_event_destroy(u->deferred[i].ev);
-    }
+    while (u->ndeferred > 0) /* an event failed: the device has too */
+        drop_first_deferred(u);
     free(u->deferred);
     side_drop(u);
     free(u->children);
