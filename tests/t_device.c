@@ -1018,7 +1018,7 @@ static void test_cache_bound(void) {
     const size_t M = (size_t)1 << 20;
     fsdp_ctx_t *c = NULL;
     fsdp_device_t *d = NULL;
-    fsdp_bcache_stats_t st, st0;
+    fsdp_bcache_stats_t st;
     fsdp_ctx_create(NULL, &c);
     fsdp_device_create(c, FSDP_DEVICE_CPU, NULL, &d);
 #if defined(__SANITIZE_ADDRESS__)
@@ -1026,6 +1026,7 @@ static void test_cache_bound(void) {
     tap_skip(6, "the cache is off under AddressSanitizer");
 #else
     tap_ok(fsdp__cpu_cache_stats(d, &st) && st.reserved_total == 0, "cache bound: on, and empty");
+    fsdp_bcache_stats_t st0;
     void *e = NULL, *f = NULL, *g = NULL, *x = NULL, *y = NULL;
     fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 8 * M, &e);
     fsdp_device_free(d, e);
