@@ -464,13 +464,26 @@ static void seg_release(fsdp_bcache_t *a, struct seg *s) {
     free(s);
 }
 
+/* Whether s holds one free block spanning it. */
+static bool seg_wholly_free(const struct seg *s) {
+    const struct blk *b = s->first;
+    return b->state == BLK_FREE && !b->next && b->size == s->size;
+}
+
+/* The oldest wholly free segment (segments are listed newest first), or NULL. */
+static struct seg *oldest_free_seg(const fsdp_bcache_t *a) {
+    struct seg *oldest = NULL;
+    for (struct seg *s = a->segs; s; s = s->next)
+        if (seg_wholly_free(s)) oldest = s;
+    return oldest;
+}
+
 size_t fsdp__bcache_empty_cache(fsdp_bcache_t *a) {
     size_t released = 0;
     (void)fsdp__bcache_process_events(a);
     for (struct seg *s = a->segs, *sn; s; s = sn) {
         sn = s->next;
-        struct blk *b = s->first;
-        if (b->state == BLK_FREE && !b->next && b->size == s->size) {
+        if (seg_wholly_free(s)) {
             released += s->size;
             seg_release(a, s);
         }
@@ -482,11 +495,7 @@ size_t fsdp__bcache_empty_cache(fsdp_bcache_t *a) {
  * none is left. */
 static void release_free_segs(fsdp_bcache_t *a, size_t limit) {
     while (a->st.reserved_total > limit) {
-        struct seg *oldest = NULL;
-        for (struct seg *s = a->segs; s; s = s->next) {
-            struct blk *b = s->first;
-            if (b->state == BLK_FREE && !b->next && b->size == s->size) oldest = s;
-        }
+        struct seg *oldest = oldest_free_seg(a);
         if (!oldest) return;
         a->st.bound_frees++;
         seg_release(a, oldest);
@@ -515,11 +524,7 @@ static void keep_to_peak(fsdp_bcache_t *a) {
     size_t bound = peak + peak / 100 * a->opts.bound_slack_pct;
     size_t cold = cold_bytes(a);
     while (a->st.reserved_total - cold > bound) {
-        struct seg *oldest = NULL;
-        for (struct seg *s = a->segs; s; s = s->next) {
-            struct blk *b = s->first;
-            if (b->state == BLK_FREE && !b->next && b->size == s->size) oldest = s;
-        }
+        struct seg *oldest = oldest_free_seg(a);
         if (!oldest) break;
         if (oldest->first->cold) cold -= oldest->first->size;
         a->st.bound_frees++;
