@@ -313,8 +313,6 @@ static int work_wait(fsdp_unit_t *u, fsdp_work_t *w) {
     return fsdp_work_wait_stream(w, cs);
 }
 
-/* Releases the deferred buffers of u whose event has completed (wait: after waiting for each),
- * oldest first; returns the first event failure (the rest stay listed). */
 /* Releases u's oldest deferred buffer and its event. The entry stays listed while its tensor
  * is released (t_fsdp_stream's device checks each free against the list) and goes right after,
  * so the list never holds a released tensor. */
@@ -325,6 +323,8 @@ static void drop_first_deferred(fsdp_unit_t *u) {
     memmove(u->deferred, u->deferred + 1, u->ndeferred * sizeof *u->deferred);
 }
 
+/* Releases the deferred buffers of u whose event has completed (wait: after waiting for each),
+ * oldest first; returns the first event failure (the rest stay listed). */
 static int reap_deferred(fsdp_unit_t *u, bool wait) {
     int rc = FSDP_OK;
     while (u->ndeferred > 0) {
