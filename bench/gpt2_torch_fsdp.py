@@ -3,12 +3,15 @@
 
 The GPT model of gpt_step_torch.py (the same layers as libfsdp's GPT: explicit attention with
 an additive causal mask, tanh GELU, tied head) at GPT-2 small's shape unless told otherwise,
-wrapped with torch.distributed.fsdp.FullyShardedDataParallel: FULL_SHARD, every Block a unit
-(ModuleWrapPolicy), BACKWARD_PRE, limit_all_gathers, use_orig_params, device_id the rank's GPU,
-over the NCCL backend. AdamW (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
+sharded with FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6 and later): every Block a
+unit, then the root, resharded after forward (FULL_SHARD), over the NCCL backend. Where
+fully_shard is missing, or with FSDP_TORCH_API=fsdp1, it uses FSDP1's FullyShardedDataParallel
+instead: FULL_SHARD, every Block a unit (ModuleWrapPolicy), BACKWARD_PRE, limit_all_gathers,
+use_orig_params, device_id the rank's GPU. The header line says which one ran. AdamW (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
 parameter). Each rank trains on its own fixed batch from splitmix64(seed + rank), the tokens
-bench_gpt_gpu draws. --bf16: MixedPrecision(param_dtype=bf16, reduce_dtype=f32, and the causal
-mask buffer in bf16), as bench_gpt_gpu's --bf16. f32 matrix products use TF32 only when FSDP_CUDA_TF32=1, as libfsdp's.
+bench_gpt_gpu draws. --bf16: bf16 parameters for compute, f32 gradient reduction and the causal
+mask buffer in bf16, as bench_gpt_gpu's --bf16 (FSDP2: MixedPrecisionPolicy, which casts no
+buffers, so the mask is cast once before sharding; FSDP1: MixedPrecision with buffer_dtype). f32 matrix products use TF32 only when FSDP_CUDA_TF32=1, as libfsdp's.
 
 Alone it is a world of one on GPU 0 (a file rendezvous in a temporary directory, no network);
 under torchrun it takes RANK, WORLD_SIZE and LOCAL_RANK. Rank 0 prints the lines bench_gpt_gpu
@@ -102,12 +105,21 @@ def main(argv):
         import torch
         import torch.distributed as dist
         import torch.nn.functional as F
-        from torch.distributed.fsdp import (BackwardPrefetch, FullyShardedDataParallel as FSDP,
-                                            MixedPrecision, ShardingStrategy)
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        import torch.distributed.fsdp as tfsdp
     except ImportError as e:
         print("gpt2_torch_fsdp.py: PyTorch with torch.distributed.fsdp is not installed for %s "
               "(%s)" % (sys.executable, e), file=sys.stderr)
+        return 3
+    api = os.environ.get("FSDP_TORCH_API", "auto")
+    if api not in ("auto", "fsdp1", "fsdp2"):
+        print("gpt2_torch_fsdp.py: FSDP_TORCH_API=%s is not auto, fsdp1 or fsdp2" % api,
+              file=sys.stderr)
+        return 2
+    if api == "auto":
+        api = "fsdp2" if hasattr(tfsdp, "fully_shard") else "fsdp1"
+    if api == "fsdp2" and not hasattr(tfsdp, "fully_shard"):
+        print("gpt2_torch_fsdp.py: FSDP_TORCH_API=fsdp2, but PyTorch %s has no "
+              "torch.distributed.fsdp.fully_shard" % torch.__version__, file=sys.stderr)
         return 3
     if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
         print("gpt2_torch_fsdp.py: no CUDA device is visible", file=sys.stderr)
@@ -137,14 +149,30 @@ def main(argv):
     model = gpt_step_torch.build(torch, a)  # on the host, as bench_gpt_gpu
     model.train()
     nparams = sum(p.numel() for p in model.parameters())
-    # buffer_dtype bf16 casts the additive causal mask, so that the masked scores stay bf16
-    # and meet v in the same dtype (the integer positions are not cast).
-    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                        buffer_dtype=torch.bfloat16) if a.bf16 else None
-    fsdp = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                auto_wrap_policy=ModuleWrapPolicy({type(model.h[0])}),
-                backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
-                use_orig_params=True, device_id=dev, mixed_precision=mp)
+    # The additive causal mask goes to bf16 with the parameters, so that the masked scores stay
+    # bf16 and meet v in the same dtype (the integer positions are not cast).
+    if api == "fsdp2":
+        if a.bf16:
+            model.mask.data = model.mask.data.to(torch.bfloat16)
+            mp = tfsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                            reduce_dtype=torch.float32)
+        else:
+            mp = tfsdp.MixedPrecisionPolicy()
+        model.to(dev)
+        for blk in model.h:
+            tfsdp.fully_shard(blk, reshard_after_forward=True, mp_policy=mp)
+        fsdp = tfsdp.fully_shard(model, reshard_after_forward=True, mp_policy=mp)
+        wrap_desc = "fully_shard per Block and the root, reshard_after_forward"
+    else:
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        mp = tfsdp.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                  buffer_dtype=torch.bfloat16) if a.bf16 else None
+        fsdp = tfsdp.FullyShardedDataParallel(
+            model, sharding_strategy=tfsdp.ShardingStrategy.FULL_SHARD,
+            auto_wrap_policy=ModuleWrapPolicy({type(model.h[0])}),
+            backward_prefetch=tfsdp.BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
+            use_orig_params=True, device_id=dev, mixed_precision=mp)
+        wrap_desc = "BACKWARD_PRE, limit_all_gathers, use_orig_params"
     betas, eps, wd = (0.9, 0.95), 1e-8, 0.1
     opt = torch.optim.AdamW(fsdp.parameters(), lr=a.lr, betas=betas, eps=eps, weight_decay=wd)
     inputs, targets = gpt_step_torch.make_batch(a.batch, a.seq, a.vocab, a.seed + rank)
@@ -152,12 +180,13 @@ def main(argv):
     tgt = torch.tensor(targets, dtype=torch.int64, device=dev)
 
     if rank == 0:
-        print("# gpt2_torch_fsdp: PyTorch %s FSDP FULL_SHARD over nccl, world %d, %s, GPT %d "
+        print("# gpt2_torch_fsdp: PyTorch %s %s FULL_SHARD over nccl, world %d, %s, GPT %d "
               "layers, d %d, %d heads, seq %d, batch %d per rank, vocab %d, %s"
-              % (torch.__version__, world, torch.cuda.get_device_name(dev), a.layers, a.d,
+              % (torch.__version__, api.upper(), world, torch.cuda.get_device_name(dev),
+                 a.layers, a.d,
                  a.heads, a.seq, a.batch, a.vocab,
                  "bf16 mixed precision (bf16 parameters, f32 reduction)" if a.bf16 else "f32"))
-        print("# params %d; BACKWARD_PRE, limit_all_gathers, use_orig_params" % nparams)
+        print("# params %d; %s" % (nparams, wrap_desc))
         print("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %d; %d warm-up + %d "
               "timed steps" % (a.lr, betas[0], betas[1], eps, wd, a.seed, a.warmup, a.steps))
         print("peak bf16 GEMM %d^3 (torch.matmul, best of %d): %.1f TFLOP/s"

@@ -4,7 +4,8 @@
 # them, and its peak RSS is far below that of the same run with them loaded (the plugin
 # preloaded, which is what linking them cost); a plugin that is missing, is not a libfsdp
 # plugin, or belongs to another libfsdp version gives fsdp-train's --device cuda check a clear
-# message naming the path. Skips in a build without CUDA.
+# message naming the path; an install moved elsewhere (lib/ with the plugin in lib/libfsdp/)
+# still finds its own plugin. Skips in a build without CUDA.
 top_builddir=${top_builddir:-.}
 CC=${CC:-cc}
 lib="$top_builddir/.libs/libfsdp.so"
@@ -25,7 +26,7 @@ cuda_libs="libcudart libcublas libcublasLt"
 grep -q '^#define FSDP_HAVE_NCCL 1' "$top_builddir/config.h" && cuda_libs="$cuda_libs libnccl"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "1..8"
+echo "1..9"
 
 needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
 bad=
@@ -115,4 +116,32 @@ else
   echo "ok 7 # SKIP $CC cannot build a shared library"
   echo "ok 8 # SKIP $CC cannot build a shared library"
   sed 's/^/#   /' "$tmp/err"
+fi
+
+# An install moved elsewhere: lib/libfsdp.so with the plugin in lib/libfsdp/, as make install
+# lays them out, found with no FSDP_PLUGIN_DIR (the GPU bundle relies on it). The plugin loads
+# and then reports that CUDA sees no device (CUDA_VISIBLE_DEVICES is emptied).
+real=
+for c in "$top_builddir/tools/.libs/fsdp-train" "$top_builddir/tools/.libs/lt-fsdp-train"; do
+  [ -x "$c" ] && real=$c && break
+done
+if [ -z "$real" ]; then
+  echo "ok 9 # SKIP no libtool-built fsdp-train binary under tools/.libs"
+else
+  mkdir -p "$tmp/moved/bin" "$tmp/moved/lib/libfsdp"
+  cp "$real" "$tmp/moved/bin/fsdp-train"
+  cp -P "$top_builddir"/.libs/libfsdp.so* "$tmp/moved/lib/"
+  cp "$plugin" "$tmp/moved/lib/libfsdp/"
+  out=$(cd "$tmp" && env -u FSDP_PLUGIN_DIR CUDA_VISIBLE_DEVICES= \
+    LD_LIBRARY_PATH="$tmp/moved/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    LD_DEBUG=files LD_DEBUG_OUTPUT="$tmp/ldm" moved/bin/fsdp-train --device cuda --backend nccl 2>&1)
+  rc=$?
+  opened=$(cat "$tmp"/ldm.* 2>/dev/null | sed -n 's/.*file=\([^ ]*libfsdp-cuda\.so\).*/\1/p' | sort -u)
+  if [ $rc -ne 0 ] && printf '%s' "$out" | grep -q 'no CUDA device is visible' &&
+     [ "$opened" = "$tmp/moved/lib/libfsdp/libfsdp-cuda.so" ]; then
+    echo "ok 9 - a moved install loads its own plugin from lib/libfsdp/ (exit $rc: no device visible)"
+  else
+    echo "not ok 9 - a moved install: exit $rc, plugin opened: ${opened:-none}"
+  fi
+  printf '%s\n' "$out" | sed 's/^/#   /'
 fi

@@ -3,8 +3,10 @@
  *
  * Where it looks: $FSDP_PLUGIN_DIR alone when it is set and not empty; else beside libfsdp
  * itself when libfsdp was loaded from a libtool build tree (a directory named .libs, where the
- * freshly built plugin lies too), then the install directory compiled in (FSDP_PLUGIN_LIBDIR,
- * $(pkglibdir)). A program that has the plugin's table linked in (fsdp__cuda_plugin, a weak
+ * freshly built plugin lies too), or else in the directory named after the package beside it
+ * (<dir of libfsdp.so>/libfsdp/, where a default install puts the plugin: an install that was
+ * moved elsewhere, or the GPU bundle of tools/gpu-bundle.sh, still finds its own plugin); then
+ * the install directory compiled in (FSDP_PLUGIN_LIBDIR, $(pkglibdir)). A program that has the plugin's table linked in (fsdp__cuda_plugin, a weak
  * reference) uses it and opens nothing.
  *
  * Invariants: `loaded` goes from NULL to a checked table once and never back (the plugin is
@@ -17,6 +19,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,20 +119,20 @@ static int try_dir(const char *dir, char *tried, size_t cap, const struct fsdp_p
     return 0;
 }
 
-/* The directory libfsdp was loaded from, when that is a libtool build tree's .libs. */
-static int build_tree_dir(char *buf, size_t cap) {
+/* The directory libfsdp was loaded from, made absolute (it may have been loaded through a
+ * relative LD_LIBRARY_PATH entry, and the cwd may change); *libtool is set when that directory
+ * is a libtool build tree's .libs. */
+static int libfsdp_dir(char *buf, size_t cap, bool *libtool) {
     Dl_info info;
     if (!dladdr((void *)&core_table, &info) || !info.dli_fname) return -1;
     const char *slash = strrchr(info.dli_fname, '/');
     if (!slash) return -1;
     size_t len = (size_t)(slash - info.dli_fname);
-    if (len < 5 || len >= cap || memcmp(slash - 5, ".libs", 5) != 0 ||
-        (len > 5 && slash[-6] != '/'))
-        return -1;
+    if (len >= cap) return -1;
+    *libtool = len >= 5 && memcmp(slash - 5, ".libs", 5) == 0 && (len == 5 || slash[-6] == '/');
     memcpy(buf, info.dli_fname, len);
     buf[len] = '\0';
-    /* Loaded through a relative LD_LIBRARY_PATH entry: make it absolute (the cwd may change). */
-    char *abs = realpath(buf, NULL);
+    char *abs = realpath(len ? buf : "/", NULL);
     if (!abs) return -1;
     size_t alen = strlen(abs);
     if (alen >= cap) {
@@ -154,7 +157,15 @@ static int load_locked(char *tried, size_t cap, const struct fsdp_plugin **out) 
     const char *env = getenv(FSDP_PLUGIN_DIR_ENV);
     if (env && *env) return try_dir(env, tried, cap, out);
     char dir[4096];
-    if (build_tree_dir(dir, sizeof dir) == 0 && try_dir(dir, tried, cap, out) == 0) return 0;
+    bool libtool = false;
+    if (libfsdp_dir(dir, sizeof dir, &libtool) == 0) {
+        /* A build tree's .libs holds the plugin itself; an install keeps it one level down. */
+        size_t n = strlen(dir);
+        bool fits = libtool || n + sizeof "/" PACKAGE <= sizeof dir;
+        if (fits && !libtool) memcpy(dir + n, "/" PACKAGE, sizeof "/" PACKAGE);
+        if (fits && strcmp(dir, FSDP_PLUGIN_LIBDIR) != 0 && try_dir(dir, tried, cap, out) == 0)
+            return 0;
+    }
     return try_dir(FSDP_PLUGIN_LIBDIR, tried, cap, out);
 }
 
