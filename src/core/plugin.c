@@ -6,8 +6,8 @@
  * freshly built plugin lies too), or else in the directory named after the package beside it
  * (<dir of libfsdp.so>/libfsdp/, where a default install puts the plugin: an install that was
  * moved elsewhere, or the GPU bundle of tools/gpu-bundle.sh, still finds its own plugin); then
- * the install directory compiled in (FSDP_PLUGIN_LIBDIR, $(pkglibdir)). A program that has the plugin's table linked in (fsdp__cuda_plugin, a weak
- * reference) uses it and opens nothing.
+ * the install directory compiled in (FSDP_PLUGIN_LIBDIR, $(pkglibdir)). A program that has the
+ * plugin's table linked in (fsdp__cuda_plugin, a weak reference) uses it and opens nothing.
  *
  * Invariants: `loaded` goes from NULL to a checked table once and never back (the plugin is
  * never closed: devices and groups point into it); loads are serialized by load_mu, so sim ranks
