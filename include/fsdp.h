@@ -11,6 +11,7 @@
 #include <fsdp/rng.h>
 #include <fsdp/log.h>
 #include <fsdp/mem.h>
+#include <fsdp/redop.h>
 #include <fsdp/context.h>
 #include <fsdp/store.h>
 #include <fsdp/pg.h>

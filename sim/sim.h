@@ -14,6 +14,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include <fsdp/sim.h>
+#include <fsdp/store.h>
+
 #include "device/device_impl.h"
 #include "pg/pg_impl.h"
 

@@ -26,7 +26,7 @@ static void *rank_main(void *arg) {
     sim_rank_t *self = arg;
     sim_world_t *w = self->world;
     self->status = w->fn(self->ctx, w->arg);
-    fsdp__ctx_destroy_groups(self->ctx, "rank exited");
+    fsdp__ctx_destroy_children(self->ctx, "rank exited");
     self->exit_status = self->status;
     atomic_store(&self->exited, 1);
     fsdp__sim_notify_exit(w, self->index);
@@ -133,7 +133,7 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
             rc = FSDP_ENOMEM;
             /* The ranks that never ran count as exited, so the others fail instead of hang. */
             for (int r = ranks_started; r < n; r++) {
-                fsdp__ctx_destroy_groups(w.ranks[r].ctx, NULL);
+                fsdp__ctx_destroy_children(w.ranks[r].ctx, NULL);
                 w.ranks[r].exit_status = FSDP_ENOMEM;
                 atomic_store(&w.ranks[r].exited, 1);
                 fsdp__sim_notify_exit(&w, r);

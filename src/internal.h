@@ -1,8 +1,11 @@
 /*
  * internal.h: what the layers of libfsdp share and users do not see.
  *
- * The context is defined here so that the core can reach a rank's accounting, logging and
- * groups without indirection; nothing outside src/, sim/ and backends/ includes this file.
+ * The context is defined here so that the core can reach a rank's accounting and logging
+ * without indirection; nothing outside src/, sim/ and backends/ includes this file. It is the
+ * core's header: it includes the core's public headers only, and the context knows the layers
+ * above it only as opaque pointers with the destructors they registered (docs/design.md,
+ * "Layers").
  */
 #ifndef FSDP_INTERNAL_H
 #define FSDP_INTERNAL_H
@@ -14,7 +17,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <fsdp.h>
+#include <fsdp/context.h>
+#include <fsdp/dtype.h>
+#include <fsdp/errno.h>
+#include <fsdp/export.h>
+#include <fsdp/log.h>
+#include <fsdp/mem.h>
+#include <fsdp/redop.h>
+#include <fsdp/rng.h>
+#include <fsdp/version.h>
 
 /* Length of every last-error buffer, including the terminating NUL. Messages that list names
  * (the frozen-parameter check lists every FQN of a unit) need room: 512 cut them short. */
@@ -29,6 +40,25 @@
 
 #define FSDP_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define FSDP_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* An object that a rank's context destroys when the rank forgets it: a process group registers
+ * one (embedded in it) when created and unregisters it when destroyed. */
+struct fsdp__ctx_child {
+    struct fsdp__ctx_child *next;
+    void *obj;                   /* the object, compared with the world group (ctx->pg) */
+    const char *what;            /* "process group", for the warning */
+    const char *name;            /* the object's name, for the warning */
+    void (*destroy)(void *obj);  /* unregisters the child itself */
+};
+
+/* Per-rank state that several objects of a layer above the core share (the Gloo worker of a
+ * rank's Gloo groups, the NCCL groups' ordering state), found by a key of that layer. */
+struct fsdp__ctx_shared {
+    struct fsdp__ctx_shared *next;
+    const void *key;
+    void *obj;
+    int refs;
+};
 
 struct fsdp_ctx {
     int rank;
@@ -52,12 +82,14 @@ struct fsdp_ctx {
     /* A store the context owns (fsdp_init_from_env), freed after its groups. */
     fsdp_store_t *store_owned;
     void (*store_destroy)(fsdp_store_t *store);
-    /* Every live process group of this rank, so that destroy can reclaim forgotten ones. */
-    pthread_mutex_t groups_mu;
-    fsdp_pg_t *groups;
-    /* The Gloo backend's worker for this rank, shared by the rank's Gloo groups: created with
-     * the first and freed with the last (backends/gloo/gloo_pg.c); guarded by groups_mu. */
-    struct fsdp__gloo_rank *gloo;
+    /* Every live child of this rank (its process groups), so that destroy can reclaim forgotten
+     * ones, and the shared per-rank states; both guarded by children_mu. */
+    pthread_mutex_t children_mu;
+    struct fsdp__ctx_child *children;
+    struct fsdp__ctx_shared *shared;
+    /* The memory category that new tensors are counted in: activations, or gradients while the
+     * rank runs backward (set by the autograd engine, read by the tensor layer). */
+    _Atomic int tensor_mem_cat; /* fsdp_mem_category_t */
     /* Layers above the core hang their per-rank state here; the core frees each through the
      * destructor stored beside it, so it never calls upward by name. */
     struct fsdp_device *dev;         /* default device (borrowed unless == dev_owned) */
@@ -97,12 +129,23 @@ void fsdp__swap_le(void *buf, size_t n, size_t es);
 /* Attaches the borrowed world group and store of a rank (sim runner, init-from-env). */
 void fsdp__ctx_attach(fsdp_ctx_t *ctx, fsdp_pg_t *pg, fsdp_store_t *store);
 
-/* Registration of process groups on their context (pg.c calls these). */
-void fsdp__ctx_add_group(fsdp_ctx_t *ctx, fsdp_pg_t *pg);
-void fsdp__ctx_remove_group(fsdp_ctx_t *ctx, fsdp_pg_t *pg);
+/* Registration of children on their context (process groups: pg.c calls these). Removing the
+ * world group's child also detaches the world group. */
+void fsdp__ctx_add_child(fsdp_ctx_t *ctx, struct fsdp__ctx_child *c);
+void fsdp__ctx_remove_child(fsdp_ctx_t *ctx, struct fsdp__ctx_child *c);
 
-/* Destroys every group still registered on ctx (waiting for their outstanding works). With a
- * non-NULL `why`, each one other than the world group is reported as a warning. */
-void fsdp__ctx_destroy_groups(fsdp_ctx_t *ctx, const char *why);
+/* Destroys every child still registered on ctx (a group waits for its outstanding works). With
+ * a non-NULL `why`, each one other than the world group is reported as a warning. */
+void fsdp__ctx_destroy_children(fsdp_ctx_t *ctx, const char *why);
+
+/* Takes a reference on the state that `key` names on ctx, making it with create(ctx, arg, &obj)
+ * when there is none (create returns 0 or a negative code; it runs under the context's lock and
+ * must not call back into these functions). *out is the state. */
+int fsdp__ctx_shared_acquire(fsdp_ctx_t *ctx, const void *key,
+                             int (*create)(fsdp_ctx_t *ctx, void *arg, void **obj), void *arg,
+                             void **out);
+/* Drops a reference; the last one forgets the state and returns 1, the caller then frees it
+ * (outside the context's lock); 0 otherwise. */
+int fsdp__ctx_shared_release(fsdp_ctx_t *ctx, const void *key);
 
 #endif /* FSDP_INTERNAL_H */

@@ -696,7 +696,7 @@ out:
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
-#ifdef FSDP_DEV_CUDA
+#if defined(FSDP_DEV_CUDA) && defined(FSDP_HAVE_CUDA)
 /* Whether the library can make a CUDA device here (a GPU is visible and works). */
 static bool cuda_visible(void) {
     fsdp_ctx_t *ctx = NULL;

@@ -1,7 +1,7 @@
 /*
  * t_plugin.c: the CUDA plugin as a user program sees it. This program links libfsdp.so only
  * (not the convenience libraries), so every CUDA or NCCL call goes through the plugin that
- * libfsdp opens with dlopen (src/core/plugin.c).
+ * libfsdp opens with dlopen (src/launch/plugin.c).
  *
  * - A sim run and CPU work do not map the CUDA libraries; the resident size is printed.
  * - FSDP_PLUGIN_DIR naming a directory without the plugin gives FSDP_ENOTSUP naming the path
@@ -76,6 +76,7 @@ static int rank_step(fsdp_ctx_t *ctx, void *arg) {
     return w[2] == 1.0f - 0.5f * 3.0f ? FSDP_OK : FSDP_EINTERNAL;
 }
 
+#ifdef FSDP_HAVE_CUDA
 struct racer {
     pthread_t t;
     int rc;
@@ -97,6 +98,7 @@ static void *race(void *arg) {
     fsdp_ctx_destroy(ctx);
     return NULL;
 }
+#endif
 
 int main(void) {
     tap_plan(12);

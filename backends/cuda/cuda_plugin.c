@@ -1,15 +1,15 @@
 /*
- * cuda_plugin.c: the table of the CUDA plugin (core/plugin.h): the CUDA device's vtable and,
+ * cuda_plugin.c: the table of the CUDA plugin (backends/plugin_abi.h): the CUDA device's vtable and,
  * when NCCL is built, the NCCL group's entry points.
  *
  * It is part of the plugin's code (libfsdp_cuda_core.la): libfsdp-cuda.so returns it from its
  * entry point (plugin_entry.c), and programs that link the plugin's code statically reach it
- * through core/plugin.c's weak reference.
+ * through src/launch/plugin.c's weak reference.
  */
 #include <config.h>
 
 #include "backends/cuda/cuda_device.h"
-#include "core/plugin.h"
+#include "backends/plugin_abi.h"
 #ifdef FSDP_HAVE_NCCL
 #include "backends/nccl/nccl_pg.h"
 #endif

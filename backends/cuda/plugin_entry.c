@@ -7,7 +7,7 @@
  * plugin's other files call them by their usual names. The variadic ones format here and pass
  * the text on as "%s", which keeps the table free of va_list.
  *
- * `core` is written once, by the loading thread under core/plugin.c's lock, before the plugin's
+ * `core` is written once, by the loading thread under src/launch/plugin.c's lock, before the plugin's
  * table is published; every other use comes after that publication.
  */
 #include <config.h>
@@ -15,7 +15,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "core/plugin.h"
+#include "backends/plugin_abi.h"
 #include "device/device_impl.h"
 #include "pg/pg_impl.h"
 
@@ -80,4 +80,14 @@ void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) {
 
 void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap) {
     core->coll_describe(c, buf, cap);
+}
+
+int fsdp__ctx_shared_acquire(fsdp_ctx_t *ctx, const void *key,
+                             int (*create)(fsdp_ctx_t *ctx, void *arg, void **obj), void *arg,
+                             void **out) {
+    return core->shared_acquire(ctx, key, create, arg, out);
+}
+
+int fsdp__ctx_shared_release(fsdp_ctx_t *ctx, const void *key) {
+    return core->shared_release(ctx, key);
 }

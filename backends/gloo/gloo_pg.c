@@ -31,18 +31,19 @@
 #include <string.h>
 #include <time.h>
 
+#include <fsdp/gloo.h>
+
 #include "backends/gloo/gloo_comm.h"
 #include "core/timeutil.h"
 #include "pg/pg_impl.h"
 
-/* The rank's worker, shared by its Gloo groups. refs is guarded by the context's groups_mu. */
+/* The rank's worker, shared by its Gloo groups (a shared state of the rank's context). */
 struct fsdp__gloo_rank {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     fsdp_work_t *head, *tail; /* works to execute, in issue order */
     int busy;                 /* a work of this rank is executing (on either thread) */
     int stop;
-    int refs;
     pthread_t thread;
 };
 
@@ -300,47 +301,43 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* The key of the rank's worker among the context's shared states. */
+static const char rank_key;
+
+/* Makes the rank's worker (under the context's lock, for its first Gloo group). */
+static int rank_create(fsdp_ctx_t *ctx, void *arg, void **obj) {
+    (void)ctx;
+    (void)arg;
+    struct fsdp__gloo_rank *gr = calloc(1, sizeof *gr);
+    if (!gr) return FSDP_ENOMEM;
+    pthread_mutex_init(&gr->mu, NULL);
+    pthread_cond_init(&gr->cv, NULL);
+    sigpipe_guard_t guard;
+    sigpipe_block(&guard); /* the worker inherits the blocked SIGPIPE */
+    int started = pthread_create(&gr->thread, NULL, worker_main, gr) == 0;
+    sigpipe_restore(&guard);
+    if (!started) {
+        pthread_mutex_destroy(&gr->mu);
+        pthread_cond_destroy(&gr->cv);
+        free(gr);
+        return FSDP_ENOMEM;
+    }
+    *obj = gr;
+    return FSDP_OK;
+}
+
 /* Takes a reference on ctx's worker, starting it for the rank's first Gloo group. */
 static int rank_acquire(fsdp_ctx_t *ctx, struct fsdp__gloo_rank **out) {
-    int rc = FSDP_OK;
-    pthread_mutex_lock(&ctx->groups_mu);
-    struct fsdp__gloo_rank *gr = ctx->gloo;
-    if (!gr) {
-        gr = calloc(1, sizeof *gr);
-        if (!gr) {
-            rc = FSDP_ENOMEM;
-            goto out;
-        }
-        pthread_mutex_init(&gr->mu, NULL);
-        pthread_cond_init(&gr->cv, NULL);
-        sigpipe_guard_t guard;
-        sigpipe_block(&guard); /* the worker inherits the blocked SIGPIPE */
-        int started = pthread_create(&gr->thread, NULL, worker_main, gr) == 0;
-        sigpipe_restore(&guard);
-        if (!started) {
-            pthread_mutex_destroy(&gr->mu);
-            pthread_cond_destroy(&gr->cv);
-            free(gr);
-            rc = FSDP_ENOMEM;
-            goto out;
-        }
-        ctx->gloo = gr;
-    }
-    gr->refs++;
-    *out = gr;
-out:
-    pthread_mutex_unlock(&ctx->groups_mu);
+    void *obj = NULL;
+    int rc = fsdp__ctx_shared_acquire(ctx, &rank_key, rank_create, NULL, &obj);
+    *out = obj;
     return rc;
 }
 
 /* Drops a reference; the last one stops the worker (its queue is empty: every group waited
  * for its works before being destroyed). */
 static void rank_release(fsdp_ctx_t *ctx, struct fsdp__gloo_rank *gr) {
-    pthread_mutex_lock(&ctx->groups_mu);
-    int last = --gr->refs == 0;
-    if (last) ctx->gloo = NULL;
-    pthread_mutex_unlock(&ctx->groups_mu);
-    if (!last) return;
+    if (!fsdp__ctx_shared_release(ctx, &rank_key)) return;
     pthread_mutex_lock(&gr->mu);
     gr->stop = 1;
     pthread_cond_signal(&gr->cv);

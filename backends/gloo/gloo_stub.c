@@ -6,6 +6,8 @@
  */
 #include <string.h>
 
+#include <fsdp/gloo.h>
+
 #include "internal.h"
 
 void fsdp_gloo_options_init(fsdp_gloo_options_t *o) {

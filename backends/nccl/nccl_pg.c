@@ -53,11 +53,10 @@ struct nccl_pg;
 
 /* The rank's order over its NCCL groups (fsdp/pg.h: a rank's collectives run in the order it
  * issued them, over all its groups, like one CUDA stream). Shared by the NCCL groups of one
- * context; refs is guarded by the context's groups_mu, last by mu. */
+ * context (a shared state of the context); last is guarded by mu. */
 typedef struct nccl_rank {
     pthread_mutex_t mu;
     struct nccl_pg *last; /* the group of the rank's last collective, or NULL */
-    int refs;
 } nccl_rank_t;
 
 typedef struct nccl_pg {
@@ -564,34 +563,36 @@ static int nccl_wait_stream(fsdp_pg_t *pg, fsdp_work_t *w, void *stream) {
     return rc;
 }
 
-static const struct fsdp_pg_ops nccl_ops;
+/* The key of the rank's ordering state among the context's shared states. */
+static const char rank_key;
+
+static int rank_create(fsdp_ctx_t *ctx, void *arg, void **obj) {
+    (void)ctx;
+    (void)arg;
+    nccl_rank_t *rk = calloc(1, sizeof *rk);
+    if (!rk) return FSDP_ENOMEM;
+    pthread_mutex_init(&rk->mu, NULL);
+    *obj = rk;
+    return FSDP_OK;
+}
 
 /* Takes a reference on the rank's ordering state, shared with the context's other NCCL
  * groups. */
 static int rank_acquire(nccl_pg_t *gp) {
-    fsdp_ctx_t *ctx = gp->base.ctx;
-    nccl_rank_t *rk = NULL;
-    pthread_mutex_lock(&ctx->groups_mu);
-    for (fsdp_pg_t *g = ctx->groups; g && !rk; g = g->ctx_next)
-        if (g->ops == &nccl_ops && g != &gp->base) rk = ((nccl_pg_t *)g)->rk;
-    if (!rk && (rk = calloc(1, sizeof *rk))) pthread_mutex_init(&rk->mu, NULL);
-    if (rk) rk->refs++;
-    gp->rk = rk;
-    pthread_mutex_unlock(&ctx->groups_mu);
-    return rk ? FSDP_OK : FSDP_ENOMEM;
+    void *obj = NULL;
+    int rc = fsdp__ctx_shared_acquire(gp->base.ctx, &rank_key, rank_create, NULL, &obj);
+    gp->rk = obj;
+    return rc;
 }
 
 static void rank_release(nccl_pg_t *gp) {
-    fsdp_ctx_t *ctx = gp->base.ctx;
     nccl_rank_t *rk = gp->rk;
     if (!rk) return;
-    pthread_mutex_lock(&ctx->groups_mu);
     pthread_mutex_lock(&rk->mu);
     if (rk->last == gp) rk->last = NULL;
     pthread_mutex_unlock(&rk->mu);
-    int last = --rk->refs == 0;
     gp->rk = NULL;
-    pthread_mutex_unlock(&ctx->groups_mu);
+    int last = fsdp__ctx_shared_release(gp->base.ctx, &rank_key);
     if (last) {
         pthread_mutex_destroy(&rk->mu);
         free(rk);

@@ -70,13 +70,8 @@ FSDP_EXTERN int fsdp_tape_mark(fsdp_ctx_t *ctx, const char *label, int n,
 typedef int (*fsdp_callback_fn)(fsdp_ctx_t *ctx, void *arg);
 FSDP_EXTERN int fsdp_queue_callback(fsdp_ctx_t *ctx, fsdp_callback_fn fn, void *arg);
 
-/* A hook on a leaf, run right after backward has accumulated into its gradient. */
-typedef int (*fsdp_grad_hook_fn)(fsdp_tensor_t *leaf, void *arg);
-FSDP_EXTERN int fsdp_tensor_add_grad_hook(fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn, void *arg);
-/* Removes every hook of leaf registered with this (fn, arg); returns how many (0 when none). */
-FSDP_EXTERN int fsdp_tensor_remove_grad_hook(fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn, void *arg);
-/* Whether leaf has a hook with this fn (any arg). */
-FSDP_EXTERN bool fsdp_tensor_has_grad_hook(const fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn);
+/* Gradient hooks on leaves (fsdp_tensor_add_grad_hook) are declared in fsdp/tensor.h with the
+ * gradient itself; backward runs them right after accumulating into a leaf's gradient. */
 
 /* A recomputable region: fn maps nin inputs to nout outputs (it must create each output;
  * the caller receives them). During forward fn runs with recording off and only the inputs are

@@ -53,21 +53,13 @@
 
 #include <fsdp/dtype.h>
 #include <fsdp/export.h>
+#include <fsdp/redop.h>
 
 FSDP_BEGIN_DECLS
 
 typedef struct fsdp_ctx fsdp_ctx_t;
 typedef struct fsdp_pg fsdp_pg_t;
 typedef struct fsdp_work fsdp_work_t;
-
-typedef enum fsdp_redop {
-    FSDP_REDOP_SUM = 0,
-    FSDP_REDOP_AVG,
-    FSDP_REDOP_MIN,
-    FSDP_REDOP_MAX,
-    FSDP_REDOP_PROD,
-    FSDP_REDOP_COUNT
-} fsdp_redop_t;
 
 typedef enum fsdp_coll_kind {
     FSDP_COLL_ALL_GATHER = 0,
@@ -80,8 +72,6 @@ typedef enum fsdp_coll_kind {
     FSDP_COLL_COUNT
 } fsdp_coll_kind_t;
 
-/* "sum", "avg", ...; "invalid" otherwise. */
-FSDP_EXTERN const char *fsdp_redop_name(fsdp_redop_t op);
 /* "all_gather", "reduce_scatter", ...; "invalid" otherwise. */
 FSDP_EXTERN const char *fsdp_coll_name(fsdp_coll_kind_t kind);
 

@@ -167,6 +167,15 @@ FSDP_EXTERN int fsdp_tensor_set_grad(fsdp_tensor_t *t, fsdp_tensor_t *grad);
 /* zero_grad: set_to_none drops the gradient, otherwise it is filled with zeros. */
 FSDP_EXTERN int fsdp_tensor_zero_grad(fsdp_tensor_t *t, bool set_to_none);
 
+/* A hook on a leaf, run by backward (fsdp/autograd.h) right after it has accumulated into the
+ * leaf's gradient. */
+typedef int (*fsdp_grad_hook_fn)(fsdp_tensor_t *leaf, void *arg);
+FSDP_EXTERN int fsdp_tensor_add_grad_hook(fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn, void *arg);
+/* Removes every hook of leaf registered with this (fn, arg); returns how many (0 when none). */
+FSDP_EXTERN int fsdp_tensor_remove_grad_hook(fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn, void *arg);
+/* Whether leaf has a hook with this fn (any arg). */
+FSDP_EXTERN bool fsdp_tensor_has_grad_hook(const fsdp_tensor_t *leaf, fsdp_grad_hook_fn fn);
+
 /* ---- operations (differentiable) ---------------------------------------------------------- */
 
 /* Element-wise with NumPy broadcasting. */

@@ -23,6 +23,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <fsdp/autograd.h>
+
 #include "tensor/tensor_impl.h"
 
 struct fsdp__node;

@@ -156,6 +156,13 @@ bool fsdp_in_backward(const fsdp_ctx_t *ctx) {
     return false;
 }
 
+/* Tells the tensor layer which category new tensors count in: gradients while this rank runs
+ * backward (on any tape of the chain), activations otherwise. Called whenever that changes. */
+static void sync_tensor_cat(fsdp_ctx_t *ctx) {
+    atomic_store(&ctx->tensor_mem_cat,
+                 fsdp_in_backward(ctx) ? (int)FSDP_MEM_GRADS : (int)FSDP_MEM_ACTIVATIONS);
+}
+
 size_t fsdp_tape_size(const fsdp_ctx_t *ctx) {
     return ctx && ctx->tape ? ctx->tape->n : 0;
 }
@@ -652,6 +659,7 @@ int fsdp_backward_multi(int n, fsdp_tensor_t *const *outputs, fsdp_tensor_t *con
     bool was_enabled = tape->grad_enabled;
     tape->grad_enabled = false;
     tape->in_backward = true;
+    sync_tensor_cat(ctx);
     bw.grads = calloc((size_t)(tape->nslots > 0 ? tape->nslots : 1), sizeof *bw.grads);
     if (!bw.grads) {
         rc = fsdp__ctx_err(ctx, FSDP_ENOMEM, "fsdp_backward: out of memory");
@@ -683,6 +691,7 @@ out:
     bw_fini(&bw);
     if (!tape->parent) tape->ncbs = 0;
     tape->in_backward = false;
+    sync_tensor_cat(ctx);
     tape->grad_enabled = was_enabled;
     tape_reset(tape);
     return rc;
@@ -725,6 +734,7 @@ static int region_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
         if (node->needs[i]) FSDP_TRY(rc, out, fsdp_tensor_set_requires_grad(ins[i], true));
     }
     ctx->tape = sub;
+    sync_tensor_cat(ctx);
     ctx->rng.offset = r->rng_offset;
     rc = r->fn(ctx, r->arg, nin, ins, nout, outs);
     ctx->rng.offset = offset_now;
@@ -740,6 +750,7 @@ static int region_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
         if (ins[i] && node->needs[i] && ins[i]->grad) gin[i] = fsdp_tensor_retain(ins[i]->grad);
 restore:
     ctx->tape = parent;
+    sync_tensor_cat(ctx);
 out:
     tape_destroy(sub);
     if (ins)

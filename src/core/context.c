@@ -1,16 +1,17 @@
 /*
  * context.c: the per-rank context that owns a rank's mutable state.
  *
- * Process groups register themselves on their context when created and unregister when
- * destroyed, so fsdp_ctx_destroy() can reclaim groups a rank forgot (the sim runner relies on
- * this to let a rank "exit" without leaking).
+ * Process groups register themselves on their context (as children, with their destructor)
+ * when created and unregister when destroyed, so fsdp_ctx_destroy() can reclaim groups a rank
+ * forgot (the sim runner relies on this to let a rank "exit" without leaking). The context
+ * calls no layer above the core by name: it holds their state as opaque pointers with the
+ * destructors they registered.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
-#include "pg/pg_impl.h"
 
 void fsdp_ctx_options_init(fsdp_ctx_options_t *opts) {
     if (!opts) return;
@@ -52,7 +53,8 @@ int fsdp_ctx_create(const fsdp_ctx_options_t *opts, fsdp_ctx_t **out) {
     atomic_init(&ctx->log_level,
                 opts->log_level < 0 ? (int)fsdp_log_level_from_env() : opts->log_level);
     pthread_mutex_init(&ctx->log_mu, NULL);
-    pthread_mutex_init(&ctx->groups_mu, NULL);
+    pthread_mutex_init(&ctx->children_mu, NULL);
+    atomic_init(&ctx->tensor_mem_cat, FSDP_MEM_ACTIVATIONS);
     for (int c = 0; c < FSDP_MEM_NCAT; c++) {
         atomic_init(&ctx->mem_current[c], 0);
         atomic_init(&ctx->mem_peak[c], 0);
@@ -64,23 +66,23 @@ int fsdp_ctx_create(const fsdp_ctx_options_t *opts, fsdp_ctx_t **out) {
     return FSDP_OK;
 }
 
-void fsdp__ctx_destroy_groups(fsdp_ctx_t *ctx, const char *why) {
+void fsdp__ctx_destroy_children(fsdp_ctx_t *ctx, const char *why) {
     if (!ctx) return;
     for (;;) {
-        pthread_mutex_lock(&ctx->groups_mu);
-        fsdp_pg_t *pg = ctx->groups;
-        pthread_mutex_unlock(&ctx->groups_mu);
-        if (!pg) break;
-        if (why && pg != ctx->pg)
-            fsdp_log(ctx, FSDP_LOG_WARN, "%s without destroying process group '%s'; destroying it",
-                     why, pg->name);
-        fsdp_pg_destroy(pg); /* unregisters itself */
+        pthread_mutex_lock(&ctx->children_mu);
+        struct fsdp__ctx_child *c = ctx->children;
+        pthread_mutex_unlock(&ctx->children_mu);
+        if (!c) break;
+        if (why && c->obj != (void *)ctx->pg)
+            fsdp_log(ctx, FSDP_LOG_WARN, "%s without destroying %s '%s'; destroying it", why,
+                     c->what, c->name);
+        c->destroy(c->obj); /* unregisters itself */
     }
 }
 
 void fsdp_ctx_destroy(fsdp_ctx_t *ctx) {
     if (!ctx) return;
-    fsdp__ctx_destroy_groups(ctx, "context destroyed");
+    fsdp__ctx_destroy_children(ctx, "context destroyed");
     if (ctx->store_owned && ctx->store_destroy) ctx->store_destroy(ctx->store_owned);
     ctx->store = ctx->store_owned = NULL;
     /* The tape holds tensors, which hold device memory: it goes before the device. */
@@ -90,7 +92,8 @@ void fsdp_ctx_destroy(fsdp_ctx_t *ctx) {
     if (ctx->dev_owned && ctx->dev_destroy) ctx->dev_destroy(ctx->dev_owned);
     ctx->dev = ctx->dev_owned = NULL;
     pthread_mutex_destroy(&ctx->log_mu);
-    pthread_mutex_destroy(&ctx->groups_mu);
+    /* Every shared state was released by the children that held it. */
+    pthread_mutex_destroy(&ctx->children_mu);
     free(ctx);
 }
 
@@ -150,21 +153,68 @@ void fsdp__ctx_attach(fsdp_ctx_t *ctx, fsdp_pg_t *pg, fsdp_store_t *store) {
     ctx->store = store;
 }
 
-void fsdp__ctx_add_group(fsdp_ctx_t *ctx, fsdp_pg_t *pg) {
-    pthread_mutex_lock(&ctx->groups_mu);
-    pg->ctx_next = ctx->groups;
-    ctx->groups = pg;
-    pthread_mutex_unlock(&ctx->groups_mu);
+void fsdp__ctx_add_child(fsdp_ctx_t *ctx, struct fsdp__ctx_child *c) {
+    pthread_mutex_lock(&ctx->children_mu);
+    c->next = ctx->children;
+    ctx->children = c;
+    pthread_mutex_unlock(&ctx->children_mu);
 }
 
-void fsdp__ctx_remove_group(fsdp_ctx_t *ctx, fsdp_pg_t *pg) {
-    pthread_mutex_lock(&ctx->groups_mu);
-    for (fsdp_pg_t **p = &ctx->groups; *p; p = &(*p)->ctx_next) {
-        if (*p == pg) {
-            *p = pg->ctx_next;
+void fsdp__ctx_remove_child(fsdp_ctx_t *ctx, struct fsdp__ctx_child *c) {
+    pthread_mutex_lock(&ctx->children_mu);
+    for (struct fsdp__ctx_child **p = &ctx->children; *p; p = &(*p)->next) {
+        if (*p == c) {
+            *p = c->next;
             break;
         }
     }
-    if (ctx->pg == pg) ctx->pg = NULL;
-    pthread_mutex_unlock(&ctx->groups_mu);
+    if ((void *)ctx->pg == c->obj) ctx->pg = NULL;
+    pthread_mutex_unlock(&ctx->children_mu);
+}
+
+int fsdp__ctx_shared_acquire(fsdp_ctx_t *ctx, const void *key,
+                             int (*create)(fsdp_ctx_t *ctx, void *arg, void **obj), void *arg,
+                             void **out) {
+    int rc = FSDP_OK;
+    *out = NULL;
+    pthread_mutex_lock(&ctx->children_mu);
+    struct fsdp__ctx_shared *sh = ctx->shared;
+    while (sh && sh->key != key) sh = sh->next;
+    if (!sh) {
+        sh = calloc(1, sizeof *sh);
+        if (!sh) {
+            rc = FSDP_ENOMEM;
+            goto out;
+        }
+        rc = create(ctx, arg, &sh->obj);
+        if (rc < 0) {
+            free(sh);
+            goto out;
+        }
+        sh->key = key;
+        sh->next = ctx->shared;
+        ctx->shared = sh;
+    }
+    sh->refs++;
+    *out = sh->obj;
+out:
+    pthread_mutex_unlock(&ctx->children_mu);
+    return rc;
+}
+
+int fsdp__ctx_shared_release(fsdp_ctx_t *ctx, const void *key) {
+    int last = 0;
+    pthread_mutex_lock(&ctx->children_mu);
+    for (struct fsdp__ctx_shared **p = &ctx->shared; *p; p = &(*p)->next) {
+        struct fsdp__ctx_shared *sh = *p;
+        if (sh->key != key) continue;
+        if (--sh->refs == 0) {
+            *p = sh->next;
+            free(sh);
+            last = 1;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&ctx->children_mu);
+    return last;
 }

@@ -32,6 +32,12 @@
  * read-for-ownership traffic that all-reduce, writing every slice N times, is bound by. */
 #define STREAM_MIN_BYTES ((size_t)1 << 20)
 
+static const char *const redop_names[FSDP_REDOP_COUNT] = {"sum", "avg", "min", "max", "prod"};
+
+const char *fsdp_redop_name(fsdp_redop_t op) {
+    return (int)op >= 0 && op < FSDP_REDOP_COUNT ? redop_names[op] : "invalid";
+}
+
 int fsdp__redop_supported(fsdp_dtype_t dt, fsdp_redop_t op) {
     if (!fsdp_dtype_valid((int)dt) || (int)op < 0 || op >= FSDP_REDOP_COUNT) return 0;
     return !(dt == FSDP_DTYPE_BOOL && op == FSDP_REDOP_AVG);

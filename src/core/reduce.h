@@ -11,7 +11,7 @@
 #include <stddef.h>
 
 #include <fsdp/dtype.h>
-#include <fsdp/pg.h>
+#include <fsdp/redop.h>
 
 /* 1 when op is defined on dt (avg is not defined on bool). */
 int fsdp__redop_supported(fsdp_dtype_t dt, fsdp_redop_t op);

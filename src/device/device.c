@@ -22,17 +22,6 @@
 #include <string.h>
 
 #include "device/device_impl.h"
-#ifdef FSDP_HAVE_CUDA
-#include "core/plugin.h"
-#endif
-
-/* Backends by kind. A kind whose entry is NULL is not linked in: under FSDP_HAVE_CUDA the CUDA
- * device (backends/cuda/cuda_device.c) comes from the CUDA plugin, opened on its first creation
- * (core/plugin.h); without CUDA creating it is FSDP_ENOTSUP. */
-static const struct fsdp_dev_ops *const backends[FSDP_DEVICE_KIND_COUNT] = {
-    [FSDP_DEVICE_CPU] = &fsdp__cpu_dev_ops,
-    [FSDP_DEVICE_CUDA] = NULL,
-};
 
 static const char *const kind_names[FSDP_DEVICE_KIND_COUNT] = {"cpu", "cuda"};
 
@@ -160,8 +149,8 @@ void fsdp_device_options_init(fsdp_device_options_t *opts) {
     opts->ordinal = 0;
 }
 
-int fsdp_device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const fsdp_device_options_t *opts,
-                       fsdp_device_t **out) {
+int fsdp__device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const struct fsdp_dev_ops *ops,
+                        const fsdp_device_options_t *opts, fsdp_device_t **out) {
     int rc = FSDP_OK;
     struct device *d = NULL;
     if (!out) return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_device_create: out is NULL");
@@ -175,14 +164,6 @@ int fsdp_device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const fsdp_devi
         fsdp_device_options_init(&defaults);
         opts = &defaults;
     }
-    const struct fsdp_dev_ops *ops = backends[kind];
-#ifdef FSDP_HAVE_CUDA
-    if (kind == FSDP_DEVICE_CUDA) {
-        const struct fsdp_plugin *plugin = NULL;
-        if ((rc = fsdp__plugin_get(ctx, "fsdp_device_create", &plugin)) < 0) return rc;
-        ops = plugin->cuda_dev_ops;
-    }
-#endif
     if (!ops)
         return fsdp__ctx_err(ctx, FSDP_ENOTSUP,
                              "fsdp_device_create: the %s device is not built into this libfsdp",
@@ -267,7 +248,8 @@ fsdp_device_t *fsdp_ctx_device(fsdp_ctx_t *ctx) {
     if (ctx->dev) return ctx->dev;
     if (!ctx->dev_owned) {
         fsdp_device_t *dev = NULL;
-        if (fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &dev) < 0) return NULL;
+        if (fsdp__device_create(ctx, FSDP_DEVICE_CPU, &fsdp__cpu_dev_ops, NULL, &dev) < 0)
+            return NULL;
         ctx->dev_owned = dev;
         ctx->dev_destroy = fsdp_device_destroy;
     }

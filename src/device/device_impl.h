@@ -22,7 +22,6 @@
 
 #include "internal.h"
 #include <fsdp/device.h>
-#include <fsdp/pg.h>
 
 typedef enum fsdp_unary_op {
     FSDP_UNARY_RELU = 0,
@@ -301,6 +300,13 @@ int fsdp__device_alloc_zeroed(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t byt
 
 /* The CPU device's vtable (src/device/cpu*.c). */
 extern const struct fsdp_dev_ops fsdp__cpu_dev_ops;
+
+/* fsdp_device_create with the backend's vtable already chosen: the device layer checks the
+ * arguments and builds the device over ops, which is NULL when the kind is not built into this
+ * libfsdp (FSDP_ENOTSUP). Which vtable serves a kind is the launch layer's choice
+ * (src/launch/devices.c), so that a new device touches no file of this layer. */
+int fsdp__device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const struct fsdp_dev_ops *ops,
+                        const fsdp_device_options_t *opts, fsdp_device_t **out);
 
 /* Threads a CPU device uses by default for world_size ranks in this process: FSDP_NUM_THREADS
  * when set, else max(1, online cores / world_size). */

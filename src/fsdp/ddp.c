@@ -21,6 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fsdp/autograd.h>
+#include <fsdp/ddp.h>
+
 #include "internal.h"
 #include "tensor/tensor_impl.h"
 

@@ -26,6 +26,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fsdp/data.h>
+#include <fsdp/tensor.h>
+
 #include "internal.h"
 
 /* Where the corpus is installed and where it sits in the source tree (set by Makefile.am, where

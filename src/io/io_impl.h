@@ -13,6 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <fsdp/data.h>
+#include <fsdp/nn.h>
+#include <fsdp/safetensors.h>
+#include <fsdp/tensor.h>
+#include <fsdp/transformer.h>
+
 #include "internal.h"
 
 /* One tensor of the header. */

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <fsdp/autograd.h>
 #include <fsdp/optim.h>
 #include <fsdp/tensor.h>
 

@@ -16,14 +16,9 @@
 
 static const char *const coll_names[FSDP_COLL_COUNT] = {
     "all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce", "all_to_all", "barrier"};
-static const char *const redop_names[FSDP_REDOP_COUNT] = {"sum", "avg", "min", "max", "prod"};
 
 const char *fsdp_coll_name(fsdp_coll_kind_t kind) {
     return (int)kind >= 0 && kind < FSDP_COLL_COUNT ? coll_names[kind] : "invalid";
-}
-
-const char *fsdp_redop_name(fsdp_redop_t op) {
-    return (int)op >= 0 && op < FSDP_REDOP_COUNT ? redop_names[op] : "invalid";
 }
 
 static int has_op(fsdp_coll_kind_t k) {
@@ -55,6 +50,11 @@ static int late_report(fsdp_pg_t *pg, const fsdp_work_t *skip);
 /* ---------------------------------------------------------------------------------------- */
 /* Group base */
 
+/* A forgotten group, destroyed with its context. */
+static void destroy_child(void *obj) {
+    fsdp_pg_destroy(obj);
+}
+
 int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx, int rank, int size,
                   const int *world_ranks, const char *name) {
     pg->ops = ops;
@@ -71,19 +71,23 @@ int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx,
     snprintf(pg->name, sizeof pg->name, "%s", name);
     pthread_mutex_init(&pg->mu, NULL);
     fsdp__cond_init(&pg->cv);
-    pg->ctx_next = NULL;
+    memset(&pg->child, 0, sizeof pg->child);
     pg->ctx = NULL; /* registered below, once nothing can fail */
     pg->world_ranks = malloc((size_t)size * sizeof *pg->world_ranks);
     if (!pg->world_ranks) return FSDP_ENOMEM;
     for (int i = 0; i < size; i++)
         pg->world_ranks[i] = world_ranks ? world_ranks[i] : i;
     pg->ctx = ctx;
-    if (ctx) fsdp__ctx_add_group(ctx, pg);
+    if (ctx) {
+        pg->child = (struct fsdp__ctx_child){
+            .obj = pg, .what = "process group", .name = pg->name, .destroy = destroy_child};
+        fsdp__ctx_add_child(ctx, &pg->child);
+    }
     return FSDP_OK;
 }
 
 void fsdp__pg_fini(fsdp_pg_t *pg) {
-    if (pg->ctx) fsdp__ctx_remove_group(pg->ctx, pg);
+    if (pg->ctx) fsdp__ctx_remove_child(pg->ctx, &pg->child);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);
     free(pg->world_ranks);

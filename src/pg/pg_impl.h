@@ -16,6 +16,8 @@
 
 #include <pthread.h>
 
+#include <fsdp/pg.h>
+
 #include "internal.h"
 
 /* One collective as issued by one rank. Count and buffer meanings are those of pg.h. */
@@ -96,7 +98,7 @@ struct fsdp_pg {
     /* Works waited on a stream whose status no blocking point has reported yet, oldest first
      * (guarded by mu; see fsdp_work_wait_stream in pg.h). */
     fsdp_work_t *late_head, *late_tail;
-    fsdp_pg_t *ctx_next; /* the context's list of groups */
+    struct fsdp__ctx_child child; /* its registration on ctx (destroyed with it if forgotten) */
     char err[FSDP_ERR_LEN];
 };
 

@@ -9,6 +9,8 @@
 #ifndef FSDP_STORE_IMPL_H
 #define FSDP_STORE_IMPL_H
 
+#include <fsdp/store.h>
+
 #include "internal.h"
 
 /*

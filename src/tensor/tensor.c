@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd_impl.h"
 #include "tensor/tensor_impl.h"
 
 /* ---- small helpers ------------------------------------------------------------------------- */
@@ -98,7 +97,8 @@ int fsdp__norm_dim(const fsdp_tensor_t *t, int dim, int ndim, const char *op, in
 }
 
 fsdp_mem_cat_t fsdp__op_cat(const fsdp_ctx_t *ctx) {
-    return fsdp_in_backward(ctx) ? FSDP_MEM_GRADS : FSDP_MEM_ACTIVATIONS;
+    /* Set by the autograd engine (gradients while the rank runs backward). */
+    return (fsdp_mem_cat_t)atomic_load(&ctx->tensor_mem_cat);
 }
 
 /* ---- storage ----------------------------------------------------------------------------- */

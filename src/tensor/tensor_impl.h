@@ -17,7 +17,6 @@
 
 #include "device/device_impl.h"
 #include "internal.h"
-#include <fsdp/autograd.h>
 #include <fsdp/tensor.h>
 
 struct fsdp_storage {

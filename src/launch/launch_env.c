@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fsdp/launch.h>
+
 #include "internal.h"
 
 typedef struct reader {

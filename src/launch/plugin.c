@@ -1,5 +1,6 @@
 /*
- * plugin.c: finds, opens and checks the CUDA plugin (libfsdp-cuda.so, see plugin.h).
+ * plugin.c: finds, opens and checks the CUDA plugin (libfsdp-cuda.so, see
+ * backends/plugin_abi.h).
  *
  * Where it looks: $FSDP_PLUGIN_DIR alone when it is set and not empty; else beside libfsdp
  * itself when libfsdp was loaded from a libtool build tree (a directory named .libs, where the
@@ -25,8 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/plugin.h"
 #include "device/device_impl.h"
+#include "launch/plugin.h"
 #include "pg/pg_impl.h"
 
 /* Defined only when the plugin's code is linked in statically (see Makefile.am). */
@@ -47,6 +48,8 @@ static const struct fsdp_plugin_core core_table = {
     .pg_err = fsdp__pg_err,
     .work_complete = fsdp__work_complete,
     .coll_describe = fsdp__coll_describe,
+    .shared_acquire = fsdp__ctx_shared_acquire,
+    .shared_release = fsdp__ctx_shared_release,
 };
 
 const struct fsdp_plugin *fsdp__plugin_loaded(void) {

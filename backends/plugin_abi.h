@@ -1,11 +1,13 @@
 /*
- * plugin.h: the CUDA plugin (libfsdp-cuda.so), which holds the CUDA device and the NCCL process
- * group so that libfsdp.so itself links none of cudart, cuBLAS, cuBLASLt or NCCL.
+ * plugin_abi.h: the interface of the CUDA plugin (libfsdp-cuda.so), which holds the CUDA device
+ * and the NCCL process group so that libfsdp.so itself links none of cudart, cuBLAS, cuBLASLt or
+ * NCCL. Both sides include it: the plugin's entry (backends/cuda/plugin_entry.c, cuda_plugin.c)
+ * and libfsdp's loader (src/launch/plugin.c), which sits above the backends.
  *
  * libfsdp opens the plugin with dlopen the first time something reaches CUDA or NCCL
- * (fsdp__plugin_get) and keeps it loaded for the life of the process. The handshake is one
- * exported function, FSDP_PLUGIN_ENTRY: libfsdp passes it the table of the core's internal
- * functions the plugin needs (struct fsdp_plugin_core) and gets back the plugin's table
+ * (fsdp__plugin_get, src/launch/plugin.h) and keeps it loaded for the life of the process. The
+ * handshake is one exported function, FSDP_PLUGIN_ENTRY: libfsdp passes it the table of the core's
+ * internal functions the plugin needs (struct fsdp_plugin_core) and gets back the plugin's table
  * (struct fsdp_plugin). Both tables start with the ABI number and their size, and the plugin
  * also names the libfsdp version it was built with; any difference is refused, because the
  * plugin is compiled against libfsdp's private structures (contexts, groups, devices).
@@ -13,14 +15,17 @@
  * Programs that link the convenience libraries statically (the tests, the benchmarks) link the
  * plugin's table in as fsdp__cuda_plugin (a weak reference here) and never dlopen anything.
  */
-#ifndef FSDP_PLUGIN_H
-#define FSDP_PLUGIN_H
+#ifndef FSDP_PLUGIN_ABI_H
+#define FSDP_PLUGIN_ABI_H
 
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <fsdp/device.h>
 #include <fsdp/nccl.h>
+#include <fsdp/pg.h>
+#include <fsdp/store.h>
 
 #include "internal.h"
 
@@ -29,7 +34,7 @@ struct fsdp_pg_ops;
 struct fsdp_coll;
 
 /* Bumped whenever either table, or a private structure the plugin reads, changes shape. */
-#define FSDP_PLUGIN_ABI 2
+#define FSDP_PLUGIN_ABI 3
 /* The file name of the plugin and its entry point (versioned by name as well). */
 #define FSDP_PLUGIN_FILE "libfsdp-cuda.so"
 #define FSDP_PLUGIN_ENTRY "fsdp_cuda_plugin_v1"
@@ -51,6 +56,10 @@ struct fsdp_plugin_core {
     int (*pg_err)(fsdp_pg_t *pg, int rc, const char *fmt, ...);
     void (*work_complete)(fsdp_work_t *w, int status, const char *fmt, ...);
     void (*coll_describe)(const struct fsdp_coll *c, char *buf, size_t cap);
+    int (*shared_acquire)(fsdp_ctx_t *ctx, const void *key,
+                          int (*create)(fsdp_ctx_t *ctx, void *arg, void **obj), void *arg,
+                          void **out);
+    int (*shared_release)(fsdp_ctx_t *ctx, const void *key);
 };
 
 /* What the plugin gives back. */
@@ -68,15 +77,7 @@ struct fsdp_plugin {
 /* The type of the entry point: NULL when the core's table is refused (another ABI). */
 typedef const struct fsdp_plugin *(*fsdp_plugin_entry_fn)(const struct fsdp_plugin_core *core);
 
-/* The plugin's table, loading the plugin on first use (thread-safe; a failed load is retried
- * by the next call). On failure returns FSDP_ENOTSUP with a message on ctx (may be NULL) that
- * starts with `who` and names the paths tried with dlerror()'s text. */
-int fsdp__plugin_get(fsdp_ctx_t *ctx, const char *who, const struct fsdp_plugin **out);
-
-/* The plugin's table when it is already loaded, else NULL; never loads anything. */
-const struct fsdp_plugin *fsdp__plugin_loaded(void);
-
 /* The table linked into a program that has the plugin's code statically (tests, benchmarks). */
 extern const struct fsdp_plugin fsdp__cuda_plugin;
 
-#endif /* FSDP_PLUGIN_H */
+#endif /* FSDP_PLUGIN_ABI_H */

@@ -1,17 +1,20 @@
 /*
  * nccl_api.c: the public NCCL API (fsdp/nccl.h) in libfsdp itself, in every build.
  *
- * The group is in the CUDA plugin (nccl_pg.c, see core/plugin.h), so that libfsdp.so does not
- * link NCCL: creating a group opens the plugin on first use. Without NCCL these functions say
+ * The group is in the CUDA plugin (backends/nccl/nccl_pg.c, see backends/plugin_abi.h), so that
+ * libfsdp.so does not link NCCL: creating a group opens the plugin on first use, which is why
+ * these entries sit in the launch layer, above the backends. Without NCCL these functions say
  * that the backend is missing, and the exported symbols do not depend on configure.
  */
 #include <config.h>
 
 #include <string.h>
 
+#include <fsdp/nccl.h>
+
 #include "internal.h"
 #ifdef FSDP_HAVE_NCCL
-#include "core/plugin.h"
+#include "launch/plugin.h"
 #endif
 
 void fsdp_nccl_options_init(fsdp_nccl_options_t *o) {

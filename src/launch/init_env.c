@@ -1,14 +1,22 @@
 /*
  * init_env.c: fsdp_init_from_env, a rank made from its launch environment (fsdp/launch.h).
  *
- * It sits in the process-group layer because it ties the pieces of that layer together: the
- * launch environment (core), a store (src/store) and a backend's world group (backends/).
+ * It sits in the launch layer, above the process groups and their backends, because it ties
+ * them together: the launch environment (launch_env.c), a store (src/store) and the world group
+ * of the backend that FSDP_BACKEND names, chosen from the table of backends below: adding a
+ * backend adds an entry here and touches no lower layer.
  */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <fsdp/gloo.h>
+#include <fsdp/launch.h>
+#include <fsdp/nccl.h>
+#include <fsdp/pg.h>
+#include <fsdp/store.h>
 
 #include "internal.h"
 
@@ -43,11 +51,41 @@ static int64_t env_timeout(void) {
     return (int64_t)t;
 }
 
-int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg,
-                       size_t msg_cap) {
+/* Makes the world group of a backend over the store. */
+typedef int (*world_fn)(fsdp_ctx_t *ctx, fsdp_store_t *store, int64_t timeout_ms, fsdp_pg_t **pg);
+
+static int world_gloo(fsdp_ctx_t *ctx, fsdp_store_t *store, int64_t timeout_ms, fsdp_pg_t **pg) {
+    fsdp_gloo_options_t go;
+    fsdp_gloo_options_init(&go);
+    go.timeout_ms = timeout_ms;
+    return fsdp_pg_create_gloo(ctx, store, &go, pg);
+}
+
+static int world_nccl(fsdp_ctx_t *ctx, fsdp_store_t *store, int64_t timeout_ms, fsdp_pg_t **pg) {
+    /* The device comes from LOCAL_RANK, which the launchers set (fsdp/nccl.h). */
+    fsdp_nccl_options_t no;
+    fsdp_nccl_options_init(&no);
+    no.timeout_ms = timeout_ms;
+    return fsdp_pg_create_nccl(ctx, store, &no, pg);
+}
+
+/* The backends of FSDP_BACKEND. `refusal` explains a name that is known but cannot make a world
+ * group of processes; `label` prefixes the failure of one that can. */
+static const struct {
+    const char *name;
+    world_fn create;
+    const char *label;
+    const char *refusal;
+} backends[] = {
+    {"gloo", world_gloo, "", NULL},
+    {"nccl", world_nccl, "FSDP_BACKEND=nccl: ", NULL},
+    {"sim", NULL, NULL,
+     "the sim backend runs ranks as threads of one process (fsdp_sim_run); processes use gloo"},
+};
+
+int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg, size_t msg_cap) {
     if (msg && msg_cap) msg[0] = 0;
-    if (!out)
-        return init_fail(NULL, msg, msg_cap, FSDP_EINVAL, "fsdp_init_from_env: out is NULL");
+    if (!out) return init_fail(NULL, msg, msg_cap, FSDP_EINVAL, "fsdp_init_from_env: out is NULL");
     *out = NULL;
     fsdp_init_options_t def;
     if (!o) {
@@ -58,8 +96,7 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
     fsdp_launch_env_t env;
     int rc = fsdp_launch_env_read(&env, why, sizeof why);
     if (rc < 0)
-        return init_fail(NULL, msg, msg_cap, rc, "fsdp_init_from_env: launch environment: %s",
-                         why);
+        return init_fail(NULL, msg, msg_cap, rc, "fsdp_init_from_env: launch environment: %s", why);
     int64_t timeout = o->timeout_ms;
     if (timeout < 0)
         return init_fail(NULL, msg, msg_cap, FSDP_EINVAL,
@@ -81,8 +118,8 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
     co.log_level = o->log_level;
     fsdp_ctx_t *ctx = NULL;
     if ((rc = fsdp_ctx_create(&co, &ctx)) < 0)
-        return init_fail(NULL, msg, msg_cap, rc, "fsdp_init_from_env: rank %d of %d: %s",
-                         env.rank, env.world_size, fsdp_strerror(rc));
+        return init_fail(NULL, msg, msg_cap, rc, "fsdp_init_from_env: rank %d of %d: %s", env.rank,
+                         env.world_size, fsdp_strerror(rc));
 
     /* The store. */
     fsdp_store_t *store = NULL;
@@ -115,40 +152,26 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
 
     /* The world group. */
     fsdp_pg_t *pg = NULL;
-    if (strcmp(env.backend, "gloo") == 0) {
-        fsdp_gloo_options_t go;
-        fsdp_gloo_options_init(&go);
-        go.timeout_ms = timeout;
-        if ((rc = fsdp_pg_create_gloo(ctx, store, &go, &pg)) < 0) {
-            init_fail(ctx, msg, msg_cap, rc,
-                      "fsdp_init_from_env: rank %d of %d: the gloo world group over '%s': %s",
-                      env.rank, env.world_size, env.store_url[0] ? env.store_url : "memory:",
-                      fsdp_ctx_last_error(ctx));
-            goto fail;
-        }
-    } else if (strcmp(env.backend, "nccl") == 0) {
-        /* The device comes from LOCAL_RANK, which the launchers set (fsdp/nccl.h). */
-        fsdp_nccl_options_t no;
-        fsdp_nccl_options_init(&no);
-        no.timeout_ms = timeout;
-        if ((rc = fsdp_pg_create_nccl(ctx, store, &no, &pg)) < 0) {
-            init_fail(ctx, msg, msg_cap, rc,
-                      "fsdp_init_from_env: rank %d of %d: FSDP_BACKEND=nccl: the nccl world group "
-                      "over '%s': %s",
-                      env.rank, env.world_size, env.store_url[0] ? env.store_url : "memory:",
-                      fsdp_ctx_last_error(ctx));
-            goto fail;
-        }
-    } else if (strcmp(env.backend, "sim") == 0) {
-        rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL,
-                       "fsdp_init_from_env: FSDP_BACKEND=sim: the sim backend runs ranks as "
-                       "threads of one process (fsdp_sim_run); processes use gloo");
-        goto fail;
-    } else {
+    size_t b = 0, nb = sizeof backends / sizeof backends[0];
+    while (b < nb && strcmp(env.backend, backends[b].name) != 0)
+        b++;
+    if (b == nb) {
         rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL,
                        "fsdp_init_from_env: FSDP_BACKEND='%s' is not a backend this build has "
                        "(gloo%s)",
                        env.backend, fsdp_nccl_available() ? ", nccl" : "");
+        goto fail;
+    }
+    if (!backends[b].create) {
+        rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL, "fsdp_init_from_env: FSDP_BACKEND=%s: %s",
+                       backends[b].name, backends[b].refusal);
+        goto fail;
+    }
+    if ((rc = backends[b].create(ctx, store, timeout, &pg)) < 0) {
+        init_fail(ctx, msg, msg_cap, rc,
+                  "fsdp_init_from_env: rank %d of %d: %sthe %s world group over '%s': %s", env.rank,
+                  env.world_size, backends[b].label, backends[b].name,
+                  env.store_url[0] ? env.store_url : "memory:", fsdp_ctx_last_error(ctx));
         goto fail;
     }
     if (fsdp_ctx_pg(ctx) != pg) { /* the group attaches itself to a context without one */
@@ -158,7 +181,7 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
     }
     *out = ctx;
     return FSDP_OK;
-fail: {
+fail : {
     bool owned = ctx->store_owned == store;
     fsdp_ctx_destroy(ctx); /* its groups, then the store once it owns it */
     if (!owned) fsdp_store_destroy(store);
