@@ -288,7 +288,7 @@ static size_t ppo_bytes(const fsdp_mem_stats_t *s) {
 }
 
 /*
- * The bound on unsharded parameter bytes, derived from src/fsdp/fsdp.c:
+ * The bound on unsharded parameter bytes, derived from src/fsdp/unshard.c and hooks.c:
  *   forward   a unit is unsharded in its forward pre-hook and resharded in its forward hook,
  *             except the root, which stays unsharded until its backward (as PyTorch keeps the
  *             root for backward); no forward prefetch here: root + 1 block;

@@ -485,7 +485,7 @@ static void *s_compute_stream(fsdp_device_t *dev) {
     return &sr[s_rank(dev)].token;
 }
 
-/* Frees ptr, checking that no deferred buffer goes before its event completed. fsdp.c releases
+/* Frees ptr, checking that no deferred buffer goes before its event completed. streams.c releases
  * a deferred buffer while it is still listed, so a listed match is the release itself. */
 static void s_free(fsdp_device_t *dev, void *ptr) {
     srank_t *s = &sr[s_rank(dev)];

@@ -17,13 +17,19 @@
  * `dev` (the compute device: options.device, or where the parameters were). flat and orig are
  * on `dev` too, except with CPU offload, where they stay on `host_dev` (the host device the
  * parameters were on at wrap; it may be another device object than `dev` even on a CPU-only
- * build) and every copy between the two goes through fsdp.c's cross-device copy.
+ * build) and every copy between the two goes through unshard.c's cross-device copy.
  *
- * Files: flat_param.c (the flat layout); fsdp.c (the per-rank registry, unshard and reshard,
- * gradients, the forward/backward runtime, destroy); wrap.c (options, flattening, fsdp_wrap
- * with its policy-driven and manual forms, fsdp_fully_shard, fsdp_unit_options);
- * summon.c (navigation and listings, summons, explicit unshard, clip_grad_norm). Functions one
- * of the last three defines and another uses are declared below, grouped by the defining file.
+ * Files, along a unit's life: flat_param.c (the flat layout); policy.c and plan.c (auto-wrap
+ * policies, wrap plans, wrap-time validation); wrap.c (options, collecting, fsdp_wrap with its
+ * policy-driven and manual forms, fsdp_fully_shard, fsdp_unit_options); flatten.c (the flat
+ * parameter, sync_module_states, moves to options.device);
+ * hooks.c (the runtime the module hooks drive: lazy init, the execution order, prefetch, the
+ * final callback); unshard.c (cross-device copies, staging the shard, all-gather, reshard,
+ * module slots); grads.c (the unsharded gradient, reduction, no_sync, clip_grad_norm);
+ * precision.c (every dtype change of mixed precision); streams.c (the copy and side streams,
+ * stream-ordered waits, deferred releases); summon.c (navigation and listings, summons,
+ * explicit unshard); unit.c (the per-rank registry, trees of units, destroy). Functions one of
+ * them defines and another uses are declared below, grouped by the defining file.
  *
  * Invariants: a module slot holds cv[i] exactly while the unit is in forward (or summoned),
  * orig[i] otherwise; full has bytes iff `unsharded`; an outstanding all-gather (`ag_work`)
@@ -70,7 +76,7 @@ void fsdp__layout_shard_info(const fsdp__layout_t *l, int i, int rank, fsdp__sha
 /* PyTorch's split of the world size into gradient pre- and post-divide factors. */
 void fsdp__divide_factors(int world, double *pre, double *post);
 
-/* ---- units (fsdp.c, wrap.c, summon.c) -------------------------------------------------------- */
+/* ---- units ----------------------------------------------------------------------------------- */
 
 struct fsdp__param {
     char *fqn;             /* under the unit's module */
@@ -165,7 +171,7 @@ struct fsdp_unit {
     size_t ndeferred, capdeferred;
     bool stream_waited;
     /* The stream u's collectives are issued on (of side_dev, created at the first one; see
-     * fsdp.c's side_begin) and the event that orders it after the compute stream. */
+     * streams.c's fsdp__side_begin) and the event that orders it after the compute stream. */
     fsdp_device_t *side_dev;
     fsdp_stream_t *side;
     fsdp_event_t *side_ev;
@@ -200,7 +206,7 @@ struct fsdp__rank {
     size_t n, cap;
 };
 
-/* ---- shared by fsdp.c, wrap.c and summon.c: defined in fsdp.c -------------------------------- */
+/* ---- defined in unit.c ----------------------------------------------------------------------- */
 
 /* Whether strategy s shards the parameters (every strategy but NO_SHARD). */
 bool fsdp__is_sharded(fsdp_sharding_strategy_t s);
@@ -212,29 +218,103 @@ int fsdp__unit_err(const fsdp_unit_t *u, int rc, const char *fmt, ...) FSDP_PRIN
 int fsdp__registry_add(fsdp_unit_t *u);
 /* The unit that manages t as an original parameter (its index in *index), or NULL. */
 fsdp_unit_t *fsdp__owner_of_param(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, int *index);
+/* The root of u's tree. */
+fsdp_unit_t *fsdp__root_of(fsdp_unit_t *u);
 /* A 1-D view of n elements of base starting at element off (relative to base's offset). */
 int fsdp__view1d(fsdp_tensor_t *base, int64_t off, int64_t n, fsdp_tensor_t **out);
-/* dst = src where the two may be on different devices: the one cross-device copy of FSDP. */
-int fsdp__xcopy(fsdp_tensor_t *dst, const fsdp_tensor_t *src);
 /* A zeroed contiguous 1-D tensor of n elements of dt on dev, in memory category cat. */
 int fsdp__zeros_on(fsdp_unit_t *u, fsdp_device_t *dev, fsdp_dtype_t dt, int64_t n,
                    fsdp_mem_cat_t cat, fsdp_tensor_t **out);
-/* Points u's module slots at the compute views (to_cv) or back at the original objects. */
-void fsdp__swap_slots(fsdp_unit_t *u, bool to_cv);
-/* Makes u's unsharded flat parameter available (all-gather, then wait); a no-op if it is. */
-int fsdp__unshard(fsdp_unit_t *u);
-/* Waits for u's all-gather, then frees full when it has storage of its own; no-op if sharded. */
-int fsdp__reshard(fsdp_unit_t *u);
-/* Whether u's flat parameter requires a gradient (some parameter of u does). */
-bool fsdp__any_requires_grad(const fsdp_unit_t *u);
-/* Drops the .grad of u's compute views. */
-void fsdp__drop_cv_grads(fsdp_unit_t *u);
-/* With use_orig_params: drops the flat gradient when every original gradient was set to none. */
-void fsdp__drop_cleared_flat_grad(fsdp_unit_t *u);
+/* Appends u to the growing array *arr (*n used, *cap allocated); FSDP_ENOMEM when it cannot. */
+int fsdp__push_unit(fsdp_unit_t ***arr, size_t *n, size_t *cap, fsdp_unit_t *u);
 /* Appends u and the units below it, in pre-order, to the growing array *arr (*n used, *cap). */
 int fsdp__collect_units(fsdp_unit_t *u, fsdp_unit_t ***arr, size_t *n, size_t *cap);
 /* Whether m is one of the modules u was told to ignore. */
 bool fsdp__unit_ignores(const fsdp_unit_t *u, const fsdp_module_t *m);
+/* u's name in messages: its FQN, or "<root>". */
+const char *fsdp__unit_label(const fsdp_unit_t *u);
+/* Frees u without communicating: slots restored, hooks removed, out of the registry. */
+void fsdp__unit_free(fsdp_unit_t *u);
+
+/* ---- defined in unshard.c -------------------------------------------------------------------- */
+
+/* dst = src where the two may be on different devices: the one cross-device copy of FSDP. */
+int fsdp__xcopy(fsdp_tensor_t *dst, const fsdp_tensor_t *src);
+/* Points u's module slots at the compute views (to_cv) or back at the original objects. */
+void fsdp__swap_slots(fsdp_unit_t *u, bool to_cv);
+/* Starts gathering u's parameters (asynchronously; prefetch counts it as a prefetch); a no-op
+ * when they are unsharded or on their way. Respects the limit on outstanding all-gathers. */
+int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch);
+/* Makes u's unsharded flat parameter available (all-gather, then wait); a no-op if it is. */
+int fsdp__unshard(fsdp_unit_t *u);
+/* Waits for u's all-gather, then frees full when it has storage of its own; no-op if sharded. */
+int fsdp__reshard(fsdp_unit_t *u);
+
+/* ---- defined in grads.c ---------------------------------------------------------------------- */
+
+/* Whether u's flat parameter requires a gradient (some parameter of u does). */
+bool fsdp__any_requires_grad(const fsdp_unit_t *u);
+/* Before u's backward: the unsharded flat gradient (zeroed, or the one kept under no_sync), and
+ * each compute view's .grad a view into it. */
+int fsdp__prepare_grads(fsdp_unit_t *u);
+/* Drops the .grad of u's compute views. */
+void fsdp__drop_cv_grads(fsdp_unit_t *u);
+/* Starts the reduction of u's unsharded gradient (asynchronous). */
+int fsdp__reduce_grad(fsdp_unit_t *u);
+/* Lists u's reduction (just started) on its root and finishes the oldest beyond the bound. */
+int fsdp__track_reduction(fsdp_unit_t *u);
+/* Waits for u's reduction and adds the result into the flat parameter's gradient. */
+int fsdp__finish_reduction(fsdp_unit_t *u);
+/* With use_orig_params: drops the flat gradient when every original gradient was set to none. */
+void fsdp__drop_cleared_flat_grad(fsdp_unit_t *u);
+
+/* ---- defined in precision.c ------------------------------------------------------------------ */
+
+/* Sets u's compute dtype (cdt: param_dtype, else the parameters') and reduction dtype (rdt:
+ * reduce_dtype, else cdt) from its mixed-precision options. */
+void fsdp__mp_set_dtypes(fsdp_unit_t *u);
+/* dst = src in dst's dtype, on one device: the shard's copy in the compute dtype. */
+int fsdp__mp_cast_shard(fsdp_tensor_t *dst, const fsdp_tensor_t *src);
+/* Casts the floating buffers of the modules u manages (m and below, outside nested units and
+ * ignored modules; top: m is u's own module) to buffer_dtype, replacing them in their slots. */
+int fsdp__mp_cast_buffers(fsdp_unit_t *u, fsdp_module_t *m, bool top);
+/* A unit kept in full precision (u->cast_io): remembers the dtype of its last floating input,
+ * then casts the floating inputs to the parameters' dtype. */
+int fsdp__mp_cast_io_inputs(fsdp_unit_t *u, int nin, fsdp_tensor_t **in);
+/* A unit kept in full precision: its floating outputs back to its inputs' dtype. */
+int fsdp__mp_cast_io_outputs(fsdp_unit_t *u, int nout, fsdp_tensor_t **out);
+/* Forward inputs to param_dtype (cast_forward_inputs; cast_root_forward_inputs at the root). */
+int fsdp__mp_cast_forward_inputs(fsdp_unit_t *u, bool is_root, int nin, fsdp_tensor_t **in);
+/* The unsharded gradient *g in the reduction dtype (*g replaced, the old one released). */
+int fsdp__mp_grad_for_reduce(fsdp_unit_t *u, fsdp_tensor_t **g);
+/* The reduced gradient *g in the parameters' dtype, where the optimizer runs (the host with
+ * CPU offload); *g is replaced (the old one released), and NULL on failure. */
+int fsdp__mp_grad_for_param(fsdp_unit_t *u, fsdp_tensor_t **g);
+
+/* ---- defined in streams.c -------------------------------------------------------------------- */
+
+/* The unit's copy stream and its two events, made (or remade after a move) on u->dev. */
+int fsdp__copy_stream_ready(fsdp_unit_t *u);
+/* Waits for one of u's collectives: on the compute stream when u's device has one, else on the
+ * host. A buffer the collective read is then released only through fsdp__release_after. */
+int fsdp__unit_wait(fsdp_unit_t *u, fsdp_work_t *w);
+/* Releases u's deferred buffers whose event has completed (wait: waiting for each). */
+int fsdp__reap_deferred(fsdp_unit_t *u, bool wait);
+/* Non-blocking: releases what the compute stream has finished with in u's whole tree. */
+void fsdp__reap_tree(fsdp_unit_t *u);
+/* Releases t (may be NULL) once the compute stream has passed this point. */
+int fsdp__release_after(fsdp_unit_t *u, fsdp_tensor_t *t);
+/* Issues u's next collectives on pg from u's side stream (the caller's stream saved in *saved)
+ * and back (side_end); nothing changes without a compute stream. */
+int fsdp__side_begin(fsdp_unit_t *u, fsdp_pg_t *pg, void **saved);
+void fsdp__side_end(fsdp_pg_t *pg, void *saved);
+/* The message of a failed wait for w: its own failure, or a late failure of its group. */
+const char *fsdp__wait_error(fsdp_pg_t *pg, fsdp_work_t *w);
+/* Frees u's streams, events and deferred buffers (waiting for the device first). */
+void fsdp__unit_streams_free(fsdp_unit_t *u);
+
+/* ---- defined in hooks.c ---------------------------------------------------------------------- */
+
 /* The unit's forward pre-hook (arg is the unit): unshard, slots to the compute views. */
 int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t **in);
 /* The unit's forward hook: slots back to the original objects, reshard unless kept. */
@@ -244,11 +324,19 @@ int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *cons
 int fsdp__backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad);
 /* The unit's backward hook (entry mark): reshard, prefetch, start the gradient reduction. */
 int fsdp__backward_hook(fsdp_module_t *m, void *arg, bool has_grad);
-/* Frees u without communicating: slots restored, hooks removed, out of the registry. */
-void fsdp__unit_free(fsdp_unit_t *u);
 
-/* ---- defined in wrap.c ----------------------------------------------------------------------- */
+/* ---- defined in flatten.c -------------------------------------------------------------------- */
 
+/* sync_module_states: rank 0's values of every managed parameter and every buffer of m's subtree
+ * (outside nested units and ignored modules; top: m is u's own module). */
+int fsdp__sync_states(fsdp_unit_t *u, fsdp_module_t *m, bool top);
+/* Moves the buffers of the modules u manages (m and below) to dev, keeping each object. */
+int fsdp__move_buffers(fsdp_unit_t *u, fsdp_module_t *m, bool top, fsdp_device_t *dev);
+/* Builds the flat parameter and its views from the collected parameters. */
+int fsdp__flatten(fsdp_unit_t *u);
+/* A unit adopted by a wrap with options.device takes that device unless its own option is set,
+ * and so do the units below it. */
+int fsdp__inherit_device(fsdp_unit_t *c, fsdp_device_t *dev);
 /* Moves t's elements to dev keeping the tensor object (PyTorch's `t.data = t.data.to(dev)`):
  * new storage on dev in t's memory category, a copy, t re-pointed at it; t's gradient moves
  * too. Storage t shared with other tensors stays where it was for them. A no-op when t is on
@@ -256,8 +344,16 @@ void fsdp__unit_free(fsdp_unit_t *u);
  * options.device; tests use it to move a parameter after wrapping (PyTorch's `.cuda()` after
  * FSDP(...), which the public API has no counterpart of). */
 int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev);
+
+/* ---- defined in wrap.c ----------------------------------------------------------------------- */
+
 /* prefix.name, or name when prefix is empty; malloc'd (NULL when out of memory). */
 char *fsdp__join_name(const char *prefix, const char *name);
+
+/* ---- defined in policy.c --------------------------------------------------------------------- */
+
+/* Whether m's type matches one of the NULL-terminated patterns (fsdp_policy_type_matches). */
+bool fsdp__type_in(const fsdp_module_t *m, const char *const *patterns);
 
 /* ---- defined in summon.c --------------------------------------------------------------------- */
 

@@ -1,7 +1,6 @@
 /*
  * summon.c: FSDP units seen from outside: navigation and listings (units, named parameters,
- * stats), summons (fsdp_summon_begin/end), the explicit fsdp_unit_unshard/reshard, and
- * fsdp_unit_clip_grad_norm.
+ * stats), summons (fsdp_summon_begin/end) and the explicit fsdp_unit_unshard/reshard.
  *
  * A summoned unit is in FSDP_STATE_SUMMON and its module slots show the full parameters: the
  * compute views, or (offload_to_cpu, mixed precision) views of a full-precision copy in
@@ -9,12 +8,10 @@
  * summoned are marked (summon_this_call), and on failure only those are ended, without
  * writeback.
  */
-#include <math.h>
 #include <stdlib.h>
 
 #include "fsdp/fsdp_impl.h"
 #include "nn/nn_impl.h"
-#include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 
 /* ---- navigation and listings ---------------------------------------------------------------- */
@@ -395,77 +392,4 @@ int fsdp_unit_reshard(fsdp_unit_t *u) {
     if (u->state != FSDP_STATE_SUMMON)
         return fsdp__unit_err(u, FSDP_EINVAL, "fsdp_unit_reshard without fsdp_unit_unshard");
     return summon_end_one(u);
-}
-
-/* ---- clip_grad_norm ------------------------------------------------------------------------- */
-
-/* All-reduces one f64 over u's group through a device buffer (the group may be NCCL). */
-static int all_reduce_scalar(fsdp_unit_t *u, double *v, fsdp_redop_t op) {
-    fsdp_tensor_t *t = NULL;
-    const int64_t one[1] = {1};
-    int rc = fsdp__tensor_new(u->ctx, u->dev, FSDP_DTYPE_F64, 1, one, FSDP_MEM_COMM, &t);
-    if (rc == 0) rc = fsdp_tensor_fill_(t, *v);
-    if (rc == 0) {
-        rc = fsdp_pg_all_reduce(u->pg, fsdp_tensor_data(t), fsdp_tensor_data(t), 1,
-                                FSDP_DTYPE_F64, op, NULL);
-        if (rc < 0)
-            rc = fsdp__unit_err(u, rc, "all-reduce of a scalar failed: %s",
-                                fsdp_pg_last_error(u->pg));
-    }
-    if (rc == 0) rc = fsdp_tensor_item(t, 0, v);
-    fsdp_tensor_release(t);
-    return rc;
-}
-
-int fsdp_unit_clip_grad_norm(fsdp_unit_t *root, double max_norm, double norm_type,
-                             double *total_norm) {
-    if (total_norm) *total_norm = 0.0;
-    if (!root) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_unit_clip_grad_norm: root is NULL");
-    if (root->parent)
-        return fsdp__unit_err(root, FSDP_EINVAL, "fsdp_unit_clip_grad_norm: only on the root unit");
-    if (!(max_norm >= 0.0) || !(norm_type > 0.0))
-        return fsdp__unit_err(
-            root, FSDP_EINVAL,
-            "fsdp_unit_clip_grad_norm: max_norm %g must be >= 0 and norm_type %g > 0",
-            max_norm, norm_type);
-    bool inf = isinf(norm_type);
-    fsdp_unit_t **units = NULL;
-    size_t nu = 0;
-    fsdp_named_list_t all = {0};
-    int rc = fsdp_units(root, &units, &nu);
-    if (rc == 0) rc = fsdp_module_named_params(root->module, false, &all);
-    double sharded = 0.0, local = 0.0;
-    for (size_t i = 0; i < nu && rc == 0; i++) {
-        fsdp_unit_t *u = units[i];
-        if (!u->flat || !u->flat->grad) continue;
-        double part = 0.0;
-        rc = fsdp__grad_norm_part(u->flat->grad, norm_type, &part);
-        bool shard = fsdp__is_sharded(u->opt.strategy) && u->world > 1;
-        double *acc = shard ? &sharded : &local;
-        *acc = inf ? fmax(*acc, part) : *acc + part;
-    }
-    for (size_t i = 0; i < all.n && rc == 0; i++) {
-        fsdp_tensor_t *g = fsdp_tensor_grad(all.tensors[i]);
-        if (!g || fsdp__owner_of_param(root->ctx, all.tensors[i], NULL)) continue;
-        double part = 0.0;
-        rc = fsdp__grad_norm_part(g, norm_type, &part);
-        local = inf ? fmax(local, part) : local + part;
-    }
-    if (rc == 0 && root->world > 1)
-        rc = all_reduce_scalar(root, &sharded, inf ? FSDP_REDOP_MAX : FSDP_REDOP_SUM);
-    double total = fsdp__grad_norm_finish(inf ? fmax(sharded, local) : sharded + local,
-                                          norm_type);
-    double coef = fsdp__clip_coef(max_norm, total);
-    for (size_t i = 0; i < nu && rc == 0 && coef < 1.0; i++)
-        if (units[i]->flat && units[i]->flat->grad)
-            rc = fsdp__grad_scale(units[i]->flat->grad, coef);
-    for (size_t i = 0; i < all.n && rc == 0 && coef < 1.0; i++) {
-        fsdp_tensor_t *g = fsdp_tensor_grad(all.tensors[i]);
-        if (g && !fsdp__owner_of_param(root->ctx, all.tensors[i], NULL))
-            rc = fsdp__grad_scale(g, coef);
-    }
-    free(units);
-    fsdp_named_list_free(&all);
-    if (rc == 0 && total_norm) *total_norm = total;
-    return rc;
 }

@@ -1,0 +1,255 @@
+/*
+ * unshard.c: a unit's parameters between sharded and unsharded: the cross-device copy, staging
+ * the shard (the H2D copy of an offloaded shard on the copy stream, the cast to the compute
+ * dtype), the all-gather into the unsharded flat parameter with the limit on outstanding
+ * all-gathers, the module slots, and the reshard that frees the unsharded storage.
+ *
+ * Invariants: u->full has bytes iff u->unsharded; an all-gather in flight (u->ag_work, listed in
+ * the root's ag_queue in issue order) writes into full, so full is not read before
+ * fsdp__unshard's wait; the staging shard it read is released only after the wait
+ * (streams.c). Every copy between a unit's compute device and its offload host goes through
+ * fsdp__xcopy or stage_shard here.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timeutil.h"
+#include "fsdp/fsdp_impl.h"
+#include "nn/nn_impl.h"
+#include "tensor/tensor_impl.h"
+
+/* ---- copies ---------------------------------------------------------------------------------- */
+
+/* dst = src (shapes equal; dtypes may differ) where the two may be on different devices: src is
+ * made contiguous in dst's dtype on its own device, then copied over by the device that can
+ * reach both memories (the non-host one; either for two host devices). */
+int fsdp__xcopy(fsdp_tensor_t *dst, const fsdp_tensor_t *src) {
+    if (dst->dev == src->dev) return fsdp_tensor_copy_(dst, src);
+    int64_t n = fsdp_tensor_numel(dst);
+    if (n != fsdp_tensor_numel(src) || dst->ndim != src->ndim ||
+        memcmp(dst->shape, src->shape, sizeof(int64_t) * (size_t)dst->ndim) != 0) {
+        char a[200], b[200];
+        return fsdp__ctx_err(dst->ctx, FSDP_EINVAL,
+                             "copy from %s to %s: destination %s and source %s differ in shape",
+                             src->dev->name, dst->dev->name, fsdp_tensor_describe(dst, a, sizeof a),
+                             fsdp_tensor_describe(src, b, sizeof b));
+    }
+    if (n == 0) return FSDP_OK;
+    if (!dst->st->ptr || !src->st->ptr)
+        return fsdp__ctx_err(dst->ctx, FSDP_EINVAL, "copy from %s to %s: a storage has been freed",
+                             src->dev->name, dst->dev->name);
+    fsdp_tensor_t *c = NULL, *tmp = NULL, *d = dst;
+    int rc = fsdp__as_contig((fsdp_tensor_t *)src, dst->dt, &c);
+    if (rc == 0 && !fsdp_tensor_is_contiguous(dst)) {
+        rc = fsdp__tensor_new(dst->ctx, dst->dev, dst->dt, dst->ndim, dst->shape, FSDP_MEM_OTHER,
+                              &tmp);
+        d = tmp;
+    }
+    if (rc == 0) {
+        bool sh = fsdp_device_kind(src->dev) == FSDP_DEVICE_CPU;
+        bool dh = fsdp_device_kind(dst->dev) == FSDP_DEVICE_CPU;
+        fsdp_copy_kind_t kind = sh && dh ? FSDP_COPY_H2H
+                                : sh     ? FSDP_COPY_H2D
+                                : dh     ? FSDP_COPY_D2H
+                                         : FSDP_COPY_D2D;
+        fsdp_device_t *via = sh || !dh ? dst->dev : src->dev;
+        rc = fsdp_device_memcpy(via, fsdp_tensor_data(d), fsdp_tensor_data(c),
+                                (size_t)n * fsdp_dtype_size(dst->dt), kind, NULL);
+    }
+    if (rc == 0 && tmp) rc = fsdp__mp_cast_shard(dst, tmp);
+    fsdp_tensor_release(tmp);
+    fsdp_tensor_release(c);
+    return rc;
+}
+
+/* Stages the shard for the all-gather: dst (on u->dev, contiguous, in the compute dtype) = src
+ * (u->flat, on the host with CPU offload), PyTorch's pre-unshard (the H2D copy of an offloaded
+ * shard, the low-precision shard).
+ * When the shard is in the compute device's host memory (fsdp__device_pin_offload: pinned on
+ * CUDA), its bytes travel on the unit's copy stream, which first waits for the compute stream's
+ * earlier work (dst's memory may have been freed by it moments ago), and the compute stream
+ * waits on an event recorded after the copy: the host enqueues and goes on, the all-gather and
+ * the kernels that read dst are ordered after the copy on the device. A dtype change (mixed
+ * precision) then happens on the device, after the wait, through a temporary in the shard's
+ * dtype. Otherwise this is fsdp__xcopy's synchronous copy. The shard itself is next written by
+ * the optimizer, after the final callback has waited for the compute stream. */
+static int stage_shard(fsdp_unit_t *u, fsdp_tensor_t *dst, const fsdp_tensor_t *src) {
+    if (!u->host_dev || u->dev == u->host_dev || !u->host_dev->offload_ops ||
+        src->dev != u->host_dev || dst->dev != u->dev || !fsdp_tensor_is_contiguous(src) ||
+        !fsdp_tensor_is_contiguous(dst))
+        return fsdp__xcopy(dst, src);
+    int rc = fsdp__copy_stream_ready(u);
+    if (rc < 0) return rc;
+    fsdp_tensor_t *tmp = NULL, *land = dst;
+    if (dst->dt != src->dt) {
+        rc = fsdp__tensor_new(u->ctx, u->dev, src->dt, dst->ndim, dst->shape, FSDP_MEM_OTHER, &tmp);
+        land = tmp;
+    }
+    size_t bytes = (size_t)fsdp_tensor_numel(src) * fsdp_dtype_size(src->dt);
+    if (rc == 0) rc = fsdp_event_record(u->copy_ev[0], NULL);
+    if (rc == 0) rc = fsdp_event_wait(u->copy_ev[0], u->copy_stream);
+    if (rc == 0)
+        rc = fsdp_device_memcpy(u->dev, fsdp_tensor_data(land), fsdp_tensor_data(src), bytes,
+                                FSDP_COPY_H2D, u->copy_stream);
+    if (rc == 0) rc = fsdp_event_record(u->copy_ev[1], u->copy_stream);
+    if (rc == 0) rc = fsdp_event_wait(u->copy_ev[1], NULL);
+    /* The cast runs on the compute stream after the wait; tmp's memory goes back to the compute
+     * stream's pool, where every later use is ordered after the copy as well. */
+    if (rc == 0 && tmp) rc = fsdp__mp_cast_shard(dst, tmp);
+    fsdp_tensor_release(tmp);
+    return rc;
+}
+
+/* ---- slots ----------------------------------------------------------------------------------- */
+
+/* Points every module slot of u's parameters at the compute views (to_cv) or back at the
+ * original objects. */
+void fsdp__swap_slots(fsdp_unit_t *u, bool to_cv) {
+    if (u->slots_swapped == to_cv) return;
+    for (size_t i = 0; i < u->nslots; i++) {
+        struct fsdp__slotref *s = &u->slots[i];
+        struct fsdp__param *p = &u->params[s->param];
+        fsdp_tensor_t *want = to_cv ? p->cv : p->orig;
+        struct fsdp__slot *slot = &s->m->params[s->slot];
+        if (slot->t == want) continue;
+        fsdp_tensor_retain(want);
+        fsdp_tensor_release(slot->t);
+        slot->t = want;
+    }
+    u->slots_swapped = to_cv;
+}
+
+/* ---- unshard and reshard --------------------------------------------------------------------- */
+
+static size_t full_bytes(const fsdp_unit_t *u) {
+    return (size_t)u->layout.padded_numel * fsdp_dtype_size(u->cdt);
+}
+
+/* Removes u from the root's queue of outstanding all-gathers. */
+static void ag_queue_remove(fsdp_unit_t *root, fsdp_unit_t *u) {
+    for (size_t i = 0; i < root->nag; i++)
+        if (root->ag_queue[i] == u) {
+            memmove(&root->ag_queue[i], &root->ag_queue[i + 1],
+                    (root->nag - i - 1) * sizeof root->ag_queue[0]);
+            root->nag--;
+            return;
+        }
+}
+
+/* Waits for u's outstanding all-gather, if any. */
+static int unshard_wait(fsdp_unit_t *u) {
+    if (!u->ag_work) return FSDP_OK;
+    fsdp__reap_tree(u);
+    int rc = fsdp__unit_wait(u, u->ag_work);
+    char why[FSDP_ERR_LEN];
+    snprintf(why, sizeof why, "%s", rc < 0 ? fsdp__wait_error(u->pg, u->ag_work) : "");
+    fsdp_work_release(u->ag_work);
+    u->ag_work = NULL;
+    int rc2 = fsdp__release_after(u, u->staging);
+    u->staging = NULL;
+    if (rc == 0 && rc2 < 0) {
+        rc = rc2;
+        snprintf(why, sizeof why, "releasing the staging shard: %s", fsdp_ctx_last_error(u->ctx));
+    }
+    ag_queue_remove(fsdp__root_of(u), u);
+    if (rc < 0) {
+        u->unsharded = false;
+        fsdp_tensor_storage_resize(u->full, 0);
+        return fsdp__unit_err(u, rc, "all-gather of the flat parameter failed: %s", why);
+    }
+    return FSDP_OK;
+}
+
+/* Starts gathering u's parameters (asynchronously); a no-op when they are unsharded or on their
+ * way. Respects the limit on outstanding all-gathers. */
+int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
+    if (u->nparams == 0 || u->unsharded) return FSDP_OK;
+    if (!fsdp__separate_full(u)) {
+        u->unsharded = true; /* full and flat share the storage */
+        return FSDP_OK;
+    }
+    fsdp_unit_t *root = fsdp__root_of(u);
+    int limit = u->opt.limit_all_gathers;
+    while (limit > 0 && root->nag >= (size_t)limit) {
+        int rc = unshard_wait(root->ag_queue[0]);
+        if (rc < 0) return rc;
+    }
+    int rc = fsdp_tensor_storage_resize(u->full, full_bytes(u));
+    if (rc < 0)
+        return fsdp__unit_err(u, rc, "cannot allocate the unsharded parameter (%zu bytes)",
+                              full_bytes(u));
+    const void *src = fsdp_tensor_data(u->flat);
+    if (u->opt.cpu_offload || u->cdt != u->dt) {
+        /* The shard goes to the device and/or to the compute dtype first (PyTorch's
+         * pre-unshard: the H2D copy of an offloaded shard, the low-precision shard). */
+        if (!fsdp__is_sharded(u->opt.strategy)) {
+            rc = stage_shard(u, u->full, u->flat);
+            if (rc < 0) {
+                fsdp_tensor_storage_resize(u->full, 0);
+                return fsdp__unit_err(u, rc, "preparing the unsharded parameters failed");
+            }
+            u->unsharded = true;
+            return FSDP_OK;
+        }
+        const int64_t n[1] = {u->layout.shard_numel};
+        rc = fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &u->staging);
+        if (rc == 0) rc = stage_shard(u, u->staging, u->flat);
+        if (rc < 0) {
+            fsdp_tensor_release(u->staging);
+            u->staging = NULL;
+            fsdp_tensor_storage_resize(u->full, 0);
+            return fsdp__unit_err(u, rc, "preparing the shard for the all-gather failed");
+        }
+        src = fsdp_tensor_data(u->staging);
+    }
+    void *saved = NULL;
+    rc = fsdp__side_begin(u, u->pg, &saved);
+    if (rc == 0) {
+        rc = fsdp_pg_all_gather(u->pg, src, fsdp_tensor_data(u->full),
+                                (size_t)u->layout.shard_numel, u->cdt, &u->ag_work);
+        fsdp__side_end(u->pg, saved);
+        if (rc < 0)
+            rc = fsdp__unit_err(u, rc, "all-gather of the flat parameter failed: %s",
+                                fsdp_pg_last_error(u->pg));
+    }
+    if (rc < 0) {
+        fsdp_tensor_release(u->staging);
+        u->staging = NULL;
+        fsdp_tensor_storage_resize(u->full, 0);
+        return rc;
+    }
+    if (root->nag == root->capag) {
+        size_t cap = root->capag ? 2 * root->capag : 8;
+        fsdp_unit_t **nq = realloc(root->ag_queue, cap * sizeof *nq);
+        if (!nq) {
+            unshard_wait(u);
+            return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+        }
+        root->ag_queue = nq;
+        root->capag = cap;
+    }
+    root->ag_queue[root->nag++] = u;
+    u->unsharded = true;
+    u->stats.all_gathers++;
+    if (prefetch) u->stats.prefetches++;
+    return FSDP_OK;
+}
+
+int fsdp__unshard(fsdp_unit_t *u) {
+    int rc = fsdp__unshard_issue(u, false);
+    if (rc == 0) rc = unshard_wait(u);
+    return rc;
+}
+
+int fsdp__reshard(fsdp_unit_t *u) {
+    if (u->nparams == 0 || !u->unsharded) return FSDP_OK;
+    int rc = unshard_wait(u);
+    if (fsdp__separate_full(u)) {
+        if (u->opt.delay_before_free_ms > 0) fsdp__sleep_ms(u->opt.delay_before_free_ms);
+        int rc2 = fsdp_tensor_storage_resize(u->full, 0);
+        if (rc == 0) rc = rc2;
+    }
+    u->unsharded = false;
+    return rc;
+}
