@@ -155,10 +155,17 @@ static int stream_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
         in[i] = (float)(r + 1) + (float)(i % 7);
         out[i] = -1.0f;
     }
-    fsdp_pg_set_stream(pg, s);
     cudaMemcpyAsync(dev, in, bytes, cudaMemcpyHostToDevice, s); /* the producer */
     fsdp_work_t *w = NULL;
-    rc = fsdp_pg_all_reduce(pg, dev, dev, STREAM_COUNT, FSDP_DTYPE_F32, FSDP_REDOP_SUM, &w);
+    /* The stream travels with the collective (fsdp_coll_desc_t), not with the group. */
+    fsdp_coll_desc_t d = {.kind = FSDP_COLL_ALL_REDUCE,
+                          .send = dev,
+                          .recv = dev,
+                          .count = STREAM_COUNT,
+                          .dtype = FSDP_DTYPE_F32,
+                          .op = FSDP_REDOP_SUM,
+                          .stream = s};
+    rc = fsdp_pg_collective(pg, &d, &w);
     if (rc < 0) {
         snprintf(res->msg[r], sizeof res->msg[r], "%s", fsdp_pg_last_error(pg));
         goto out;
@@ -174,7 +181,6 @@ static int stream_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     res->bad[r] = bad;
     rc = fsdp_work_wait(w, -1);
     fsdp_work_release(w);
-    fsdp_pg_set_stream(pg, NULL);
 out:
     if (s) cudaStreamDestroy(s);
     cudaFree(dev);

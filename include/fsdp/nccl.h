@@ -15,15 +15,16 @@
  * hanging.
  *
  * Streams. Each group has its own communication stream on its device. A collective is issued on
- * it after an event recorded on the caller's stream (fsdp_pg_set_stream(), NULL: the legacy
- * default stream), so it runs after the work that produced its input, and the caller's stream
- * then waits on the collective's end event, so kernels queued there later consume its output
- * without the host waiting. fsdp_work_wait() and a blocking call (work == NULL) still wait on
- * the host until the collective has completed on the GPU, as fsdp/pg.h requires; a program that
- * only needs GPU ordering can issue with a work handle and release it. A rank's collectives run
- * in the order it issued them over all its NCCL groups, as fsdp/pg.h requires: a group's stream
- * orders its own, and a collective on another group than the rank's previous one first waits
- * for that group's last event (so they never overlap on the GPU, unlike PyTorch's groups).
+ * it after an event recorded on the caller's stream (the stream its descriptor carries,
+ * fsdp_coll_desc_t; NULL and the plain calls: the legacy default stream), so it runs after the
+ * work that produced its input, and the caller's stream then waits on the collective's end
+ * event, so kernels queued there later consume its output without the host waiting.
+ * fsdp_work_wait() and a blocking call (work == NULL) still wait on the host until the collective
+ * has completed on the GPU, as fsdp/pg.h requires; a program that only needs GPU ordering can issue
+ * with a work handle and release it. A rank's collectives run in the order it issued them over all
+ * its NCCL groups, as fsdp/pg.h requires: a group's stream orders its own, and a collective on
+ * another group than the rank's previous one first waits for that group's last event (so they never
+ * overlap on the GPU, unlike PyTorch's groups).
  *
  * Algorithms and results. all_gather, reduce_scatter, all_reduce, broadcast and reduce are
  * NCCL's; all_to_all is one NCCL group call of a send and a receive per peer; barrier is an

@@ -96,11 +96,29 @@ FSDP_EXTERN const char *fsdp_pg_last_error(const fsdp_pg_t *pg);
 FSDP_EXTERN int fsdp_pg_set_timeout(fsdp_pg_t *pg, int64_t timeout_ms);
 FSDP_EXTERN int64_t fsdp_pg_timeout(const fsdp_pg_t *pg);
 
-/* The stream collectives are issued on (a cudaStream_t for nccl; ignored by CPU backends). */
-FSDP_EXTERN void fsdp_pg_set_stream(fsdp_pg_t *pg, void *stream);
-FSDP_EXTERN void *fsdp_pg_stream(const fsdp_pg_t *pg);
+/*
+ * A collective described whole, as NCCL's calls take it: the stream it is issued on travels
+ * with the call, so a group that several users share (the units of an FSDP tree) holds no
+ * stream of its own. `stream` is a native stream handle (a cudaStream_t for nccl, where NULL is
+ * the legacy default stream) and is ignored by the CPU backends; op is read by the reductions,
+ * root by broadcast and reduce. Zero-initialize it and set what the kind needs.
+ */
+typedef struct fsdp_coll_desc {
+    fsdp_coll_kind_t kind;
+    const void *send;
+    void *recv;
+    size_t count;
+    fsdp_dtype_t dtype;
+    fsdp_redop_t op;
+    int root;
+    void *stream;
+} fsdp_coll_desc_t;
 
-/* Collectives; see the top of this file for the meaning of each argument. */
+/* Issues the collective desc describes (checked as the calls below are). */
+FSDP_EXTERN int fsdp_pg_collective(fsdp_pg_t *pg, const fsdp_coll_desc_t *desc, fsdp_work_t **work);
+
+/* Collectives on the default stream; see the top of this file for the meaning of each
+ * argument. */
 FSDP_EXTERN int fsdp_pg_all_gather(fsdp_pg_t *pg, const void *send, void *recv, size_t count,
                                    fsdp_dtype_t dt, fsdp_work_t **work);
 FSDP_EXTERN int fsdp_pg_reduce_scatter(fsdp_pg_t *pg, const void *send, void *recv, size_t count,

@@ -171,7 +171,7 @@ struct fsdp_unit {
     size_t ndeferred, capdeferred;
     bool stream_waited;
     /* The stream u's collectives are issued on (of side_dev, created at the first one; see
-     * streams.c's fsdp__side_begin) and the event that orders it after the compute stream. */
+     * streams.c's fsdp__side_stream) and the event that orders it after the compute stream. */
     fsdp_device_t *side_dev;
     fsdp_stream_t *side;
     fsdp_event_t *side_ev;
@@ -304,10 +304,9 @@ int fsdp__reap_deferred(fsdp_unit_t *u, bool wait);
 void fsdp__reap_tree(fsdp_unit_t *u);
 /* Releases t (may be NULL) once the compute stream has passed this point. */
 int fsdp__release_after(fsdp_unit_t *u, fsdp_tensor_t *t);
-/* Issues u's next collectives on pg from u's side stream (the caller's stream saved in *saved)
- * and back (side_end); nothing changes without a compute stream. */
-int fsdp__side_begin(fsdp_unit_t *u, fsdp_pg_t *pg, void **saved);
-void fsdp__side_end(fsdp_pg_t *pg, void *saved);
+/* The stream u's next collective is issued on (its descriptor's stream): u's side stream,
+ * ordered after the compute stream's work so far; NULL without a compute stream. */
+int fsdp__side_stream(fsdp_unit_t *u, void **stream);
 /* The message of a failed wait for w: its own failure, or a late failure of its group. */
 const char *fsdp__wait_error(fsdp_pg_t *pg, fsdp_work_t *w);
 /* Frees u's streams, events and deferred buffers (waiting for the device first). */

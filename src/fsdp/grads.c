@@ -101,16 +101,20 @@ int fsdp__reduce_grad(fsdp_unit_t *u) {
     rc = div_inplace(g, pre);
     if (rc < 0) goto fail;
     if (u->opt.delay_before_reduce_ms > 0) fsdp__sleep_ms(u->opt.delay_before_reduce_ms);
+    void *stream = NULL; /* the side stream each collective is issued on (streams.c) */
     if (fsdp__is_sharded(u->opt.strategy)) {
         const int64_t n[1] = {u->layout.shard_numel};
         FSDP_TRY(rc, fail,
                  fsdp__tensor_new(u->ctx, u->dev, u->rdt, 1, n, FSDP_MEM_GRADS, &u->rs_out));
-        void *saved = NULL;
-        FSDP_TRY(rc, fail, fsdp__side_begin(u, u->pg, &saved));
-        rc = fsdp_pg_reduce_scatter(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(u->rs_out),
-                                    (size_t)u->layout.shard_numel, u->rdt, FSDP_REDOP_SUM,
-                                    &u->rs_work);
-        fsdp__side_end(u->pg, saved);
+        FSDP_TRY(rc, fail, fsdp__side_stream(u, &stream));
+        fsdp_coll_desc_t rs = {.kind = FSDP_COLL_REDUCE_SCATTER,
+                               .send = fsdp_tensor_data(g),
+                               .recv = fsdp_tensor_data(u->rs_out),
+                               .count = (size_t)u->layout.shard_numel,
+                               .dtype = u->rdt,
+                               .op = FSDP_REDOP_SUM,
+                               .stream = stream};
+        rc = fsdp_pg_collective(u->pg, &rs, &u->rs_work);
         if (rc < 0) {
             rc = fsdp__unit_err(u, rc, "gradient reduce-scatter failed: %s",
                                 fsdp_pg_last_error(u->pg));
@@ -119,11 +123,15 @@ int fsdp__reduce_grad(fsdp_unit_t *u) {
         u->stats.reduce_scatters++;
         if (u->replicate_pg && fsdp_pg_size(u->replicate_pg) > 1) {
             /* A rank runs its collectives in issue order, so this reads the finished shard. */
-            FSDP_TRY(rc, fail, fsdp__side_begin(u, u->replicate_pg, &saved));
-            rc = fsdp_pg_all_reduce(u->replicate_pg, fsdp_tensor_data(u->rs_out),
-                                    fsdp_tensor_data(u->rs_out), (size_t)u->layout.shard_numel,
-                                    u->rdt, FSDP_REDOP_SUM, &u->ar_work);
-            fsdp__side_end(u->replicate_pg, saved);
+            FSDP_TRY(rc, fail, fsdp__side_stream(u, &stream));
+            fsdp_coll_desc_t ar = {.kind = FSDP_COLL_ALL_REDUCE,
+                                   .send = fsdp_tensor_data(u->rs_out),
+                                   .recv = fsdp_tensor_data(u->rs_out),
+                                   .count = (size_t)u->layout.shard_numel,
+                                   .dtype = u->rdt,
+                                   .op = FSDP_REDOP_SUM,
+                                   .stream = stream};
+            rc = fsdp_pg_collective(u->replicate_pg, &ar, &u->ar_work);
             if (rc < 0) {
                 rc = fsdp__unit_err(u, rc, "gradient all-reduce across replicas failed: %s",
                                     fsdp_pg_last_error(u->replicate_pg));
@@ -134,12 +142,15 @@ int fsdp__reduce_grad(fsdp_unit_t *u) {
     } else {
         u->rs_out = fsdp_tensor_retain(g);
         if (u->world > 1) {
-            void *saved = NULL;
-            FSDP_TRY(rc, fail, fsdp__side_begin(u, u->pg, &saved));
-            rc = fsdp_pg_all_reduce(u->pg, fsdp_tensor_data(g), fsdp_tensor_data(g),
-                                    (size_t)u->layout.padded_numel, u->rdt, FSDP_REDOP_SUM,
-                                    &u->ar_work);
-            fsdp__side_end(u->pg, saved);
+            FSDP_TRY(rc, fail, fsdp__side_stream(u, &stream));
+            fsdp_coll_desc_t ar = {.kind = FSDP_COLL_ALL_REDUCE,
+                                   .send = fsdp_tensor_data(g),
+                                   .recv = fsdp_tensor_data(g),
+                                   .count = (size_t)u->layout.padded_numel,
+                                   .dtype = u->rdt,
+                                   .op = FSDP_REDOP_SUM,
+                                   .stream = stream};
+            rc = fsdp_pg_collective(u->pg, &ar, &u->ar_work);
             if (rc < 0) {
                 rc = fsdp__unit_err(u, rc, "gradient all-reduce failed: %s",
                                     fsdp_pg_last_error(u->pg));

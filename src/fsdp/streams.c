@@ -154,11 +154,12 @@ static void side_drop(fsdp_unit_t *u) {
  * freed there a moment ago. A group that makes its caller's stream wait for the collective's end
  * when it is issued (NCCL) then holds only the side stream, and the compute stream waits for the
  * end where the result is used (fsdp__unit_wait), so compute in between overlaps the collective.
- * side_begin points pg at the side stream (the caller's stream is saved in *saved) and
- * side_end puts it back. Without a compute stream nothing changes.
+ * fsdp__side_stream orders the side stream after the compute stream and gives its native
+ * handle, which the collective carries in its descriptor (fsdp_coll_desc_t): the group, which
+ * every unit of a tree shares, keeps no stream. Without a compute stream it gives NULL.
  */
-int fsdp__side_begin(fsdp_unit_t *u, fsdp_pg_t *pg, void **saved) {
-    *saved = fsdp_pg_stream(pg);
+int fsdp__side_stream(fsdp_unit_t *u, void **stream) {
+    *stream = NULL;
     if (!fsdp__device_compute_stream(u->dev)) return FSDP_OK;
     int rc = FSDP_OK;
     if (u->side_dev != u->dev) side_drop(u); /* the unit moved since its last collective */
@@ -178,12 +179,8 @@ int fsdp__side_begin(fsdp_unit_t *u, fsdp_pg_t *pg, void **saved) {
         return fsdp__unit_err(u, rc,
                               "ordering the collectives' stream after the compute stream: %s",
                               fsdp_ctx_last_error(u->ctx));
-    fsdp_pg_set_stream(pg, fsdp_stream_native(u->side));
+    *stream = fsdp_stream_native(u->side);
     return FSDP_OK;
-}
-
-void fsdp__side_end(fsdp_pg_t *pg, void *saved) {
-    fsdp_pg_set_stream(pg, saved);
 }
 
 /* The message of a failed wait for w: its own failure, or another collective's of its group

@@ -203,12 +203,16 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
         }
         src = fsdp_tensor_data(u->staging);
     }
-    void *saved = NULL;
-    rc = fsdp__side_begin(u, u->pg, &saved);
+    void *stream = NULL;
+    rc = fsdp__side_stream(u, &stream);
     if (rc == 0) {
-        rc = fsdp_pg_all_gather(u->pg, src, fsdp_tensor_data(u->full),
-                                (size_t)u->layout.shard_numel, u->cdt, &u->ag_work);
-        fsdp__side_end(u->pg, saved);
+        fsdp_coll_desc_t d = {.kind = FSDP_COLL_ALL_GATHER,
+                              .send = src,
+                              .recv = fsdp_tensor_data(u->full),
+                              .count = (size_t)u->layout.shard_numel,
+                              .dtype = u->cdt,
+                              .stream = stream};
+        rc = fsdp_pg_collective(u->pg, &d, &u->ag_work);
         if (rc < 0)
             rc = fsdp__unit_err(u, rc, "all-gather of the flat parameter failed: %s",
                                 fsdp_pg_last_error(u->pg));

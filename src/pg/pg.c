@@ -63,7 +63,6 @@ int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx,
     pg->ctx = ctx;
     pg->seq = 0;
     pg->timeout_ms = FSDP_PG_DEFAULT_TIMEOUT_MS;
-    pg->stream = NULL;
     memset(&pg->counters, 0, sizeof pg->counters);
     pg->pending = 0;
     pg->late_head = pg->late_tail = NULL;
@@ -143,14 +142,6 @@ int fsdp_pg_set_timeout(fsdp_pg_t *pg, int64_t timeout_ms) {
 
 int64_t fsdp_pg_timeout(const fsdp_pg_t *pg) {
     return pg ? pg->timeout_ms : 0;
-}
-
-void fsdp_pg_set_stream(fsdp_pg_t *pg, void *stream) {
-    if (pg) pg->stream = stream;
-}
-
-void *fsdp_pg_stream(const fsdp_pg_t *pg) {
-    return pg ? pg->stream : NULL;
 }
 
 void fsdp_pg_get_counters(const fsdp_pg_t *pg, fsdp_pg_counters_t *out) {
@@ -360,7 +351,6 @@ int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
     w->coll = *c;
     w->coll.seq = pg->seq;
     w->coll.timeout_ms = pg->timeout_ms;
-    w->coll.stream = pg->stream;
     w->refs = 2;
     w->sync = work == NULL;
     pthread_mutex_lock(&pg->mu);
@@ -513,6 +503,24 @@ void fsdp_work_release(fsdp_work_t *w) {
 
 /* ---------------------------------------------------------------------------------------- */
 /* Public collectives */
+
+int fsdp_pg_collective(fsdp_pg_t *pg, const fsdp_coll_desc_t *desc, fsdp_work_t **work) {
+    if (work) *work = NULL;
+    if (!pg) return FSDP_EINVAL;
+    if (!desc) return fsdp__pg_err(pg, FSDP_EINVAL, "fsdp_pg_collective: desc is NULL");
+    if ((int)desc->kind < 0 || desc->kind >= FSDP_COLL_COUNT)
+        return fsdp__pg_err(pg, FSDP_EINVAL, "fsdp_pg_collective: kind %d is not a collective",
+                            (int)desc->kind);
+    fsdp_coll_t c = {.kind = desc->kind,
+                     .send = desc->send,
+                     .recv = desc->recv,
+                     .count = desc->count,
+                     .dtype = desc->kind == FSDP_COLL_BARRIER ? FSDP_DTYPE_U8 : desc->dtype,
+                     .op = desc->op,
+                     .root = desc->root,
+                     .stream = desc->stream};
+    return issue(pg, &c, work);
+}
 
 int fsdp_pg_all_gather(fsdp_pg_t *pg, const void *send, void *recv, size_t count, fsdp_dtype_t dt,
                        fsdp_work_t **work) {

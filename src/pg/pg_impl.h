@@ -31,7 +31,7 @@ typedef struct fsdp_coll {
     int root;           /* broadcast and reduce only */
     uint64_t seq;       /* the group's sequence number of this call */
     int64_t timeout_ms; /* the group's timeout when the call was issued */
-    void *stream;
+    void *stream;       /* the native stream it is issued on (fsdp_coll_desc_t) */
 } fsdp_coll_t;
 
 struct fsdp_work {
@@ -90,7 +90,6 @@ struct fsdp_pg {
     char name[96];
     uint64_t seq;      /* next sequence number */
     int64_t timeout_ms;
-    void *stream;
     fsdp_pg_counters_t counters;
     pthread_mutex_t mu; /* guards the works' done/status/refs and pending */
     pthread_cond_t cv;  /* signalled when a work completes */
