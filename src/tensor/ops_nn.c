@@ -20,20 +20,6 @@
 
 /* ---- shared checks ---- */
 
-/* Checks one float input (non-NULL, float dtype, storage present). */
-static int check_float(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, const char *op, const char *arg) {
-    int rc = fsdp__check_tensor(ctx, t, op, arg);
-    if (rc < 0) return rc;
-    char d[96];
-    if (fsdp__compute_dtype(t->dt) < 0)
-        return fsdp__op_err(t, FSDP_EINVAL, op, "%s %s must be a float tensor", arg,
-                            fsdp_tensor_describe(t, d, sizeof d));
-    if (!t->st->ptr && fsdp_tensor_numel(t) > 0)
-        return fsdp__op_err(t, FSDP_EINVAL, op, "%s %s has no storage (freed by a resize)", arg,
-                            fsdp_tensor_describe(t, d, sizeof d));
-    return 0;
-}
-
 /* Checks an optional float argument (NULL passes): same device as x, and x's dtype when
  * same_dtype. */
 static int check_opt(const fsdp_tensor_t *x, const fsdp_tensor_t *t, const char *op,
@@ -41,7 +27,7 @@ static int check_opt(const fsdp_tensor_t *x, const fsdp_tensor_t *t, const char 
     int rc = 0;
     char dx[96], dt[96];
     if (!t) return 0;
-    FSDP_TRY(rc, fail, check_float(x->ctx, t, op, arg));
+    FSDP_TRY(rc, fail, fsdp__check_float(x->ctx, t, op, arg));
     FSDP_TRY(rc, fail, fsdp__check_same_device(x, t, op));
     if (same_dtype && t->dt != x->dt)
         return fsdp__op_err(x, FSDP_EINVAL, op, "x %s and %s %s differ in dtype",
@@ -174,7 +160,7 @@ static int softmax_impl(fsdp_tensor_t *x, int dim, bool log, fsdp_tensor_t **out
     int64_t outer = 1, n = 1, inner = 1;
     int rc = 0, d = 0;
     if (out) *out = NULL;
-    FSDP_TRY(rc, fail, check_float(NULL, x, op, "x"));
+    FSDP_TRY(rc, fail, fsdp__check_float(NULL, x, op, "x"));
     if (!out) return fsdp__op_err(x, FSDP_EINVAL, op, "out is NULL");
     if (x->ndim == 0) {
         /* A scalar is one row of one element (dim 0 or -1, as PyTorch allows). */
@@ -363,7 +349,7 @@ int fsdp_layer_norm(fsdp_tensor_t *x, int norm_ndim, fsdp_tensor_t *w, fsdp_tens
     char dx[96];
     int rc = 0;
     if (out) *out = NULL;
-    FSDP_TRY(rc, fail, check_float(NULL, x, "layer_norm", "x"));
+    FSDP_TRY(rc, fail, fsdp__check_float(NULL, x, "layer_norm", "x"));
     FSDP_TRY(rc, fail, check_opt(x, w, "layer_norm", "w", true));
     FSDP_TRY(rc, fail, check_opt(x, b, "layer_norm", "b", true));
     if (!out) return fsdp__op_err(x, FSDP_EINVAL, "layer_norm", "out is NULL");
@@ -440,7 +426,7 @@ int fsdp_batch_norm(fsdp_tensor_t *x, fsdp_tensor_t *w, fsdp_tensor_t *b,
     char dx[96];
     int rc = 0;
     if (out) *out = NULL;
-    FSDP_TRY(rc, fail, check_float(NULL, x, "batch_norm", "x"));
+    FSDP_TRY(rc, fail, fsdp__check_float(NULL, x, "batch_norm", "x"));
     FSDP_TRY(rc, fail, check_opt(x, w, "batch_norm", "w", true));
     FSDP_TRY(rc, fail, check_opt(x, b, "batch_norm", "b", true));
     FSDP_TRY(rc, fail, check_opt(x, running_mean, "batch_norm", "running_mean", false));
@@ -541,7 +527,7 @@ int fsdp_embedding(fsdp_tensor_t *idx, fsdp_tensor_t *w, int64_t padding_idx, fs
     int rc = 0;
     if (out) *out = NULL;
     FSDP_TRY(rc, fail, fsdp__check_tensor(NULL, idx, "embedding", "idx"));
-    FSDP_TRY(rc, fail, check_float(idx->ctx, w, "embedding", "w"));
+    FSDP_TRY(rc, fail, fsdp__check_float(idx->ctx, w, "embedding", "w"));
     FSDP_TRY(rc, fail, fsdp__check_same_device(idx, w, "embedding"));
     if (!out) return fsdp__op_err(w, FSDP_EINVAL, "embedding", "out is NULL");
     fsdp_tensor_describe(idx, di, sizeof di);
@@ -639,7 +625,7 @@ int fsdp_dropout(fsdp_tensor_t *x, double p, bool train, fsdp_tensor_t **out) {
     struct fsdp__node *node = NULL;
     int rc = 0;
     if (out) *out = NULL;
-    FSDP_TRY(rc, fail, check_float(NULL, x, "dropout", "x"));
+    FSDP_TRY(rc, fail, fsdp__check_float(NULL, x, "dropout", "x"));
     if (!out) return fsdp__op_err(x, FSDP_EINVAL, "dropout", "out is NULL");
     if (!(p >= 0 && p <= 1))
         return fsdp__op_err(x, FSDP_EINVAL, "dropout", "p %g must be in [0, 1]", p);
@@ -744,7 +730,7 @@ int fsdp_cross_entropy(fsdp_tensor_t *logits, fsdp_tensor_t *target, int64_t ign
     char dl[96], dtg[96];
     int rc = 0;
     if (out) *out = NULL;
-    FSDP_TRY(rc, fail, check_float(NULL, logits, "cross_entropy", "logits"));
+    FSDP_TRY(rc, fail, fsdp__check_float(NULL, logits, "cross_entropy", "logits"));
     FSDP_TRY(rc, fail, fsdp__check_tensor(logits->ctx, target, "cross_entropy", "target"));
     FSDP_TRY(rc, fail, fsdp__check_same_device(logits, target, "cross_entropy"));
     if (!out) return fsdp__op_err(logits, FSDP_EINVAL, "cross_entropy", "out is NULL");

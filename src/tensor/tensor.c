@@ -66,6 +66,19 @@ int fsdp__check_tensor(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, const char *op, 
     return fsdp__ctx_err(ctx, FSDP_EINVAL, "%s: argument '%s' is NULL", op, arg);
 }
 
+int fsdp__check_float(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, const char *op, const char *arg) {
+    int rc = fsdp__check_tensor(ctx, t, op, arg);
+    if (rc < 0) return rc;
+    char d[96];
+    if (fsdp__compute_dtype(t->dt) < 0)
+        return fsdp__op_err(t, FSDP_EINVAL, op, "%s %s must be a float tensor", arg,
+                            fsdp_tensor_describe(t, d, sizeof d));
+    if (!t->st->ptr && fsdp_tensor_numel(t) > 0)
+        return fsdp__op_err(t, FSDP_EINVAL, op, "%s %s has no storage (freed by a resize)", arg,
+                            fsdp_tensor_describe(t, d, sizeof d));
+    return 0;
+}
+
 int fsdp__check_same_device(const fsdp_tensor_t *a, const fsdp_tensor_t *b, const char *op) {
     if (a->ctx != b->ctx)
         return fsdp__op_err(a, FSDP_EINVAL, op, "operands belong to different contexts (ranks)");
