@@ -59,6 +59,13 @@ const char *fsdp__st_dtype_name(fsdp_dtype_t dt);
  * name over about 200 bytes is cut with "...". Returns buf. */
 const char *fsdp__st_shown(const char *name, char *buf, size_t cap);
 
+/* "[2, 3]" into buf of cap bytes; returns buf. */
+const char *fsdp__st_shape_str(const int64_t *shape, int nd, char *buf, size_t cap);
+
+/* Parses and validates the header hdr of len bytes of st (whose path and data_len are set):
+ * fills the entries, the index by name and the metadata, or returns an error reported on st. */
+int fsdp__st_parse_header(fsdp_safetensors_t *st, const char *hdr, size_t len);
+
 /* The entry called name, or NULL. */
 const struct fsdp__st_entry *fsdp__st_lookup(const fsdp_safetensors_t *st, const char *name);
 

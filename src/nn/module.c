@@ -1,17 +1,9 @@
 /*
- * module.c: the module tree: registration, lookups, listings, modes, hooks and forward.
+ * module.c: the module tree: creation and lifetime, registration of children, parameters and
+ * buffers, lookups by dotted path, training mode, and the helpers built-in module types share.
  *
- * Listings walk the tree in pre-order (a module's own entries in registration order, then its
- * children). Without aliases a shared module and a shared tensor are visited once, under the
- * first path that reaches them, as PyTorch's named_parameters() does; with aliases every path
- * and name is listed, as PyTorch's state_dict() does.
- *
- * fsdp_module_forward is the one way a module runs. Backward hooks ride on tape marks: an
- * entry mark before the module's operations (backward reaches it after them: post-hooks) and
- * an exit mark after (backward reaches it first: pre-hooks). A mark holds a reference to the
- * module, so a module dropped by its owner stays valid until the tape lets go of the mark.
- * Marks are recorded only for modules that have hooks of the matching kind, so an unhooked
- * model puts nothing extra on the tape.
+ * What a module holds and the tree's invariants are in nn_impl.h. Listings of the tree are in
+ * module_list.c, hooks and fsdp_module_forward in module_hooks.c, state dicts in state_dict.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +28,7 @@ int fsdp__module_err(const fsdp_module_t *m, int rc, const char *fmt, ...) {
 }
 
 /* Grows *arr (elements of size es) so that it holds at least n + 1. */
-static int grow(void **arr, size_t *cap, size_t n, size_t es) {
+int fsdp__module_grow(void **arr, size_t *cap, size_t n, size_t es) {
     if (n < *cap) return FSDP_OK;
     size_t nc = *cap ? *cap * 2 : 4;
     void *p = realloc(*arr, nc * es);
@@ -44,65 +36,6 @@ static int grow(void **arr, size_t *cap, size_t n, size_t es) {
     *arr = p;
     *cap = nc;
     return FSDP_OK;
-}
-
-/* "prefix.name", or name when prefix is empty. NULL when out of memory. */
-static char *join_name(const char *prefix, const char *name) {
-    size_t a = strlen(prefix), b = strlen(name);
-    char *s = malloc(a + b + 2);
-    if (!s) return NULL;
-    if (a) {
-        memcpy(s, prefix, a);
-        s[a++] = '.';
-    }
-    memcpy(s + a, name, b + 1);
-    return s;
-}
-
-/* A set of pointers (open addressing), for de-duplicating shared modules and tensors. */
-struct ptrset {
-    const void **slots;
-    size_t cap, n;
-};
-
-static size_t ptr_hash(const void *p) {
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return (size_t)x;
-}
-
-/* 1 when p was added, 0 when it was there already, FSDP_ENOMEM. */
-static int ptrset_add(struct ptrset *s, const void *p) {
-    if ((s->n + 1) * 2 > s->cap) {
-        size_t nc = s->cap ? s->cap * 2 : 32;
-        const void **ns = calloc(nc, sizeof *ns);
-        if (!ns) return FSDP_ENOMEM;
-        for (size_t i = 0; i < s->cap; i++) {
-            if (!s->slots[i]) continue;
-            size_t j = ptr_hash(s->slots[i]) & (nc - 1);
-            while (ns[j]) j = (j + 1) & (nc - 1);
-            ns[j] = s->slots[i];
-        }
-        free(s->slots);
-        s->slots = ns;
-        s->cap = nc;
-    }
-    size_t j = ptr_hash(p) & (s->cap - 1);
-    while (s->slots[j]) {
-        if (s->slots[j] == p) return 0;
-        j = (j + 1) & (s->cap - 1);
-    }
-    s->slots[j] = p;
-    s->n++;
-    return 1;
-}
-
-static void ptrset_free(struct ptrset *s) {
-    free(s->slots);
-    s->slots = NULL;
-    s->cap = s->n = 0;
 }
 
 /* ---- creation and lifetime ------------------------------------------------------------------ */
@@ -243,7 +176,8 @@ int fsdp_module_add_child(fsdp_module_t *m, const char *name, fsdp_module_t *chi
                                 "itself",
                                 name, type_of(child));
     char *copy = strdup(name);
-    if (!copy || grow((void **)&m->children, &m->capchildren, m->nchildren, sizeof *m->children)) {
+    if (!copy || fsdp__module_grow((void **)&m->children, &m->capchildren, m->nchildren,
+                                   sizeof *m->children)) {
         free(copy);
         return fsdp__module_err(m, FSDP_ENOMEM, "cannot add child module '%s': out of memory",
                                 name);
@@ -277,7 +211,7 @@ static int add_slot(fsdp_module_t *m, bool param, const char *name, fsdp_tensor_
     size_t *n = param ? &m->nparams : &m->nbuffers;
     size_t *cap = param ? &m->capparams : &m->capbuffers;
     char *copy = strdup(name);
-    if (!copy || grow((void **)arr, cap, *n, sizeof **arr)) {
+    if (!copy || fsdp__module_grow((void **)arr, cap, *n, sizeof **arr)) {
         free(copy);
         return fsdp__module_err(m, FSDP_ENOMEM, "cannot add %s '%s': out of memory", kind, name);
     }
@@ -421,185 +355,6 @@ int fsdp_module_set_param(fsdp_module_t *m, const char *name, fsdp_tensor_t *t,
     return FSDP_OK;
 }
 
-/* ---- listings ------------------------------------------------------------------------------ */
-
-void fsdp_named_list_free(fsdp_named_list_t *list) {
-    if (!list) return;
-    for (size_t i = 0; i < list->n; i++) {
-        if (list->names) free(list->names[i]);
-        if (list->owned && list->tensors) fsdp_tensor_release(list->tensors[i]);
-    }
-    free(list->names);
-    free(list->tensors);
-    free(list->modules);
-    memset(list, 0, sizeof *list);
-}
-
-int fsdp__list_push(fsdp_named_list_t *list, size_t *cap, const char *name, fsdp_tensor_t *t,
-                    fsdp_module_t *m) {
-    if (list->n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        char **nn = realloc(list->names, nc * sizeof *nn);
-        if (!nn) return FSDP_ENOMEM;
-        list->names = nn;
-        fsdp_tensor_t **nt = realloc(list->tensors, nc * sizeof *nt);
-        if (!nt) return FSDP_ENOMEM;
-        list->tensors = nt;
-        fsdp_module_t **nm = realloc(list->modules, nc * sizeof *nm);
-        if (!nm) return FSDP_ENOMEM;
-        list->modules = nm;
-        *cap = nc;
-    }
-    char *copy = strdup(name);
-    if (!copy) return FSDP_ENOMEM;
-    list->names[list->n] = copy;
-    list->tensors[list->n] = list->owned ? fsdp_tensor_retain(t) : t;
-    list->modules[list->n] = m;
-    list->n++;
-    return FSDP_OK;
-}
-
-struct lister {
-    enum fsdp__list_what what;
-    bool aliases;
-    bool modules_only;
-    fsdp_named_list_t *out;
-    size_t cap;
-    struct ptrset mods, tensors;
-};
-
-static int list_slots(struct lister *L, fsdp_module_t *m, const char *prefix,
-                      const struct fsdp__slot *s, size_t n, bool persistent_only) {
-    for (size_t i = 0; i < n; i++) {
-        if (persistent_only && !s[i].persistent) continue;
-        if (!L->aliases) {
-            int r = ptrset_add(&L->tensors, s[i].t);
-            if (r < 0) return r;
-            if (r == 0) continue;
-        }
-        char *fqn = join_name(prefix, s[i].name);
-        if (!fqn) return FSDP_ENOMEM;
-        int rc = fsdp__list_push(L->out, &L->cap, fqn, s[i].t, m);
-        free(fqn);
-        if (rc < 0) return rc;
-    }
-    return FSDP_OK;
-}
-
-static int list_walk(struct lister *L, fsdp_module_t *m, const char *prefix) {
-    int rc;
-    if (!L->aliases) {
-        rc = ptrset_add(&L->mods, m);
-        if (rc <= 0) return rc;
-    }
-    if (L->modules_only) {
-        FSDP_TRY(rc, out, fsdp__list_push(L->out, &L->cap, prefix, NULL, m));
-    } else {
-        if (L->what != FSDP__LIST_BUFFERS)
-            FSDP_TRY(rc, out, list_slots(L, m, prefix, m->params, m->nparams, false));
-        if (L->what != FSDP__LIST_PARAMS)
-            FSDP_TRY(rc, out, list_slots(L, m, prefix, m->buffers, m->nbuffers,
-                                         L->what == FSDP__LIST_STATE));
-    }
-    for (size_t i = 0; i < m->nchildren; i++) {
-        char *p = join_name(prefix, m->children[i].name);
-        if (!p) return FSDP_ENOMEM;
-        rc = list_walk(L, m->children[i].m, p);
-        free(p);
-        if (rc < 0) return rc;
-    }
-    rc = FSDP_OK;
-out:
-    return rc;
-}
-
-static int run_listing(const fsdp_module_t *m, enum fsdp__list_what what, bool aliases,
-                       bool modules_only, fsdp_named_list_t *out, const char *fn) {
-    if (!out) return fsdp__ctx_err(m ? m->ctx : NULL, FSDP_EINVAL, "%s: out is NULL", fn);
-    memset(out, 0, sizeof *out);
-    if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "%s: module is NULL", fn);
-    struct lister L = {what, aliases, modules_only, out, 0, {NULL, 0, 0}, {NULL, 0, 0}};
-    int rc = list_walk(&L, (fsdp_module_t *)m, "");
-    ptrset_free(&L.mods);
-    ptrset_free(&L.tensors);
-    if (rc < 0) {
-        fsdp_named_list_free(out);
-        return fsdp__module_err(m, rc, "%s: out of memory", fn);
-    }
-    if (modules_only) {
-        free(out->tensors);
-        out->tensors = NULL;
-    }
-    return FSDP_OK;
-}
-
-int fsdp__module_list(const fsdp_module_t *m, enum fsdp__list_what what, bool with_aliases,
-                      fsdp_named_list_t *out) {
-    return run_listing(m, what, with_aliases, false, out, "module listing");
-}
-
-int fsdp_module_named_params(const fsdp_module_t *m, bool with_aliases, fsdp_named_list_t *out) {
-    return run_listing(m, FSDP__LIST_PARAMS, with_aliases, false, out,
-                       "fsdp_module_named_params");
-}
-
-int fsdp_module_named_buffers(const fsdp_module_t *m, bool with_aliases,
-                              fsdp_named_list_t *out) {
-    return run_listing(m, FSDP__LIST_BUFFERS, with_aliases, false, out,
-                       "fsdp_module_named_buffers");
-}
-
-int fsdp_module_named_modules(const fsdp_module_t *m, fsdp_named_list_t *out) {
-    return run_listing(m, FSDP__LIST_PARAMS, false, true, out, "fsdp_module_named_modules");
-}
-
-int64_t fsdp_module_num_params(const fsdp_module_t *m) {
-    fsdp_named_list_t l;
-    int rc = fsdp_module_named_params(m, false, &l);
-    if (rc < 0) return rc;
-    int64_t n = 0;
-    for (size_t i = 0; i < l.n; i++) n += fsdp_tensor_numel(l.tensors[i]);
-    fsdp_named_list_free(&l);
-    return n;
-}
-
-int fsdp_module_param_aliases(const fsdp_module_t *m, const fsdp_tensor_t *t,
-                              fsdp_named_list_t *out) {
-    if (!out)
-        return fsdp__module_err(m, FSDP_EINVAL, "fsdp_module_param_aliases: out is NULL");
-    fsdp_named_list_t all;
-    int rc = fsdp_module_named_params(m, true, &all);
-    memset(out, 0, sizeof *out);
-    if (rc < 0) return rc;
-    if (!t) {
-        fsdp_named_list_free(&all);
-        return fsdp__module_err(m, FSDP_EINVAL, "fsdp_module_param_aliases: tensor is NULL");
-    }
-    size_t cap = 0;
-    for (size_t i = 0; i < all.n && rc == 0; i++)
-        if (all.tensors[i] == t) rc = fsdp__list_push(out, &cap, all.names[i], all.tensors[i],
-                                                      all.modules[i]);
-    fsdp_named_list_free(&all);
-    if (rc < 0) {
-        fsdp_named_list_free(out);
-        return fsdp__module_err(m, rc, "fsdp_module_param_aliases: out of memory");
-    }
-    return FSDP_OK;
-}
-
-int fsdp_module_visit(fsdp_module_t *m, fsdp_module_visit_fn fn, void *arg) {
-    if (!fn) return fsdp__module_err(m, FSDP_EINVAL, "fsdp_module_visit: fn is NULL");
-    fsdp_named_list_t l;
-    int rc = fsdp_module_named_modules(m, &l);
-    if (rc < 0) return rc;
-    /* The walk runs over a snapshot, each module retained, so fn may rearrange the tree. */
-    for (size_t i = 0; i < l.n; i++) fsdp_module_retain(l.modules[i]);
-    for (size_t i = 0; i < l.n && rc == 0; i++) rc = fn(l.modules[i], l.names[i], arg);
-    for (size_t i = 0; i < l.n; i++) fsdp_module_release(l.modules[i]);
-    fsdp_named_list_free(&l);
-    return rc;
-}
-
 /* ---- modes ------------------------------------------------------------------------------ */
 
 void fsdp_module_train(fsdp_module_t *m, bool train) {
@@ -670,224 +425,4 @@ int fsdp__module_check_io(const fsdp_module_t *m, int nin, fsdp_tensor_t *const 
     for (int i = 0; i < min_in; i++)
         if (!in[i]) return fsdp__module_err(m, FSDP_EINVAL, "forward input %d is NULL", i);
     return FSDP_OK;
-}
-
-/* ---- hooks ------------------------------------------------------------------------------- */
-
-static int add_hook(fsdp_module_t *m, enum fsdp__hook_kind kind, struct fsdp__hook h,
-                    bool fn_set, int *handle, const char *fn) {
-    if (handle) *handle = 0;
-    if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "%s: module is NULL", fn);
-    if (!fn_set) return fsdp__module_err(m, FSDP_EINVAL, "%s: hook function is NULL", fn);
-    if (grow((void **)&m->hooks, &m->caphooks, m->nhooks, sizeof *m->hooks))
-        return fsdp__module_err(m, FSDP_ENOMEM, "%s: out of memory", fn);
-    h.kind = kind;
-    h.handle = ++m->next_handle;
-    m->hooks[m->nhooks++] = h;
-    m->nhooks_kind[kind]++;
-    if (handle) *handle = h.handle;
-    return FSDP_OK;
-}
-
-int fsdp_module_add_forward_pre_hook(fsdp_module_t *m, fsdp_forward_pre_hook_fn fn, void *arg,
-                                     int *handle) {
-    struct fsdp__hook h = {0};
-    h.fn.pre = fn;
-    h.arg = arg;
-    return add_hook(m, FSDP__HOOK_FORWARD_PRE, h, fn != NULL, handle,
-                    "fsdp_module_add_forward_pre_hook");
-}
-
-int fsdp_module_add_forward_hook(fsdp_module_t *m, fsdp_forward_hook_fn fn, void *arg,
-                                 int *handle) {
-    struct fsdp__hook h = {0};
-    h.fn.post = fn;
-    h.arg = arg;
-    return add_hook(m, FSDP__HOOK_FORWARD, h, fn != NULL, handle,
-                    "fsdp_module_add_forward_hook");
-}
-
-int fsdp_module_add_backward_pre_hook(fsdp_module_t *m, fsdp_backward_hook_fn fn, void *arg,
-                                      int *handle) {
-    struct fsdp__hook h = {0};
-    h.fn.bw = fn;
-    h.arg = arg;
-    return add_hook(m, FSDP__HOOK_BACKWARD_PRE, h, fn != NULL, handle,
-                    "fsdp_module_add_backward_pre_hook");
-}
-
-int fsdp_module_add_backward_hook(fsdp_module_t *m, fsdp_backward_hook_fn fn, void *arg,
-                                  int *handle) {
-    struct fsdp__hook h = {0};
-    h.fn.bw = fn;
-    h.arg = arg;
-    return add_hook(m, FSDP__HOOK_BACKWARD, h, fn != NULL, handle,
-                    "fsdp_module_add_backward_hook");
-}
-
-int fsdp_module_remove_hook(fsdp_module_t *m, int handle) {
-    if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_module_remove_hook: module is NULL");
-    for (size_t i = 0; i < m->nhooks; i++) {
-        if (m->hooks[i].handle != handle) continue;
-        m->nhooks_kind[m->hooks[i].kind]--;
-        memmove(&m->hooks[i], &m->hooks[i + 1], (m->nhooks - i - 1) * sizeof *m->hooks);
-        m->nhooks--;
-        return FSDP_OK;
-    }
-    return fsdp__module_err(m, FSDP_EINVAL, "fsdp_module_remove_hook: no hook with handle %d",
-                            handle);
-}
-
-/* The hooks of one kind at this moment, so that a hook may add or remove hooks while they run.
- * *out is freed by the caller. */
-static int snapshot_hooks(fsdp_module_t *m, enum fsdp__hook_kind kind, struct fsdp__hook **out,
-                          size_t *n) {
-    *out = NULL;
-    *n = 0;
-    if (m->nhooks_kind[kind] == 0) return FSDP_OK;
-    struct fsdp__hook *s = malloc((size_t)m->nhooks_kind[kind] * sizeof *s);
-    if (!s) return fsdp__module_err(m, FSDP_ENOMEM, "running hooks: out of memory");
-    for (size_t i = 0; i < m->nhooks; i++)
-        if (m->hooks[i].kind == kind) s[(*n)++] = m->hooks[i];
-    *out = s;
-    return FSDP_OK;
-}
-
-/* Rewrites the context's error after a failing hook so that it says which hook failed. */
-static int hook_failed(fsdp_module_t *m, const char *what, int handle, int rc) {
-    char prev[FSDP_ERR_LEN];
-    snprintf(prev, sizeof prev, "%s", fsdp_ctx_last_error(m->ctx));
-    return fsdp__module_err(m, rc, "%s %d failed (%s): %s", what, handle, fsdp_err_name(rc),
-                            prev);
-}
-
-static int run_backward_hooks(fsdp_module_t *m, enum fsdp__hook_kind kind, bool has_grad) {
-    struct fsdp__hook *hs;
-    size_t n;
-    int rc = snapshot_hooks(m, kind, &hs, &n);
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        int r = hs[i].fn.bw(m, hs[i].arg, has_grad);
-        if (r < 0)
-            rc = hook_failed(m,
-                             kind == FSDP__HOOK_BACKWARD ? "backward hook" : "backward pre-hook",
-                             hs[i].handle, r);
-    }
-    free(hs);
-    return rc;
-}
-
-static int mark_backward_post(fsdp_ctx_t *ctx, void *arg, bool has_grad) {
-    (void)ctx;
-    return run_backward_hooks(arg, FSDP__HOOK_BACKWARD, has_grad);
-}
-
-static int mark_backward_pre(fsdp_ctx_t *ctx, void *arg, bool has_grad) {
-    (void)ctx;
-    return run_backward_hooks(arg, FSDP__HOOK_BACKWARD_PRE, has_grad);
-}
-
-static void mark_release(void *arg) { fsdp_module_release(arg); }
-
-/* ---- forward ---------------------------------------------------------------------------- */
-
-int fsdp_module_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
-                        fsdp_tensor_t **out) {
-    if (!m || nin < 0 || nout < 0 || (nin > 0 && !in) || (nout > 0 && !out)) {
-        if (out && nout > 0)
-            for (int i = 0; i < nout; i++) out[i] = NULL;
-        if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_module_forward: module is NULL");
-        return fsdp__module_err(m, FSDP_EINVAL,
-                                "fsdp_module_forward: bad arguments (nin %d, in %s, nout %d, "
-                                "out %s)",
-                                nin, in ? "set" : "NULL", nout, out ? "set" : "NULL");
-    }
-    int rc = FSDP_OK;
-    struct fsdp__hook *hs = NULL;
-    size_t nh = 0;
-    char label[96];
-    fsdp_tensor_t **ins = calloc((size_t)(nin > 0 ? nin : 1), sizeof *ins);
-    fsdp_tensor_t **outs = calloc((size_t)(nout > 0 ? nout : 1), sizeof *outs);
-    /* Hooks may drop the last outside reference to m; keep it alive until the end. */
-    fsdp_module_retain(m);
-    if (!ins || !outs) {
-        rc = fsdp__module_err(m, FSDP_ENOMEM, "fsdp_module_forward: out of memory");
-        goto fail;
-    }
-    /* Inputs are copied before out[] is cleared, so in and out may be the same array. */
-    for (int i = 0; i < nin; i++) ins[i] = fsdp_tensor_retain(in[i]);
-    for (int o = 0; o < nout; o++) out[o] = NULL;
-
-    FSDP_TRY(rc, fail, snapshot_hooks(m, FSDP__HOOK_FORWARD_PRE, &hs, &nh));
-    for (size_t i = 0; i < nh; i++) {
-        rc = hs[i].fn.pre(m, hs[i].arg, nin, ins);
-        if (rc < 0) {
-            rc = hook_failed(m, "forward pre-hook", hs[i].handle, rc);
-            goto fail;
-        }
-    }
-    free(hs);
-    hs = NULL;
-
-    if (m->nhooks_kind[FSDP__HOOK_BACKWARD] > 0) {
-        snprintf(label, sizeof label, "%s entry", type_of(m));
-        FSDP_TRY(rc, fail, fsdp_tape_mark(m->ctx, label, nin, ins, mark_backward_post,
-                                          fsdp_module_retain(m), mark_release));
-    }
-    if (!m->ops->forward) {
-        rc = fsdp__module_err(m, FSDP_ENOTSUP, "this module type has no forward");
-        goto fail;
-    }
-    FSDP_TRY(rc, fail, m->ops->forward(m, nin, ins, nout, outs));
-    for (int o = 0; o < nout; o++) {
-        if (!outs[o]) {
-            rc = fsdp__module_err(m, FSDP_EINTERNAL, "forward succeeded but left output %d NULL",
-                                  o);
-            goto fail;
-        }
-    }
-    if (m->nhooks_kind[FSDP__HOOK_BACKWARD_PRE] > 0) {
-        snprintf(label, sizeof label, "%s exit", type_of(m));
-        FSDP_TRY(rc, fail, fsdp_tape_mark(m->ctx, label, nout, outs, mark_backward_pre,
-                                          fsdp_module_retain(m), mark_release));
-    }
-
-    FSDP_TRY(rc, fail, snapshot_hooks(m, FSDP__HOOK_FORWARD, &hs, &nh));
-    for (size_t i = 0; i < nh; i++) {
-        rc = hs[i].fn.post(m, hs[i].arg, nin, ins, nout, outs);
-        if (rc < 0) {
-            rc = hook_failed(m, "forward hook", hs[i].handle, rc);
-            goto fail;
-        }
-        for (int o = 0; o < nout; o++) {
-            if (!outs[o]) {
-                rc = fsdp__module_err(m, FSDP_EINVAL, "forward hook %d left output %d NULL",
-                                      hs[i].handle, o);
-                goto fail;
-            }
-        }
-    }
-    free(hs);
-    for (int o = 0; o < nout; o++) out[o] = outs[o];
-    for (int i = 0; i < nin; i++) fsdp_tensor_release(ins[i]);
-    free(ins);
-    free(outs);
-    fsdp_module_release(m);
-    return FSDP_OK;
-
-fail:
-    for (int o = 0; o < nout; o++) out[o] = NULL;
-    free(hs);
-    if (ins)
-        for (int i = 0; i < nin; i++) fsdp_tensor_release(ins[i]);
-    if (outs)
-        for (int o = 0; o < nout; o++) fsdp_tensor_release(outs[o]);
-    free(ins);
-    free(outs);
-    fsdp_module_release(m);
-    return rc;
-}
-
-int fsdp_module_forward1(fsdp_module_t *m, fsdp_tensor_t *x, fsdp_tensor_t **y) {
-    if (!y) return fsdp__module_err(m, FSDP_EINVAL, "fsdp_module_forward1: y is NULL");
-    return fsdp_module_forward(m, 1, &x, 1, y);
 }

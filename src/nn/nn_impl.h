@@ -96,6 +96,9 @@ int fsdp__module_new_buffer(fsdp_module_t *m, const char *name, fsdp_dtype_t dt,
                             const int64_t *shape, double value, bool persistent,
                             fsdp_tensor_t **t);
 
+/* Grows *arr (elements of size es) so that it holds at least n + 1; FSDP_ENOMEM. */
+int fsdp__module_grow(void **arr, size_t *cap, size_t n, size_t es);
+
 /* Error on m's context prefixed with the module's type ("Linear: ..."); returns rc. */
 int fsdp__module_err(const fsdp_module_t *m, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
 
@@ -108,7 +111,7 @@ int fsdp__module_check_io(const fsdp_module_t *m, int nin, fsdp_tensor_t *const 
 fsdp_tensor_t *fsdp__module_param_at(const fsdp_module_t *m, size_t i);
 fsdp_tensor_t *fsdp__module_buffer_at(const fsdp_module_t *m, size_t i);
 
-/* Listing internals shared by module.c and state_dict.c. */
+/* Listing internals shared by module_list.c and state_dict.c. */
 enum fsdp__list_what {
     FSDP__LIST_PARAMS = 0,
     FSDP__LIST_BUFFERS,

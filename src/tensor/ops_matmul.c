@@ -153,20 +153,6 @@ fail:
     return rc;
 }
 
-/* Checks one float input of an op (non-NULL, live storage, float dtype). */
-static int check_float(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, const char *op, const char *arg) {
-    int rc = fsdp__check_tensor(ctx, t, op, arg);
-    if (rc < 0) return rc;
-    char d[96];
-    if (fsdp__compute_dtype(t->dt) < 0)
-        return fsdp__op_err(t, FSDP_EINVAL, op, "%s %s must be a float tensor", arg,
-                            fsdp_tensor_describe(t, d, sizeof d));
-    if (!t->st->ptr && fsdp_tensor_numel(t) > 0)
-        return fsdp__op_err(t, FSDP_EINVAL, op, "%s %s has no storage (freed by a resize)", arg,
-                            fsdp_tensor_describe(t, d, sizeof d));
-    return 0;
-}
-
 /* Validates a and b for matmul and works out the product's geometry and operands. */
 static int mm_prepare(fsdp_tensor_t *a, fsdp_tensor_t *b, struct mm_plan *pl) {
     int rc = 0;
@@ -345,8 +331,8 @@ int fsdp_matmul(fsdp_tensor_t *a, fsdp_tensor_t *b, fsdp_tensor_t **out) {
     struct fsdp__node *node = NULL;
     int rc = 0;
     if (out) *out = NULL;
-    FSDP_TRY(rc, fail0, check_float(NULL, a, "matmul", "a"));
-    FSDP_TRY(rc, fail0, check_float(a->ctx, b, "matmul", "b"));
+    FSDP_TRY(rc, fail0, fsdp__check_float(NULL, a, "matmul", "a"));
+    FSDP_TRY(rc, fail0, fsdp__check_float(a->ctx, b, "matmul", "b"));
     FSDP_TRY(rc, fail0, fsdp__check_same_device(a, b, "matmul"));
     if (!out) return fsdp__op_err(a, FSDP_EINVAL, "matmul", "out is NULL");
     FSDP_TRY(rc, fail0, mm_prepare(a, b, &pl));
@@ -469,11 +455,11 @@ static const struct fsdp__op_def def_linear = {"linear", linear_backward};
 static int linear_check(fsdp_tensor_t *x, fsdp_tensor_t *w, fsdp_tensor_t *b) {
     int rc = 0;
     char dx[96], dw[96], dbias[96];
-    FSDP_TRY(rc, fail, check_float(NULL, x, "linear", "x"));
-    FSDP_TRY(rc, fail, check_float(x->ctx, w, "linear", "w"));
+    FSDP_TRY(rc, fail, fsdp__check_float(NULL, x, "linear", "x"));
+    FSDP_TRY(rc, fail, fsdp__check_float(x->ctx, w, "linear", "w"));
     FSDP_TRY(rc, fail, fsdp__check_same_device(x, w, "linear"));
     if (b) {
-        FSDP_TRY(rc, fail, check_float(x->ctx, b, "linear", "b"));
+        FSDP_TRY(rc, fail, fsdp__check_float(x->ctx, b, "linear", "b"));
         FSDP_TRY(rc, fail, fsdp__check_same_device(x, b, "linear"));
     }
     fsdp_tensor_describe(x, dx, sizeof dx);

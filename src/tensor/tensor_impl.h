@@ -92,6 +92,9 @@ int fsdp__op_err(const fsdp_tensor_t *t, int rc, const char *op, const char *fmt
     FSDP_PRINTF(4, 5);
 /* Checks t is non-NULL (naming argument `arg` of `op`); rc on failure. */
 int fsdp__check_tensor(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, const char *op, const char *arg);
+/* Checks one float input: non-NULL (as fsdp__check_tensor), a float dtype (f32, f16, bf16 or
+ * f64), storage present (not freed by a resize). */
+int fsdp__check_float(fsdp_ctx_t *ctx, const fsdp_tensor_t *t, const char *op, const char *arg);
 /* Checks that a and b are on the same context and device. */
 int fsdp__check_same_device(const fsdp_tensor_t *a, const fsdp_tensor_t *b, const char *op);
 
