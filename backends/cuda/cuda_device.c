@@ -1,8 +1,10 @@
 /*
- * cuda_device.c: the CUDA device's vtable (see cuda_device.h): memory through the caching
- * allocator, copies and streams through the CUDA runtime, matrix products through cuBLASLt (f32,
- * bf16 and f16, accumulated in f32) and cuBLAS (f64), and every other kernel through the
- * launchers of cuda_kernels.h.
+ * cuda_device.c: the CUDA device's vtable (see cuda_device.h): creation, memory through the
+ * caching allocator, copies and streams through the CUDA runtime, the elementwise and reduction
+ * kernels through the launchers of cuda_kernels.h, pinned host memory, and the vtable itself.
+ * Matrix products are in cuda_gemm.c (cuBLASLt for f32, bf16 and f16, accumulated in f32;
+ * cuBLAS for f64), the row, norm, loss and optimizer kernels in cuda_nn.c; cuda_impl.h holds
+ * what the three share.
  *
  * Error translation happens in exactly one function, cuda_fail() (and blas_fail() for cuBLAS
  * statuses): a CUDA error becomes FSDP_EBACKEND (FSDP_ENOMEM for an allocation) with a message on
@@ -23,19 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The CUDA headers come in through -I, so GCC checks them like ours; cublasLt.h declares a
- * function with an empty parameter list. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstrict-prototypes"
-#include <cublasLt.h>
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-#pragma GCC diagnostic pop
-
-#include "backends/cuda/cuda_device.h"
-#include "backends/cuda/cuda_gemm.h"
+#include "backends/cuda/cuda_impl.h"
 #include "backends/cuda/cuda_kernels.h"
-#include "backends/cuda/cuda_philox.h"
 
 _Static_assert(FSDP_CUDA_UN_POW == (int)FSDP_UNARY_POW &&
                    FSDP_CUDA_UN_RELU == (int)FSDP_UNARY_RELU &&
@@ -54,68 +45,6 @@ _Static_assert(FSDP_CUDA_REDOP_SUM == (int)FSDP_REDOP_SUM &&
                    FSDP_CUDA_REDOP_PROD == (int)FSDP_REDOP_PROD && FSDP_REDOP_COUNT == 5,
                "cuda_kernels.h's reduction operators follow fsdp_redop_t");
 _Static_assert(FSDP_CUDA_MAX_DIMS == FSDP_MAX_DIMS, "strided kernels take FSDP_MAX_DIMS dims");
-
-#define LT_WORKSPACE ((size_t)32 << 20)
-
-struct cuda_dev {
-    fsdp_device_t *dev;
-    int ordinal;
-    cudaStream_t compute;
-    cublasHandle_t blas;
-    cublasLtHandle_t lt;
-    void *lt_ws;     /* cuBLASLt workspace (LT_WORKSPACE bytes) */
-    double *scratch; /* FSDP_CUDA_SUMSQ_BLOCKS partial sums of sum_squares */
-    fsdp_bcache_t *alloc;
-    bool tf32;
-};
-
-static struct cuda_dev *cd_of(fsdp_device_t *dev) {
-    return dev->impl;
-}
-
-static int cuda_fail(fsdp_device_t *dev, cudaError_t e, const char *what) {
-    cudaGetLastError(); /* clears a sticky-free error so the next call starts clean */
-    int rc = e == cudaErrorMemoryAllocation ? FSDP_ENOMEM : FSDP_EBACKEND;
-    return fsdp__ctx_err(dev->ctx, rc, "%s %s: %s (%s)", dev->name, what, cudaGetErrorString(e),
-                         cudaGetErrorName(e));
-}
-
-static int blas_fail(fsdp_device_t *dev, cublasStatus_t st, const char *what) {
-    return fsdp__ctx_err(dev->ctx, st == CUBLAS_STATUS_ALLOC_FAILED ? FSDP_ENOMEM : FSDP_EBACKEND,
-                         "%s %s: cuBLAS status %d", dev->name, what, (int)st);
-}
-
-/* Makes the device current; returns its state, or NULL with the error in *rc. */
-static struct cuda_dev *use(fsdp_device_t *dev, int *rc) {
-    struct cuda_dev *cd = cd_of(dev);
-    cudaError_t e = cudaSetDevice(cd->ordinal);
-    if (e != cudaSuccess) {
-        *rc = cuda_fail(dev, e, "cudaSetDevice");
-        return NULL;
-    }
-    *rc = FSDP_OK;
-    return cd;
-}
-
-#define USE(cd, dev)                                                                               \
-    int rc_;                                                                                       \
-    struct cuda_dev *cd = use(dev, &rc_);                                                          \
-    if (!cd) return rc_
-
-static int launched(fsdp_device_t *dev, cudaError_t e, const char *what) {
-    return e == cudaSuccess ? FSDP_OK : cuda_fail(dev, e, what);
-}
-
-static int bad_dtype(fsdp_device_t *dev, const char *fn, fsdp_dtype_t dt) {
-    return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
-                         "cuda %s: dtype %s is not supported (the kernel takes f32 or f64)", fn,
-                         fsdp_dtype_name(dt));
-}
-
-#define FLOAT_DT(dev, fn, dt)                                                                      \
-    do {                                                                                           \
-        if ((dt) != FSDP_DTYPE_F32 && (dt) != FSDP_DTYPE_F64) return bad_dtype(dev, fn, dt);       \
-    } while (0)
 
 /* ---- the allocator's raw interface over the CUDA runtime ---- */
 
@@ -567,330 +496,6 @@ static int cuda_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op
     return FSDP_OK;
 }
 
-/* ---- gemm ---- */
-
-/*
- * cuda_gemm.h plans the call (path per dtype, the column-major operands, their alignment); the
- * code below only turns that plan into cuBLASLt descriptors, for f32, bf16 and f16 alike.
- */
-static cudaDataType_t lt_data_type(fsdp_cuda_lt_elem_t e) {
-    return e == FSDP_CUDA_LT_R16BF ? CUDA_R_16BF : e == FSDP_CUDA_LT_R16F ? CUDA_R_16F : CUDA_R_32F;
-}
-
-static int gemm_lt(fsdp_device_t *dev, struct cuda_dev *cd, fsdp_cuda_gemm_type_t ty, bool ta,
-                   bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
-                   int64_t lda, int64_t sa, const void *b, int64_t ldb, int64_t sb, float beta,
-                   void *c, int64_t ldc, int64_t sc, int64_t batch) {
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t lay[3] = {NULL, NULL, NULL};
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasStatus_t st;
-    int rc = FSDP_OK;
-    fsdp_cuda_lt_plan_t pl;
-    fsdp__cuda_lt_plan(&pl, ty.size, ty.csize, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc,
-                       batch);
-    const cublasOperation_t op0 = pl.mat[0].trans ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            op1 = pl.mat[1].trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-    /* Half-precision inputs accumulate in f32 on tensor cores already; TF32 only concerns f32. */
-    const cublasComputeType_t ct =
-        cd->tf32 && ty.tf32_allowed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    const cudaDataType_t et = lt_data_type(ty.elem), ect = lt_data_type(ty.celem);
-    const int32_t nb = (int32_t)batch;
-    const uint64_t ws = LT_WORKSPACE;
-    static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-#define LT(call, what)                                                                             \
-    do {                                                                                           \
-        if ((st = (call)) != CUBLAS_STATUS_SUCCESS) {                                              \
-            rc = blas_fail(dev, st, what);                                                         \
-            goto out;                                                                              \
-        }                                                                                          \
-    } while (0)
-    /* alpha and beta are f32 (the scale type) for every element type. */
-    LT(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op0, sizeof op0),
-       "setting TRANSA");
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op1, sizeof op1),
-       "setting TRANSB");
-    for (int i = 0; i < 3; i++) {
-        LT(cublasLtMatrixLayoutCreate(&lay[i], i == 2 ? ect : et, pl.mat[i].rows, pl.mat[i].cols,
-                                      pl.mat[i].ld),
-           i == 0   ? "layout of B"
-           : i == 1 ? "layout of A"
-                    : "layout of C");
-        if (batch > 1) {
-            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &nb,
-                                                sizeof nb),
-               "setting the batch count");
-            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                &pl.mat[i].stride, sizeof pl.mat[i].stride),
-               "setting the batch stride");
-        }
-    }
-    LT(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                            sizeof ws),
-       "setting the workspace size");
-    /* The heuristic assumes 256-byte aligned operands unless told otherwise; views into a flat
-     * parameter or a batch stride can be less aligned, so it is told what every matrix of the
-     * batch has (D is C). */
-    for (int i = 0; i < 4; i++)
-        LT(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &pl.align[i < 3 ? i : 2],
-                                                sizeof pl.align[0]),
-           "setting an operand's alignment");
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    LT(cublasLtMatmulAlgoGetHeuristic(cd->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &heur,
-                                      &found),
-       "cublasLtMatmulAlgoGetHeuristic");
-    if (found < 1) {
-        rc = fsdp__ctx_err(dev->ctx, FSDP_EBACKEND,
-                           "%s gemm: cuBLASLt has no algorithm for m %lld n %lld k %lld", dev->name,
-                           (long long)m, (long long)n, (long long)k);
-        goto out;
-    }
-    LT(cublasLtMatmul(cd->lt, op, &alpha, b, lay[0], a, lay[1], &beta, c, lay[2], c, lay[2],
-                      &heur.algo, cd->lt_ws, LT_WORKSPACE, cd->compute),
-       "cublasLtMatmul");
-#undef LT
-out:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    for (int i = 2; i >= 0; i--)
-        if (lay[i]) cublasLtMatrixLayoutDestroy(lay[i]);
-    if (op) cublasLtMatmulDescDestroy(op);
-    return rc;
-}
-
-static int cuda_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
-                     int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
-                     int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, double beta,
-                     void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
-    const fsdp_cuda_gemm_type_t ty = fsdp__cuda_gemm_type(dt);
-    if (ty.path == FSDP_CUDA_GEMM_NONE)
-        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
-                             "cuda gemm: dtype %s is not supported (the kernel takes f32, f64, "
-                             "bf16 or f16)",
-                             fsdp_dtype_name(dt));
-    int chk = fsdp__gemm_check(dev, "cuda", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
-    if (chk != 0) return chk < 0 ? chk : FSDP_OK;
-    USE(cd, dev);
-    if (k == 0)
-        return launched(
-            dev, fsdp__cuda_k_scale_c(cd->compute, (int)dt, m, n, beta, c, ldc, stride_c, batch),
-            "gemm (k = 0) scale kernel");
-    if (batch > INT_MAX)
-        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP, "cuda gemm: batch %lld beyond 32 bits",
-                             (long long)batch);
-    if (ty.path == FSDP_CUDA_GEMM_LT)
-        return gemm_lt(dev, cd, ty, trans_a, trans_b, m, n, k, (float)alpha, a, lda, stride_a, b,
-                       ldb, stride_b, (float)beta, c, ldc, stride_c, batch);
-    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
-        ldc > INT_MAX)
-        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
-                             "cuda gemm: f64 sizes beyond 32 bits (m %lld, n %lld, k %lld)",
-                             (long long)m, (long long)n, (long long)k);
-    cublasStatus_t st = cublasDgemmStridedBatched(
-        cd->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n,
-        (int)m, (int)k, &alpha, b, (int)ldb, stride_b, a, (int)lda, stride_a, &beta, c, (int)ldc,
-        stride_c, (int)batch);
-    return st == CUBLAS_STATUS_SUCCESS ? FSDP_OK : blas_fail(dev, st, "cublasDgemmStridedBatched");
-}
-
-/* Products of bf16 or f16 operands with a C of the same dtype or f32 (the tensor layer's
- * low-precision path): cuBLASLt with f32 accumulation, as gemm takes those dtypes, the layout
- * of C alone having the output's element type. */
-static int cuda_gemm_lp(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool trans_a,
-                        bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
-                        int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
-                        double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
-    const fsdp_cuda_gemm_type_t ty = fsdp__cuda_gemm_lp_type(dt, ct);
-    if (ty.path != FSDP_CUDA_GEMM_LT)
-        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
-                             "cuda gemm_lp: operands of %s into %s are not supported (bf16 or "
-                             "f16 operands, C of their dtype or f32)",
-                             fsdp_dtype_name(dt), fsdp_dtype_name(ct));
-    int chk = fsdp__gemm_check(dev, "cuda", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
-    if (chk != 0) return chk < 0 ? chk : FSDP_OK;
-    USE(cd, dev);
-    if (k == 0)
-        return launched(
-            dev, fsdp__cuda_k_scale_c(cd->compute, (int)ct, m, n, beta, c, ldc, stride_c, batch),
-            "gemm_lp (k = 0) scale kernel");
-    if (batch > INT_MAX)
-        return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP, "cuda gemm_lp: batch %lld beyond 32 bits",
-                             (long long)batch);
-    return gemm_lt(dev, cd, ty, trans_a, trans_b, m, n, k, (float)alpha, a, lda, stride_a, b, ldb,
-                   stride_b, (float)beta, c, ldc, stride_c, batch);
-}
-
-/* ---- row kernels, norms, embedding, losses, dropout, optimizers ---- */
-
-static int cuda_softmax(fsdp_device_t *dev, fsdp_dtype_t dt, bool lg, size_t rows, size_t n,
-                        const void *x, void *y) {
-    FLOAT_DT(dev, "softmax", dt);
-    if (rows == 0 || n == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev, fsdp__cuda_k_softmax(cd->compute, dt == FSDP_DTYPE_F64, lg, rows, n, x, y),
-                    "softmax kernel");
-}
-
-static int cuda_softmax_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool lg, size_t rows,
-                                 size_t n, const void *y, const void *gy, void *gx) {
-    FLOAT_DT(dev, "softmax_backward", dt);
-    if (rows == 0 || n == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(
-        dev,
-        fsdp__cuda_k_softmax_backward(cd->compute, dt == FSDP_DTYPE_F64, lg, rows, n, y, gy, gx),
-        "softmax_backward kernel");
-}
-
-static int cuda_layer_norm(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n, double eps,
-                           const void *x, const void *w, const void *b, void *y, void *mean,
-                           void *rstd) {
-    FLOAT_DT(dev, "layer_norm", dt);
-    if (rows == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_layer_norm(cd->compute, dt == FSDP_DTYPE_F64, rows, n, eps, x, w,
-                                            b, y, mean, rstd),
-                    "layer_norm kernel");
-}
-
-static int cuda_layer_norm_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
-                                    const void *x, const void *w, const void *mean,
-                                    const void *rstd, const void *gy, void *gx, void *gw,
-                                    void *gb) {
-    FLOAT_DT(dev, "layer_norm_backward", dt);
-    if (n == 0 || (rows == 0 && !gw && !gb)) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_layer_norm_backward(cd->compute, dt == FSDP_DTYPE_F64, rows, n, x,
-                                                     w, mean, rstd, gy, rows ? gx : NULL, gw, gb),
-                    "layer_norm_backward kernel");
-}
-
-static int cuda_batch_norm(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size_t nb, size_t c,
-                           size_t l, double eps, double momentum, const void *x, const void *w,
-                           const void *b, void *running_mean, void *running_var, void *y,
-                           void *mean, void *rstd) {
-    FLOAT_DT(dev, "batch_norm", dt);
-    if (!train && (!running_mean || !running_var))
-        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
-                             "cuda batch_norm: evaluation needs running_mean and running_var");
-    if (c == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_batch_norm(cd->compute, dt == FSDP_DTYPE_F64, train, nb, c, l, eps,
-                                            momentum, x, w, b, running_mean, running_var, y, mean,
-                                            rstd),
-                    "batch_norm kernel");
-}
-
-static int cuda_batch_norm_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size_t nb,
-                                    size_t c, size_t l, const void *x, const void *w,
-                                    const void *mean, const void *rstd, const void *gy, void *gx,
-                                    void *gw, void *gb) {
-    FLOAT_DT(dev, "batch_norm_backward", dt);
-    if (c == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_batch_norm_backward(cd->compute, dt == FSDP_DTYPE_F64, train, nb,
-                                                     c, l, x, w, mean, rstd, gy, gx, gw, gb),
-                    "batch_norm_backward kernel");
-}
-
-static int cuda_embedding(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, size_t dim,
-                          const int64_t *idx, const void *w, void *y) {
-    FLOAT_DT(dev, "embedding", dt);
-    if (n == 0 || dim == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_embedding(cd->compute, dt == FSDP_DTYPE_F64, n, dim, idx, w, y),
-                    "embedding kernel");
-}
-
-static int cuda_embedding_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, size_t dim,
-                                   const int64_t *idx, int64_t padding_idx, const void *gy,
-                                   void *gw) {
-    FLOAT_DT(dev, "embedding_backward", dt);
-    if (n == 0 || dim == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_embedding_backward(cd->compute, dt == FSDP_DTYPE_F64, n, dim, idx,
-                                                    padding_idx, gy, gw),
-                    "embedding_backward kernel");
-}
-
-static int cuda_cross_entropy(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
-                              const void *logits, const int64_t *target, int64_t ignore_index,
-                              double label_smoothing, void *loss, void *logp) {
-    FLOAT_DT(dev, "cross_entropy", dt);
-    if (rows == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_cross_entropy(cd->compute, dt == FSDP_DTYPE_F64, rows, n, logits,
-                                               target, ignore_index, label_smoothing, loss, logp),
-                    "cross_entropy kernel");
-}
-
-static int cuda_cross_entropy_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
-                                       const void *logp, const int64_t *target,
-                                       int64_t ignore_index, double label_smoothing,
-                                       const void *gloss, void *gx) {
-    FLOAT_DT(dev, "cross_entropy_backward", dt);
-    if (rows == 0 || n == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_cross_entropy_backward(cd->compute, dt == FSDP_DTYPE_F64, rows, n,
-                                                        logp, target, ignore_index, label_smoothing,
-                                                        gloss, gx),
-                    "cross_entropy_backward kernel");
-}
-
-static int cuda_dropout(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double p, uint64_t seed,
-                        uint64_t stream, uint64_t offset, const void *x, void *y, uint8_t *mask) {
-    FLOAT_DT(dev, "dropout", dt);
-    if (n == 0) return FSDP_OK;
-    int mode = !(p > 0.0) ? 1 : p >= 1.0 ? 2 : 0;
-    uint32_t thr = mode == 0 ? fsdp_cuda_dropout_threshold(p) : 0;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_dropout(cd->compute, dt == FSDP_DTYPE_F64, n, mode, thr, p, seed,
-                                         stream, offset, x, y, mask),
-                    "dropout kernel");
-}
-
-static int cuda_sgd_step(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, const void *g,
-                         void *buf, double lr, double momentum, double dampening, double wd,
-                         bool nesterov, bool first) {
-    FLOAT_DT(dev, "sgd_step", dt);
-    if (momentum != 0.0 && !buf)
-        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda sgd_step: momentum %g needs buf",
-                             momentum);
-    if (n == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_sgd_step(cd->compute, dt == FSDP_DTYPE_F64, n, p, g, buf, lr,
-                                          momentum, dampening, wd, nesterov, first),
-                    "sgd_step kernel");
-}
-
-static int cuda_adam_step(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, const void *g,
-                          void *m, void *v, void *vmax, double lr, double beta1, double beta2,
-                          double eps, double wd, bool decoupled, bool amsgrad, int64_t t) {
-    FLOAT_DT(dev, "adam_step", dt);
-    if (amsgrad && !vmax)
-        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda adam_step: amsgrad needs vmax");
-    if (n == 0) return FSDP_OK;
-    USE(cd, dev);
-    return launched(dev,
-                    fsdp__cuda_k_adam_step(cd->compute, dt == FSDP_DTYPE_F64, n, p, g, m, v, vmax,
-                                           lr, beta1, beta2, eps, wd, decoupled, amsgrad, t),
-                    "adam_step kernel");
-}
-
 /* ---- host memory for the offload of FSDP units (the vtable's host_alloc/host_free) ---- */
 
 /* Pinned, portable (usable with every GPU of the process), page aligned. It needs no state of
@@ -1026,21 +631,21 @@ const struct fsdp_dev_ops fsdp__cuda_dev_ops = {
     .sum_squares = cuda_sum_squares,
     .coll_reduce = cuda_coll_reduce,
 
-    .gemm = cuda_gemm,
+    .gemm = fsdp__cuda_gemm,
     .gemm_lp_dtypes = FSDP__DT_BIT(FSDP_DTYPE_BF16) | FSDP__DT_BIT(FSDP_DTYPE_F16),
-    .gemm_lp = cuda_gemm_lp,
+    .gemm_lp = fsdp__cuda_gemm_lp,
 
-    .softmax = cuda_softmax,
-    .softmax_backward = cuda_softmax_backward,
-    .layer_norm = cuda_layer_norm,
-    .layer_norm_backward = cuda_layer_norm_backward,
-    .batch_norm = cuda_batch_norm,
-    .batch_norm_backward = cuda_batch_norm_backward,
-    .embedding = cuda_embedding,
-    .embedding_backward = cuda_embedding_backward,
-    .cross_entropy = cuda_cross_entropy,
-    .cross_entropy_backward = cuda_cross_entropy_backward,
-    .dropout = cuda_dropout,
-    .sgd_step = cuda_sgd_step,
-    .adam_step = cuda_adam_step,
+    .softmax = fsdp__cuda_softmax,
+    .softmax_backward = fsdp__cuda_softmax_backward,
+    .layer_norm = fsdp__cuda_layer_norm,
+    .layer_norm_backward = fsdp__cuda_layer_norm_backward,
+    .batch_norm = fsdp__cuda_batch_norm,
+    .batch_norm_backward = fsdp__cuda_batch_norm_backward,
+    .embedding = fsdp__cuda_embedding,
+    .embedding_backward = fsdp__cuda_embedding_backward,
+    .cross_entropy = fsdp__cuda_cross_entropy,
+    .cross_entropy_backward = fsdp__cuda_cross_entropy_backward,
+    .dropout = fsdp__cuda_dropout,
+    .sgd_step = fsdp__cuda_sgd_step,
+    .adam_step = fsdp__cuda_adam_step,
 };
