@@ -1,12 +1,12 @@
 /*
  * sim.h: internals of the sim backend (ranks as threads of one process).
  *
- * A run has one world; every rank has a communication thread that executes the rank's
- * collectives, over all its groups, in the order they were issued. Ranks of one group meet in
- * the group's shared state (sim_group_t): each posts a pointer to its descriptor, waits until all
- * have posted (the arrive barrier), moves its share of the data straight between the posted
- * buffers, and waits until all are done (the depart barrier), after which no peer touches its
- * buffers and its work completes.
+ * A run has one world; every rank has a communication worker (src/pg/pg_worker.h) that executes
+ * the rank's collectives, over all its groups, in the order they were issued. Ranks of one group
+ * meet in the group's shared state (sim_group_t): each posts a pointer to its descriptor, waits
+ * until all have posted (the arrive barrier), moves its share of the data straight between the
+ * posted buffers, and waits until all are done (the depart barrier), after which no peer touches
+ * its buffers and its work completes.
  */
 #ifndef FSDP_SIM_INTERNAL_H
 #define FSDP_SIM_INTERNAL_H
@@ -19,6 +19,7 @@
 
 #include "device/device_impl.h"
 #include "pg/pg_impl.h"
+#include "pg/pg_worker.h"
 
 typedef struct sim_world sim_world_t;
 
@@ -48,16 +49,11 @@ typedef struct sim_group {
 /* One rank of the world. */
 typedef struct sim_rank {
     sim_world_t *world;
-    int index;               /* world rank */
-    pthread_t comm;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    fsdp_work_t *head, *tail; /* queue of works to execute, in issue order */
-    int busy;                 /* a work of this rank is executing (on either thread) */
-    int stop;
-    uint64_t calls;          /* collectives executed, for fault indices (by the busy holder) */
-    _Atomic int exited;      /* the rank's fn returned and its groups are gone */
-    int exit_status;         /* written before exited is set */
+    int index;                /* world rank */
+    fsdp__pg_worker_t worker; /* executes the rank's collectives (fsdp__sim_execute) in order */
+    uint64_t calls;           /* collectives executed, for fault indices (by the slot's holder) */
+    _Atomic int exited;       /* the rank's fn returned and its groups are gone */
+    int exit_status;          /* written before exited is set */
     fsdp_ctx_t *ctx;
     fsdp_store_t *store;
     int status;
@@ -88,8 +84,9 @@ typedef struct sim_pg {
 int fsdp__sim_pg_create(sim_world_t *w, fsdp_ctx_t *ctx, const char *name, int size, int rank,
                         const int *world_ranks, fsdp_pg_t **out);
 
-/* The communication thread of one rank. */
-void *fsdp__sim_comm_main(void *arg);
+/* The execute callback of a rank's worker (arg: the sim_rank_t): runs one collective of the
+ * rank and completes its work. */
+void fsdp__sim_execute(void *arg, fsdp_work_t *work, int on_caller);
 
 /* Wakes every waiter in the groups of world rank `r` (after it exited). */
 void fsdp__sim_notify_exit(sim_world_t *w, int r);

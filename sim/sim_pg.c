@@ -344,7 +344,7 @@ out:
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Execution on the communication thread */
+/* Execution, in the rank's worker (on its thread or inline on the caller's) */
 
 static const fsdp_sim_fault_t *find_fault(const sim_world_t *w, int rank, uint64_t call,
                                           fsdp_sim_fault_kind_t kind) {
@@ -366,7 +366,8 @@ static void sleep_ns(int64_t ns) {
     }
 }
 
-static void execute(sim_rank_t *self, fsdp_work_t *work) {
+void fsdp__sim_execute(void *arg, fsdp_work_t *work, int on_caller) {
+    sim_rank_t *self = arg;
     sim_pg_t *sp = (sim_pg_t *)work->pg;
     sim_world_t *w = sp->world;
     sim_group_t *g = sp->grp;
@@ -375,6 +376,7 @@ static void execute(sim_rank_t *self, fsdp_work_t *work) {
     uint64_t call = self->calls++;
     char msg[FSDP_ERR_LEN], d[160];
     const fsdp_sim_fault_t *f;
+    (void)on_caller; /* the same on either thread */
 
     /* The simulated latency comes first, so that it delays every collective, failing ones too. */
     if (w->latency_ns > 0) sleep_ns(w->latency_ns);
@@ -427,55 +429,16 @@ static void execute(sim_rank_t *self, fsdp_work_t *work) {
     }
 }
 
-/* Executes a work in the rank's execution slot (the caller set busy under the rank's lock),
- * then frees the slot and wakes the comm thread if works were queued meanwhile. */
-static void execute_in_slot(sim_rank_t *self, fsdp_work_t *work) {
-    execute(self, work);
-    pthread_mutex_lock(&self->mu);
-    self->busy = 0;
-    if (self->head) pthread_cond_signal(&self->cv);
-    pthread_mutex_unlock(&self->mu);
-}
-
-void *fsdp__sim_comm_main(void *arg) {
-    sim_rank_t *self = arg;
-    for (;;) {
-        pthread_mutex_lock(&self->mu);
-        while ((!self->head || self->busy) && !self->stop) pthread_cond_wait(&self->cv, &self->mu);
-        fsdp_work_t *work = self->head;
-        if (work) {
-            self->head = work->next;
-            if (!self->head) self->tail = NULL;
-            self->busy = 1;
-        }
-        pthread_mutex_unlock(&self->mu);
-        if (!work) break;
-        execute_in_slot(self, work);
-    }
-    return NULL;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* The backend */
 
 static int sim_post(fsdp_pg_t *pg, fsdp_work_t *work) {
     sim_pg_t *sp = (sim_pg_t *)pg;
     sim_rank_t *self = &sp->world->ranks[pg->world_ranks[pg->rank]];
-    work->next = NULL;
-    pthread_mutex_lock(&self->mu);
-    if (work->sync && !self->head && !self->busy) {
-        /* Nothing of this rank is queued or running: run it here, saving two thread hand-offs.
-         * The comm thread sees busy and leaves anything queued meanwhile until we are done. */
-        self->busy = 1;
-        pthread_mutex_unlock(&self->mu);
-        execute_in_slot(self, work);
-        return FSDP_OK;
-    }
-    if (self->tail) self->tail->next = work;
-    else self->head = work;
-    self->tail = work;
-    pthread_cond_signal(&self->cv);
-    pthread_mutex_unlock(&self->mu);
+    int rc = fsdp__pg_worker_post(&self->worker, work);
+    if (rc < 0)
+        return fsdp__pg_err(pg, rc, "sim: rank %d's worker has stopped (group '%s')", self->index,
+                            pg->name);
     return FSDP_OK;
 }
 

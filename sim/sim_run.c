@@ -2,9 +2,10 @@
  * sim_run.c: fsdp_sim_run(), the lifecycle of a simulated world.
  *
  * Start-up creates, for every rank, a context, a handle on the shared in-memory store, the world
- * group handle, and the rank's communication thread; then the rank threads run fn. When a rank's
- * fn returns, its groups are destroyed (which waits for its outstanding collectives), and only
- * then is it marked exited, so a peer blocked on it fails at once instead of at its timeout.
+ * group handle, and the rank's communication worker (src/pg/pg_worker.h), whose thread starts
+ * once every rank is set up; then the rank threads run fn. When a rank's fn returns, its groups
+ * are destroyed (which waits for its outstanding collectives), and only then is it marked exited,
+ * so a peer blocked on it fails at once instead of at its timeout.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,8 +103,7 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
         sim_rank_t *self = &w.ranks[r];
         self->world = &w;
         self->index = r;
-        pthread_mutex_init(&self->mu, NULL);
-        pthread_cond_init(&self->cv, NULL);
+        fsdp__pg_worker_init(&self->worker, fsdp__sim_execute, self);
         atomic_init(&self->exited, 0);
         fsdp_ctx_options_t co;
         fsdp_ctx_options_init(&co);
@@ -118,8 +118,7 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
         fsdp__ctx_attach(self->ctx, pg, self->store);
     }
     for (; comm_started < n; comm_started++) {
-        if (pthread_create(&w.ranks[comm_started].comm, NULL, fsdp__sim_comm_main,
-                           &w.ranks[comm_started]) != 0) {
+        if (fsdp__pg_worker_start(&w.ranks[comm_started].worker, NULL) < 0) {
             fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_sim_run: cannot start thread %d of %d",
                      comm_started, n);
             rc = FSDP_ENOMEM;
@@ -150,24 +149,14 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
     }
 out:
     if (w.ranks) {
-        for (int r = 0; r < n; r++) {
-            sim_rank_t *self = &w.ranks[r];
-            if (r < comm_started) {
-                pthread_mutex_lock(&self->mu);
-                self->stop = 1;
-                pthread_cond_signal(&self->cv);
-                pthread_mutex_unlock(&self->mu);
-            }
-        }
-        for (int r = 0; r < comm_started; r++) pthread_join(w.ranks[r].comm, NULL);
+        /* No rank runs any more, and each waited for its works: every queue is empty. */
+        for (int r = 0; r < comm_started; r++)
+            fsdp__pg_worker_stop(&w.ranks[r].worker);
         for (int r = 0; r < n; r++) {
             sim_rank_t *self = &w.ranks[r];
             fsdp_ctx_destroy(self->ctx);
             fsdp_store_destroy(self->store);
-            if (self->world) {
-                pthread_mutex_destroy(&self->mu);
-                pthread_cond_destroy(&self->cv);
-            }
+            if (self->world) fsdp__pg_worker_fini(&self->worker);
         }
     }
     fsdp_store_destroy(store);

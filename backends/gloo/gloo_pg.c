@@ -3,17 +3,16 @@
  * check. The transport itself (Gloo, in C++) is behind gloo_comm.h.
  *
  * Threads and ordering. pg.h requires that a rank's collectives execute in the order the rank
- * issued them, over all its groups. Every context that has Gloo groups gets one worker thread
- * (struct fsdp__gloo_rank, hung off the context) with one queue shared by all those groups, and
- * one execution slot (`busy`): whoever holds the slot runs one collective at a time, on the
- * group's own Gloo context. A blocking call takes the slot on the caller's thread when nothing is
- * queued or running, which saves two thread hand-offs; otherwise it queues like an asynchronous
- * call and the caller waits for its work. One worker per rank rather than one per group plus a
+ * issued them, over all its groups. Every context that has Gloo groups gets one communication
+ * worker (src/pg/pg_worker.h: a queue, an execution slot and a thread, held by the context as a
+ * shared state under rank_key) for all those groups; whoever holds the slot runs one collective
+ * at a time (execute()), on the group's own Gloo context, and a blocking call runs on the
+ * caller's thread when the worker is idle. One worker per rank rather than one per group plus a
  * rank-wide ticket: the ticket would make per-group workers wait for each other anyway, so they
  * would only add threads.
  *
  * Everything a collective touches in a gloo_pg (the sticky failure, the comm) is used only by
- * the slot's holder, and the slot passes between threads under the rank's mutex, so no other
+ * the slot's holder, and the slot passes between threads under the worker's mutex, so no other
  * locking is needed. The worker never touches a work or its group after completing it: the
  * group may be destroyed as soon as its last work completes.
  *
@@ -36,20 +35,11 @@
 #include "backends/gloo/gloo_comm.h"
 #include "core/timeutil.h"
 #include "pg/pg_impl.h"
-
-/* The rank's worker, shared by its Gloo groups (a shared state of the rank's context). */
-struct fsdp__gloo_rank {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    fsdp_work_t *head, *tail; /* works to execute, in issue order */
-    int busy;                 /* a work of this rank is executing (on either thread) */
-    int stop;
-    pthread_t thread;
-};
+#include "pg/pg_worker.h"
 
 typedef struct gloo_pg {
     fsdp_pg_t base;
-    struct fsdp__gloo_rank *gr;
+    fsdp__pg_worker_t *worker; /* the rank's, shared by its Gloo groups */
     fsdp_gloo_comm_t *comm;
     fsdp_store_t *store; /* "gloo.<world number>" on the user's store; sub-groups clone it */
     int check;           /* FSDP_GLOO_CHECK: exchange descriptors before each collective */
@@ -272,116 +262,51 @@ static void execute(fsdp_work_t *w) {
         fsdp__work_complete(w, FSDP_OK, NULL);
 }
 
-/* Runs a work in the rank's execution slot (the caller set busy), then frees the slot and wakes
- * the worker when works were queued meanwhile. */
-static void run_in_slot(struct fsdp__gloo_rank *gr, fsdp_work_t *w) {
-    execute(w);
-    pthread_mutex_lock(&gr->mu);
-    gr->busy = 0;
-    if (gr->head) pthread_cond_signal(&gr->cv);
-    pthread_mutex_unlock(&gr->mu);
-}
-
-static void *worker_main(void *arg) {
-    struct fsdp__gloo_rank *gr = arg;
-    for (;;) {
-        pthread_mutex_lock(&gr->mu);
-        while ((!gr->head || gr->busy) && !gr->stop)
-            pthread_cond_wait(&gr->cv, &gr->mu);
-        fsdp_work_t *w = gr->head;
-        if (w) {
-            gr->head = w->next;
-            if (!gr->head) gr->tail = NULL;
-            gr->busy = 1;
-        }
-        pthread_mutex_unlock(&gr->mu);
-        if (!w) break;
-        run_in_slot(gr, w);
+/* The worker's execute callback. On the caller's thread (a blocking call run inline) SIGPIPE is
+ * blocked only meanwhile; the worker's thread has it blocked for good (see acquire_worker). */
+static void gloo_execute(void *arg, fsdp_work_t *w, int on_caller) {
+    (void)arg;
+    if (!on_caller) {
+        execute(w);
+        return;
     }
-    return NULL;
+    sigpipe_guard_t guard;
+    sigpipe_block(&guard);
+    execute(w);
+    sigpipe_restore(&guard);
 }
 
 /* The key of the rank's worker among the context's shared states. */
 static const char rank_key;
 
-/* Makes the rank's worker (under the context's lock, for its first Gloo group). */
-static int rank_create(fsdp_ctx_t *ctx, void *arg, void **obj) {
-    (void)ctx;
-    (void)arg;
-    struct fsdp__gloo_rank *gr = calloc(1, sizeof *gr);
-    if (!gr) return FSDP_ENOMEM;
-    pthread_mutex_init(&gr->mu, NULL);
-    pthread_cond_init(&gr->cv, NULL);
-    sigpipe_guard_t guard;
-    sigpipe_block(&guard); /* the worker inherits the blocked SIGPIPE */
-    int started = pthread_create(&gr->thread, NULL, worker_main, gr) == 0;
-    sigpipe_restore(&guard);
-    if (!started) {
-        pthread_mutex_destroy(&gr->mu);
-        pthread_cond_destroy(&gr->cv);
-        free(gr);
-        return FSDP_ENOMEM;
-    }
-    *obj = gr;
-    return FSDP_OK;
-}
-
-/* Takes a reference on ctx's worker, starting it for the rank's first Gloo group. */
-static int rank_acquire(fsdp_ctx_t *ctx, struct fsdp__gloo_rank **out) {
-    void *obj = NULL;
-    int rc = fsdp__ctx_shared_acquire(ctx, &rank_key, rank_create, NULL, &obj);
-    *out = obj;
-    return rc;
-}
-
-/* Drops a reference; the last one stops the worker (its queue is empty: every group waited
- * for its works before being destroyed). */
-static void rank_release(fsdp_ctx_t *ctx, struct fsdp__gloo_rank *gr) {
-    if (!fsdp__ctx_shared_release(ctx, &rank_key)) return;
-    pthread_mutex_lock(&gr->mu);
-    gr->stop = 1;
-    pthread_cond_signal(&gr->cv);
-    pthread_mutex_unlock(&gr->mu);
-    pthread_join(gr->thread, NULL);
-    pthread_mutex_destroy(&gr->mu);
-    pthread_cond_destroy(&gr->cv);
-    free(gr);
+/* Takes a reference on ctx's worker, starting it for the rank's first Gloo group with SIGPIPE
+ * blocked. */
+static int acquire_worker(fsdp_ctx_t *ctx, fsdp__pg_worker_t **out) {
+    sigset_t sigpipe;
+    sigemptyset(&sigpipe);
+    sigaddset(&sigpipe, SIGPIPE);
+    return fsdp__pg_worker_acquire(ctx, &rank_key, gloo_execute, NULL, &sigpipe, out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* The backend */
 
 static int gloo_post(fsdp_pg_t *pg, fsdp_work_t *w) {
-    struct fsdp__gloo_rank *gr = ((gloo_pg_t *)pg)->gr;
-    w->next = NULL;
-    pthread_mutex_lock(&gr->mu);
-    if (w->sync && !gr->head && !gr->busy) {
-        gr->busy = 1;
-        pthread_mutex_unlock(&gr->mu);
-        sigpipe_guard_t guard;
-        sigpipe_block(&guard);
-        run_in_slot(gr, w);
-        sigpipe_restore(&guard);
-        return FSDP_OK;
-    }
-    if (gr->tail)
-        gr->tail->next = w;
-    else
-        gr->head = w;
-    gr->tail = w;
-    pthread_cond_signal(&gr->cv);
-    pthread_mutex_unlock(&gr->mu);
+    int rc = fsdp__pg_worker_post(((gloo_pg_t *)pg)->worker, w);
+    if (rc < 0)
+        return fsdp__pg_err(pg, rc, "gloo: rank %d's worker has stopped (group '%s')", pg->rank,
+                            pg->name);
     return FSDP_OK;
 }
 
 static void gloo_destroy(fsdp_pg_t *pg) {
     gloo_pg_t *gp = (gloo_pg_t *)pg;
     fsdp_ctx_t *ctx = pg->ctx;
-    struct fsdp__gloo_rank *gr = gp->gr;
+    fsdp__pg_worker_t *worker = gp->worker;
     fsdp__gloo_comm_destroy(gp->comm);
     fsdp_store_destroy(gp->store);
     fsdp__pg_fini(pg);
-    if (gr) rank_release(ctx, gr);
+    if (worker) fsdp__pg_worker_release(ctx, &rank_key, worker);
     free(gp);
 }
 
@@ -438,7 +363,7 @@ static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *p
         snprintf(msg, cap, "out of memory");
         goto fail;
     }
-    rc = rank_acquire(ctx, &gp->gr);
+    rc = acquire_worker(ctx, &gp->worker);
     if (rc < 0) {
         snprintf(msg, cap, "cannot start the rank's Gloo worker thread");
         goto fail;
