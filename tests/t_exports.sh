@@ -30,7 +30,7 @@ for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory 
          fsdp_pg_create_nccl fsdp_nccl_options_init fsdp_nccl_available fsdp_nccl_device \
          fsdp_dataset_open fsdp_dataset_view fsdp_dataset_split fsdp_dataset_destroy \
          fsdp_dataset_num_tokens fsdp_dataset_format fsdp_dataset_path fsdp_dataset_max_token \
-         fsdp_dataset_read fsdp_data_last_error fsdp_data_default_corpus \
+         fsdp_dataset_read fsdp_data_default_corpus \
          fsdp_loader_options_init fsdp_loader_create fsdp_loader_destroy fsdp_loader_options \
          fsdp_loader_rows fsdp_loader_num_batches fsdp_loader_get_position \
          fsdp_loader_set_position fsdp_loader_batch fsdp_loader_next fsdp_loader_next_tensors \
