@@ -24,7 +24,7 @@ else
 fi
 missing=
 for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory fsdp_ctx_create \
-         fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url fsdp_store_open_error \
+         fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url \
          fsdp_launch_env_read fsdp_launch_env_parse \
          fsdp_pg_create_gloo fsdp_gloo_options_init fsdp_gloo_available \
          fsdp_pg_create_nccl fsdp_nccl_options_init fsdp_nccl_available fsdp_nccl_device \
