@@ -42,7 +42,8 @@ for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory 
          fsdp_safetensors_load_tensor fsdp_safetensors_load_all fsdp_safetensors_load_into \
          fsdp_safetensors_load_module fsdp_safetensors_save fsdp_safetensors_save_module \
          fsdp_gpt2_hf_name fsdp_gpt2_name_from_hf fsdp_gpt2_hf_is_conv1d fsdp_gpt2_hf_save \
-         fsdp_gpt2_hf_load; do
+         fsdp_gpt2_hf_load fsdp_gpt_recipe_adamw_options_init fsdp_gpt_recipe_decays \
+         fsdp_gpt_recipe_create_model fsdp_gpt_recipe_wrap fsdp_gpt_recipe_create_adamw; do
   printf '%s\n' "$defined" | grep -qx "$s" || missing="$missing $s"
 done
 if [ -z "$missing" ]; then
