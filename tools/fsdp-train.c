@@ -5,7 +5,8 @@
  * weights do not depend on the rank or the world size), wraps each GPTBlock as a unit under a
  * root unit that keeps the embeddings and the final norm (the head reads wte.weight outside its
  * module, so wte must stay in the root), and steps AdamW over the original parameters
- * (use_orig_params), which is what lets weight decay apply to matrices only. The loader gives
+ * (use_orig_params), which is what lets weight decay apply to matrices only: the library's GPT
+ * recipe (fsdp/gpt_recipe.h), which the benchmarks and tests share. The loader gives
  * every rank its rows of the same global batch, so the run does not depend on the world size up
  * to floating-point reduction order.
  *
