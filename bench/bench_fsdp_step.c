@@ -8,10 +8,13 @@
  * are threads) with the gradients averaged over the ranks:
  *   DDP            fsdp_ddp_create over the world group; the optimizer steps over the
  *                  module's parameters;
- *   NO_SHARD,      FSDP units: every GPT block ("h.N", module type "GPTBlock") a unit of its
- *   FULL_SHARD,    own, then the root (which keeps the embeddings and the final norm);
- *   SHARD_GRAD_OP  backward prefetch BACKWARD_PRE, limit_all_gathers 2; the optimizer steps
- *                  over fsdp_named_params() of the root (the flat parameters).
+ *   NO_SHARD,      FSDP units by the GPT recipe (fsdp_gpt_recipe_wrap): every GPT block
+ *   FULL_SHARD,    ("h.N", module type "GPTBlock") a unit of its own, then the root (which
+ *   SHARD_GRAD_OP  keeps the embeddings and the final norm), use_orig_params; backward prefetch
+ *                  BACKWARD_PRE, limit_all_gathers 2; the optimizer steps over the original
+ *                  parameters (views of the rank's shard).
+ * The optimizer is the recipe's AdamW in every configuration: weight decay on the matrices but
+ * the position table, none on vectors (fsdp_gpt_recipe_create_adamw).
  * The default model is the one of bench_gpt_step (6 blocks, d_model 384, 6 heads, sequence 128,
  * vocabulary 8192, tied head: 13,842,432 parameters), f32, no dropout, 8 sequences per rank.
  *
@@ -210,16 +213,12 @@ static int setup(job_t *j, rank_state_t *s) {
         rc = bench_rank_wrap(&s->b, m, &fo);
         j->nunits[r] = s->b.nunits;
         if (rc < 0) return keep_err(j, s, rc);
-        rc = bench_rank_train_setup(&s->b, m, &o->c.adamw, o->c.seed, NULL);
+        rc = bench_rank_train_setup(&s->b, m, &o->c.adamw, o->c.seed);
         return rc < 0 ? keep_err(j, s, rc) : FSDP_OK;
     }
-    fsdp_named_list_t params = {0};
     if ((rc = fsdp_ddp_create(s->b.model, NULL, NULL, &s->ddp)) < 0)
         return rank_fail(j, s, "fsdp_ddp_create", rc);
-    if ((rc = fsdp_module_named_params(s->b.model, false, &params)) < 0)
-        return rank_fail(j, s, "fsdp_module_named_params", rc);
-    rc = bench_rank_train_setup(&s->b, m, &o->c.adamw, o->c.seed, &params);
-    fsdp_named_list_free(&params);
+    rc = bench_rank_train_setup(&s->b, m, &o->c.adamw, o->c.seed);
     return rc < 0 ? keep_err(j, s, rc) : FSDP_OK;
 }
 
@@ -453,7 +452,7 @@ static int main_section(const options_t *o) {
     int status = 1;
 
     printf("# FSDP: one unit per GPTBlock + the root; backward_prefetch BACKWARD_PRE, "
-           "limit_all_gathers 2\n");
+           "limit_all_gathers 2, use_orig_params\n");
     fflush(stdout);
     if (run_rounds(o, &o->c.m, cfgs, NMAIN, jobs, sm) < 0) goto out;
     if (jobs[0]->nparams != bench_gpt_params(&o->c.m)) {
@@ -570,9 +569,9 @@ int main(int argc, char **argv) {
            (long long)o.c.m.seq, (long long)o.c.m.batch, (long long)o.c.m.vocab,
            threads_per_rank(o.world));
     printf("# params %lld\n", (long long)bench_gpt_params(&o.c.m));
-    printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
-           "timed steps per configuration\n",
-           o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.wd,
+    printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g (" BENCH_DECAY_NOTE "); seed "
+           "%llu; %d warm-up + %d timed steps per configuration\n",
+           o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.weight_decay,
            (unsigned long long)o.c.seed, o.c.warmup, o.c.steps);
     double t0 = bench_now_s();
     int status = 0;

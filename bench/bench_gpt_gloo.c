@@ -7,11 +7,12 @@
  * Each process makes its rank with fsdp_init_from_env (RANK, WORLD_SIZE, FSDP_STORE), builds
  * the GPT model of bench_gpt_step (same shape options and defaults: 6 blocks, d_model 384, 6
  * heads, sequence 128, vocabulary 8192, tied head, 13,842,432 parameters; f32, no dropout) and
- * wraps it with FSDP FULL_SHARD, every GPTBlock a unit of its own through the module-types
- * auto-wrap policy and the root keeping the embeddings and the final norm (backward prefetch
- * BACKWARD_PRE, limit_all_gathers 2, as bench_fsdp_step). AdamW steps over the flat parameters.
- * bench/gpt_gloo_torch.py is the PyTorch DDP twin, bench/gpt_gloo.sh runs both and prints the
- * ratios.
+ * wraps it with FSDP FULL_SHARD by the GPT recipe (fsdp/gpt_recipe.h, as fsdp-train): every
+ * GPTBlock a unit of its own and the root keeping the embeddings and the final norm, with
+ * use_orig_params (backward prefetch BACKWARD_PRE, limit_all_gathers 2, as bench_fsdp_step).
+ * The recipe's AdamW steps over the original parameters in two groups: weight decay on the
+ * matrices but the position table, none on vectors. bench/gpt_gloo_torch.py is the PyTorch DDP
+ * twin (the same two groups), bench/gpt_gloo.sh runs both and prints the ratios.
  *
  * Every rank builds the model from the same seed (its random stream is reset to (seed, 0)), so
  * the initial weights agree without a broadcast, and trains on its own fixed batch drawn from
@@ -86,7 +87,7 @@ static int setup(bench_rank_t *s, const options_t *o) {
     fsdp_options_t fo;
     bench_fsdp_options(&fo);
     if ((rc = bench_rank_wrap(s, &o->c.m, &fo)) < 0) return rc;
-    return bench_rank_train_setup(s, &o->c.m, &o->c.adamw, o->c.seed, NULL);
+    return bench_rank_train_setup(s, &o->c.m, &o->c.adamw, o->c.seed);
 }
 
 /* Peak resident set size of this process in KiB (VmHWM), or -1 when it cannot be read. */

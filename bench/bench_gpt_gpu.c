@@ -9,10 +9,12 @@
  * The model is GPT-2 small (12 blocks, 12 heads, width 768, vocabulary 50257, context 1024,
  * tied head, no dropout) unless the shape options say otherwise; --quick is a small model for a
  * smoke test. Every rank builds it on the host from the same seed, then FSDP FULL_SHARD wraps
- * every GPTBlock as a unit under a root that keeps the embeddings and the final norm, with the
- * GPU as the compute device (options.device), so the wrap moves the shards to the GPU.
- * BACKWARD_PRE prefetch, limit_all_gathers 2. AdamW (lr 1e-3, betas 0.9/0.95, weight decay 0.1
- * on every parameter) over the original parameters. Each rank trains on its own fixed batch of
+ * it by the GPT recipe (fsdp/gpt_recipe.h, as fsdp-train): every GPTBlock a unit under a root
+ * that keeps the embeddings and the final norm, use_orig_params, with the GPU as the compute
+ * device (options.device), so the wrap moves the shards to the GPU. BACKWARD_PRE prefetch,
+ * limit_all_gathers 2. The recipe's AdamW (lr 1e-3, betas 0.9/0.95, weight decay 0.1 on the
+ * matrices but the position table, none on vectors) over the original parameters; the PyTorch
+ * twin builds the same two groups. Each rank trains on its own fixed batch of
  * --batch rows drawn from splitmix64(seed + rank) (bench_util.h; gpt2_torch_fsdp.py draws the
  * same tokens).
  *
@@ -256,8 +258,9 @@ static int bf16_matmul_works(fsdp_ctx_t *ctx, bool *works, char *why, size_t cap
     return rc;
 }
 
-/* The rank: the model made on the host, then wrapped onto the GPU (use_orig_params, and
- * bf16 mixed precision when asked for and available). *bf16 receives what runs. */
+/* The rank: the model made on the host, then wrapped onto the GPU by the recipe
+ * (use_orig_params), with bf16 mixed precision when asked for and available. *bf16 receives
+ * what runs. */
 static int setup(bench_rank_t *s, const options_t *o, int ordinal, bool *bf16) {
     int rc;
     fsdp_device_options_t d;
@@ -277,7 +280,6 @@ static int setup(bench_rank_t *s, const options_t *o, int ordinal, bool *bf16) {
     }
     fsdp_options_t fo;
     bench_fsdp_options(&fo);
-    fo.use_orig_params = true;
     fo.device = s->dev;
     if (*bf16) {
         fsdp_mixed_precision_init(&fo.mixed_precision);
@@ -286,7 +288,7 @@ static int setup(bench_rank_t *s, const options_t *o, int ordinal, bool *bf16) {
         fo.mixed_precision.reduce_dtype = FSDP_DTYPE_F32;
     }
     if ((rc = bench_rank_wrap(s, &o->c.m, &fo)) < 0) return rc;
-    return bench_rank_train_setup(s, &o->c.m, &o->c.adamw, o->c.seed, NULL);
+    return bench_rank_train_setup(s, &o->c.m, &o->c.adamw, o->c.seed);
 }
 
 /* Model FLOPs of one token, forward and backward: 6 N + 12 L T d (see the top of the file). */

@@ -4,9 +4,11 @@
  * A step is what a training loop does per batch: zero_grad (set to none), forward, mean
  * cross-entropy loss, backward, AdamW step. The default model is a small GPT-2 (6 blocks,
  * d_model 384, 6 heads, sequence 128, vocabulary 8192, tied head: 13,842,432 parameters) in f32
- * without dropout, trained on batches of 8 sequences. bench/gpt_step_torch.py runs the same
- * model, batch and optimizer in PyTorch and prints its numbers in the same format, and
- * bench/gpt_step.sh runs both and prints the ratio.
+ * without dropout, trained on batches of 8 sequences with the GPT recipe's AdamW (weight decay
+ * on the matrices but the position table, none on vectors: fsdp/gpt_recipe.h).
+ * bench/gpt_step_torch.py runs the same model, batch and optimizer (the same two parameter
+ * groups) in PyTorch and prints its numbers in the same format, and bench/gpt_step.sh runs both
+ * and prints the ratio.
  *
  * The batch is one fixed set of token sequences drawn from a splitmix64 stream of the seed
  * (the Python side draws the same tokens), with the targets the inputs shifted by one, so the
@@ -98,15 +100,10 @@ static int setup(run_t *r, const options_t *o) {
         return fail_msg(r, "fsdp_device_create", rc);
     if ((rc = fsdp_ctx_set_device(r->ctx, r->dev)) < 0)
         return fail_msg(r, "fsdp_ctx_set_device", rc);
-    if ((rc = bench_gpt_create(r->ctx, &o->c.m, &r->model)) < 0)
+    if ((rc = bench_gpt_create(r->ctx, &o->c.m, o->c.seed, &r->model)) < 0)
         return fail_msg(r, "fsdp_gpt_create", rc);
-
-    fsdp_named_list_t params = {0};
-    if ((rc = fsdp_module_named_params(r->model, false, &params)) < 0)
-        return fail_msg(r, "fsdp_module_named_params", rc);
-    rc = bench_adamw_create(r->ctx, &o->c.adamw, &params, &r->opt);
-    fsdp_named_list_free(&params);
-    if (rc < 0) return fail_msg(r, "creating the optimizer", rc);
+    if ((rc = fsdp_gpt_recipe_create_adamw(r->model, &o->c.adamw, &r->opt)) < 0)
+        return fail_msg(r, "creating the optimizer", rc);
 
     if ((rc = bench_make_batch(r->ctx, &o->c.m, o->c.seed, &r->tokens, &r->targets)) < 0)
         return fail_msg(r, "making the batch", rc);
@@ -159,9 +156,9 @@ int main(int argc, char **argv) {
            (long long)o.c.m.seq,
            (long long)o.c.m.batch, (long long)o.c.m.vocab, o.threads);
     printf("# params %lld\n", (long long)nparams);
-    printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
-           "timed steps\n",
-           o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.wd,
+    printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g (" BENCH_DECAY_NOTE "); seed "
+           "%llu; %d warm-up + %d timed steps\n",
+           o.c.adamw.lr, o.c.adamw.beta1, o.c.adamw.beta2, o.c.adamw.eps, o.c.adamw.weight_decay,
            (unsigned long long)o.c.seed, o.c.warmup, o.c.steps);
     fflush(stdout);
 

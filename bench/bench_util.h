@@ -1,13 +1,15 @@
 /*
  * bench_util.h: what the GPT step benchmarks share (bench_gpt_step on one rank,
  * bench_fsdp_step on a sim world, bench_gpt_gloo and bench_gpt_gpu one rank per process): the
- * model shape and its command-line options, the fixed token batch, the AdamW optimizer, one
- * rank's FSDP-wrapped model, one timed training step, the medians of the phases, and small
- * timing helpers.
+ * model shape and its command-line options, the fixed token batch, one rank's FSDP-wrapped model
+ * and its AdamW, one timed training step, the medians of the phases, and small timing helpers.
+ * The model, its units and AdamW's parameter groups are the library's GPT recipe
+ * (fsdp/gpt_recipe.h), which fsdp-train trains with too.
  *
  * Header-only (static functions) because each benchmark is one program of its own: nothing
  * here is part of the library. The batch generator must stay the same function as the one in
- * bench/gpt_step_torch.py, which draws the same tokens for the PyTorch side.
+ * bench/gpt_step_torch.py, which draws the same tokens for the PyTorch side, and that file's
+ * adamw_groups must stay the recipe's two groups.
  */
 #ifndef FSDP_BENCH_UTIL_H
 #define FSDP_BENCH_UTIL_H
@@ -26,6 +28,7 @@
 #include <fsdp/device.h>
 #include <fsdp/errno.h>
 #include <fsdp/fsdp.h>
+#include <fsdp/gpt_recipe.h>
 #include <fsdp/launch.h>
 #include <fsdp/mem.h>
 #include <fsdp/nn.h>
@@ -46,16 +49,10 @@ typedef struct bench_gpt_shape {
     int64_t layers, d, heads, seq, batch, vocab;
 } bench_gpt_shape_t;
 
-/* AdamW's hyper-parameters (weight decay on every parameter). */
-typedef struct bench_adamw {
-    double lr, beta1, beta2, eps, wd;
-} bench_adamw_t;
-
 /* The defaults: a ~14 M-parameter GPT-2 (6 blocks, d 384, 6 heads, T 128, B 8, vocab 8192),
  * and the --quick smoke-test shape. */
 static const bench_gpt_shape_t bench_gpt_default = {6, 384, 6, 128, 8, 8192};
 static const bench_gpt_shape_t bench_gpt_quick = {2, 64, 4, 32, 2, 256};
-static const bench_adamw_t bench_adamw_default = {1e-3, 0.9, 0.95, 1e-8, 0.1};
 
 /* The usage lines of the shape options, for a benchmark's --help. */
 #define BENCH_GPT_SHAPE_USAGE                                                                   \
@@ -131,28 +128,36 @@ static inline int bench_shape_option(const char *prog, const char *opt, const ch
     return 0;
 }
 
+/* What the AdamW header line of every report says about weight decay (the recipe's groups); the
+ * PyTorch twins print the same words. */
+#define BENCH_DECAY_NOTE "on matrices but wpe, not on vectors"
+
 /* What every GPT step benchmark takes from its command line. */
 typedef struct bench_common {
     bench_gpt_shape_t m;
     int steps, warmup;   /* timed steps, and untimed ones before them */
     uint64_t seed;       /* of the batches and of the initialisation */
-    bench_adamw_t adamw; /* --lr sets the learning rate */
+    fsdp_adam_options_t adamw; /* the recipe's; --lr sets the learning rate */
 } bench_common_t;
 
-/* The defaults: the default shape, 10 timed steps after 2 warm-up steps, seed 1234. */
+/* The defaults: the default shape, 10 timed steps after 2 warm-up steps, seed 1234, the GPT
+ * recipe's AdamW (lr 1e-3, betas 0.9, 0.95, eps 1e-8, weight decay 0.1 on the decayed group). */
 static inline bench_common_t bench_common_default(void) {
-    return (bench_common_t){bench_gpt_default, 10, 2, 1234, bench_adamw_default};
+    bench_common_t c = {bench_gpt_default, 10, 2, 1234, {0}};
+    fsdp_gpt_recipe_adamw_options_init(&c.adamw);
+    return c;
 }
 
 /* The usage lines of the common options (the shape options come first). */
-#define BENCH_COMMON_USAGE                                                                      \
-    BENCH_GPT_SHAPE_USAGE                                                                       \
-    "  --steps N       timed steps (default 10)\n"                                              \
-    "  --warmup N      untimed steps before them (default 2)\n"                                 \
-    "  --seed N        seed of the batches and of the initialisation (default 1234)\n"         \
-    "  --lr X          AdamW learning rate (default 1e-3; betas 0.9, 0.95, eps 1e-8,\n"        \
-    "                  weight decay 0.1 on every parameter)\n"                                  \
-    "  --quick         tiny model (2 blocks, d 64, 4 heads, T 32, B 2, vocab 256),\n"          \
+#define BENCH_COMMON_USAGE                                                                         \
+    BENCH_GPT_SHAPE_USAGE                                                                          \
+    "  --steps N       timed steps (default 10)\n"                                                 \
+    "  --warmup N      untimed steps before them (default 2)\n"                                    \
+    "  --seed N        seed of the batches and of the initialisation (default 1234)\n"             \
+    "  --lr X          AdamW learning rate (default 1e-3; betas 0.9, 0.95, eps 1e-8,\n"            \
+    "                  weight decay 0.1 on the matrices but wpe, none on vectors: the\n"           \
+    "                  GPT recipe of fsdp-train)\n"                                                \
+    "  --quick         tiny model (2 blocks, d 64, 4 heads, T 32, B 2, vocab 256),\n"              \
     "                  1 warm-up and 2 timed steps: a smoke test; later options override\n"
 
 /*
@@ -259,8 +264,9 @@ static inline int64_t bench_gpt_params(const bench_gpt_shape_t *s) {
            2 * s->d;
 }
 
-/* The GPT model of the shape on ctx's device, f32, no dropout, in training mode. */
-static inline int bench_gpt_create(fsdp_ctx_t *ctx, const bench_gpt_shape_t *s,
+/* The GPT model of the shape on ctx's device, f32, no dropout, in training mode, its weights
+ * from stream 0 of the seed (the recipe's fsdp_gpt_recipe_create_model). */
+static inline int bench_gpt_create(fsdp_ctx_t *ctx, const bench_gpt_shape_t *s, uint64_t seed,
                                    fsdp_module_t **out) {
     fsdp_gpt_config_t cfg;
     fsdp_gpt_config_init(&cfg);
@@ -271,9 +277,7 @@ static inline int bench_gpt_create(fsdp_ctx_t *ctx, const bench_gpt_shape_t *s,
     cfg.d_model = s->d;
     cfg.d_ff = 4 * s->d;
     cfg.dropout = 0.0;
-    int rc = fsdp_gpt_create(ctx, &cfg, out);
-    if (rc == 0) fsdp_module_train(*out, true);
-    return rc;
+    return fsdp_gpt_recipe_create_model(ctx, &cfg, seed, out);
 }
 
 /* The batch: B sequences of T + 1 tokens from splitmix64(seed); inputs are the first T of each,
@@ -303,23 +307,6 @@ static inline int bench_make_batch(fsdp_ctx_t *ctx, const bench_gpt_shape_t *s, 
     }
     free(in);
     free(tg);
-    return rc;
-}
-
-/* AdamW over params, one group. */
-static inline int bench_adamw_create(fsdp_ctx_t *ctx, const bench_adamw_t *h,
-                                     const fsdp_named_list_t *params, fsdp_optim_t **out) {
-    fsdp_adam_options_t a;
-    fsdp_adamw_options_init(&a);
-    a.lr = h->lr;
-    a.beta1 = h->beta1;
-    a.beta2 = h->beta2;
-    a.eps = h->eps;
-    a.weight_decay = h->wd;
-    int rc = fsdp_optim_adam_create(ctx, &a, true, out);
-    if (rc == 0)
-        rc = fsdp_optim_add_group(*out, params->n, params->tensors,
-                                  (const char *const *)params->names, NULL, NULL);
     return rc;
 }
 
@@ -382,7 +369,8 @@ static inline int bench_phase_medians(const double *t, int warmup, int steps, do
 
 /* ---------------------------------------------------------------------------------------- */
 /* One rank of a GPT benchmark: its model wrapped by FSDP, one unit per GPTBlock and the root
- * (or left unwrapped for a DDP baseline), its AdamW optimizer and its fixed batch. */
+ * (or left unwrapped for a DDP baseline), its AdamW optimizer and its fixed batch, all by the
+ * GPT recipe. */
 
 typedef struct bench_rank {
     fsdp_ctx_t *ctx;
@@ -430,15 +418,15 @@ static inline int bench_rank_report(const char *prog, bench_rank_t *s, const cha
  * context's random stream is reset to (seed, 0) first). */
 static inline int bench_rank_model(bench_rank_t *s, const bench_gpt_shape_t *m, uint64_t seed) {
     int rc;
-    fsdp_rng_init(fsdp_ctx_rng(s->ctx), seed, 0);
-    if ((rc = bench_gpt_create(s->ctx, m, &s->model)) < 0)
+    if ((rc = bench_gpt_create(s->ctx, m, seed, &s->model)) < 0)
         return bench_rank_fail(s, "fsdp_gpt_create", rc);
     s->nparams = fsdp_module_num_params(s->model);
     return FSDP_OK;
 }
 
 /* The FSDP options every GPT benchmark starts from: FULL_SHARD, BACKWARD_PRE,
- * limit_all_gathers 2 (the caller may change any of them before bench_rank_wrap). */
+ * limit_all_gathers 2 (the caller may change any of them before bench_rank_wrap, which adds
+ * the recipe's: its auto-wrap policy and use_orig_params). */
 static inline void bench_fsdp_options(fsdp_options_t *fo) {
     fsdp_options_init(fo);
     fo->strategy = FSDP_FULL_SHARD;
@@ -446,19 +434,14 @@ static inline void bench_fsdp_options(fsdp_options_t *fo) {
     fo->limit_all_gathers = 2;
 }
 
-/* Wraps the model with fo, every GPTBlock a unit of its own (fo's auto-wrap policy is set
- * here), and checks that wrapping made one unit per block and the root. */
-static inline int bench_rank_wrap(bench_rank_t *s, const bench_gpt_shape_t *m, fsdp_options_t *fo) {
-    static const char *const block_types[] = {"GPTBlock", NULL};
-    fsdp_policy_t *blocks = NULL;
+/* Wraps the model with fo by the recipe (fsdp_gpt_recipe_wrap: every GPTBlock a unit of its
+ * own, use_orig_params), and checks that wrapping made one unit per block and the root, which
+ * the benchmarks' header lines say. */
+static inline int bench_rank_wrap(bench_rank_t *s, const bench_gpt_shape_t *m,
+                                  const fsdp_options_t *fo) {
     int rc;
-    if ((rc = fsdp_policy_module_types_create(block_types, &blocks)) < 0)
-        return bench_rank_fail(s, "fsdp_policy_module_types_create", rc);
-    fo->auto_wrap_policy = blocks;
-    rc = fsdp_wrap(s->model, fo, &s->root);
-    fo->auto_wrap_policy = NULL;
-    fsdp_policy_release(blocks);
-    if (rc < 0) return bench_rank_fail(s, "fsdp_wrap", rc);
+    if ((rc = fsdp_gpt_recipe_wrap(s->model, fo, &s->root)) < 0)
+        return bench_rank_fail(s, "fsdp_wrap", rc);
     fsdp_unit_t **units = NULL;
     if ((rc = fsdp_units(s->root, &units, &s->nunits)) < 0)
         return bench_rank_fail(s, "fsdp_units", rc);
@@ -472,20 +455,11 @@ static inline int bench_rank_wrap(bench_rank_t *s, const bench_gpt_shape_t *m, f
     return FSDP_OK;
 }
 
-/* AdamW over params and the rank's batch: rank r trains on its own batch drawn from
- * splitmix64(seed + r). params NULL: the wrapped model's parameters. */
+/* The recipe's AdamW (hyper-parameters h) over the model, wrapped or not, and the rank's batch:
+ * rank r trains on its own batch drawn from splitmix64(seed + r). */
 static inline int bench_rank_train_setup(bench_rank_t *s, const bench_gpt_shape_t *m,
-                                         const bench_adamw_t *h, uint64_t seed,
-                                         const fsdp_named_list_t *params) {
-    fsdp_named_list_t own = {0};
-    int rc;
-    if (!params) {
-        if ((rc = fsdp_named_params(s->root, &own)) < 0)
-            return bench_rank_fail(s, "fsdp_named_params", rc);
-        params = &own;
-    }
-    rc = bench_adamw_create(s->ctx, h, params, &s->opt);
-    fsdp_named_list_free(&own);
+                                         const fsdp_adam_options_t *h, uint64_t seed) {
+    int rc = fsdp_gpt_recipe_create_adamw(s->model, h, &s->opt);
     if (rc < 0) return bench_rank_fail(s, "creating the optimizer", rc);
     rc = bench_make_batch(s->ctx, m, seed + (uint64_t)fsdp_ctx_rank(s->ctx), &s->tokens,
                           &s->targets);
@@ -521,11 +495,11 @@ static inline int bench_rank_loss(void *arg, fsdp_tensor_t **loss) {
 /* The two header lines of a run: the model and its units, and the optimizer and steps. */
 static inline void bench_print_setup(const bench_rank_t *s, const bench_common_t *c) {
     printf("# params %lld; %zu units (one per GPTBlock + the root); BACKWARD_PRE, "
-           "limit_all_gathers 2\n",
+           "limit_all_gathers 2, use_orig_params\n",
            (long long)s->nparams, s->nunits);
-    printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %llu; %d warm-up + %d "
-           "timed steps\n",
-           c->adamw.lr, c->adamw.beta1, c->adamw.beta2, c->adamw.eps, c->adamw.wd,
+    printf("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g (" BENCH_DECAY_NOTE "); seed "
+           "%llu; %d warm-up + %d timed steps\n",
+           c->adamw.lr, c->adamw.beta1, c->adamw.beta2, c->adamw.eps, c->adamw.weight_decay,
            (unsigned long long)c->seed, c->warmup, c->steps);
 }
 

@@ -7,8 +7,11 @@ sharded with FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.6 and later): 
 unit, then the root, resharded after forward (FULL_SHARD), over the NCCL backend. Where
 fully_shard is missing, or with FSDP_TORCH_API=fsdp1, it uses FSDP1's FullyShardedDataParallel
 instead: FULL_SHARD, every Block a unit (ModuleWrapPolicy), BACKWARD_PRE, limit_all_gathers,
-use_orig_params, device_id the rank's GPU. The header line says which one ran. AdamW (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1 on every
-parameter). Each rank trains on its own fixed batch from splitmix64(seed + rank), the tokens
+use_orig_params, device_id the rank's GPU. The header line says which one ran. AdamW (lr 1e-3,
+betas 0.9/0.95, eps 1e-8) in the two parameter groups of libfsdp's GPT recipe, as
+bench_gpt_gpu's: weight decay 0.1 on the matrices but the position table wpe.weight, none on
+vectors (gpt_step_torch.adamw_groups, decided on the shapes before sharding). Each rank trains
+on its own fixed batch from splitmix64(seed + rank), the tokens
 bench_gpt_gpu draws. --bf16: bf16 parameters for compute, f32 gradient reduction and the causal
 mask buffer in bf16, as bench_gpt_gpu's --bf16 (FSDP2: MixedPrecisionPolicy, which casts no
 buffers, so the mask is cast once before sharding; FSDP1: MixedPrecision with buffer_dtype). f32 matrix products use TF32 only when FSDP_CUDA_TF32=1, as libfsdp's.
@@ -149,6 +152,7 @@ def main(argv):
     model = gpt_step_torch.build(torch, a)  # on the host, as bench_gpt_gpu
     model.train()
     nparams = sum(p.numel() for p in model.parameters())
+    decay = gpt_step_torch.recipe_decay(model)  # before sharding changes the shapes
     # The additive causal mask goes to bf16 with the parameters, so that the masked scores stay
     # bf16 and meet v in the same dtype (the integer positions are not cast).
     if api == "fsdp2":
@@ -174,7 +178,8 @@ def main(argv):
             use_orig_params=True, device_id=dev, mixed_precision=mp)
         wrap_desc = "BACKWARD_PRE, limit_all_gathers, use_orig_params"
     betas, eps, wd = (0.9, 0.95), 1e-8, 0.1
-    opt = torch.optim.AdamW(fsdp.parameters(), lr=a.lr, betas=betas, eps=eps, weight_decay=wd)
+    opt = torch.optim.AdamW(gpt_step_torch.adamw_groups(fsdp.named_parameters(), decay, wd),
+                            lr=a.lr, betas=betas, eps=eps)
     inputs, targets = gpt_step_torch.make_batch(a.batch, a.seq, a.vocab, a.seed + rank)
     tokens = torch.tensor(inputs, dtype=torch.int64, device=dev)
     tgt = torch.tensor(targets, dtype=torch.int64, device=dev)
@@ -187,8 +192,9 @@ def main(argv):
                  a.heads, a.seq, a.batch, a.vocab,
                  "bf16 mixed precision (bf16 parameters, f32 reduction)" if a.bf16 else "f32"))
         print("# params %d; %s" % (nparams, wrap_desc))
-        print("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %d; %d warm-up + %d "
-              "timed steps" % (a.lr, betas[0], betas[1], eps, wd, a.seed, a.warmup, a.steps))
+        print("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g (%s); seed %d; %d warm-up + "
+              "%d timed steps" % (a.lr, betas[0], betas[1], eps, wd, gpt_step_torch.DECAY_NOTE,
+                                  a.seed, a.warmup, a.steps))
         print("peak bf16 GEMM %d^3 (torch.matmul, best of %d): %.1f TFLOP/s"
               % (a.peak_n, a.peak_iters, peak * 1e-12))
         sys.stdout.flush()

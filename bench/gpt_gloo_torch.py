@@ -7,7 +7,9 @@ the GPT model of gpt_step_torch.py with DistributedDataParallel over the gloo ba
 rank builds the model from the same seed (DDP broadcasts rank 0's weights anyway), trains on
 its own fixed batch drawn from splitmix64(seed + rank) as bench_gpt_gloo does, and every step
 (zero_grad with set_to_none, forward, mean cross-entropy, backward with DDP's bucketed gradient
-all-reduce, AdamW step) starts after a barrier; a step's time is the slowest rank's.
+all-reduce, AdamW step) starts after a barrier; a step's time is the slowest rank's. AdamW runs
+in the two parameter groups of libfsdp's GPT recipe, as bench_gpt_gloo's
+(gpt_step_torch.adamw_groups: weight decay on the matrices but wpe.weight, none on vectors).
 
 DDP runs with its defaults (25 MiB buckets, gradients not bucket views) except
 broadcast_buffers=False: the model's buffers (positions, causal mask) are constants, and
@@ -62,7 +64,10 @@ def worker(rank, a, init_file):
     ddp = DDP(model, broadcast_buffers=False)
     betas = (0.9, 0.95)
     eps, wd = 1e-8, 0.1
-    opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr, betas=betas, eps=eps, weight_decay=wd)
+    # DDP steps the model's own parameter objects, so the groups are taken from the model.
+    groups = gpt_step_torch.adamw_groups(model.named_parameters(),
+                                         gpt_step_torch.recipe_decay(model), wd)
+    opt = torch.optim.AdamW(groups, lr=a.lr, betas=betas, eps=eps)
     inputs, targets = gpt_step_torch.make_batch(a.batch, a.seq, a.vocab, a.seed + rank)
     tokens = torch.tensor(inputs, dtype=torch.int64)
     tgt = torch.tensor(targets, dtype=torch.int64)
@@ -73,8 +78,9 @@ def worker(rank, a, init_file):
               % (torch.__version__, n, a.layers, a.d, a.heads, a.seq, a.batch, a.vocab,
                  torch.get_num_threads()))
         print("# params %d; DDP bucket_cap_mb 25, broadcast_buffers False" % nparams)
-        print("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %d; %d warm-up + %d "
-              "timed steps" % (a.lr, betas[0], betas[1], eps, wd, a.seed, a.warmup, a.steps))
+        print("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g (%s); seed %d; %d warm-up + "
+              "%d timed steps" % (a.lr, betas[0], betas[1], eps, wd, gpt_step_torch.DECAY_NOTE,
+                                  a.seed, a.warmup, a.steps))
         sys.stdout.flush()
 
     nsteps = a.warmup + a.steps

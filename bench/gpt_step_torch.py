@@ -7,7 +7,9 @@ learned position embeddings, causal self-attention with one (3d, d) product for 
 value, a 4d MLP with the tanh GELU, a final LayerNorm and a head tied to the token embedding;
 f32, no dropout, the same initialisation rule (normal(0, 0.02), c_proj weights
 0.02 / sqrt(2 n_layer), zero biases). The values differ from libfsdp's (another generator), the
-shapes, the work and the optimizer do not.
+shapes, the work and the optimizer do not: AdamW runs in the two parameter groups of libfsdp's
+GPT recipe (include/fsdp/gpt_recipe.h), weight decay on the matrices but the position table
+wpe.weight, none on vectors (adamw_groups, which the other twins use too).
 
 The batch is the same tokens as bench_gpt_step.c draws (splitmix64 of the seed), the options
 have the same names and defaults, and the output has the same format, so bench/gpt_step.sh can
@@ -49,6 +51,42 @@ def make_batch(batch, seq, vocab, seed):
         inputs.append(row_in)
         targets.append(row_tg)
     return inputs, targets
+
+
+# libfsdp's GPT recipe (fsdp_gpt_recipe_decays, fsdp_gpt_recipe_create_adamw): AdamW decays the
+# parameters of two or more dimensions except the position table; the header lines say so.
+DECAY_NOTE = "on matrices but wpe, not on vectors"
+
+# What FSDP1 puts in front of the names of a wrapped module's parameters.
+WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def decays(name, ndim):
+    """Whether the recipe's AdamW decays parameter `name` of `ndim` dimensions as registered."""
+    return ndim >= 2 and name != "wpe.weight"
+
+
+def recipe_decay(model):
+    """{name: decays} for every parameter of the unwrapped model, decided on the registered
+    shapes (FSDP1 flattens them when it wraps)."""
+    return {n: decays(n, p.dim()) for n, p in model.named_parameters()}
+
+
+def adamw_groups(named_params, decay, wd):
+    """The recipe's two AdamW parameter groups over named_params, (name, parameter) pairs of the
+    model, unwrapped or wrapped (FSDP1's wrapper prefixes are dropped from the names): weight
+    decay wd for the names that `decay` (recipe_decay of the unwrapped model) says decay, 0 for
+    the rest. A name it does not know is an error, so a wrapper that renames parameters cannot
+    silently change the groups."""
+    groups = ([], [])
+    for name, p in named_params:
+        for w in WRAPPER_PREFIXES:
+            name = name.replace(w, "")
+        if name not in decay:
+            raise KeyError("adamw_groups: parameter %r is not one of the model's" % name)
+        groups[0 if decay[name] else 1].append(p)
+    return [{"params": groups[0], "weight_decay": wd},
+            {"params": groups[1], "weight_decay": 0.0}]
 
 
 def default_threads():
@@ -178,7 +216,8 @@ def main(argv):
     model.train()
     betas = (0.9, 0.95)
     eps, wd = 1e-8, 0.1
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=betas, eps=eps, weight_decay=wd)
+    opt = torch.optim.AdamW(adamw_groups(model.named_parameters(), recipe_decay(model), wd),
+                            lr=a.lr, betas=betas, eps=eps)
     inputs, targets = make_batch(a.batch, a.seq, a.vocab, a.seed)
     tokens = torch.tensor(inputs, dtype=torch.int64)
     tgt = torch.tensor(targets, dtype=torch.int64)
@@ -188,8 +227,9 @@ def main(argv):
           "vocab %d, f32, %d threads" % (torch.__version__, a.layers, a.d, a.heads, a.seq,
                                          a.batch, a.vocab, torch.get_num_threads()))
     print("# params %d" % nparams)
-    print("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g; seed %d; %d warm-up + %d "
-          "timed steps" % (a.lr, betas[0], betas[1], eps, wd, a.seed, a.warmup, a.steps))
+    print("# AdamW lr %g betas (%g, %g) eps %g weight_decay %g (%s); seed %d; %d warm-up + %d "
+          "timed steps" % (a.lr, betas[0], betas[1], eps, wd, DECAY_NOTE, a.seed, a.warmup,
+                           a.steps))
     sys.stdout.flush()
 
     names = ["zero_grad", "forward+loss", "backward", "optimizer"]

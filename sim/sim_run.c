@@ -98,7 +98,7 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
         rc = FSDP_ENOMEM;
         goto out;
     }
-    FSDP_TRY(rc, out, fsdp_store_create_memory(&store));
+    FSDP_TRY(rc, out, fsdp_store_create_memory(NULL, &store));
     for (int r = 0; r < n; r++) {
         sim_rank_t *self = &w.ranks[r];
         self->world = &w;

@@ -107,8 +107,15 @@ struct fsdp_ctx {
 int fsdp__verr(char *buf, int rc, const char *fmt, va_list ap);
 int fsdp__err(char *buf, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
 
-/* Same, on a context's last error (ctx may be NULL: the message is only logged). */
+/* Same, on a context's last error (ctx may be NULL: the message is only logged, at debug
+ * level). */
 int fsdp__ctx_err(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
+
+/* The error of a call whose only object for the text is the caller's context, which may be
+ * NULL (the data and store functions, the safetensors writer): on ctx's last error as
+ * fsdp__ctx_err, or without a context logged at error level, so the reason is never lost.
+ * Returns rc. */
+int fsdp__ctx_err_or_log(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
 
 /* A growable string for messages that list names. fsdp__sb_add appends (printf-style); after an
  * allocation failure it stops appending and sets oom. Zero-initialize; fsdp__sb_free releases. */

@@ -45,7 +45,7 @@ int gw_run_on(fsdp_store_t *store, int n, gw_fn fn, void *arg, int *status) {
     gw_rank_t g[GW_MAX_WORLD];
     fsdp_store_t *own = NULL;
     if (!store) {
-        if (fsdp_store_create_memory(&own) != FSDP_OK) tap_bail("cannot create a store");
+        if (fsdp_store_create_memory(NULL, &own) != FSDP_OK) tap_bail("cannot create a store");
         store = own;
     }
     memset(g, 0, sizeof g);
@@ -82,10 +82,9 @@ static int gw_proc_main(int rank, int n, const char *dir, void *arg) {
     const gw_procs_t *gp = arg;
     fsdp_store_t *store = NULL;
     char err[600] = "";
-    int rc = fsdp_store_create_file(dir, &store);
+    int rc = fsdp_store_create_file(NULL, dir, &store); /* a failure is logged */
     if (rc < 0)
-        snprintf(err, sizeof err, "fsdp_store_create_file: %s: %s", fsdp_err_name(rc),
-                 fsdp_store_open_error());
+        snprintf(err, sizeof err, "fsdp_store_create_file: %s", fsdp_err_name(rc));
     else
         rc = gw_rank_body(rank, n, store, gp->fn, gp->arg, err, sizeof err);
     fsdp_store_destroy(store);

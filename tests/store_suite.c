@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -27,13 +28,31 @@ double store_suite_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+static fsdp_ctx_t *quiet;
+
+static void quiet_destroy(void) {
+    fsdp_ctx_destroy(quiet);
+    quiet = NULL;
+}
+
+fsdp_ctx_t *store_suite_ctx(void) {
+    if (!quiet) {
+        fsdp_ctx_options_t co;
+        fsdp_ctx_options_init(&co);
+        co.log_level = FSDP_LOG_OFF;
+        if (fsdp_ctx_create(&co, &quiet) < 0) tap_bail("fsdp_ctx_create");
+        atexit(quiet_destroy);
+    }
+    return quiet;
+}
+
 static fsdp_store_t *open_fresh(const store_factory_t *f, const char *tag) {
     char ns[96];
     store_suite_ns(tag, ns, sizeof ns);
     fsdp_store_t *s = NULL;
     int rc = f->open(f->arg, ns, &s);
     if (!tap_is_int(rc, FSDP_OK, "%s: open namespace %s", f->name, ns))
-        tap_diag("%s", fsdp_store_open_error());
+        tap_diag("%s (the library logged why)", fsdp_err_name(rc));
     return rc == FSDP_OK ? s : NULL;
 }
 
@@ -379,8 +398,10 @@ void store_suite_two_processes(const store_factory_t *f) {
 /* Child side of store_suite_cross_process. */
 static int adder_child(const store_factory_t *f, const char *ns, int index, int adds) {
     fsdp_store_t *s = NULL;
-    if (f->open(f->arg, ns, &s) != FSDP_OK) {
-        fprintf(stderr, "# child %d: open: %s\n", index, fsdp_store_open_error());
+    int rc = f->open(f->arg, ns, &s);
+    if (rc != FSDP_OK) {
+        fprintf(stderr, "# child %d: open: %s (the library logged why)\n", index,
+                fsdp_err_name(rc));
         return 10;
     }
     fsdp_store_set_timeout(s, 60000);

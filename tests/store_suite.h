@@ -38,4 +38,8 @@ void store_suite_ns(const char *tag, char *buf, size_t cap);
 /* Milliseconds on the monotonic clock. */
 double store_suite_now_ms(void);
 
+/* A context with logging off, for the tests that check a constructor's message: the store
+ * constructors leave it on the context they are given (made on first use, destroyed at exit). */
+fsdp_ctx_t *store_suite_ctx(void);
+
 #endif /* FSDP_TESTS_STORE_SUITE_H */

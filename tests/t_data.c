@@ -22,6 +22,9 @@
 #define DATA_DIR "data"
 #endif
 
+/* A context with logging off: the calls whose messages are checked leave them on it. */
+static fsdp_ctx_t *quiet;
+
 static char tmpdir[256];
 static char paths[32][320];
 static int npaths;
@@ -74,8 +77,8 @@ static const char *write_tokens(const char *name, int32_t magic, int32_t version
 static void check_refused(const char *what, const char *path, fsdp_data_format_t fmt, int rc,
                           const char *needle1, const char *needle2) {
     fsdp_dataset_t *ds = (fsdp_dataset_t *)1;
-    int got = fsdp_dataset_open(NULL, path, fmt, &ds);
-    const char *msg = fsdp_data_last_error();
+    int got = fsdp_dataset_open(quiet, path, fmt, &ds);
+    const char *msg = fsdp_ctx_last_error(quiet);
     int ok = got == rc && ds == NULL && strstr(msg, path) && (!needle1 || strstr(msg, needle1)) &&
              (!needle2 || strstr(msg, needle2));
     tap_ok(ok, "%s is refused (%s) naming the file%s%s", what, fsdp_err_name(rc),
@@ -88,8 +91,11 @@ static void test_token_files(void) {
     const size_t n = 20000; /* more than one 16 KiB read chunk */
     const char *path = write_tokens("good.tok", FSDP_DATA_MAGIC, 1, (int32_t)n, n, SIZE_MAX);
     fsdp_dataset_t *ds = NULL;
-    tap_is_int(fsdp_dataset_open(NULL, path, FSDP_DATA_TOKENS, &ds), 0, "open an llm.c file");
-    tap_is_str(fsdp_data_last_error(), "", "no error text after success");
+    fsdp_ctx_t *fresh = NULL;
+    fsdp_ctx_create(NULL, &fresh);
+    tap_is_int(fsdp_dataset_open(fresh, path, FSDP_DATA_TOKENS, &ds), 0, "open an llm.c file");
+    tap_is_str(fsdp_ctx_last_error(fresh), "", "no error text on the context after success");
+    fsdp_ctx_destroy(fresh);
     tap_is_uint(fsdp_dataset_num_tokens(ds), n, "token count from the header");
     tap_is_int(fsdp_dataset_format(ds), FSDP_DATA_TOKENS, "format is tokens");
     tap_is_str(fsdp_dataset_path(ds), path, "path is kept");
@@ -98,13 +104,15 @@ static void test_token_files(void) {
         if (tok(k) > max) max = tok(k);
     tap_is_uint(fsdp_dataset_max_token(ds), max, "largest token");
     int64_t *all = malloc(n * sizeof *all);
-    tap_is_int(fsdp_dataset_read(ds, 0, n, all), 0, "read every token");
+    tap_is_int(fsdp_dataset_read(NULL, ds, 0, n, all), 0, "read every token");
     size_t bad = 0;
     for (size_t k = 0; k < n; k++)
         bad += all[k] != tok(k);
     tap_is_size(bad, 0, "token values (uint16, little-endian) across read chunks");
-    tap_is_int(fsdp_dataset_read(ds, n - 3, 4, all), FSDP_EINVAL, "read past the end refused");
-    tap_is_int(fsdp_dataset_read(ds, n - 3, 3, all), 0, "read up to the end");
+    tap_is_int(fsdp_dataset_read(quiet, ds, n - 3, 4, all), FSDP_EINVAL,
+               "read past the end refused");
+    tap_has_str(fsdp_ctx_last_error(quiet), "are outside the dataset's", "the context says why");
+    tap_is_int(fsdp_dataset_read(NULL, ds, n - 3, 3, all), 0, "read up to the end");
     tap_ok(all[2] == tok(n - 1), "last token");
     free(all);
     fsdp_dataset_destroy(ds);
@@ -181,7 +189,7 @@ static void test_text(void) {
     tap_is_uint(fsdp_dataset_num_tokens(ds), n, "one token per byte");
     tap_is_uint(fsdp_dataset_max_token(ds), 255, "largest byte");
     int64_t got[32];
-    fsdp_dataset_read(ds, 0, n, got);
+    fsdp_dataset_read(NULL, ds, 0, n, got);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += got[i] != text[i];
@@ -200,21 +208,26 @@ static void test_views(void) {
     const char *p = write_tokens("views.tok", FSDP_DATA_MAGIC, 1, (int32_t)n, n, SIZE_MAX);
     fsdp_dataset_t *ds = NULL, *train = NULL, *val = NULL, *v = NULL;
     fsdp_dataset_open(NULL, p, FSDP_DATA_TOKENS, &ds);
-    tap_is_int(fsdp_dataset_split(ds, FSDP_DATA_DEFAULT_VAL_FRACTION, &train, &val), 0, "split");
+    tap_is_int(fsdp_dataset_split(NULL, ds, FSDP_DATA_DEFAULT_VAL_FRACTION, &train, &val), 0,
+               "split");
     tap_is_uint(fsdp_dataset_num_tokens(train), 900, "train: first 90%%");
     tap_is_uint(fsdp_dataset_num_tokens(val), 100, "val: last 10%%");
-    tap_is_int(fsdp_dataset_view(val, 10, 20, &v), 0, "view of a view");
+    tap_is_int(fsdp_dataset_view(NULL, val, 10, 20, &v), 0, "view of a view");
     fsdp_dataset_destroy(ds); /* views keep the file */
     int64_t t[2];
-    fsdp_dataset_read(val, 0, 1, t);
-    fsdp_dataset_read(v, 0, 1, t + 1);
+    fsdp_dataset_read(NULL, val, 0, 1, t);
+    fsdp_dataset_read(NULL, v, 0, 1, t + 1);
     tap_ok(t[0] == tok(900) && t[1] == tok(910), "views start where they should, parent gone");
-    tap_is_int(fsdp_dataset_view(val, 90, 11, &ds), FSDP_EINVAL, "view past the end refused");
+    tap_is_int(fsdp_dataset_view(quiet, val, 90, 11, &ds), FSDP_EINVAL,
+               "view past the end refused");
     tap_ok(ds == NULL, "no view on failure");
-    tap_has_str(fsdp_data_last_error(), p, "view error names the file");
-    tap_is_int(fsdp_dataset_view(val, 0, 0, &ds), FSDP_EINVAL, "empty view refused");
-    tap_is_int(fsdp_dataset_split(train, 1.0, &ds, &ds), FSDP_EINVAL, "fraction 1 refused");
-    tap_is_int(fsdp_dataset_split(train, 0.0001, &ds, &ds), FSDP_EINVAL, "empty part refused");
+    tap_has_str(fsdp_ctx_last_error(quiet), p, "view error names the file");
+    tap_is_int(fsdp_dataset_view(quiet, val, 0, 0, &ds), FSDP_EINVAL, "empty view refused");
+    tap_is_int(fsdp_dataset_split(quiet, train, 1.0, &ds, &ds), FSDP_EINVAL, "fraction 1 refused");
+    tap_has_str(fsdp_ctx_last_error(quiet), "val_fraction 1 is not in (0, 1)",
+                "the context says why");
+    tap_is_int(fsdp_dataset_split(quiet, train, 0.0001, &ds, &ds), FSDP_EINVAL,
+               "empty part refused");
     fsdp_dataset_destroy(train);
     fsdp_dataset_destroy(val);
     fsdp_dataset_destroy(v);
@@ -231,8 +244,8 @@ static fsdp_loader_t *make_loader(const fsdp_dataset_t *ds, int64_t b, int64_t t
     o.shuffle = shuffle;
     o.seed = seed;
     fsdp_loader_t *l = NULL;
-    int rc = fsdp_loader_create(NULL, ds, &o, &l);
-    if (rc < 0) tap_bail("fsdp_loader_create: %s", fsdp_data_last_error());
+    int rc = fsdp_loader_create(quiet, ds, &o, &l);
+    if (rc < 0) tap_bail("fsdp_loader_create: %s", fsdp_ctx_last_error(quiet));
     return l;
 }
 
@@ -388,14 +401,14 @@ static void test_loader_errors(const fsdp_dataset_t *ds) {
     o.batch_size = 6;
     o.world_size = 4;
     o.rank = 1;
-    tap_is_int(fsdp_loader_create(NULL, ds, &o, &l), FSDP_EINVAL, "B = 6 on W = 4 refused");
+    tap_is_int(fsdp_loader_create(NULL, ds, &o, &l), FSDP_EINVAL,
+               "B = 6 on W = 4 refused (no context: logged)");
     tap_ok(l == NULL, "no loader on failure");
-    tap_has_str(fsdp_data_last_error(), "batch_size 6 is not divisible by world_size 4",
-                "the message says why");
     fsdp_ctx_t *ctx = NULL;
     fsdp_ctx_create(NULL, &ctx);
     tap_is_int(fsdp_loader_create(ctx, ds, &o, &l), FSDP_EINVAL, "same with a context");
-    tap_has_str(fsdp_ctx_last_error(ctx), "not divisible", "the context has the message");
+    tap_has_str(fsdp_ctx_last_error(ctx), "batch_size 6 is not divisible by world_size 4",
+                "the context has the message");
     o.batch_size = 8;
     o.rank = 4;
     tap_is_int(fsdp_loader_create(NULL, ds, &o, &l), FSDP_EINVAL, "rank 4 of 4 refused");
@@ -403,8 +416,8 @@ static void test_loader_errors(const fsdp_dataset_t *ds) {
     o.seq_len = 0;
     tap_is_int(fsdp_loader_create(NULL, ds, &o, &l), FSDP_EINVAL, "seq_len 0 refused");
     o.seq_len = (int64_t)fsdp_dataset_num_tokens(ds);
-    tap_is_int(fsdp_loader_create(NULL, ds, &o, &l), FSDP_EINVAL, "a dataset shorter than a batch");
-    tap_has_str(fsdp_data_last_error(), "fewer than one batch", "the message says why");
+    tap_is_int(fsdp_loader_create(ctx, ds, &o, &l), FSDP_EINVAL, "a dataset shorter than a batch");
+    tap_has_str(fsdp_ctx_last_error(ctx), "fewer than one batch", "the message says why");
     o.batch_size = 1;
     o.world_size = 1;
     o.seq_len = (int64_t)fsdp_dataset_num_tokens(ds) - 1;
@@ -508,6 +521,10 @@ int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "%s/t_data.XXXXXX",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmpdir)) tap_bail("mkdtemp: %s", strerror(errno));
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.log_level = FSDP_LOG_OFF;
+    if (fsdp_ctx_create(&co, &quiet) < 0) tap_bail("fsdp_ctx_create");
 
     test_token_files();
     test_hostile();
@@ -517,7 +534,8 @@ int main(void) {
     /* The loader tests share one stream of 3001 tokens (not a multiple of any B*T + 1). */
     const char *p = write_tokens("stream.tok", FSDP_DATA_MAGIC, 1, 3001, 3001, SIZE_MAX);
     fsdp_dataset_t *ds = NULL;
-    if (fsdp_dataset_open(NULL, p, FSDP_DATA_AUTO, &ds) < 0) tap_bail("%s", fsdp_data_last_error());
+    if (fsdp_dataset_open(quiet, p, FSDP_DATA_AUTO, &ds) < 0)
+        tap_bail("%s", fsdp_ctx_last_error(quiet));
     test_sequential(ds);
     test_ranks(ds);
     test_shuffle(ds);
@@ -531,5 +549,6 @@ int main(void) {
     for (int i = 0; i < npaths; i++)
         unlink(paths[i]);
     rmdir(tmpdir);
+    fsdp_ctx_destroy(quiet);
     return tap_done();
 }

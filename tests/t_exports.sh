@@ -24,13 +24,13 @@ else
 fi
 missing=
 for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory fsdp_ctx_create \
-         fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url fsdp_store_open_error \
+         fsdp_store_create_file fsdp_store_create_redis fsdp_store_open_url \
          fsdp_launch_env_read fsdp_launch_env_parse \
          fsdp_pg_create_gloo fsdp_gloo_options_init fsdp_gloo_available \
          fsdp_pg_create_nccl fsdp_nccl_options_init fsdp_nccl_available fsdp_nccl_device \
          fsdp_dataset_open fsdp_dataset_view fsdp_dataset_split fsdp_dataset_destroy \
          fsdp_dataset_num_tokens fsdp_dataset_format fsdp_dataset_path fsdp_dataset_max_token \
-         fsdp_dataset_read fsdp_data_last_error fsdp_data_default_corpus \
+         fsdp_dataset_read fsdp_data_default_corpus \
          fsdp_loader_options_init fsdp_loader_create fsdp_loader_destroy fsdp_loader_options \
          fsdp_loader_rows fsdp_loader_num_batches fsdp_loader_get_position \
          fsdp_loader_set_position fsdp_loader_batch fsdp_loader_next fsdp_loader_next_tensors \
@@ -42,7 +42,8 @@ for s in fsdp_strerror fsdp_pg_all_gather fsdp_sim_run fsdp_store_create_memory 
          fsdp_safetensors_load_tensor fsdp_safetensors_load_all fsdp_safetensors_load_into \
          fsdp_safetensors_load_module fsdp_safetensors_save fsdp_safetensors_save_module \
          fsdp_gpt2_hf_name fsdp_gpt2_name_from_hf fsdp_gpt2_hf_is_conv1d fsdp_gpt2_hf_save \
-         fsdp_gpt2_hf_load; do
+         fsdp_gpt2_hf_load fsdp_gpt_recipe_adamw_options_init fsdp_gpt_recipe_decays \
+         fsdp_gpt_recipe_create_model fsdp_gpt_recipe_wrap fsdp_gpt_recipe_create_adamw; do
   printf '%s\n' "$defined" | grep -qx "$s" || missing="$missing $s"
 done
 if [ -z "$missing" ]; then

@@ -250,7 +250,10 @@ static void gpt_free(gpt_run_t *g) {
     memset(g, 0, sizeof *g);
 }
 
-/* The tiny GPT with GPT_LAYERS blocks, each a unit, AdamW, and this rank's tokens (2, 8). */
+/* The tiny GPT with GPT_LAYERS blocks, each a unit, AdamW, and this rank's tokens (2, 8). Not
+ * the GPT recipe (fsdp/gpt_recipe.h) on purpose: F06's law is the flat parameters' (AdamW state
+ * is two moments of the whole padded shard), while the recipe's use_orig_params keeps moments
+ * only for the elements of parameters, which alignment padding makes uneven across ranks. */
 static int gpt_setup(fsdp_ctx_t *ctx, fsdp_sharding_strategy_t s, int limit, gpt_run_t *g) {
     static const char *const blocks[] = {"GPTBlock", NULL};
     enum { B = 2, T = 8 };

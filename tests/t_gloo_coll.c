@@ -493,7 +493,7 @@ static void test_create(void) {
     fsdp_ctx_t *ctx = NULL;
     fsdp_store_t *store = NULL;
     fsdp_pg_t *pg = (fsdp_pg_t *)(void *)&ctx;
-    if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK || fsdp_store_create_memory(&store) != FSDP_OK)
+    if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK || fsdp_store_create_memory(NULL, &store) != FSDP_OK)
         tap_bail("cannot create a context and a store");
     if (!fsdp_gloo_available()) {
         int e = fsdp_pg_create_gloo(ctx, store, NULL, &pg);
@@ -544,7 +544,7 @@ static void test_create(void) {
                "world 1: the group becomes the context's world group; every collective works "
                "alone");
     /* Two worlds, one after the other, on one store. */
-    if (fsdp_store_create_memory(&store) != FSDP_OK) tap_bail("store");
+    if (fsdp_store_create_memory(NULL, &store) != FSDP_OK) tap_bail("store");
     rec_init(&rc);
     s = gw_run_on(store, 3, reuse_rank, &rc, NULL);
     if (s == FSDP_OK) s = gw_run_on(store, 3, reuse_rank, &rc, NULL);

@@ -79,7 +79,7 @@ static void *rank_main(void *p) {
 /* Runs n ranks with options o, rank `absent` (-1: none) never creating its group; fills a[]. */
 static void run_n(int n, int absent, const fsdp_gloo_options_t *o, rank_arg_t *a) {
     fsdp_store_t *store = NULL;
-    if (fsdp_store_create_memory(&store) != FSDP_OK) tap_bail("fsdp_store_create_memory");
+    if (fsdp_store_create_memory(NULL, &store) != FSDP_OK) tap_bail("fsdp_store_create_memory");
     pthread_t t[MAXW];
     for (int r = 0; r < n; r++) {
         memset(&a[r], 0, sizeof a[r]);

@@ -96,7 +96,7 @@ static int nccl_rank(int rank, int n, const char *dir, void *arg) {
     const runner_t *ru = arg;
     fsdp_store_t *store = NULL;
     fsdp_pg_t *pg = NULL;
-    int rc = fsdp_store_create_file(dir, &store);
+    int rc = fsdp_store_create_file(NULL, dir, &store);
     if (rc < 0) return rc;
     fsdp_ctx_t *ctx = make_ctx(rank, ru->world ? ru->world : n);
     if (!ctx) {
@@ -293,7 +293,7 @@ static int lonely_rank(int rank, int n, const char *dir, void *arg) {
     shared_res_t *res = arg;
     (void)n;
     fsdp_store_t *store = NULL;
-    if (fsdp_store_create_file(dir, &store) < 0) return FSDP_EBACKEND;
+    if (fsdp_store_create_file(NULL, dir, &store) < 0) return FSDP_EBACKEND;
     fsdp_ctx_t *ctx = make_ctx(rank, 2); /* rank 1 never comes */
     fsdp_nccl_options_t o;
     fsdp_nccl_options_init(&o);

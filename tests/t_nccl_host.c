@@ -120,14 +120,14 @@ static void test_exchange_on(fsdp_store_t *store, const char *what) {
 
 static void test_exchange(void) {
     fsdp_store_t *mem = NULL;
-    if (fsdp_store_create_memory(&mem) != FSDP_OK) tap_bail("memory store");
+    if (fsdp_store_create_memory(NULL, &mem) != FSDP_OK) tap_bail("memory store");
     test_exchange_on(mem, "memory");
     fsdp_store_destroy(mem);
 
     char dir[] = "/tmp/t_nccl_host.XXXXXX";
     if (!mkdtemp(dir)) tap_bail("mkdtemp");
     fsdp_store_t *file = NULL;
-    if (fsdp_store_create_file(dir, &file) != FSDP_OK) tap_bail("file store");
+    if (fsdp_store_create_file(NULL, dir, &file) != FSDP_OK) tap_bail("file store");
     test_exchange_on(file, "file");
     fsdp_store_destroy(file);
     char cmd[128];
@@ -135,7 +135,7 @@ static void test_exchange(void) {
     if (system(cmd) != 0) tap_diag("could not remove %s", dir);
 
     /* Rank 0 never comes: rank 1 gives up after the store's timeout, naming the key. */
-    fsdp_store_create_memory(&mem);
+    fsdp_store_create_memory(NULL, &mem);
     fsdp_store_t *ws = NULL;
     char msg[512] = "";
     int rc = fsdp__nccl_world_store(mem, 2, 300, &ws, msg, sizeof msg);
@@ -290,7 +290,7 @@ static void test_create(void) {
 
     fsdp_ctx_t *ctx = make_ctx(0, 2);
     fsdp_store_t *store = NULL;
-    fsdp_store_create_memory(&store);
+    fsdp_store_create_memory(NULL, &store);
     fsdp_pg_t *pg = (fsdp_pg_t *)&o; /* must be reset to NULL */
     int rc;
 #ifndef FSDP_HAVE_NCCL

@@ -135,7 +135,7 @@ int main(void) {
            "the message names the path and dlerror's text: %s", msg);
     fsdp_store_t *store = NULL;
     fsdp_pg_t *pg = NULL;
-    if (fsdp_store_create_memory(&store) < 0) tap_bail("fsdp_store_create_memory failed");
+    if (fsdp_store_create_memory(NULL, &store) < 0) tap_bail("fsdp_store_create_memory failed");
     rc = fsdp_pg_create_nccl(ctx, store, NULL, &pg);
     msg = fsdp_ctx_last_error(ctx);
     tap_ok(rc == FSDP_ENOTSUP && pg == NULL && strstr(msg, "fsdp_pg_create_nccl") &&

@@ -48,7 +48,7 @@ typedef struct redis_target {
 
 static int open_redis(void *arg, const char *ns, fsdp_store_t **out) {
     const redis_target_t *t = arg;
-    return fsdp_store_create_redis(t->host, t->port, ns, out);
+    return fsdp_store_create_redis(NULL, t->host, t->port, ns, out);
 }
 
 /* A port nothing listens on now: bind port 0 on loopback, read the port, close. */
@@ -157,7 +157,7 @@ static int start_server(const char *exe, int port, char *why, size_t cap) {
 static void test_unreachable(void) {
     int port = free_port();
     fsdp_store_t *s = NULL;
-    tap_is_int(fsdp_store_create_redis("127.0.0.1", port, "x", &s), FSDP_OK,
+    tap_is_int(fsdp_store_create_redis(NULL, "127.0.0.1", port, "x", &s), FSDP_OK,
                "create_redis does not connect (port %d is closed)", port);
     if (!s) return;
     fsdp_store_set_timeout(s, 300);
@@ -179,10 +179,12 @@ static void test_unreachable(void) {
     tap_ok(ms < 5000, "get returns too (%.0f ms)", ms);
     fsdp_store_destroy(s);
 
-    tap_is_int(fsdp_store_create_redis("", 6379, NULL, &s), FSDP_EINVAL, "an empty host is EINVAL");
-    tap_is_int(fsdp_store_create_redis("h", 70000, NULL, &s), FSDP_EINVAL,
+    fsdp_ctx_t *ctx = store_suite_ctx();
+    tap_is_int(fsdp_store_create_redis(ctx, "", 6379, NULL, &s), FSDP_EINVAL,
+               "an empty host is EINVAL");
+    tap_is_int(fsdp_store_create_redis(ctx, "h", 70000, NULL, &s), FSDP_EINVAL,
                "a port above 65535 is EINVAL");
-    tap_has_str(fsdp_store_open_error(), "70000", "and the error shows it");
+    tap_has_str(fsdp_ctx_last_error(ctx), "70000", "and the error on the context shows it");
 }
 
 /* Handles with different prefixes share the server but no keys; equal prefixes share keys. */
@@ -191,10 +193,10 @@ static void test_prefixes(const redis_target_t *t) {
     char pa[64], pb[64];
     store_suite_ns("pa", pa, sizeof pa);
     store_suite_ns("pb", pb, sizeof pb);
-    fsdp_store_create_redis(t->host, t->port, pa, &a);
-    fsdp_store_create_redis(t->host, t->port, pb, &b);
-    fsdp_store_create_redis(t->host, t->port, pa, &a2);
-    fsdp_store_create_redis(t->host, t->port, NULL, &bare);
+    fsdp_store_create_redis(NULL, t->host, t->port, pa, &a);
+    fsdp_store_create_redis(NULL, t->host, t->port, pb, &b);
+    fsdp_store_create_redis(NULL, t->host, t->port, pa, &a2);
+    fsdp_store_create_redis(NULL, t->host, t->port, NULL, &bare);
     if (!tap_ok(a && b && a2 && bare, "four handles on one server")) goto out;
     fsdp_store_set_timeout(a2, 2000);
     fsdp_store_set_timeout(bare, 2000);
@@ -217,7 +219,7 @@ out:
 /* The server goes away under a connected handle: an error, not a hang or a SIGPIPE. */
 static void test_server_gone(const redis_target_t *t) {
     fsdp_store_t *s = NULL;
-    fsdp_store_create_redis(t->host, t->port, "gone", &s);
+    fsdp_store_create_redis(NULL, t->host, t->port, "gone", &s);
     if (!tap_ok(s != NULL, "a handle before the server stops")) return;
     fsdp_store_set_timeout(s, 300);
     tap_is_int(fsdp_store_set(s, "k", "v", 1), FSDP_OK, "it is connected");

@@ -5,7 +5,8 @@
  * weights do not depend on the rank or the world size), wraps each GPTBlock as a unit under a
  * root unit that keeps the embeddings and the final norm (the head reads wte.weight outside its
  * module, so wte must stay in the root), and steps AdamW over the original parameters
- * (use_orig_params), which is what lets weight decay apply to matrices only. The loader gives
+ * (use_orig_params), which is what lets weight decay apply to matrices only: the library's GPT
+ * recipe (fsdp/gpt_recipe.h), which the benchmarks and tests share. The loader gives
  * every rank its rows of the same global batch, so the run does not depend on the world size up
  * to floating-point reduction order.
  *
@@ -384,8 +385,8 @@ static int resolve_model(const train_opts_t *o, bool text, uint32_t max_token,
 static int open_data(const train_opts_t *o, fsdp_dataset_t **train, fsdp_dataset_t **val) {
     const char *path = o->data ? o->data : fsdp_data_default_corpus();
     if (!path) return usage_error("the default corpus is not installed; give --data FILE");
-    /* A silent context, so that a bad file is reported once, by the usage error below, and not
-     * also logged by the library. */
+    /* A silent context holds the library's message, so that a bad file is reported once, by
+     * the usage error below, and not also logged by the library. */
     fsdp_ctx_options_t co;
     fsdp_ctx_options_init(&co);
     co.log_level = FSDP_LOG_OFF;
@@ -394,29 +395,36 @@ static int open_data(const train_opts_t *o, fsdp_dataset_t **train, fsdp_dataset
     fsdp_dataset_t *all = NULL;
     int rc = fsdp_dataset_open(quiet, path, FSDP_DATA_AUTO, &all);
     if (rc == 0 && o->val_data) rc = fsdp_dataset_open(quiet, o->val_data, FSDP_DATA_AUTO, val);
-    fsdp_ctx_destroy(quiet);
     if (rc < 0) {
-        fsdp_dataset_destroy(all);
-        return usage_error("%s: %s", all ? "--val-data" : "--data", fsdp_data_last_error());
+        rc = usage_error("%s: %s", all ? "--val-data" : "--data", fsdp_ctx_last_error(quiet));
+        goto out;
     }
     if (o->val_data) {
         *train = all;
+        all = NULL;
     } else {
-        /* Checked here because the split, having no context, would also log its refusal. */
+        /* Each part must hold a batch: said here in the words of the flags (the split itself
+         * refuses only an empty part). */
         uint64_t total = fsdp_dataset_num_tokens(all);
         uint64_t nval = (uint64_t)((double)total * FSDP_DATA_DEFAULT_VAL_FRACTION);
         uint64_t need = (uint64_t)(o->batch_size * o->seq_len) + 1;
         if (nval < need || total - nval < need) {
-            fsdp_dataset_destroy(all);
-            return usage_error("%s: %llu tokens are too few for a training and a validation "
-                               "batch of %lld x %lld tokens (10%% is kept for validation)",
-                               path, (unsigned long long)total, (long long)o->batch_size,
-                               (long long)o->seq_len);
+            rc = usage_error("%s: %llu tokens are too few for a training and a validation "
+                             "batch of %lld x %lld tokens (10%% is kept for validation)",
+                             path, (unsigned long long)total, (long long)o->batch_size,
+                             (long long)o->seq_len);
+            goto out;
         }
-        rc = fsdp_dataset_split(all, FSDP_DATA_DEFAULT_VAL_FRACTION, train, val);
-        fsdp_dataset_destroy(all);
-        if (rc < 0) return usage_error("--data: %s", fsdp_data_last_error());
+        rc = fsdp_dataset_split(quiet, all, FSDP_DATA_DEFAULT_VAL_FRACTION, train, val);
+        if (rc < 0) {
+            rc = usage_error("--data: %s", fsdp_ctx_last_error(quiet));
+            goto out;
+        }
     }
+out:
+    fsdp_dataset_destroy(all);
+    fsdp_ctx_destroy(quiet);
+    if (rc != 0) return rc;
     uint64_t need = (uint64_t)(o->batch_size * o->seq_len) + 1;
     if (fsdp_dataset_num_tokens(*train) < need || fsdp_dataset_num_tokens(*val) < need)
         return usage_error("the data is too short for one batch of %lld x %lld tokens "

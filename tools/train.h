@@ -36,7 +36,7 @@ typedef struct train_opts {
     train_sched_t sched; /* after the warm-up */
     int64_t warmup;      /* steps of linear warm-up from lr / warmup to lr */
     double min_lr_frac;  /* cosine ends at lr * this */
-    double weight_decay; /* AdamW's, on matrices only (see decays()) */
+    double weight_decay; /* AdamW's, on matrices only (fsdp_gpt_recipe_decays) */
     double beta1, beta2, eps;
     double grad_clip;        /* max global norm; 0 = off */
     int64_t batch_size;      /* rows of one global micro-batch, a multiple of the world size */
@@ -144,8 +144,9 @@ void train_say(const rank_t *k, const char *fmt, ...) __attribute__((format(prin
 
 /* train_build.c: the compute device (--device cuda: the NCCL group's GPU, made the context's
  * default device after the model is wrapped); the model (from the seed, or --init), its FSDP units
- * (a GPTBlock each under a root; hybrid groups split from the world), AdamW with decay on matrices;
- * the loaders and the batch tensors; and their release. Failures are reported with train_fail. */
+ * (a GPTBlock each under a root; hybrid groups split from the world), AdamW with decay on matrices
+ * (all three by the library's GPT recipe, fsdp/gpt_recipe.h); the loaders and the batch tensors;
+ * and their release. Failures are reported with train_fail. */
 int train_build(rank_t *k);
 int train_make_loaders(rank_t *k);
 void train_teardown(rank_t *k);

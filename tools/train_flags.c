@@ -134,16 +134,20 @@ static int parse_f64(const char *flag, const char *v, double lo, double hi, bool
     return 0;
 }
 
+/* AdamW's defaults are the GPT recipe's (fsdp_gpt_recipe_adamw_options_init), which the usage
+ * text above spells out. */
 static void defaults(train_opts_t *o) {
+    fsdp_adam_options_t a;
+    fsdp_gpt_recipe_adamw_options_init(&a);
     *o = (train_opts_t){
-        .lr = 1e-3,
+        .lr = a.lr,
         .sched = TRAIN_SCHED_COSINE,
         .warmup = 30,
         .min_lr_frac = 0.1,
-        .weight_decay = 0.1,
-        .beta1 = 0.9,
-        .beta2 = 0.95,
-        .eps = 1e-8,
+        .weight_decay = a.weight_decay,
+        .beta1 = a.beta1,
+        .beta2 = a.beta2,
+        .eps = a.eps,
         .grad_clip = 1.0,
         .batch_size = 16,
         .seq_len = 64,

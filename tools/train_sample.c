@@ -77,7 +77,7 @@ int train_sample(rank_t *k) {
         for (const char *p = o->prompt; *p; p++)
             toks[n++] = (unsigned char)*p;
     } else {
-        rc = fsdp_dataset_read(k->j->val, 0, 1, toks);
+        rc = fsdp_dataset_read(k->ctx, k->j->val, 0, 1, toks);
         n = 1;
         if (rc < 0) goto out;
     }

@@ -23,9 +23,9 @@
  * computable for any batch index without state, so a position alone resumes a run.
  *
  * Errors. Datasets are immutable after opening and may be shared by every rank thread, so they
- * hold no error text: a failing dataset call, and a failing fsdp_loader_create, leave their
- * message for the calling thread in fsdp_data_last_error() (like errno), and also on the
- * context when the call has one. A loader belongs to one rank and keeps its own text
+ * hold no error text: the dataset calls and fsdp_loader_create take the calling rank's context
+ * and leave their message there (fsdp_ctx_last_error); with a NULL context the message is
+ * logged at error level instead (FSDP_LOG). A loader belongs to one rank and keeps its own text
  * (fsdp_loader_last_error). Every message names the file; a bad header names the field.
  *
  * Files are read with pread(), never mapped, so a file that shrinks while it is read gives an
@@ -73,10 +73,10 @@ typedef enum fsdp_data_format {
  * Opening reads the whole file once, to find the largest token (fsdp_dataset_max_token). A
  * dataset with no tokens (an empty text file, a token count of 0) is refused.
  *
- * ctx may be NULL. The caller owns *out (NULL on failure) and frees it with
- * fsdp_dataset_destroy(). Errors: FSDP_EINVAL for a bad argument or a bad file (the message names
- * the path and the header field), FSDP_EBACKEND when the file cannot be opened or read (with the
- * system's reason), FSDP_ENOMEM. Blocking (file I/O). Thread-safe.
+ * ctx (may be NULL) receives the error message. The caller owns *out (NULL on failure) and
+ * frees it with fsdp_dataset_destroy(). Errors: FSDP_EINVAL for a bad argument or a bad file (the
+ * message names the path and the header field), FSDP_EBACKEND when the file cannot be opened or
+ * read (with the system's reason), FSDP_ENOMEM. Blocking (file I/O). Thread-safe.
  */
 FSDP_EXTERN int fsdp_dataset_open(fsdp_ctx_t *ctx, const char *path, fsdp_data_format_t format,
                                   fsdp_dataset_t **out);
@@ -84,18 +84,19 @@ FSDP_EXTERN int fsdp_dataset_open(fsdp_ctx_t *ctx, const char *path, fsdp_data_f
 /*
  * A dataset over tokens [first, first + count) of ds, sharing its file: it stays valid after ds
  * is destroyed. count must be positive and the range inside ds. The caller owns *out.
- * Reads the range once (its largest token). Thread-safe.
+ * Reads the range once (its largest token). ctx (may be NULL) receives the error message.
+ * Thread-safe.
  */
-FSDP_EXTERN int fsdp_dataset_view(const fsdp_dataset_t *ds, uint64_t first, uint64_t count,
-                                  fsdp_dataset_t **out);
+FSDP_EXTERN int fsdp_dataset_view(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, uint64_t first,
+                                  uint64_t count, fsdp_dataset_t **out);
 
 /*
  * Splits ds into a training view, its first N - V tokens, and a validation view, its last
  * V = floor(N * val_fraction) tokens, with 0 < val_fraction < 1 and both parts non-empty.
  * fsdp-train uses FSDP_DATA_DEFAULT_VAL_FRACTION. The caller owns *train and *val (both NULL on
- * failure). Thread-safe.
+ * failure). ctx (may be NULL) receives the error message. Thread-safe.
  */
-FSDP_EXTERN int fsdp_dataset_split(const fsdp_dataset_t *ds, double val_fraction,
+FSDP_EXTERN int fsdp_dataset_split(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, double val_fraction,
                                    fsdp_dataset_t **train, fsdp_dataset_t **val);
 
 /* Frees a dataset (the file is closed with its last view); NULL is accepted. */
@@ -110,15 +111,10 @@ FSDP_EXTERN const char *fsdp_dataset_path(const fsdp_dataset_t *ds);
 /* The largest token of ds: a model needs a vocabulary of at least this + 1. */
 FSDP_EXTERN uint32_t fsdp_dataset_max_token(const fsdp_dataset_t *ds);
 
-/* Copies tokens [first, first + n) of ds into out[0..n). Blocking. Thread-safe. */
-FSDP_EXTERN int fsdp_dataset_read(const fsdp_dataset_t *ds, uint64_t first, size_t n, int64_t *out);
-
-/*
- * Why the last failing data call of this thread without an object of its own to hold the text
- * (fsdp_dataset_*, fsdp_loader_create) failed; "" after one that succeeded. Per thread, like
- * errno; valid until this thread's next such call. Thread-safe.
- */
-FSDP_EXTERN const char *fsdp_data_last_error(void);
+/* Copies tokens [first, first + n) of ds into out[0..n). ctx (may be NULL) receives the error
+ * message. Blocking. Thread-safe. */
+FSDP_EXTERN int fsdp_dataset_read(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, uint64_t first,
+                                  size_t n, int64_t *out);
 
 /*
  * The default corpus of fsdp-train (data/corpus.txt in the source tree: English-like text made
@@ -144,13 +140,13 @@ FSDP_EXTERN void fsdp_loader_options_init(fsdp_loader_options_t *opts);
 
 /*
  * Creates rank opts->rank's loader over ds, at position 0. The loader keeps its own reference to
- * the dataset's file, so ds may be destroyed first. ctx (may be NULL) receives the loader's
- * error messages too; when it is given, the loader must be used by ctx's rank thread only.
+ * the dataset's file, so ds may be destroyed first. ctx (may be NULL) receives the error message
+ * of this call, and the loader's error messages too; when it is given, the loader must be used
+ * by ctx's rank thread only.
  *
- * The caller owns *out (NULL on failure). Errors (FSDP_EINVAL, message in fsdp_data_last_error()
- * and on ctx): batch_size or seq_len not positive, a rank outside [0, world_size), a batch_size
- * that world_size does not divide, a dataset shorter than one batch (B*T + 1 tokens);
- * FSDP_ENOMEM. Thread-safe.
+ * The caller owns *out (NULL on failure). Errors (FSDP_EINVAL, message on ctx): batch_size or
+ * seq_len not positive, a rank outside [0, world_size), a batch_size that world_size does not
+ * divide, a dataset shorter than one batch (B*T + 1 tokens); FSDP_ENOMEM. Thread-safe.
  */
 FSDP_EXTERN int fsdp_loader_create(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds,
                                    const fsdp_loader_options_t *opts, fsdp_loader_t **out);

@@ -9,8 +9,10 @@
  * server. Every call on one handle must come from one thread at a time; different handles on
  * the same data may be used concurrently.
  *
- * The constructors have no object to hold error text. They log the reason at error level (see
- * FSDP_LOG) and keep it for the calling thread in fsdp_store_open_error().
+ * The constructors have no store yet to hold error text: they take the calling rank's context
+ * and leave the reason there (fsdp_ctx_last_error). ctx may be NULL (a program that has no
+ * context yet); the reason is then logged at error level (see FSDP_LOG). The context only
+ * receives the message: the store does not keep it.
  */
 #ifndef FSDP_STORE_H
 #define FSDP_STORE_H
@@ -18,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <fsdp/context.h>
 #include <fsdp/export.h>
 
 FSDP_BEGIN_DECLS
@@ -27,8 +30,9 @@ typedef struct fsdp_store fsdp_store_t;
 /* Default timeout of get and wait, in milliseconds. */
 #define FSDP_STORE_DEFAULT_TIMEOUT_MS 30000
 
-/* Creates an empty in-memory store. The caller owns *out. */
-FSDP_EXTERN int fsdp_store_create_memory(fsdp_store_t **out);
+/* Creates an empty in-memory store. The caller owns *out. ctx (may be NULL) receives the error
+ * message. */
+FSDP_EXTERN int fsdp_store_create_memory(fsdp_ctx_t *ctx, fsdp_store_t **out);
 
 /*
  * Opens the file store in directory `dir`, creating it and its missing parents (mkdir -p). Every
@@ -40,11 +44,12 @@ FSDP_EXTERN int fsdp_store_create_memory(fsdp_store_t **out);
  * handle's timeout. Files are created readable by their owner only: every rank must run as the
  * same user. Nothing is removed from the directory; use a fresh directory per job.
  *
- * Blocks only for the directory checks. The caller owns *out (NULL on failure). Errors:
- * FSDP_EINVAL for a NULL or empty dir; FSDP_EBACKEND when the directory cannot be created or
- * written (the message names the path and the system's reason). Thread-safe.
+ * Blocks only for the directory checks. The caller owns *out (NULL on failure). Errors, with
+ * their message on ctx (may be NULL): FSDP_EINVAL for a NULL or empty dir; FSDP_EBACKEND when
+ * the directory cannot be created or written (the message names the path and the system's
+ * reason). Thread-safe.
  */
-FSDP_EXTERN int fsdp_store_create_file(const char *dir, fsdp_store_t **out);
+FSDP_EXTERN int fsdp_store_create_file(fsdp_ctx_t *ctx, const char *dir, fsdp_store_t **out);
 
 /*
  * Opens the Redis store on the server at host:port. Keys are stored as "<prefix>/<key>", or bare
@@ -59,31 +64,26 @@ FSDP_EXTERN int fsdp_store_create_file(const char *dir, fsdp_store_t **out);
  * may have counted); the error is FSDP_EBACKEND and the next operation reconnects. SIGPIPE from a
  * closed connection is blocked and discarded in the calling thread.
  *
- * The caller owns *out (NULL on failure). Errors: FSDP_EINVAL for a NULL or empty host, a port
- * outside 1..65535 or a host or prefix of 256 bytes or more; FSDP_ENOTSUP when libfsdp was built
- * without hiredis. Thread-safe.
+ * The caller owns *out (NULL on failure). Errors, with their message on ctx (may be NULL):
+ * FSDP_EINVAL for a NULL or empty host, a port outside 1..65535 or a host or prefix of 256 bytes
+ * or more; FSDP_ENOTSUP when libfsdp was built without hiredis. Thread-safe.
  */
-FSDP_EXTERN int fsdp_store_create_redis(const char *host, int port, const char *prefix,
-                                        fsdp_store_t **out);
+FSDP_EXTERN int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int port,
+                                        const char *prefix, fsdp_store_t **out);
 
 /*
  * Opens the store a URL names:
- *   "file:///abs/path"               fsdp_store_create_file("/abs/path")
- *   "redis://host[:port][/prefix]"   fsdp_store_create_redis(host, port or 6379, prefix or "")
- *   "memory:"                        fsdp_store_create_memory() (a new, empty store)
+ *   "file:///abs/path"               fsdp_store_create_file(ctx, "/abs/path")
+ *   "redis://host[:port][/prefix]"   fsdp_store_create_redis(ctx, host, port or 6379,
+ *                                                            prefix or "")
+ *   "memory:"                        fsdp_store_create_memory(ctx) (a new, empty store)
  * Schemes are case-insensitive; the path and the prefix are percent-decoded; an IPv6 host is
  * written in brackets ("redis://[::1]:6379"). Anything else (another scheme, a relative path, a
  * host in a file URL, a user name, a query) is FSDP_EINVAL with a message that quotes the URL and
- * lists these forms. Otherwise returns what the constructor returns. Thread-safe.
+ * lists these forms. Otherwise returns what the constructor returns. Messages go to ctx (may be
+ * NULL), as the constructors'. Thread-safe.
  */
-FSDP_EXTERN int fsdp_store_open_url(const char *url, fsdp_store_t **out);
-
-/*
- * Why the last store constructor (fsdp_store_create_*, fsdp_store_open_url) called by this thread
- * failed; "" when it succeeded. The text is per thread, like errno, and stays valid until this
- * thread's next constructor call. Thread-safe.
- */
-FSDP_EXTERN const char *fsdp_store_open_error(void);
+FSDP_EXTERN int fsdp_store_open_url(fsdp_ctx_t *ctx, const char *url, fsdp_store_t **out);
 
 /* A new handle on the same data whose keys are prefixed by `prefix` (appended to the prefix of
  * `store`, with a '/' between). The data lives until its last handle is destroyed. */

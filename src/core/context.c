@@ -137,14 +137,34 @@ void fsdp_ctx_set_log_sink(fsdp_ctx_t *ctx, fsdp_log_sink_fn fn, void *user) {
     pthread_mutex_unlock(&ctx->log_mu);
 }
 
-int fsdp__ctx_err(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) {
+/* Sets ctx's last error to the formatted text (ctx may be NULL) and logs it at debug level. */
+static int ctx_verr(fsdp_ctx_t *ctx, int rc, const char *fmt, va_list ap) {
     char buf[FSDP_ERR_LEN];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
     if (ctx) memcpy(ctx->err, buf, sizeof buf);
     fsdp_log(ctx, FSDP_LOG_DEBUG, "%s: %s", fsdp_err_name(rc), buf);
+    return rc;
+}
+
+int fsdp__ctx_err(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    ctx_verr(ctx, rc, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int fsdp__ctx_err_or_log(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (ctx) {
+        ctx_verr(ctx, rc, fmt, ap);
+    } else {
+        char buf[FSDP_ERR_LEN];
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        fsdp_log(NULL, FSDP_LOG_ERROR, "%s", buf);
+    }
+    va_end(ap);
     return rc;
 }
 

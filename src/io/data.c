@@ -5,7 +5,7 @@
  * - A dataset is immutable once opened. Its tokens are [first, first + count) of one open file,
  *   which every view of it shares through a reference count; the file is closed with the last.
  *   Immutability is what lets every rank thread share one dataset without locks, and the reason
- *   a dataset has no error buffer (see fsdp_data_last_error).
+ *   a dataset has no error buffer: its calls take the caller's context for their message.
  * - Nothing in a file is trusted: the header is checked against the file's size before any
  *   token is read, sizes are compared without overflow, and every read goes through pread(), so
  *   a file that shrinks later gives FSDP_EBACKEND rather than SIGBUS.
@@ -74,28 +74,6 @@ struct fsdp_loader {
 
 /* ---- errors -----------------------------------------------------------------------------------
  */
-
-/* The error text of the calls that have no object of their own (see data.h). */
-static _Thread_local char data_error[FSDP_ERR_LEN];
-
-const char *fsdp_data_last_error(void) {
-    return data_error;
-}
-
-/* Formats the message into this thread's data error and onto ctx (when given); without a
- * context the message is logged at error level, as the store constructors do. */
-static int data_err(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
-static int data_err(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fsdp__verr(data_error, rc, fmt, ap);
-    va_end(ap);
-    if (ctx)
-        fsdp__ctx_err(ctx, rc, "%s", data_error);
-    else
-        fsdp_log(NULL, FSDP_LOG_ERROR, "%s", data_error);
-    return rc;
-}
 
 /* A loader's error: its own text and its context's. */
 static int loader_err(fsdp_loader_t *l, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
@@ -197,51 +175,52 @@ static int read_tokens(const data_file_t *f, uint64_t first, size_t n, int64_t *
 static int check_header(fsdp_ctx_t *ctx, data_file_t *f, uint64_t size) {
     const uint64_t hb = FSDP_DATA_HEADER_BYTES;
     if (size == 0)
-        return data_err(ctx, FSDP_EINVAL,
-                        "fsdp_dataset_open: %s: the file is empty; an llm.c token file starts "
-                        "with a header of %d int32 (%" PRIu64 " bytes)",
-                        f->path, FSDP_DATA_HEADER_INTS, hb);
+        return fsdp__ctx_err_or_log(
+            ctx, FSDP_EINVAL,
+            "fsdp_dataset_open: %s: the file is empty; an llm.c token file starts "
+            "with a header of %d int32 (%" PRIu64 " bytes)",
+            f->path, FSDP_DATA_HEADER_INTS, hb);
     if (size < hb)
-        return data_err(ctx, FSDP_EINVAL,
-                        "fsdp_dataset_open: %s: truncated header: the file has %" PRIu64
-                        " bytes, the llm.c header alone has %" PRIu64,
-                        f->path, size, hb);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "fsdp_dataset_open: %s: truncated header: the file has %" PRIu64
+                                    " bytes, the llm.c header alone has %" PRIu64,
+                                    f->path, size, hb);
     unsigned char h[12];
     int e = pread_full(f->fd, h, sizeof h, 0);
     if (e) {
         char msg[FSDP_ERR_LEN];
         read_failed(msg, f, e, sizeof h, 0);
-        return data_err(ctx, FSDP_EBACKEND, "fsdp_dataset_open: %s", msg);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EBACKEND, "fsdp_dataset_open: %s", msg);
     }
     int64_t magic = le32_signed(h), version = le32_signed(h + 4), count = le32_signed(h + 8);
     if (magic != FSDP_DATA_MAGIC)
-        return data_err(ctx, FSDP_EINVAL,
-                        "fsdp_dataset_open: %s: header[0] (magic) is %" PRId64
-                        ", expected %d: not an llm.c token file",
-                        f->path, magic, FSDP_DATA_MAGIC);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "fsdp_dataset_open: %s: header[0] (magic) is %" PRId64
+                                    ", expected %d: not an llm.c token file",
+                                    f->path, magic, FSDP_DATA_MAGIC);
     if (version != FSDP_DATA_VERSION)
-        return data_err(ctx, FSDP_EINVAL,
-                        "fsdp_dataset_open: %s: header[1] (version) is %" PRId64
-                        ", only version %d (uint16 tokens) is supported",
-                        f->path, version, FSDP_DATA_VERSION);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "fsdp_dataset_open: %s: header[1] (version) is %" PRId64
+                                    ", only version %d (uint16 tokens) is supported",
+                                    f->path, version, FSDP_DATA_VERSION);
     if (count <= 0)
-        return data_err(ctx, FSDP_EINVAL,
-                        "fsdp_dataset_open: %s: header[2] (token count) is %" PRId64
-                        "; it must be positive",
-                        f->path, count);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "fsdp_dataset_open: %s: header[2] (token count) is %" PRId64
+                                    "; it must be positive",
+                                    f->path, count);
     uint64_t have = size - hb, need = (uint64_t)count * 2;
     if (have < need)
-        return data_err(ctx, FSDP_EINVAL,
-                        "fsdp_dataset_open: %s: header[2] (token count) is %" PRId64 " (%" PRIu64
-                        " bytes of uint16) but only %" PRIu64
-                        " bytes follow the header: the file is truncated",
-                        f->path, count, need, have);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "fsdp_dataset_open: %s: header[2] (token count) is %" PRId64
+                                    " (%" PRIu64 " bytes of uint16) but only %" PRIu64
+                                    " bytes follow the header: the file is truncated",
+                                    f->path, count, need, have);
     if (have > need)
-        return data_err(ctx, FSDP_EINVAL,
-                        "fsdp_dataset_open: %s: header[2] (token count) is %" PRId64 " (%" PRIu64
-                        " bytes of uint16) but %" PRIu64 " bytes follow the header: %" PRIu64
-                        " bytes too many",
-                        f->path, count, need, have, have - need);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "fsdp_dataset_open: %s: header[2] (token count) is %" PRId64
+                                    " (%" PRIu64 " bytes of uint16) but %" PRIu64
+                                    " bytes follow the header: %" PRIu64 " bytes too many",
+                                    f->path, count, need, have, have - need);
     f->format = FSDP_DATA_TOKENS;
     f->base = hb;
     f->width = 2;
@@ -262,7 +241,7 @@ static int ends_with(const char *s, const char *suffix) {
 static int dataset_new(fsdp_ctx_t *ctx, data_file_t *f, uint64_t first, uint64_t count,
                        const char *fn, fsdp_dataset_t **out) {
     fsdp_dataset_t *ds = calloc(1, sizeof *ds);
-    if (!ds) return data_err(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+    if (!ds) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
     uint32_t max = 0;
     /* Whole chunks at a time, so a size_t narrower than 64 bits still reads everything. */
     for (uint64_t done = 0; done < count;) {
@@ -271,7 +250,7 @@ static int dataset_new(fsdp_ctx_t *ctx, data_file_t *f, uint64_t first, uint64_t
         int rc = read_tokens(f, first + done, (size_t)k, NULL, &max, msg);
         if (rc < 0) {
             free(ds);
-            return data_err(ctx, rc, "%s: %s", fn, msg);
+            return fsdp__ctx_err_or_log(ctx, rc, "%s: %s", fn, msg);
         }
         done += k;
     }
@@ -290,31 +269,32 @@ int fsdp_dataset_open(fsdp_ctx_t *ctx, const char *path, fsdp_data_format_t form
     data_file_t *f = NULL;
     int rc;
     char why[128];
-    data_error[0] = 0;
     if (out) *out = NULL;
-    if (!out) return data_err(ctx, FSDP_EINVAL, "%s: out is NULL", fn);
-    if (!path || !*path) return data_err(ctx, FSDP_EINVAL, "%s: the path is NULL or empty", fn);
+    if (!out) return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: out is NULL", fn);
+    if (!path || !*path)
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: the path is NULL or empty", fn);
     if ((unsigned)format > FSDP_DATA_TEXT)
-        return data_err(ctx, FSDP_EINVAL, "%s: %s: unknown format %d", fn, path, (int)format);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: %s: unknown format %d", fn, path,
+                                    (int)format);
     size_t plen = strlen(path);
     f = calloc(1, sizeof *f + plen + 1);
-    if (!f) return data_err(ctx, FSDP_ENOMEM, "%s: %s: out of memory", fn, path);
+    if (!f) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: %s: out of memory", fn, path);
     memcpy(f->path, path, plen + 1);
     atomic_init(&f->refs, 1);
     f->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) {
-        rc = data_err(ctx, FSDP_EBACKEND, "%s: %s: cannot open: %s", fn, path,
-                      errtext(errno, why, sizeof why));
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EBACKEND, "%s: %s: cannot open: %s", fn, path,
+                                  errtext(errno, why, sizeof why));
         goto out;
     }
     struct stat st;
     if (fstat(f->fd, &st) != 0) {
-        rc = data_err(ctx, FSDP_EBACKEND, "%s: %s: cannot stat: %s", fn, path,
-                      errtext(errno, why, sizeof why));
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EBACKEND, "%s: %s: cannot stat: %s", fn, path,
+                                  errtext(errno, why, sizeof why));
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = data_err(ctx, FSDP_EINVAL, "%s: %s: not a regular file", fn, path);
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: %s: not a regular file", fn, path);
         goto out;
     }
     uint64_t size = st.st_size > 0 ? (uint64_t)st.st_size : 0;
@@ -331,10 +311,10 @@ int fsdp_dataset_open(fsdp_ctx_t *ctx, const char *path, fsdp_data_format_t form
         if (rc < 0) goto out;
     } else {
         if (size == 0) {
-            rc = data_err(ctx, FSDP_EINVAL,
-                          "%s: %s: the file is empty: a text dataset needs at "
-                          "least one byte",
-                          fn, path);
+            rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                      "%s: %s: the file is empty: a text dataset needs at "
+                                      "least one byte",
+                                      fn, path);
             goto out;
         }
         f->format = FSDP_DATA_TEXT;
@@ -343,48 +323,45 @@ int fsdp_dataset_open(fsdp_ctx_t *ctx, const char *path, fsdp_data_format_t form
         f->ntok = size;
     }
     rc = dataset_new(ctx, f, 0, f->ntok, fn, out);
-    if (rc == FSDP_OK) data_error[0] = 0;
 out:
     file_release(f); /* the dataset holds its own reference */
     return rc;
 }
 
-int fsdp_dataset_view(const fsdp_dataset_t *ds, uint64_t first, uint64_t count,
+int fsdp_dataset_view(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, uint64_t first, uint64_t count,
                       fsdp_dataset_t **out) {
     static const char fn[] = "fsdp_dataset_view";
-    data_error[0] = 0;
     if (out) *out = NULL;
-    if (!ds || !out) return data_err(NULL, FSDP_EINVAL, "%s: ds or out is NULL", fn);
+    if (!ds || !out) return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: ds or out is NULL", fn);
     if (count == 0 || first > ds->count || count > ds->count - first)
-        return data_err(NULL, FSDP_EINVAL,
-                        "%s: %s: tokens [%" PRIu64 ", %" PRIu64 " + %" PRIu64
-                        ") are not a non-empty range of the dataset's %" PRIu64,
-                        fn, ds->file->path, first, first, count, ds->count);
-    return dataset_new(NULL, ds->file, ds->first + first, count, fn, out);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: %s: tokens [%" PRIu64 ", %" PRIu64 " + %" PRIu64
+                                    ") are not a non-empty range of the dataset's %" PRIu64,
+                                    fn, ds->file->path, first, first, count, ds->count);
+    return dataset_new(ctx, ds->file, ds->first + first, count, fn, out);
 }
 
-int fsdp_dataset_split(const fsdp_dataset_t *ds, double val_fraction, fsdp_dataset_t **train,
-                       fsdp_dataset_t **val) {
+int fsdp_dataset_split(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, double val_fraction,
+                       fsdp_dataset_t **train, fsdp_dataset_t **val) {
     static const char fn[] = "fsdp_dataset_split";
-    data_error[0] = 0;
     if (train) *train = NULL;
     if (val) *val = NULL;
     if (!ds || !train || !val)
-        return data_err(NULL, FSDP_EINVAL, "%s: ds, train or val is NULL", fn);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: ds, train or val is NULL", fn);
     if (!(val_fraction > 0.0 && val_fraction < 1.0))
-        return data_err(NULL, FSDP_EINVAL, "%s: %s: val_fraction %g is not in (0, 1)", fn,
-                        ds->file->path, val_fraction);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: %s: val_fraction %g is not in (0, 1)",
+                                    fn, ds->file->path, val_fraction);
     uint64_t n = ds->count;
     double v = floor((double)n * val_fraction);
     uint64_t nval = v >= (double)n ? n : (uint64_t)v;
     if (nval == 0 || nval >= n)
-        return data_err(NULL, FSDP_EINVAL,
-                        "%s: %s: a validation fraction of %g of %" PRIu64
-                        " tokens leaves one part empty",
-                        fn, ds->file->path, val_fraction, n);
-    int rc = fsdp_dataset_view(ds, 0, n - nval, train);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: %s: a validation fraction of %g of %" PRIu64
+                                    " tokens leaves one part empty",
+                                    fn, ds->file->path, val_fraction, n);
+    int rc = fsdp_dataset_view(ctx, ds, 0, n - nval, train);
     if (rc < 0) return rc;
-    rc = fsdp_dataset_view(ds, n - nval, nval, val);
+    rc = fsdp_dataset_view(ctx, ds, n - nval, nval, val);
     if (rc < 0) {
         fsdp_dataset_destroy(*train);
         *train = NULL;
@@ -414,18 +391,20 @@ uint32_t fsdp_dataset_max_token(const fsdp_dataset_t *ds) {
     return ds ? ds->max_token : 0;
 }
 
-int fsdp_dataset_read(const fsdp_dataset_t *ds, uint64_t first, size_t n, int64_t *out) {
+int fsdp_dataset_read(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, uint64_t first, size_t n,
+                      int64_t *out) {
     static const char fn[] = "fsdp_dataset_read";
-    data_error[0] = 0;
-    if (!ds || (!out && n)) return data_err(NULL, FSDP_EINVAL, "%s: ds or out is NULL", fn);
+    if (!ds || (!out && n))
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: ds or out is NULL", fn);
     if (first > ds->count || n > ds->count - first)
-        return data_err(NULL, FSDP_EINVAL,
-                        "%s: %s: tokens [%" PRIu64 ", %" PRIu64 " + %zu) are outside the "
-                        "dataset's %" PRIu64,
-                        fn, ds->file->path, first, first, n, ds->count);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: %s: tokens [%" PRIu64 ", %" PRIu64
+                                    " + %zu) are outside the "
+                                    "dataset's %" PRIu64,
+                                    fn, ds->file->path, first, first, n, ds->count);
     char msg[FSDP_ERR_LEN];
     int rc = read_tokens(ds->file, ds->first + first, n, out, NULL, msg);
-    if (rc < 0) return data_err(NULL, rc, "%s: %s", fn, msg);
+    if (rc < 0) return fsdp__ctx_err_or_log(ctx, rc, "%s: %s", fn, msg);
     return FSDP_OK;
 }
 
@@ -454,40 +433,42 @@ void fsdp_loader_options_init(fsdp_loader_options_t *opts) {
 int fsdp_loader_create(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, const fsdp_loader_options_t *opts,
                        fsdp_loader_t **out) {
     static const char fn[] = "fsdp_loader_create";
-    data_error[0] = 0;
     if (out) *out = NULL;
-    if (!ds || !opts || !out) return data_err(ctx, FSDP_EINVAL, "%s: ds, opts or out is NULL", fn);
+    if (!ds || !opts || !out)
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: ds, opts or out is NULL", fn);
     const char *path = ds->file->path;
     int64_t b = opts->batch_size, t = opts->seq_len;
     int w = opts->world_size, r = opts->rank;
     if (b <= 0 || t <= 0)
-        return data_err(ctx, FSDP_EINVAL,
-                        "%s: %s: batch_size (%" PRId64 ") and seq_len (%" PRId64
-                        ") must be positive",
-                        fn, path, b, t);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: %s: batch_size (%" PRId64 ") and seq_len (%" PRId64
+                                    ") must be positive",
+                                    fn, path, b, t);
     if (w < 1 || r < 0 || r >= w)
-        return data_err(ctx, FSDP_EINVAL, "%s: %s: rank %d is not in a world of size %d", fn, path,
-                        r, w);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: %s: rank %d is not in a world of size %d", fn, path, r, w);
     if (b % w != 0)
-        return data_err(ctx, FSDP_EINVAL,
-                        "%s: %s: batch_size %" PRId64 " is not divisible by world_size %d: each "
-                        "rank reads batch_size / world_size rows of every batch, so batch_size "
-                        "must be a multiple of %d",
-                        fn, path, b, w, w);
+        return fsdp__ctx_err_or_log(
+            ctx, FSDP_EINVAL,
+            "%s: %s: batch_size %" PRId64 " is not divisible by world_size %d: each "
+            "rank reads batch_size / world_size rows of every batch, so batch_size "
+            "must be a multiple of %d",
+            fn, path, b, w, w);
     uint64_t n = ds->count;
     /* B*T + 1 <= N, tested without forming B*T. */
     if (n < 2 || (uint64_t)b > (n - 1) / (uint64_t)t)
-        return data_err(ctx, FSDP_EINVAL,
-                        "%s: %s: the dataset has %" PRIu64 " tokens, fewer than one batch of "
-                        "batch_size %" PRId64 " x seq_len %" PRId64 " needs (plus one target)",
-                        fn, path, n, b, t);
+        return fsdp__ctx_err_or_log(
+            ctx, FSDP_EINVAL,
+            "%s: %s: the dataset has %" PRIu64 " tokens, fewer than one batch of "
+            "batch_size %" PRId64 " x seq_len %" PRId64 " needs (plus one target)",
+            fn, path, n, b, t);
     if ((uint64_t)(b / w) * (uint64_t)t >= SIZE_MAX / sizeof(int64_t))
-        return data_err(ctx, FSDP_EINVAL,
-                        "%s: %s: a rank's batch of %" PRId64 " x %" PRId64
-                        " tokens does not fit in memory",
-                        fn, path, b / w, t);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: %s: a rank's batch of %" PRId64 " x %" PRId64
+                                    " tokens does not fit in memory",
+                                    fn, path, b / w, t);
     fsdp_loader_t *l = calloc(1, sizeof *l);
-    if (!l) return data_err(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+    if (!l) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
     l->ctx = ctx;
     l->opts = *opts;
     l->rows = b / w;
@@ -508,7 +489,7 @@ int fsdp_loader_create(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, const fsdp_loa
         free(l->buf32);
         free(l->ds);
         free(l);
-        return data_err(ctx, FSDP_ENOMEM, "%s: out of memory for %zu tokens", fn, ntok);
+        return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory for %zu tokens", fn, ntok);
     }
     *l->ds = *ds;
     atomic_fetch_add(&ds->file->refs, 1);
@@ -541,7 +522,9 @@ uint64_t fsdp_loader_get_position(const fsdp_loader_t *l) {
 }
 
 int fsdp_loader_set_position(fsdp_loader_t *l, uint64_t position) {
-    if (!l) return data_err(NULL, FSDP_EINVAL, "fsdp_loader_set_position: the loader is NULL");
+    if (!l)
+        return fsdp__ctx_err_or_log(NULL, FSDP_EINVAL,
+                                    "fsdp_loader_set_position: the loader is NULL");
     l->pos = position;
     return FSDP_OK;
 }
@@ -581,7 +564,7 @@ static uint64_t batch_slot(const fsdp_loader_t *l, uint64_t index) {
 }
 
 int fsdp_loader_batch(fsdp_loader_t *l, uint64_t index, int64_t *inputs, int64_t *targets) {
-    if (!l) return data_err(NULL, FSDP_EINVAL, "fsdp_loader_batch: the loader is NULL");
+    if (!l) return fsdp__ctx_err_or_log(NULL, FSDP_EINVAL, "fsdp_loader_batch: the loader is NULL");
     l->err[0] = 0;
     uint64_t start = batch_slot(l, index) * l->bt +
                      (uint64_t)l->opts.rank * (uint64_t)l->rows * (uint64_t)l->opts.seq_len;
@@ -594,7 +577,7 @@ int fsdp_loader_batch(fsdp_loader_t *l, uint64_t index, int64_t *inputs, int64_t
 }
 
 int fsdp_loader_next(fsdp_loader_t *l, int64_t *inputs, int64_t *targets) {
-    if (!l) return data_err(NULL, FSDP_EINVAL, "fsdp_loader_next: the loader is NULL");
+    if (!l) return fsdp__ctx_err_or_log(NULL, FSDP_EINVAL, "fsdp_loader_next: the loader is NULL");
     int rc = fsdp_loader_batch(l, l->pos, inputs, targets);
     if (rc == FSDP_OK) l->pos++;
     return rc;
@@ -633,7 +616,9 @@ static int fill_tensor(fsdp_loader_t *l, fsdp_tensor_t *t, const int64_t *src, c
 }
 
 int fsdp_loader_next_tensors(fsdp_loader_t *l, fsdp_tensor_t *inputs, fsdp_tensor_t *targets) {
-    if (!l) return data_err(NULL, FSDP_EINVAL, "fsdp_loader_next_tensors: the loader is NULL");
+    if (!l)
+        return fsdp__ctx_err_or_log(NULL, FSDP_EINVAL,
+                                    "fsdp_loader_next_tensors: the loader is NULL");
     l->err[0] = 0;
     int rc;
     if (inputs && (rc = check_tensor(l, inputs, "inputs")) < 0) return rc;

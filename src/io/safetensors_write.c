@@ -24,22 +24,6 @@
 
 #include "io/io_impl.h"
 
-/* The context errors go to, and a fallback log line when there is none. */
-static int werr(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
-
-static int werr(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) {
-    char buf[FSDP_ERR_LEN];
-    va_list ap;
-    va_start(ap, fmt);
-    fsdp__verr(buf, rc, fmt, ap);
-    va_end(ap);
-    if (ctx)
-        fsdp__ctx_err(ctx, rc, "%s", buf);
-    else
-        fsdp_log(NULL, FSDP_LOG_ERROR, "%s", buf);
-    return rc;
-}
-
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -129,19 +113,20 @@ static int build_header(fsdp_ctx_t *ctx, const char *fn, size_t n, char *const *
     int rc = FSDP_OK;
     char nm[224];
     json_t *root = json_object();
-    if (!root) return werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+    if (!root) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
     if (nmeta) {
         json_t *m = json_object();
         if (!m || json_object_set_new(root, "__metadata__", m) != 0) {
-            rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+            rc = fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
             goto out;
         }
         for (size_t i = 0; i < nmeta; i++) {
             json_t *v = json_string(meta[i].value);
             if (!v || json_object_set_new(m, meta[i].key, v) != 0) {
-                rc = werr(ctx, FSDP_EINVAL,
-                          "%s: metadata entry '%s': the key or the value is not valid UTF-8", fn,
-                          fsdp__st_shown(meta[i].key, nm, sizeof nm));
+                rc = fsdp__ctx_err_or_log(
+                    ctx, FSDP_EINVAL,
+                    "%s: metadata entry '%s': the key or the value is not valid UTF-8", fn,
+                    fsdp__st_shown(meta[i].key, nm, sizeof nm));
                 goto out;
             }
         }
@@ -170,32 +155,34 @@ static int build_header(fsdp_ctx_t *ctx, const char *fn, size_t n, char *const *
         json_decref(offs);
         if (!ok) {
             json_decref(e);
-            rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+            rc = fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
             goto out;
         }
         if (json_object_set_new(root, names[i], e) != 0) {
-            rc = werr(ctx, FSDP_EINVAL, "%s: tensor '%s': the name is not valid UTF-8", fn,
-                      fsdp__st_shown(names[i], nm, sizeof nm));
+            rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                      "%s: tensor '%s': the name is not valid UTF-8", fn,
+                                      fsdp__st_shown(names[i], nm, sizeof nm));
             goto out;
         }
         off += nb;
     }
     char *s = json_dumps(root, JSON_COMPACT);
     if (!s) {
-        rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory for the header", fn);
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory for the header", fn);
         goto out;
     }
     size_t sl = strlen(s), pad = (8 - sl % 8) % 8;
     if (sl + pad > FSDP_SAFETENSORS_MAX_HEADER) {
         free(s);
-        rc = werr(ctx, FSDP_EINVAL, "%s: the header would have %zu bytes (the limit is %u)", fn,
-                  sl + pad, FSDP_SAFETENSORS_MAX_HEADER);
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                  "%s: the header would have %zu bytes (the limit is %u)", fn,
+                                  sl + pad, FSDP_SAFETENSORS_MAX_HEADER);
         goto out;
     }
     char *p = realloc(s, sl + pad + 1);
     if (!p) {
         free(s);
-        rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory for the header", fn);
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory for the header", fn);
         goto out;
     }
     memset(p + sl, ' ', pad);
@@ -212,49 +199,55 @@ static int check_args(fsdp_ctx_t *ctx, const char *fn, const char *path, size_t 
                       char *const *names, fsdp_tensor_t *const *tensors,
                       const fsdp_safetensors_kv_t *meta, size_t nmeta) {
     char nm[224];
-    if (!path || !path[0]) return werr(ctx, FSDP_EINVAL, "%s: the path is NULL or empty", fn);
+    if (!path || !path[0])
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: the path is NULL or empty", fn);
     if (n > 0 && (!names || !tensors))
-        return werr(ctx, FSDP_EINVAL, "%s: the list has no names or tensors", fn);
-    if (nmeta > 0 && !meta) return werr(ctx, FSDP_EINVAL, "%s: meta is NULL", fn);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: the list has no names or tensors", fn);
+    if (nmeta > 0 && !meta) return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: meta is NULL", fn);
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (!names[i] || !names[i][0])
-            return werr(ctx, FSDP_EINVAL, "%s: entry %zu has a NULL or empty name", fn, i);
+            return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: entry %zu has a NULL or empty name",
+                                        fn, i);
         fsdp__st_shown(names[i], nm, sizeof nm);
         if (strcmp(names[i], "__metadata__") == 0)
-            return werr(ctx, FSDP_EINVAL,
-                        "%s: tensor '__metadata__': the name is reserved for metadata", fn);
-        if (!tensors[i]) return werr(ctx, FSDP_EINVAL, "%s: tensor '%s' is NULL", fn, nm);
+            return fsdp__ctx_err_or_log(
+                ctx, FSDP_EINVAL, "%s: tensor '__metadata__': the name is reserved for metadata",
+                fn);
+        if (!tensors[i])
+            return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: tensor '%s' is NULL", fn, nm);
         fsdp_dtype_t dt = fsdp_tensor_dtype(tensors[i]);
         if (!fsdp__st_dtype_name(dt))
-            return werr(ctx, FSDP_EINVAL,
-                        "%s: tensor '%s' has dtype %d, which safetensors "
-                        "cannot store",
-                        fn, nm, (int)dt);
+            return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                        "%s: tensor '%s' has dtype %d, which safetensors "
+                                        "cannot store",
+                                        fn, nm, (int)dt);
         uint64_t nb = (uint64_t)fsdp_tensor_numel(tensors[i]) * fsdp_dtype_size(dt);
         if (nb > (uint64_t)INT64_MAX - total)
-            return werr(ctx, FSDP_EINVAL, "%s: tensor '%s': the data exceeds 2^63 bytes", fn, nm);
+            return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                        "%s: tensor '%s': the data exceeds 2^63 bytes", fn, nm);
         total += nb;
     }
     const char *dup = NULL;
     if (find_dup((const char *const *)names, n, &dup) < 0)
-        return werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+        return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
     if (dup)
-        return werr(ctx, FSDP_EINVAL, "%s: tensor '%s': the name appears twice", fn,
-                    fsdp__st_shown(dup, nm, sizeof nm));
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: tensor '%s': the name appears twice", fn,
+                                    fsdp__st_shown(dup, nm, sizeof nm));
     const char **keys = malloc((nmeta ? nmeta : 1) * sizeof *keys);
-    if (!keys) return werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+    if (!keys) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
     int rc = FSDP_OK;
     for (size_t i = 0; i < nmeta && rc == FSDP_OK; i++) {
         keys[i] = meta[i].key;
         if (!meta[i].key || !meta[i].value)
-            rc = werr(ctx, FSDP_EINVAL, "%s: metadata entry %zu has a NULL key or value", fn, i);
+            rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                      "%s: metadata entry %zu has a NULL key or value", fn, i);
     }
     if (rc == FSDP_OK && find_dup(keys, nmeta, &dup) < 0)
-        rc = werr(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
     else if (rc == FSDP_OK && dup)
-        rc = werr(ctx, FSDP_EINVAL, "%s: metadata key '%s' appears twice", fn,
-                  fsdp__st_shown(dup, nm, sizeof nm));
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: metadata key '%s' appears twice", fn,
+                                  fsdp__st_shown(dup, nm, sizeof nm));
     free(keys);
     return rc;
 }
@@ -273,16 +266,17 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
     FSDP_TRY(rc, out, build_header(ctx, fn, n, names, tensors, meta, nmeta, &hdr, &hlen));
     fd = open_temp(path, &tmp);
     if (fd < 0) {
-        rc = werr(ctx, FSDP_EINVAL, "%s: '%s': cannot create a temporary file beside it: %s", fn,
-                  path, strerror(errno));
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                  "%s: '%s': cannot create a temporary file beside it: %s", fn,
+                                  path, strerror(errno));
         goto out;
     }
     unsigned char lenb[8];
     for (int i = 0; i < 8; i++)
         lenb[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     if (write_all(fd, lenb, 8) != 0 || write_all(fd, hdr, hlen) != 0) {
-        rc = werr(ctx, FSDP_EINVAL, "%s: '%s': writing the header failed: %s", fn, tmp,
-                  strerror(errno));
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': writing the header failed: %s", fn,
+                                  tmp, strerror(errno));
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
@@ -295,47 +289,52 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
             buf = malloc(nb);
             bufcap = buf ? nb : 0;
             if (!buf) {
-                rc = werr(ctx, FSDP_ENOMEM, "%s: tensor '%s': out of memory (%zu bytes)", fn,
-                          fsdp__st_shown(names[i], nm, sizeof nm), nb);
+                rc = fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM,
+                                          "%s: tensor '%s': out of memory (%zu bytes)", fn,
+                                          fsdp__st_shown(names[i], nm, sizeof nm), nb);
                 goto out;
             }
         }
         rc = fsdp_tensor_to_host(t, buf, nb);
         if (rc < 0) {
-            rc = werr(ctx, rc, "%s: tensor '%s': reading its elements failed: %s", fn,
-                      fsdp__st_shown(names[i], nm, sizeof nm),
-                      fsdp_ctx_last_error(fsdp_tensor_ctx(t)));
+            rc = fsdp__ctx_err_or_log(ctx, rc, "%s: tensor '%s': reading its elements failed: %s",
+                                      fn, fsdp__st_shown(names[i], nm, sizeof nm),
+                                      fsdp_ctx_last_error(fsdp_tensor_ctx(t)));
             goto out;
         }
         fsdp__swap_le(buf, cnt, es);
         if (write_all(fd, buf, nb) != 0) {
-            rc = werr(ctx, FSDP_EINVAL, "%s: '%s': writing tensor '%s' failed: %s", fn, tmp,
-                      fsdp__st_shown(names[i], nm, sizeof nm), strerror(errno));
+            rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': writing tensor '%s' failed: %s",
+                                      fn, tmp, fsdp__st_shown(names[i], nm, sizeof nm),
+                                      strerror(errno));
             goto out;
         }
     }
     if (fsync(fd) != 0) {
-        rc = werr(ctx, FSDP_EINVAL, "%s: '%s': fsync failed: %s", fn, tmp, strerror(errno));
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': fsync failed: %s", fn, tmp,
+                                  strerror(errno));
         goto out;
     }
     int crc = close(fd);
     fd = -1;
     if (crc != 0) {
-        rc = werr(ctx, FSDP_EINVAL, "%s: '%s': close failed: %s", fn, tmp, strerror(errno));
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': close failed: %s", fn, tmp,
+                                  strerror(errno));
         goto out;
     }
     if (rename(tmp, path) != 0) {
-        rc = werr(ctx, FSDP_EINVAL, "%s: renaming '%s' to '%s' failed: %s", fn, tmp, path,
-                  strerror(errno));
+        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: renaming '%s' to '%s' failed: %s", fn, tmp,
+                                  path, strerror(errno));
         goto out;
     }
     free(tmp);
     tmp = NULL;
     if (sync_dir(path) != 0)
-        rc = werr(ctx, FSDP_EINVAL,
-                  "%s: '%s' is in place, but syncing its directory failed, so the rename may not "
-                  "survive a crash: %s",
-                  fn, path, strerror(errno));
+        rc = fsdp__ctx_err_or_log(
+            ctx, FSDP_EINVAL,
+            "%s: '%s' is in place, but syncing its directory failed, so the rename may not "
+            "survive a crash: %s",
+            fn, path, strerror(errno));
 out:
     if (fd >= 0) close(fd);
     if (tmp) unlink(tmp);
@@ -348,7 +347,7 @@ out:
 int fsdp_safetensors_save(fsdp_ctx_t *ctx, const char *path, const fsdp_named_list_t *tensors,
                           const fsdp_safetensors_kv_t *meta, size_t nmeta) {
     static const char fn[] = "fsdp_safetensors_save";
-    if (!tensors) return werr(ctx, FSDP_EINVAL, "%s: the list is NULL", fn);
+    if (!tensors) return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: the list is NULL", fn);
     return fsdp__st_write(ctx, path, tensors->n, tensors->names, tensors->tensors, meta, nmeta, fn);
 }
 
@@ -377,11 +376,11 @@ int fsdp__st_state_dict_unique(const fsdp_module_t *m, fsdp_named_list_t *out) {
 int fsdp_safetensors_save_module(const fsdp_module_t *m, const char *path,
                                  const fsdp_safetensors_kv_t *meta, size_t nmeta) {
     static const char fn[] = "fsdp_safetensors_save_module";
-    if (!m) return werr(NULL, FSDP_EINVAL, "%s: the module is NULL", fn);
+    if (!m) return fsdp__ctx_err_or_log(NULL, FSDP_EINVAL, "%s: the module is NULL", fn);
     fsdp_ctx_t *ctx = fsdp_module_ctx(m);
     fsdp_named_list_t sd;
     int rc = fsdp__st_state_dict_unique(m, &sd);
-    if (rc < 0) return werr(ctx, rc, "%s: %s", fn, fsdp_ctx_last_error(ctx));
+    if (rc < 0) return fsdp__ctx_err_or_log(ctx, rc, "%s: %s", fn, fsdp_ctx_last_error(ctx));
     rc = fsdp__st_write(ctx, path, sd.n, sd.names, sd.tensors, meta, nmeta, fn);
     fsdp_named_list_free(&sd);
     return rc;

@@ -124,13 +124,13 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
     /* The store. */
     fsdp_store_t *store = NULL;
     if (env.store_url[0]) {
-        if ((rc = fsdp_store_open_url(env.store_url, &store)) < 0) {
+        if ((rc = fsdp_store_open_url(ctx, env.store_url, &store)) < 0) {
             init_fail(ctx, msg, msg_cap, rc, "fsdp_init_from_env: rank %d: FSDP_STORE='%s': %s",
-                      env.rank, env.store_url, fsdp_store_open_error());
+                      env.rank, env.store_url, fsdp_ctx_last_error(ctx));
             goto fail;
         }
     } else if (env.world_size == 1) {
-        if ((rc = fsdp_store_create_memory(&store)) < 0) {
+        if ((rc = fsdp_store_create_memory(ctx, &store)) < 0) {
             init_fail(ctx, msg, msg_cap, rc, "fsdp_init_from_env: out of memory");
             goto fail;
         }

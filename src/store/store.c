@@ -1,9 +1,8 @@
 /*
- * store.c: the store front end: handles, key prefixes, argument checks, waiting on many keys,
- * and the creation error of the context-less constructors.
+ * store.c: the store front end: handles, key prefixes, argument checks and waiting on many
+ * keys.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,23 +22,6 @@ int fsdp__store_wrap(const struct fsdp_store_ops *ops, void *data, fsdp_store_t 
     *out = s;
     return FSDP_OK;
 }
-
-/* The one piece of per-thread state in libfsdp: store constructors have no object to hold their
- * error text, so, like errno, it lives with the calling thread (see docs/design.md). */
-static _Thread_local char open_error[FSDP_ERR_LEN];
-
-int fsdp__store_open_err(int rc, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fsdp__verr(open_error, rc, fmt, ap);
-    va_end(ap);
-    fsdp_log(NULL, FSDP_LOG_ERROR, "%s", open_error);
-    return rc;
-}
-
-void fsdp__store_open_clear(void) { open_error[0] = 0; }
-
-const char *fsdp_store_open_error(void) { return open_error; }
 
 int64_t fsdp__store_deadline_ns(int64_t timeout_ms) {
     int64_t now = fsdp__now_ns();

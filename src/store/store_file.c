@@ -328,7 +328,7 @@ static const struct fsdp_store_ops file_ops = {
 };
 
 /* mkdir -p: creates every missing directory of `dir`. */
-static int make_dirs(const char *dir) {
+static int make_dirs(fsdp_ctx_t *ctx, const char *dir) {
     char path[PATH_CAP], e[128];
     snprintf(path, sizeof path, "%s", dir);
     for (char *p = path + 1;; p++) {
@@ -338,7 +338,7 @@ static int make_dirs(const char *dir) {
         struct stat st;
         int made = mkdir(path, 0777) == 0, saved = errno;
         if (!made && saved != EEXIST && !(stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
-            return fsdp__store_open_err(FSDP_EBACKEND,
+            return fsdp__ctx_err_or_log(ctx, FSDP_EBACKEND,
                                         "fsdp_store_create_file: cannot create directory '%s' "
                                         "(for '%s'): %s",
                                         path, dir, errtext(saved, e, sizeof e));
@@ -347,23 +347,23 @@ static int make_dirs(const char *dir) {
     }
     struct stat st;
     if (stat(dir, &st) != 0)
-        return fsdp__store_open_err(FSDP_EBACKEND, "fsdp_store_create_file: cannot use '%s': %s",
-                                    dir, errtext(errno, e, sizeof e));
+        return fsdp__ctx_err_or_log(ctx, FSDP_EBACKEND,
+                                    "fsdp_store_create_file: cannot use '%s': %s", dir,
+                                    errtext(errno, e, sizeof e));
     if (!S_ISDIR(st.st_mode))
-        return fsdp__store_open_err(FSDP_EBACKEND,
-                                    "fsdp_store_create_file: '%s' exists and is not a directory",
-                                    dir);
+        return fsdp__ctx_err_or_log(
+            ctx, FSDP_EBACKEND, "fsdp_store_create_file: '%s' exists and is not a directory", dir);
     return FSDP_OK;
 }
 
 /* Proves that files can be created in dir, so that a read-only directory fails here and not at
  * the first set of a rank. */
-static int probe_dir(const char *dir) {
+static int probe_dir(fsdp_ctx_t *ctx, const char *dir) {
     char path[PATH_CAP], e[128];
     snprintf(path, sizeof path, "%s/t.probe.XXXXXX", dir);
     int fd = mkstemp(path);
     if (fd < 0)
-        return fsdp__store_open_err(FSDP_EBACKEND,
+        return fsdp__ctx_err_or_log(ctx, FSDP_EBACKEND,
                                     "fsdp_store_create_file: cannot create files in '%s': %s", dir,
                                     errtext(errno, e, sizeof e));
     close(fd);
@@ -371,26 +371,25 @@ static int probe_dir(const char *dir) {
     return FSDP_OK;
 }
 
-int fsdp_store_create_file(const char *dir, fsdp_store_t **out) {
-    fsdp__store_open_clear();
-    if (!out) return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_create_file: out is NULL");
+int fsdp_store_create_file(fsdp_ctx_t *ctx, const char *dir, fsdp_store_t **out) {
+    if (!out) return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_store_create_file: out is NULL");
     *out = NULL;
     if (!dir || !*dir)
-        return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_create_file: dir is %s",
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_store_create_file: dir is %s",
                                     dir ? "empty" : "NULL");
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/') n--;
     if (n > DIR_MAX)
-        return fsdp__store_open_err(FSDP_EINVAL,
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
                                     "fsdp_store_create_file: dir '%.64s...' is longer than %d "
                                     "bytes",
                                     dir, DIR_MAX);
     file_store_t *f = calloc(1, sizeof *f + n + 1);
-    if (!f) return fsdp__store_open_err(FSDP_ENOMEM, "fsdp_store_create_file: out of memory");
+    if (!f) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "fsdp_store_create_file: out of memory");
     memcpy(f->dir, dir, n);
     f->dir[n] = 0;
-    int rc = make_dirs(f->dir);
-    if (rc == FSDP_OK) rc = probe_dir(f->dir);
+    int rc = make_dirs(ctx, f->dir);
+    if (rc == FSDP_OK) rc = probe_dir(ctx, f->dir);
     if (rc < 0) {
         free(f);
         return rc;
@@ -398,6 +397,6 @@ int fsdp_store_create_file(const char *dir, fsdp_store_t **out) {
     pthread_mutex_init(&f->mu, NULL);
     f->refs = 1;
     rc = fsdp__store_wrap(&file_ops, f, out);
-    if (rc < 0) return fsdp__store_open_err(rc, "fsdp_store_create_file: out of memory");
+    if (rc < 0) return fsdp__ctx_err_or_log(ctx, rc, "fsdp_store_create_file: out of memory");
     return FSDP_OK;
 }

@@ -43,14 +43,6 @@ struct fsdp_store {
 /* Makes a handle over backend data (takes over one reference). */
 int fsdp__store_wrap(const struct fsdp_store_ops *ops, void *data, fsdp_store_t **out);
 
-/* Records the failure of a context-less constructor (fsdp_store_create_*, fsdp_store_open_url):
- * formats the message into this thread's creation error (fsdp_store_open_error()), logs it at
- * error level as fsdp_ctx_create does, and returns rc. */
-int fsdp__store_open_err(int rc, const char *fmt, ...) FSDP_PRINTF(2, 3);
-
-/* Clears this thread's creation error; constructors call it first. */
-void fsdp__store_open_clear(void);
-
 /* The monotonic time (ns) timeout_ms from now, saturating instead of overflowing. */
 int64_t fsdp__store_deadline_ns(int64_t timeout_ms);
 

@@ -157,16 +157,17 @@ static const struct fsdp_store_ops mem_ops = {
     .release = mem_release,
 };
 
-int fsdp_store_create_memory(fsdp_store_t **out) {
-    fsdp__store_open_clear();
-    if (!out) return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_create_memory: out is NULL");
+int fsdp_store_create_memory(fsdp_ctx_t *ctx, fsdp_store_t **out) {
+    if (!out)
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_store_create_memory: out is NULL");
     *out = NULL;
     mem_store_t *m = calloc(1, sizeof *m);
-    if (!m) return fsdp__store_open_err(FSDP_ENOMEM, "fsdp_store_create_memory: out of memory");
+    if (!m)
+        return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "fsdp_store_create_memory: out of memory");
     pthread_mutex_init(&m->mu, NULL);
     fsdp__cond_init(&m->cv);
     m->refs = 1;
     int rc = fsdp__store_wrap(&mem_ops, m, out);
-    if (rc < 0) return fsdp__store_open_err(rc, "fsdp_store_create_memory: out of memory");
+    if (rc < 0) return fsdp__ctx_err_or_log(ctx, rc, "fsdp_store_create_memory: out of memory");
     return FSDP_OK;
 }

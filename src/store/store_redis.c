@@ -304,29 +304,29 @@ static const struct fsdp_store_ops redis_ops = {
     .release = redis_release,
 };
 
-int fsdp_store_create_redis(const char *host, int port, const char *prefix, fsdp_store_t **out) {
-    fsdp__store_open_clear();
-    if (!out) return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_create_redis: out is NULL");
+int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int port, const char *prefix,
+                            fsdp_store_t **out) {
+    if (!out) return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_store_create_redis: out is NULL");
     *out = NULL;
     if (!host || !*host)
-        return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_create_redis: host is %s",
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_store_create_redis: host is %s",
                                     host ? "empty" : "NULL");
     if (strlen(host) >= HOST_CAP)
-        return fsdp__store_open_err(FSDP_EINVAL,
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
                                     "fsdp_store_create_redis: host '%.64s...' is longer than %d "
                                     "bytes",
                                     host, HOST_CAP - 1);
     if (port < 1 || port > 65535)
-        return fsdp__store_open_err(FSDP_EINVAL,
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
                                     "fsdp_store_create_redis(%s): port %d is outside 1..65535",
                                     host, port);
     if (prefix && strlen(prefix) >= PREFIX_CAP)
-        return fsdp__store_open_err(FSDP_EINVAL,
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
                                     "fsdp_store_create_redis(%s:%d): prefix '%.64s...' is longer "
                                     "than %d bytes",
                                     host, port, prefix, PREFIX_CAP - 1);
     redis_store_t *r = calloc(1, sizeof *r);
-    if (!r) return fsdp__store_open_err(FSDP_ENOMEM, "fsdp_store_create_redis: out of memory");
+    if (!r) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "fsdp_store_create_redis: out of memory");
     snprintf(r->host, sizeof r->host, "%s", host);
     snprintf(r->prefix, sizeof r->prefix, "%s", prefix ? prefix : "");
     r->port = port;
@@ -335,17 +335,17 @@ int fsdp_store_create_redis(const char *host, int port, const char *prefix, fsdp
     pthread_mutex_init(&r->mu, NULL);
     r->refs = 1;
     int rc = fsdp__store_wrap(&redis_ops, r, out);
-    if (rc < 0) return fsdp__store_open_err(rc, "fsdp_store_create_redis: out of memory");
+    if (rc < 0) return fsdp__ctx_err_or_log(ctx, rc, "fsdp_store_create_redis: out of memory");
     return FSDP_OK;
 }
 
 #else /* !FSDP_HAVE_HIREDIS */
 
-int fsdp_store_create_redis(const char *host, int port, const char *prefix, fsdp_store_t **out) {
+int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int port, const char *prefix,
+                            fsdp_store_t **out) {
     (void)prefix;
-    fsdp__store_open_clear();
     if (out) *out = NULL;
-    return fsdp__store_open_err(FSDP_ENOTSUP,
+    return fsdp__ctx_err_or_log(ctx, FSDP_ENOTSUP,
                                 "fsdp_store_create_redis(%s:%d): libfsdp was built without "
                                 "hiredis (install libhiredis-dev and configure --with-hiredis)",
                                 host ? host : "(null)", port);

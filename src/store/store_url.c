@@ -130,22 +130,21 @@ int fsdp__store_url_parse(const char *url, fsdp__store_url_t *out, char *err) {
     return bad(err, url, "the scheme is not file, redis or memory");
 }
 
-int fsdp_store_open_url(const char *url, fsdp_store_t **out) {
-    fsdp__store_open_clear();
-    if (!out) return fsdp__store_open_err(FSDP_EINVAL, "fsdp_store_open_url: out is NULL");
+int fsdp_store_open_url(fsdp_ctx_t *ctx, const char *url, fsdp_store_t **out) {
+    if (!out) return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_store_open_url: out is NULL");
     *out = NULL;
     fsdp__store_url_t *u = malloc(sizeof *u);
-    if (!u) return fsdp__store_open_err(FSDP_ENOMEM, "fsdp_store_open_url: out of memory");
+    if (!u) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "fsdp_store_open_url: out of memory");
     char err[FSDP_ERR_LEN];
     int rc = fsdp__store_url_parse(url, u, err);
     if (rc < 0) {
-        rc = fsdp__store_open_err(rc, "%s", err);
+        rc = fsdp__ctx_err_or_log(ctx, rc, "%s", err);
     } else if (u->kind == FSDP__STORE_URL_MEMORY) {
-        rc = fsdp_store_create_memory(out);
+        rc = fsdp_store_create_memory(ctx, out);
     } else if (u->kind == FSDP__STORE_URL_FILE) {
-        rc = fsdp_store_create_file(u->path, out);
+        rc = fsdp_store_create_file(ctx, u->path, out);
     } else {
-        rc = fsdp_store_create_redis(u->host, u->port, u->prefix, out);
+        rc = fsdp_store_create_redis(ctx, u->host, u->port, u->prefix, out);
     }
     free(u);
     return rc;

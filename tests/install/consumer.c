@@ -30,7 +30,7 @@ static int gloo_alone(void) {
     fsdp_pg_t *pg = NULL;
     float x = 2.0f, y = 0.0f;
     int rc = fsdp_ctx_create(NULL, &ctx);
-    if (rc == FSDP_OK) rc = fsdp_store_create_memory(&store);
+    if (rc == FSDP_OK) rc = fsdp_store_create_memory(NULL, &store);
     if (rc == FSDP_OK) rc = fsdp_pg_create_gloo(ctx, store, NULL, &pg);
     if (rc == FSDP_OK) rc = fsdp_pg_all_reduce(pg, &x, &y, 1, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
     if (rc == FSDP_OK && y != 2.0f) rc = FSDP_EINTERNAL;
