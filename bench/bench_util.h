@@ -472,7 +472,7 @@ static inline void bench_rank_teardown(bench_rank_t *s) {
     fsdp_tensor_release(s->tokens);
     fsdp_tensor_release(s->targets);
     fsdp_optim_destroy(s->opt);
-    fsdp_destroy(s->root);
+    fsdp_unit_destroy(s->root);
     fsdp_module_release(s->model);
     s->tokens = s->targets = NULL;
     s->opt = NULL;

@@ -390,7 +390,7 @@ void fu_teardown(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_unit_t *root, fsdp_unit
     fsdp_tape_clear(ctx);
     free(u);
     fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
 }
 

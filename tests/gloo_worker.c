@@ -94,7 +94,7 @@ done:
     fsdp_tensor_release(loss);
     fsdp_tape_clear(ctx);
     fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     return status;
 }

@@ -557,7 +557,7 @@ done:
     fsdp_named_list_free(&ref_params);
     fsdp_optim_destroy(opt);
     fsdp_optim_destroy(ref_opt);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     fsdp_module_release(ref);
     fsdp_pg_destroy(g.shard);
@@ -678,10 +678,10 @@ static int order_rank(fsdp_ctx_t *ctx, void *arg) {
     snprintf(oc->msg[rank], sizeof oc->msg[rank], "%s", rc < 0 ? fsdp_ctx_last_error(ctx) : "");
     fsdp_tape_clear(ctx);
     fsdp_tensor_release(x);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     if (!root) {
-        fsdp_destroy(ua);
-        fsdp_destroy(ub);
+        fsdp_unit_destroy(ua);
+        fsdp_unit_destroy(ub);
     }
     fsdp_module_release(a);
     fsdp_module_release(b);

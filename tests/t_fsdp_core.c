@@ -67,7 +67,7 @@ done:
         fsdp_tensor_release(out[i]);
     fsdp_tape_clear(ctx);
     for (int i = 0; i < 3; i++) {
-        fsdp_destroy(root[i]);
+        fsdp_unit_destroy(root[i]);
         fsdp_module_release(m[i]);
     }
     return rc;
@@ -295,7 +295,7 @@ static int err_rank(fsdp_ctx_t *ctx, void *arg) {
     fm = forward_matches(ctx, m, ref);
     fu_ck(r, fm == 1,
           "after the refused wraps the unit still computes the unwrapped model's output", "%d", fm);
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     u = NULL;
     fsdp_module_release(m);
     m = NULL;
@@ -336,7 +336,7 @@ static int err_rank(fsdp_ctx_t *ctx, void *arg) {
           fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
     fm = u ? forward_matches(ctx, m, ref) : 0;
     fu_ck(r, fm == 1, "and computes the unwrapped model's output", "%d", fm);
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     u = NULL;
     fsdp_module_release(m);
     m = NULL;
@@ -373,9 +373,9 @@ static int err_rank(fsdp_ctx_t *ctx, void *arg) {
         fm = forward_matches(ctx, c0, fsdp_module_child(m2, "0"));
         fu_ck(r, fm == 1, "the first unit still computes its Linear", "%d", fm);
     }
-    fsdp_destroy(u3);
-    fsdp_destroy(u2);
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u3);
+    fsdp_unit_destroy(u2);
+    fsdp_unit_destroy(u);
     u = u2 = u3 = NULL;
     fsdp_module_release(m);
     m = NULL;
@@ -394,10 +394,10 @@ static int err_rank(fsdp_ctx_t *ctx, void *arg) {
           "a parameter shared across units chosen by a wrap policy: FSDP_EINVAL naming it",
           "rc %s, message '%s'", fsdp_err_name(rc), msg);
     fu_ck(r, fsdp_unit_of(m) == NULL, "the refused root is not a unit", "it is");
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     u = NULL;
     fsdp_unit_t *left = fsdp_unit_of(fsdp_module_child(m, "0"));
-    if (left && fsdp_unit_is_root(left)) fsdp_destroy(left);
+    if (left && fsdp_unit_is_root(left)) fsdp_unit_destroy(left);
     fsdp_module_release(m);
     m = NULL;
 
@@ -416,9 +416,9 @@ static int err_rank(fsdp_ctx_t *ctx, void *arg) {
 done:
     fsdp_tensor_release(f64);
     fsdp_tensor_release(bias);
-    fsdp_destroy(u3);
-    fsdp_destroy(u2);
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u3);
+    fsdp_unit_destroy(u2);
+    fsdp_unit_destroy(u);
     fsdp_module_release(m);
     fsdp_module_release(m2);
     fsdp_module_release(ref);

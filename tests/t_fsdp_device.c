@@ -508,7 +508,7 @@ out:
     fsdp_tensor_release(x);
     fsdp_tape_clear(ctx);
     fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     fsdp_ctx_set_device(ctx, NULL);
     return rc;
@@ -616,7 +616,7 @@ out:
     fsdp_tensor_release(y);
     fsdp_tensor_release(x);
     fsdp_tape_clear(ctx);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     fsdp_ctx_set_device(ctx, NULL);
 }
@@ -665,7 +665,7 @@ static int error_rank(fsdp_ctx_t *ctx, void *arg) {
     fu_ck(r, rc == 0 && fsdp_unit_compute_device(u) == A,
           "F07: the same module wraps with a device of its own context", "rc %s: %s",
           fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     u = NULL;
     fsdp_module_release(m);
     m = NULL;
@@ -681,7 +681,7 @@ static int error_rank(fsdp_ctx_t *ctx, void *arg) {
                        "is refused naming it");
     rc = FSDP_OK;
 out:
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     fsdp_module_release(m);
     fsdp_ctx_set_device(ctx, NULL);
     fsdp_device_destroy(other_dev);

@@ -295,10 +295,10 @@ done:
     free(u);
     fsdp_optim_destroy(opt);
     fsdp_optim_destroy(ref_opt);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     if (!root) {
-        fsdp_destroy(ul);
-        fsdp_destroy(uf);
+        fsdp_unit_destroy(ul);
+        fsdp_unit_destroy(uf);
     }
     fsdp_module_release(m);
     fsdp_module_release(ref);

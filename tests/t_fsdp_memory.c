@@ -133,7 +133,7 @@ static int ignored_sync_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(out, "fsdp_summon_end", fsdp_summon_end(root));
 out:
     fsdp_tensor_release(buf);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     return rc < 0 ? rc : 0;
 }
@@ -217,7 +217,7 @@ out:
     fsdp_named_list_free(&rl);
     fsdp_optim_destroy(opt);
     fsdp_optim_destroy(ref_opt);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     fsdp_module_release(ref);
     return rc < 0 ? rc : 0;
@@ -245,7 +245,7 @@ static void gpt_free(gpt_run_t *g) {
     fsdp_tensor_release(g->tgt);
     fsdp_optim_destroy(g->opt);
     fsdp_named_list_free(&g->params);
-    fsdp_destroy(g->root);
+    fsdp_unit_destroy(g->root);
     fsdp_module_release(g->m);
     memset(g, 0, sizeof *g);
 }

@@ -250,7 +250,7 @@ done:
         fsdp_tensor_release(out[i]);
     fsdp_tape_clear(ctx);
     for (int i = 0; i < PI_N; i++) {
-        fsdp_destroy(root[i]);
+        fsdp_unit_destroy(root[i]);
         fsdp_module_release(m[i]);
     }
     return rc;

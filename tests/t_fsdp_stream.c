@@ -664,7 +664,7 @@ out:
     sr[rk].root = NULL;
     fsdp_ctx_set_device(ctx, NULL);
     fsdp_optim_destroy(opt);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     if (g) fsdp_pg_destroy(&g->base);
     fsdp_device_destroy(dev);
@@ -731,7 +731,7 @@ static int late_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_tape_clear(ctx);
 out:
     fsdp_ctx_set_device(ctx, NULL);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     if (g) fsdp_pg_destroy(&g->base);
     fsdp_device_destroy(dev);

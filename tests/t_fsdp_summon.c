@@ -169,7 +169,7 @@ static int fx_init(fsdp_ctx_t *ctx, fsdp_sharding_strategy_t s, bool orig, fx_t 
 static void fx_fini(fx_t *f) {
     free(f->pl);
     fsdp_named_list_free(&f->l);
-    fsdp_destroy(f->root);
+    fsdp_unit_destroy(f->root);
     fsdp_module_release(f->m);
     fsdp_module_release(f->ref);
 }
@@ -658,7 +658,7 @@ static int sync_rank(fsdp_ctx_t *ctx, void *arg) {
 out:
     fu_vals_free(&v);
     fsdp_named_list_free(&bl);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     return rc < 0 ? rc : 0;
 }

@@ -275,9 +275,9 @@ out:
     fsdp_optim_destroy(bad);
     free(units);
     fsdp_policy_release(any);
-    fsdp_destroy(plain_root);
+    fsdp_unit_destroy(plain_root);
     fsdp_module_release(plain);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     return res->rc;
 }

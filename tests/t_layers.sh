@@ -6,7 +6,8 @@
 # only files of its own layer or of lower ones. An include is resolved as the compiler does:
 # "x" beside the including file, then under src/, then at the top; <fsdp/x.h> and <fsdp.h> under
 # include/. Includes that resolve to no file of the source tree (system and generated headers)
-# are not checked. A failure names the file, the line and both layers.
+# are not checked. A failure names the file, the line and both layers. Project includes are
+# written one way: a file under src/ by its path from src/, any other by its path from the top.
 srcdir=${srcdir:-.}
 design="$srcdir/docs/design.md"
 tmp=$(mktemp -d)
@@ -90,6 +91,11 @@ check_files() {
         inc = line; sub(/^[^"<]*["<]/, "", inc); sub(/[">].*$/, "", inc)
         t = resolve(inc, sys, dir)
         if (t == "") continue
+        # One way to write a project include: a file under src/ from src/, any other from the
+        # top (never beside the including file, never src/... from the top).
+        want = t ~ /^src\// ? substr(t, 5) : t
+        if (!sys && inc != want)
+            printf "%s:%d: writes \"%s\" for %s; write \"%s\"\n", file, ln, inc, t, want
         lt = layer_of(t)
         if (lt == "") { print file ":" ln ": includes " t ", which is in no layer"; continue }
         edges++
@@ -106,7 +112,7 @@ root=$srcdir
 (cd "$srcdir" && find src sim backends tools include -type f \
   \( -name '*.c' -o -name '*.h' -o -name '*.cc' -o -name '*.cu' \) | LC_ALL=C sort) > "$tmp/files"
 
-echo "1..5"
+echo "1..7"
 nl=$(cut -d' ' -f1 "$tmp/table" | sort -u | wc -l)
 if [ "$nl" -ge 10 ]; then
   echo "ok 1 - docs/design.md has the table of layers ($nl layers, $(wc -l < "$tmp/table") paths)"
@@ -116,7 +122,8 @@ fi
 
 check_files "$tmp/files" > "$tmp/out" 2> "$tmp/edges"
 grep 'unplaced file' "$tmp/out" > "$tmp/unplaced"
-grep -v 'unplaced file' "$tmp/out" > "$tmp/up"
+grep ': writes "' "$tmp/out" > "$tmp/written"
+grep -v 'unplaced file' "$tmp/out" | grep -v ': writes "' > "$tmp/up"
 if [ ! -s "$tmp/unplaced" ]; then
   echo "ok 2 - every one of the $(wc -l < "$tmp/files") files under src/ sim/ backends/ tools/ include/ is in a layer"
 else
@@ -130,11 +137,20 @@ else
   sed 's/^/# /' "$tmp/up"
 fi
 
+if [ ! -s "$tmp/written" ]; then
+  echo "ok 4 - every project include is written one way (from src/ for src files, else from the top)"
+else
+  echo "not ok 4 - $(wc -l < "$tmp/written") includes written another way"
+  sed 's/^/# /' "$tmp/written"
+fi
+
 # The checker itself: a planted upward include (the core reaching the process group, the
-# tensor layer reaching autograd) and a file outside every layer are caught, with file and line.
+# tensor layer reaching autograd), an include written beside its file and a file outside every
+# layer are caught, with file and line.
 root=$tmp/plant
 mkdir -p "$root/src/core" "$root/src/pg" "$root/src/tensor" "$root/src/autograd" "$root/src/new"
-printf '#include <stdio.h>\n#include "pg/pg_impl.h"\n' > "$root/src/core/bad.c"
+printf '#include <stdio.h>\n#include "pg/pg_impl.h"\n#include "near.h"\n' > "$root/src/core/bad.c"
+: > "$root/src/core/near.h"
 printf '#include "autograd/autograd_impl.h"\n' > "$root/src/tensor/tensor.c"
 : > "$root/src/pg/pg_impl.h"
 : > "$root/src/autograd/autograd_impl.h"
@@ -143,13 +159,18 @@ printf 'src/core/bad.c\nsrc/tensor/tensor.c\nsrc/new/orphan.c\n' > "$tmp/plist"
 check_files "$tmp/plist" > "$tmp/pout" 2>/dev/null
 if grep -q '^src/core/bad.c:2: includes src/pg/pg_impl.h (layer [0-9]*, pg) from layer 1 (core)$' "$tmp/pout" &&
    grep -q '^src/tensor/tensor.c:1: includes src/autograd/autograd_impl.h (layer [0-9]*, autograd) from layer [0-9]* (tensor)$' "$tmp/pout"; then
-  echo "ok 4 - planted upward includes are reported with file, line and both layers"
+  echo "ok 5 - planted upward includes are reported with file, line and both layers"
 else
-  echo "not ok 4 - planted upward includes were not reported as expected"
+  echo "not ok 5 - planted upward includes were not reported as expected"
 fi
 sed 's/^/# /' "$tmp/pout"
 if grep -q '^src/new/orphan.c: unplaced file' "$tmp/pout"; then
-  echo "ok 5 - a file in no layer is reported"
+  echo "ok 6 - a file in no layer is reported"
 else
-  echo "not ok 5 - a file in no layer was not reported"
+  echo "not ok 6 - a file in no layer was not reported"
+fi
+if grep -q '^src/core/bad.c:3: writes "near.h" for src/core/near.h; write "core/near.h"$' "$tmp/pout"; then
+  echo "ok 7 - an include written beside its file is reported with the way to write it"
+else
+  echo "not ok 7 - an include written beside its file was not reported"
 fi

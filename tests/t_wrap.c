@@ -131,7 +131,7 @@ static void test_fw01(void) {
                rc == 0 ? wu_unit_names(root) : fsdp_ctx_last_error(mctx));
         tap_is_str(wu_unit_names(root), nested ? "(root)|lin1.1|lin2|lin3" : "(root)|lin1|lin2|lin3",
                    "WRAP-FW-01 (%s): the adopted tree's units", k);
-        fsdp_destroy(root);
+        fsdp_unit_destroy(root);
         fsdp_policy_release(p);
         fsdp_module_release(m);
     }
@@ -153,7 +153,7 @@ static void test_fw01(void) {
            "WRAP-FW-01: a root that is already a unit is reported as the root module (%s)",
            fsdp_ctx_last_error(mctx));
     fsdp_policy_release(p);
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     fsdp_module_release(l);
 }
 
@@ -213,7 +213,7 @@ static void test_ta01_03(void) {
            why);
     tap_is_int(fsdp_unit_strategy(u), FSDP_NO_SHARD,
                "WRAP-TA-01 (FSDP_CTOR): a group of one clamps the strategy to NO_SHARD");
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     fsdp_module_release(l);
     fsdp_policy_release(p1);
 
@@ -230,7 +230,7 @@ static void test_ta01_03(void) {
            "WRAP-TA-01 (WRAP_API): fsdp_wrap_scoped inside the scope makes a unit over the "
            "default group: rank 0, world size 1 (%s)",
            why);
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     fsdp_module_release(l);
 
     /* Scopes do not nest: the open scope keeps its defaults. */
@@ -253,7 +253,7 @@ static void test_ta01_03(void) {
            "WRAP-TA-01: a nested fsdp_enable_wrap is FSDP_EINVAL and leaves the open scope's "
            "defaults (%s)",
            why);
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     fsdp_module_release(l);
     CHECK(fsdp_disable_wrap());
     wu_stderr_begin();
@@ -290,7 +290,7 @@ static void test_ta01_03(void) {
            "WRAP-TA-02: wrapping the model inside the scope wraps only the root; its lin stays "
            "a plain Linear whose parameters the root manages (%s)",
            wu_unit_names(u));
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     fsdp_module_release(m);
     u = (fsdp_unit_t *)1;
     tap_ok(fsdp_wrap_scoped(NULL, NULL, &u) == FSDP_EINVAL && u == NULL,
@@ -317,7 +317,7 @@ static void test_ta01_03(void) {
                fs.padded_numel == 30,
            "WRAP-TA-03: over two ranks it stays FULL_SHARD with half of the 30 elements per shard, "
            "and constructing it did not communicate (pg2 fails every collective)");
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     fsdp_module_release(l);
 
     fsdp_options_t uo;
@@ -430,7 +430,7 @@ static void test_ta08(void) {
                    world);
             tap_has_str(logcap.first, "These modules will be wrapped as separate FSDP",
                         "WRAP-TA-08 (%s, world %d): the batch-norm override warns (W2)", k, world);
-            fsdp_destroy(root);
+            fsdp_unit_destroy(root);
             fsdp_policy_release(p);
             fsdp_module_release(m);
         }
@@ -504,7 +504,7 @@ static void test_ta15_16(void) {
                        "(%lld, %zu parameters)",
                        how, (long long)fs.unpadded_numel, root ? fsdp_unit_num_params(root) : 0);
             }
-            fsdp_destroy(root);
+            fsdp_unit_destroy(root);
             fsdp_policy_release(p);
             fsdp_module_release(m);
         }
@@ -560,7 +560,7 @@ static void test_ta17(void) {
                 tap_ok(root == NULL && units_in_tree(m) == 0 && logcap.nwarn == 0,
                        "WRAP-TA-17 (%s): refused before any unit was made", names[k]);
             }
-            fsdp_destroy(root);
+            fsdp_unit_destroy(root);
             fsdp_policy_release(p);
             fsdp_module_release(m);
         }
@@ -636,7 +636,7 @@ static void test_mp_s11_s13(void) {
         tap_ok(s13 ? nw == 0 : nw == 1 && strstr(warn, "{BatchNorm1d}"),
                "%s: %s", id,
                s13 ? "no warning" : "one warning (fsdp_ctx_warnings) names BatchNorm1d");
-        fsdp_destroy(root);
+        fsdp_unit_destroy(root);
         fsdp_module_release(m);
         fsdp_policy_release(p);
     }
@@ -665,7 +665,7 @@ static void test_mp_s11_s13(void) {
            "MP-S12: fully_shard on [0] then the root: two units, both with the mixed precision "
            "given (%s)",
            wu_unit_names(root));
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(seq);
 }
 

@@ -127,7 +127,7 @@ done:
     fsdp_optim_destroy(opt);
     fsdp_optim_destroy(ref_opt);
     fsdp_ddp_destroy(ddp);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     fsdp_module_release(ref);
     fsdp_policy_release(p);
@@ -201,7 +201,7 @@ done:
     fsdp_tensor_release(y);
     fsdp_tensor_release(x);
     fsdp_tape_clear(ctx);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     fsdp_ctx_set_device(ctx, NULL);
     fsdp_device_destroy(A);
@@ -263,7 +263,7 @@ static int scope_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(done, "barrier", fsdp_pg_barrier(world, NULL));
 done:
     if (opened) fsdp_disable_wrap();
-    fsdp_destroy(u);
+    fsdp_unit_destroy(u);
     fsdp_module_release(l);
     fsdp_pg_destroy(self);
     return rc < 0 ? rc : FSDP_OK;
@@ -387,8 +387,8 @@ done:
     fsdp_named_list_free(&la);
     fsdp_optim_destroy(oa);
     fsdp_optim_destroy(ob);
-    fsdp_destroy(ra);
-    fsdp_destroy(rb);
+    fsdp_unit_destroy(ra);
+    fsdp_unit_destroy(rb);
     fsdp_module_release(ma);
     fsdp_module_release(mb);
     fsdp_module_release(mu);
@@ -524,7 +524,7 @@ done:
     fsdp_tensor_release(y);
     fsdp_tensor_release(x);
     fsdp_tape_clear(ctx);
-    fsdp_destroy(root);
+    fsdp_unit_destroy(root);
     fsdp_module_release(m);
     fsdp_module_release(ref);
     fsdp_policy_release(p);

@@ -31,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "train.h"
+#include "tools/train.h"
 
 static double now_s(void) {
     struct timespec ts;

@@ -45,7 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fsdprun.h"
+#include "tools/fsdprun.h"
 
 #define EXIT_USAGE 2     /* bad usage, or the job could not be started */
 #define EXIT_TIMEOUT 124 /* --timeout expired, as timeout(1) */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsdprun.h"
+#include "tools/fsdprun.h"
 
 static const char usage_text[] =
     "NAME\n"

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fsdprun.h"
+#include "tools/fsdprun.h"
 
 static int write_all(job_t *job, int fd, const char *p, size_t n) {
     if (job->out_dead[fd]) return 0;

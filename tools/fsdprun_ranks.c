@@ -26,7 +26,7 @@
 
 #include <fsdp/launch.h>
 
-#include "fsdprun.h"
+#include "tools/fsdprun.h"
 
 extern char **environ;
 

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "train.h"
+#include "tools/train.h"
 
 /* Reports a failure of rank r; a peer's failure seen as FSDP_EREMOTE is a consequence and is
  * left to the rank that caused it. */
@@ -124,7 +124,7 @@ void train_teardown(rank_t *k) {
     fsdp_loader_destroy(k->train_ld);
     fsdp_loader_destroy(k->val_ld);
     fsdp_optim_destroy(k->opt);
-    fsdp_destroy(k->root);
+    fsdp_unit_destroy(k->root);
     fsdp_module_release(k->model);
     fsdp_pg_destroy(k->shard_pg);
     fsdp_pg_destroy(k->rep_pg);

@@ -23,7 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "train.h"
+#include "tools/train.h"
 
 static int path_in(char *buf, size_t cap, const char *dir, const char *fmt, int r, int w) {
     int n = snprintf(buf, cap, "%s/", dir);

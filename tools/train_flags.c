@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train.h"
+#include "tools/train.h"
 
 static const char usage_text[] =
     "usage: " TRAIN_PROG " [options]\n"

@@ -16,8 +16,8 @@
 
 #include <fsdp/dtype.h>
 
-#include "cuda_cast.h"
-#include "cuda_kernels.h"
+#include "backends/cuda/cuda_cast.h"
+#include "backends/cuda/cuda_kernels.h"
 
 #define THREADS 256
 #define MAX_BLOCKS 4096

@@ -19,8 +19,8 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda_kernels.h"
-#include "cuda_philox.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_philox.h"
 
 #define THREADS 256
 #define MAX_BLOCKS 4096

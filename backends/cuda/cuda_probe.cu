@@ -10,7 +10,7 @@
 
 #include <fsdp/errno.h>
 
-#include "cuda_probe.h"
+#include "backends/cuda/cuda_probe.h"
 
 static int cuda_fail(cudaError_t e, const char *what, char *why, size_t cap) {
     if (why && cap) snprintf(why, cap, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));

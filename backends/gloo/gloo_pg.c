@@ -447,25 +447,18 @@ static int env_flag(const char *name) {
 
 int fsdp_pg_create_gloo(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_gloo_options_t *o,
                         fsdp_pg_t **out) {
-    if (out) *out = NULL;
-    if (!ctx) return FSDP_EINVAL;
-    if (!store || !out)
-        return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_pg_create_gloo: %s is NULL",
-                             store ? "out" : "store");
     fsdp_gloo_options_t defaults;
     if (!o) {
         fsdp_gloo_options_init(&defaults);
         o = &defaults;
     }
-    if (o->timeout_ms < 0)
-        return fsdp__ctx_err(ctx, FSDP_EINVAL,
-                             "fsdp_pg_create_gloo: timeout_ms %lld is negative (0 means the "
-                             "default, %d ms)",
-                             (long long)o->timeout_ms, FSDP_PG_DEFAULT_TIMEOUT_MS);
+    int64_t timeout = 0;
+    int rc =
+        fsdp__pg_check_world_args(ctx, "fsdp_pg_create_gloo", store, out, o->timeout_ms, &timeout);
+    if (rc < 0) return rc;
     const char *iface = o->iface ? o->iface : getenv("FSDP_GLOO_IFNAME");
     const char *host = o->hostname ? o->hostname : getenv("FSDP_GLOO_HOST");
     if (!host || !*host) host = "127.0.0.1";
-    int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : FSDP_PG_DEFAULT_TIMEOUT_MS;
     int rank = ctx->rank, size = ctx->world_size;
 
     /* Number the Gloo worlds made on this store, so that a second world on the same store
@@ -473,7 +466,7 @@ int fsdp_pg_create_gloo(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_gloo_op
      * published its address, which each does after counting itself, so the counts of world
      * k + 1 all come after those of world k. */
     int64_t n;
-    int rc = fsdp_store_add(store, "gloo.worlds", 1, &n);
+    rc = fsdp_store_add(store, "gloo.worlds", 1, &n);
     if (rc < 0)
         return fsdp__ctx_err(ctx, rc, "fsdp_pg_create_gloo (rank %d of %d): store: %s", rank, size,
                              fsdp_store_last_error(store));

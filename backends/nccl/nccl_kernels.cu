@@ -9,7 +9,7 @@
 
 #include <fsdp/dtype.h>
 
-#include "nccl_kernels.h"
+#include "backends/nccl/nccl_kernels.h"
 
 namespace {
 

@@ -365,22 +365,14 @@ static int pick_device(fsdp_ctx_t *ctx, const fsdp_nccl_options_t *o, int ndev, 
 /* fsdp_pg_create_nccl() of fsdp/nccl.h, through the plugin's table (nccl_api.c). */
 int fsdp__nccl_create(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_nccl_options_t *o,
                       fsdp_pg_t **out) {
-    if (out) *out = NULL;
-    if (!ctx) return FSDP_EINVAL;
-    if (!store || !out)
-        return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_pg_create_nccl: %s is NULL",
-                             store ? "out" : "store");
+    /* fsdp_pg_create_nccl (src/launch/nccl_api.c) checked the arguments
+     * (fsdp__pg_check_world_args) before loading this plugin. */
     fsdp_nccl_options_t defaults;
     if (!o) {
         fsdp_nccl_options_init(&defaults);
         o = &defaults;
     }
     const int rank = ctx->rank, size = ctx->world_size;
-    if (o->timeout_ms < 0)
-        return fsdp__ctx_err(ctx, FSDP_EINVAL,
-                             "fsdp_pg_create_nccl (rank %d of %d): timeout_ms %lld is negative (0 "
-                             "means the default, %d ms)",
-                             rank, size, (long long)o->timeout_ms, FSDP_PG_DEFAULT_TIMEOUT_MS);
     const int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : FSDP_PG_DEFAULT_TIMEOUT_MS;
     char msg[FSDP_ERR_LEN];
     int ndev = 0;

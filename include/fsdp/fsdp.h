@@ -34,7 +34,7 @@
  * fsdp_fully_shard, or fsdp_wrap_scoped inside an fsdp_enable_wrap scope), then the root without
  * a policy: a unit wrapped over a subtree that contains units adopts them. The two do not mix:
  * a policy refuses a tree that already holds a unit, as PyTorch does. The root (the unit without
- * a parent) owns its descendants: fsdp_destroy() on it frees them all.
+ * a parent) owns its descendants: fsdp_unit_destroy() on it frees them all.
  *
  * Collectives. Every unit operation that communicates is collective over the unit's process
  * group: all ranks must run the same units in the same order. With check_exec_order (on by
@@ -197,7 +197,7 @@ FSDP_EXTERN void fsdp_options_init(fsdp_options_t *o);
  * modules have no parent pointers; such a module fails at its forward, when it meets the
  * sharded view.) options.device must be a device of m's context. When step 4 fails, the units
  * it made before the failure stay units (roots, found with fsdp_unit_of on their modules);
- * fsdp_destroy() each of them.
+ * fsdp_unit_destroy() each of them.
  */
 FSDP_EXTERN int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out);
 
@@ -217,7 +217,7 @@ FSDP_EXTERN int fsdp_fully_shard(fsdp_module_t *m, const fsdp_options_t *o, fsdp
 /* Frees a root unit and every unit below it, removing their hooks. The module must not be run
  * again afterwards (its parameters are left as views of freed shards); release it. A non-root
  * unit is an error (destroy its root). NULL is accepted. */
-FSDP_EXTERN int fsdp_destroy(fsdp_unit_t *root);
+FSDP_EXTERN int fsdp_unit_destroy(fsdp_unit_t *root);
 
 /* ---- navigation ------------------------------------------------------------------------------ */
 
@@ -393,8 +393,10 @@ typedef struct fsdp_unit_stats {
     uint64_t all_reduces;      /* gradient all-reduces (NO_SHARD, hybrid) */
     uint64_t pre_backward_hooks;  /* pre-backward hooks run */
     uint64_t post_backward_hooks; /* post-backward reductions run */
-    uint64_t n_pre_bwd_registered;  /* pre-backward hook registrations (CORE-H03) */
-    uint64_t n_post_bwd_registered; /* post-backward hook registrations (CORE-H03) */
+    /* Hooks registered: once per forward that records for backward, on the unit's first
+     * invocation in an iteration (the post-backward one only when it has a gradient). */
+    uint64_t n_pre_bwd_registered;
+    uint64_t n_post_bwd_registered;
 } fsdp_unit_stats_t;
 FSDP_EXTERN void fsdp_unit_get_stats(const fsdp_unit_t *u, fsdp_unit_stats_t *out);
 

@@ -23,7 +23,7 @@
 
 #include <fsdp/errno.h>
 
-#include "src/device/block_cache.h"
+#include "device/block_cache.h"
 
 enum blk_state { BLK_FREE = 0, BLK_LIVE, BLK_PENDING };
 

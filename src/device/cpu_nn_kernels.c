@@ -29,8 +29,8 @@
 
 #include <fsdp/rng.h>
 
-#include "cpu_impl.h"
-#include "cpu_vec.h"
+#include "device/cpu_impl.h"
+#include "device/cpu_vec.h"
 
 /* f32 rows are processed in chunks of this many elements where a kernel needs scratch (exp of a
  * row before it is scaled), so that the scratch lives on the stack and in L1. */
@@ -49,7 +49,7 @@
 #define NN_EXP expf
 #define NN_SQRT sqrtf
 #define NN_F32 1
-#include "cpu_nn_kernels.c"
+#include "device/cpu_nn_kernels.c"
 #undef NN_T
 #undef NN_S
 #undef NN_EXP
@@ -61,7 +61,7 @@
 #define NN_EXP exp
 #define NN_SQRT sqrt
 #define NN_F32 0
-#include "cpu_nn_kernels.c"
+#include "device/cpu_nn_kernels.c"
 #undef NN_T
 #undef NN_S
 #undef NN_EXP

@@ -210,11 +210,11 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     free(u);
 }
 
-int fsdp_destroy(fsdp_unit_t *root) {
+int fsdp_unit_destroy(fsdp_unit_t *root) {
     if (!root) return FSDP_OK;
     if (root->parent)
         return fsdp__unit_err(root, FSDP_EINVAL,
-                              "fsdp_destroy: not a root unit (destroy its root)");
+                              "fsdp_unit_destroy: not a root unit (destroy its root)");
     fsdp_unit_t **all = NULL;
     size_t n = 0, cap = 0;
     if (fsdp__collect_units(root, &all, &n, &cap) < 0) {

@@ -13,6 +13,7 @@
 #include <fsdp/nccl.h>
 
 #include "internal.h"
+#include "pg/pg_impl.h"
 #ifdef FSDP_HAVE_NCCL
 #include "launch/plugin.h"
 #endif
@@ -39,10 +40,13 @@ int fsdp_nccl_device(const fsdp_pg_t *pg) {
 
 int fsdp_pg_create_nccl(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_nccl_options_t *o,
                         fsdp_pg_t **out) {
-    if (out) *out = NULL;
-    if (!ctx) return FSDP_EINVAL;
+    /* The arguments are checked here, before anything loads the plugin. */
+    int64_t timeout = 0;
+    int rc = fsdp__pg_check_world_args(ctx, "fsdp_pg_create_nccl", store, out,
+                                       o ? o->timeout_ms : 0, &timeout);
+    if (rc < 0) return rc;
     const struct fsdp_plugin *p = NULL;
-    int rc = fsdp__plugin_get(ctx, "fsdp_pg_create_nccl", &p);
+    rc = fsdp__plugin_get(ctx, "fsdp_pg_create_nccl", &p);
     if (rc < 0) return rc;
     if (!p->nccl_create)
         return fsdp__ctx_err(ctx, FSDP_ENOTSUP,

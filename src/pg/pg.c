@@ -50,6 +50,23 @@ static int late_report(fsdp_pg_t *pg, const fsdp_work_t *skip);
 /* ---------------------------------------------------------------------------------------- */
 /* Group base */
 
+int fsdp__pg_check_world_args(fsdp_ctx_t *ctx, const char *fn, const fsdp_store_t *store,
+                              fsdp_pg_t **out, int64_t timeout_ms, int64_t *timeout) {
+    if (out) *out = NULL;
+    if (!ctx) return FSDP_EINVAL;
+    if (!store || !out)
+        return fsdp__ctx_err(ctx, FSDP_EINVAL, "%s (rank %d of %d): %s is NULL", fn, ctx->rank,
+                             ctx->world_size, store ? "out" : "store");
+    if (timeout_ms < 0)
+        return fsdp__ctx_err(ctx, FSDP_EINVAL,
+                             "%s (rank %d of %d): timeout_ms %lld is negative (0 means the "
+                             "default, %d ms)",
+                             fn, ctx->rank, ctx->world_size, (long long)timeout_ms,
+                             FSDP_PG_DEFAULT_TIMEOUT_MS);
+    *timeout = timeout_ms > 0 ? timeout_ms : FSDP_PG_DEFAULT_TIMEOUT_MS;
+    return FSDP_OK;
+}
+
 /* A forgotten group, destroyed with its context. */
 static void destroy_child(void *obj) {
     fsdp_pg_destroy(obj);

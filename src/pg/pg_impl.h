@@ -106,6 +106,14 @@ struct fsdp_pg {
 int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx, int rank,
                   int size, const int *world_ranks, const char *name);
 
+/* The argument checks every constructor of a world group makes (fsdp_pg_create_gloo,
+ * fsdp_pg_create_nccl), done once here: *out (when given) is set to NULL; ctx, store and out
+ * must be given and timeout_ms (the options' value) must not be negative. On success *timeout
+ * is the group's timeout (timeout_ms, or FSDP_PG_DEFAULT_TIMEOUT_MS for 0). A failure is
+ * FSDP_EINVAL with a message on ctx naming fn, the rank and the argument (none without ctx). */
+int fsdp__pg_check_world_args(fsdp_ctx_t *ctx, const char *fn, const fsdp_store_t *store,
+                              fsdp_pg_t **out, int64_t timeout_ms, int64_t *timeout);
+
 /* Releases what fsdp__pg_init() set up and unregisters the group from its context. */
 void fsdp__pg_fini(fsdp_pg_t *pg);
 
