@@ -87,6 +87,25 @@ void fsdp__drop_cv_grads(fsdp_unit_t *u) {
 
 /* ---- reduction ------------------------------------------------------------------------------- */
 
+/* Issues one of u's gradient sums (a reduce-scatter or an all-reduce over pg, in the reduction
+ * dtype) on u's side stream; what names it in a failure's message. */
+static int grad_sum(fsdp_unit_t *u, fsdp_pg_t *pg, fsdp_coll_kind_t kind, fsdp_tensor_t *send,
+                    fsdp_tensor_t *recv, int64_t count, fsdp_work_t **work, const char *what) {
+    void *stream = NULL;
+    int rc = fsdp__side_stream(u, &stream);
+    if (rc < 0) return rc;
+    fsdp_coll_desc_t d = {.kind = kind,
+                          .send = fsdp_tensor_data(send),
+                          .recv = fsdp_tensor_data(recv),
+                          .count = (size_t)count,
+                          .dtype = u->rdt,
+                          .op = FSDP_REDOP_SUM,
+                          .stream = stream};
+    rc = fsdp_pg_collective(pg, &d, work);
+    if (rc < 0) return fsdp__unit_err(u, rc, "%s failed: %s", what, fsdp_pg_last_error(pg));
+    return FSDP_OK;
+}
+
 /* Starts the reduction of u's unsharded gradient (asynchronous). */
 int fsdp__reduce_grad(fsdp_unit_t *u) {
     fsdp_tensor_t *g = u->full_grad;
@@ -101,61 +120,28 @@ int fsdp__reduce_grad(fsdp_unit_t *u) {
     rc = div_inplace(g, pre);
     if (rc < 0) goto fail;
     if (u->opt.delay_before_reduce_ms > 0) fsdp__sleep_ms(u->opt.delay_before_reduce_ms);
-    void *stream = NULL; /* the side stream each collective is issued on (streams.c) */
     if (fsdp__is_sharded(u->opt.strategy)) {
         const int64_t n[1] = {u->layout.shard_numel};
         FSDP_TRY(rc, fail,
                  fsdp__tensor_new(u->ctx, u->dev, u->rdt, 1, n, FSDP_MEM_GRADS, &u->rs_out));
-        FSDP_TRY(rc, fail, fsdp__side_stream(u, &stream));
-        fsdp_coll_desc_t rs = {.kind = FSDP_COLL_REDUCE_SCATTER,
-                               .send = fsdp_tensor_data(g),
-                               .recv = fsdp_tensor_data(u->rs_out),
-                               .count = (size_t)u->layout.shard_numel,
-                               .dtype = u->rdt,
-                               .op = FSDP_REDOP_SUM,
-                               .stream = stream};
-        rc = fsdp_pg_collective(u->pg, &rs, &u->rs_work);
-        if (rc < 0) {
-            rc = fsdp__unit_err(u, rc, "gradient reduce-scatter failed: %s",
-                                fsdp_pg_last_error(u->pg));
-            goto fail;
-        }
+        FSDP_TRY(rc, fail,
+                 grad_sum(u, u->pg, FSDP_COLL_REDUCE_SCATTER, g, u->rs_out, u->layout.shard_numel,
+                          &u->rs_work, "gradient reduce-scatter"));
         u->stats.reduce_scatters++;
         if (u->replicate_pg && fsdp_pg_size(u->replicate_pg) > 1) {
             /* A rank runs its collectives in issue order, so this reads the finished shard. */
-            FSDP_TRY(rc, fail, fsdp__side_stream(u, &stream));
-            fsdp_coll_desc_t ar = {.kind = FSDP_COLL_ALL_REDUCE,
-                                   .send = fsdp_tensor_data(u->rs_out),
-                                   .recv = fsdp_tensor_data(u->rs_out),
-                                   .count = (size_t)u->layout.shard_numel,
-                                   .dtype = u->rdt,
-                                   .op = FSDP_REDOP_SUM,
-                                   .stream = stream};
-            rc = fsdp_pg_collective(u->replicate_pg, &ar, &u->ar_work);
-            if (rc < 0) {
-                rc = fsdp__unit_err(u, rc, "gradient all-reduce across replicas failed: %s",
-                                    fsdp_pg_last_error(u->replicate_pg));
-                goto fail;
-            }
+            FSDP_TRY(rc, fail,
+                     grad_sum(u, u->replicate_pg, FSDP_COLL_ALL_REDUCE, u->rs_out, u->rs_out,
+                              u->layout.shard_numel, &u->ar_work,
+                              "gradient all-reduce across replicas"));
             u->stats.all_reduces++;
         }
     } else {
         u->rs_out = fsdp_tensor_retain(g);
         if (u->world > 1) {
-            FSDP_TRY(rc, fail, fsdp__side_stream(u, &stream));
-            fsdp_coll_desc_t ar = {.kind = FSDP_COLL_ALL_REDUCE,
-                                   .send = fsdp_tensor_data(g),
-                                   .recv = fsdp_tensor_data(g),
-                                   .count = (size_t)u->layout.padded_numel,
-                                   .dtype = u->rdt,
-                                   .op = FSDP_REDOP_SUM,
-                                   .stream = stream};
-            rc = fsdp_pg_collective(u->pg, &ar, &u->ar_work);
-            if (rc < 0) {
-                rc = fsdp__unit_err(u, rc, "gradient all-reduce failed: %s",
-                                    fsdp_pg_last_error(u->pg));
-                goto fail;
-            }
+            FSDP_TRY(rc, fail,
+                     grad_sum(u, u->pg, FSDP_COLL_ALL_REDUCE, g, g, u->layout.padded_numel,
+                              &u->ar_work, "gradient all-reduce"));
             u->stats.all_reduces++;
         }
     }
