@@ -43,7 +43,12 @@
  * sequence number all get FSDP_EMISMATCH with a message listing every rank's call; the group
  * stays usable.
  *
- * Thread-safety: a process group handle belongs to one rank and is used by one thread at a time.
+ * Thread-safety: a process group handle belongs to one rank. Its collectives may be issued from
+ * several threads at once: each call is numbered and handed to the backend as one step, so the
+ * sequence numbers follow the order in which the calls reached the group (an order the caller
+ * must make the same on every rank). Waiting on works, the counters and fsdp_pg_seq() are safe
+ * from any thread; the rest (splitting, setting the timeout, destroying) is done by one thread
+ * at a time.
  */
 #ifndef FSDP_PG_H
 #define FSDP_PG_H

@@ -85,6 +85,7 @@ int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx,
     pg->late_head = pg->late_tail = NULL;
     pg->err[0] = 0;
     snprintf(pg->name, sizeof pg->name, "%s", name);
+    pthread_mutex_init(&pg->issue_mu, NULL);
     pthread_mutex_init(&pg->mu, NULL);
     fsdp__cond_init(&pg->cv);
     memset(&pg->child, 0, sizeof pg->child);
@@ -104,6 +105,7 @@ int fsdp__pg_init(fsdp_pg_t *pg, const struct fsdp_pg_ops *ops, fsdp_ctx_t *ctx,
 
 void fsdp__pg_fini(fsdp_pg_t *pg) {
     if (pg->ctx) fsdp__ctx_remove_child(pg->ctx, &pg->child);
+    pthread_mutex_destroy(&pg->issue_mu);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);
     free(pg->world_ranks);
@@ -141,7 +143,12 @@ int fsdp_pg_world_rank(const fsdp_pg_t *pg, int group_rank) {
 }
 
 uint64_t fsdp_pg_seq(const fsdp_pg_t *pg) {
-    return pg ? pg->seq : 0;
+    if (!pg) return 0;
+    fsdp_pg_t *g = (fsdp_pg_t *)pg; /* locking its mutex does not change the group */
+    pthread_mutex_lock(&g->issue_mu);
+    uint64_t seq = g->seq;
+    pthread_mutex_unlock(&g->issue_mu);
+    return seq;
 }
 
 const char *fsdp_pg_last_error(const fsdp_pg_t *pg) {
@@ -167,11 +174,17 @@ void fsdp_pg_get_counters(const fsdp_pg_t *pg, fsdp_pg_counters_t *out) {
         memset(out, 0, sizeof *out);
         return;
     }
-    *out = pg->counters;
+    fsdp_pg_t *g = (fsdp_pg_t *)pg; /* locking its mutex does not change the group */
+    pthread_mutex_lock(&g->mu);
+    *out = g->counters;
+    pthread_mutex_unlock(&g->mu);
 }
 
 void fsdp_pg_reset_counters(fsdp_pg_t *pg) {
-    if (pg) memset(&pg->counters, 0, sizeof pg->counters);
+    if (!pg) return;
+    pthread_mutex_lock(&pg->mu);
+    memset(&pg->counters, 0, sizeof pg->counters);
+    pthread_mutex_unlock(&pg->mu);
 }
 
 void fsdp_pg_destroy(fsdp_pg_t *pg) {
@@ -366,30 +379,34 @@ int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
     if (!w) return fsdp__pg_err(pg, FSDP_ENOMEM, "out of memory for a work handle");
     w->pg = pg;
     w->coll = *c;
-    w->coll.seq = pg->seq;
     w->coll.timeout_ms = pg->timeout_ms;
     w->refs = 2;
     w->sync = work == NULL;
+    pthread_mutex_lock(&pg->issue_mu);
+    w->coll.seq = pg->seq;
     pthread_mutex_lock(&pg->mu);
     pg->pending++;
     pthread_mutex_unlock(&pg->mu);
-    pg->seq++;
     int rc = pg->ops->post(pg, w);
     if (rc < 0) {
+        pthread_mutex_unlock(&pg->issue_mu);
         pthread_mutex_lock(&pg->mu);
         pg->pending--;
         pthread_mutex_unlock(&pg->mu);
         free(w);
-        pg->seq--;
         return rc;
     }
+    pg->seq++;
     size_t bytes = c->count * fsdp_dtype_size(c->dtype);
     if (c->kind == FSDP_COLL_ALL_GATHER || c->kind == FSDP_COLL_REDUCE_SCATTER ||
         c->kind == FSDP_COLL_ALL_TO_ALL)
         bytes *= (size_t)pg->size;
     if (c->kind == FSDP_COLL_BARRIER) bytes = 0;
+    pthread_mutex_lock(&pg->mu);
     pg->counters.calls[c->kind]++;
     pg->counters.bytes[c->kind] += bytes;
+    pthread_mutex_unlock(&pg->mu);
+    pthread_mutex_unlock(&pg->issue_mu);
     if (work) {
         *work = w;
         return FSDP_OK;
@@ -434,8 +451,8 @@ int fsdp_work_wait(fsdp_work_t *w, int64_t timeout_ms) {
             prev = x;
         late_unlink_locked(pg, prev, w);
     }
-    pthread_mutex_unlock(&pg->mu);
     if ((unsigned)w->coll.kind < FSDP_COLL_COUNT) pg->counters.host_waits[w->coll.kind]++;
+    pthread_mutex_unlock(&pg->mu);
     if (status < 0) {
         memcpy(pg->err, w->err, sizeof pg->err);
         fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "%s: %s", fsdp_err_name(status), w->err);
@@ -472,8 +489,8 @@ int fsdp_work_wait_stream(fsdp_work_t *w, void *stream) {
             pg->late_head = w;
         pg->late_tail = w;
     }
-    pthread_mutex_unlock(&pg->mu);
     if ((unsigned)w->coll.kind < FSDP_COLL_COUNT) pg->counters.stream_waits[w->coll.kind]++;
+    pthread_mutex_unlock(&pg->mu);
     return FSDP_OK;
 }
 

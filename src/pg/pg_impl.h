@@ -88,10 +88,13 @@ struct fsdp_pg {
     fsdp_ctx_t *ctx;   /* owning rank's context; NULL for a context-less dummy group */
     int *world_ranks;  /* [size]: world rank of each group rank */
     char name[96];
-    uint64_t seq;      /* next sequence number */
+    uint64_t seq;      /* next sequence number (guarded by issue_mu) */
     int64_t timeout_ms;
-    fsdp_pg_counters_t counters;
-    pthread_mutex_t mu; /* guards the works' done/status/refs and pending */
+    fsdp_pg_counters_t counters; /* guarded by mu */
+    /* Held while a collective is numbered, posted and counted, so that calls from several
+     * threads get their sequence numbers in the order they reach the backend. */
+    pthread_mutex_t issue_mu;
+    pthread_mutex_t mu; /* guards the works' done/status/refs, pending and counters */
     pthread_cond_t cv;  /* signalled when a work completes */
     size_t pending;     /* works posted and not yet completed */
     /* Works waited on a stream whose status no blocking point has reported yet, oldest first
