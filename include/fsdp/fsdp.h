@@ -97,6 +97,12 @@ typedef struct fsdp_mixed_precision {
     bool cast_root_forward_inputs; /* the root casts floating inputs to param_dtype (default
                                       true) */
     bool cast_forward_inputs;      /* every unit does (default false) */
+    /* PyTorch's keep_low_precision_grads: the sharded gradient the optimizer sees stays in
+     * param_dtype (reduced in reduce_dtype, then cast to param_dtype instead of the parameters'
+     * dtype), on the host with cpu_offload, and gradients accumulated over iterations without
+     * zeroing are added in it. Not while full precision is forced (use_full_prec_in_eval in
+     * eval, summons). Default false. */
+    bool keep_low_precision_grads;
     /* PyTorch's _module_classes_to_ignore: with an auto-wrap policy and mixed precision
      * enabled, every module whose type matches one of these patterns (fsdp_policy_type_matches,
      * NULL-terminated) becomes a unit of its own with mixed precision off, whatever the policy
@@ -150,6 +156,17 @@ typedef struct fsdp_options {
     int limit_all_gathers;
     bool use_orig_params;                       /* default false */
     fsdp_mixed_precision_t mixed_precision;     /* default off */
+    /* PyTorch's FSDP_USE_FULL_PREC_IN_EVAL, read from the root of a tree (this field, or the
+     * environment variable FSDP_USE_FULL_PREC_IN_EVAL equal to "1" when the root is wrapped):
+     * in a forward where a unit's module is in eval mode (fsdp_module_train(m, false)), a unit
+     * with mixed precision runs in full precision: its parameters are gathered and used in the
+     * parameters' own dtype, no forward input is cast, the floating buffers of the modules it
+     * manages are back in their dtype from before wrapping, and a backward of that forward
+     * reduces in the parameters' dtype. The next forward in train mode casts the buffers to
+     * buffer_dtype again. Switching needs the unit idle: the root's forward refuses
+     * (FSDP_EINVAL) a switch while the graph of an earlier forward is still to be
+     * differentiated. Default false. */
+    bool use_full_prec_in_eval;
     /* Broadcast rank 0's parameters and buffers of the subtree at wrap time. Default false. */
     bool sync_module_states;
     /* Check that every rank runs the units in the same order (one small all-gather per unit

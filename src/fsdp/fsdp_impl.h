@@ -119,6 +119,18 @@ struct fsdp_unit {
     fsdp_dtype_t dt;             /* the parameters' (and the flat shard's) dtype */
     fsdp_dtype_t cdt;            /* compute dtype: of full, the compute views and their grads */
     fsdp_dtype_t rdt;            /* reduction dtype */
+    /* Mixed precision as configured; cdt and rdt are these except while full precision is
+     * forced (full_prec: use_full_prec_in_eval in eval), when both are dt. */
+    fsdp_dtype_t mp_cdt, mp_rdt;
+    bool full_prec;
+    /* The floating buffers the unit cast to buffer_dtype at lazy init, with their dtype from
+     * before (what full precision in eval restores). */
+    struct fsdp__mp_buffer {
+        fsdp_module_t *m; /* borrowed: in the tree */
+        size_t slot;
+        fsdp_dtype_t orig;
+    } *mp_bufs;
+    size_t nmp_bufs;
     /* Made full-precision by the mixed-precision rule (module_classes_to_ignore): floating
      * inputs are cast to dt before the module runs and its floating outputs back to the dtype
      * of the last floating input (io_dt, -1 when none) after it, as upstream's hooks do. */
@@ -178,6 +190,7 @@ struct fsdp_unit {
 
     /* root only */
     bool initialized;            /* lazy init done */
+    bool full_prec_in_eval;      /* options.use_full_prec_in_eval or the environment, at wrap */
     struct fsdp_unit **all;      /* every unit of the tree, pre-order */
     size_t nall, capall;
     struct fsdp_unit **fwd_order; /* pre-forward order of the first iteration */
@@ -285,10 +298,20 @@ int fsdp__mp_cast_io_inputs(fsdp_unit_t *u, int nin, fsdp_tensor_t **in);
 int fsdp__mp_cast_io_outputs(fsdp_unit_t *u, int nout, fsdp_tensor_t **out);
 /* Forward inputs to param_dtype (cast_forward_inputs; cast_root_forward_inputs at the root). */
 int fsdp__mp_cast_forward_inputs(fsdp_unit_t *u, bool is_root, int nin, fsdp_tensor_t **in);
+/* Before a forward of u's tree (the root's pre-forward): each unit with mixed precision runs
+ * in full precision when the root's full_prec_in_eval is on and its module is in eval mode, in
+ * its configured precision otherwise; a unit that changes is resharded and its unsharded
+ * parameter and compute views change dtype, and its buffers change dtype with it. */
+int fsdp__mp_select(fsdp_unit_t *root);
+/* Whether the root's option or FSDP_USE_FULL_PREC_IN_EVAL asks for full precision in eval. */
+bool fsdp__mp_full_prec_in_eval(const fsdp_options_t *o);
+/* Frees what precision.c keeps on u. */
+void fsdp__mp_free(fsdp_unit_t *u);
 /* The unsharded gradient *g in the reduction dtype (*g replaced, the old one released). */
 int fsdp__mp_grad_for_reduce(fsdp_unit_t *u, fsdp_tensor_t **g);
-/* The reduced gradient *g in the parameters' dtype, where the optimizer runs (the host with
- * CPU offload); *g is replaced (the old one released), and NULL on failure. */
+/* The reduced gradient *g in the sharded gradient's dtype (the parameters', or param_dtype with
+ * keep_low_precision_grads), where the optimizer runs (the host with CPU offload); *g is
+ * replaced (the old one released), and NULL on failure. */
 int fsdp__mp_grad_for_param(fsdp_unit_t *u, fsdp_tensor_t **g);
 
 /* ---- defined in streams.c -------------------------------------------------------------------- */

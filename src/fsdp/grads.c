@@ -186,12 +186,20 @@ int fsdp__finish_reduction(fsdp_unit_t *u) {
     if (rc == 0) rc = fsdp__mp_grad_for_param(u, &out);
     if (rc == 0) {
         /* NO_SHARD reduced the unpadded flat gradient: its numel is the flat's. */
-        if (!u->flat->grad) {
+        fsdp_tensor_t *acc = u->flat->grad;
+        if (!acc) {
             u->flat->grad = fsdp_tensor_retain(out);
+        } else if (acc->dt == out->dt && (acc->dt == FSDP_DTYPE_F32 || acc->dt == FSDP_DTYPE_F64)) {
+            rc = acc->dev->ops->axpy(acc->dev, acc->dt, (size_t)fsdp_tensor_numel(out), 1.0,
+                                     fsdp_tensor_data(out), fsdp_tensor_data(acc));
         } else {
-            fsdp_device_t *d = u->flat->grad->dev;
-            rc = d->ops->axpy(d, u->dt, (size_t)fsdp_tensor_numel(out), 1.0, fsdp_tensor_data(out),
-                              fsdp_tensor_data(u->flat->grad));
+            /* A 16-bit gradient (keep_low_precision_grads) accumulates in its own dtype, each
+             * sum rounded once, as PyTorch's in-place add; a gradient of another dtype (one
+             * reduced in full precision in eval) is added in the accumulated one's. */
+            fsdp_tensor_t *sum = NULL;
+            rc = fsdp_add(acc, out, &sum);
+            if (rc == 0) rc = fsdp_tensor_copy_(acc, sum);
+            fsdp_tensor_release(sum);
         }
     }
     fsdp_tensor_release(out);

@@ -113,6 +113,8 @@ static int root_pre_forward(fsdp_unit_t *root) {
         }
         fsdp__drop_cleared_flat_grad(u);
     }
+    /* Full precision in eval (use_full_prec_in_eval), or back to mixed precision. */
+    if ((rc = fsdp__mp_select(root)) < 0) return rc;
     root->npost = 0;
     root->nred = 0; /* a reduction left over by a failed backward is finished by the next
                      * final callback, which goes over every unit */

@@ -226,7 +226,9 @@ static int summon_grads(fsdp_unit_t *u, fsdp_tensor_t **views) {
         fsdp__zeros_on(u, u->dev, u->dt, u->layout.padded_numel, FSDP_MEM_GRADS, &u->full_grad);
     if (rc < 0) return rc;
     fsdp_tensor_t *g = u->flat->grad, *staged = NULL;
-    if (!g || g->dev != u->dev) {
+    /* The sharded gradient is gathered in the parameters' dtype: one kept in param_dtype
+     * (keep_low_precision_grads) or on the host is staged as such first. */
+    if (!g || g->dev != u->dev || g->dt != u->dt) {
         rc = fsdp__zeros_on(u, u->dev, u->dt, u->layout.shard_numel, FSDP_MEM_COMM, &staged);
         if (rc == 0 && g) rc = fsdp__xcopy(staged, g);
         if (rc < 0) {
@@ -314,7 +316,11 @@ static int summon_end_one(fsdp_unit_t *u) {
     fsdp__drop_cv_grads(u);
     fsdp_tensor_release(u->full_grad);
     u->full_grad = NULL;
-    if (!u->was_unsharded && u->unsharded) {
+    /* After a writeback the shard is the truth: an unsharded parameter kept from before the
+     * summon (a no-reshard strategy after forward; in the compute dtype with mixed precision)
+     * is stale, so it goes and the next forward gathers the shard again. */
+    bool wrote = u->nparams > 0 && u->summon.writeback && (fsdp__separate_full(u) || offloaded);
+    if ((!u->was_unsharded || wrote) && u->unsharded) {
         int r = fsdp__reshard(u);
         if (rc == 0) rc = r;
     }

@@ -27,7 +27,9 @@ bool fsdp__is_sharded(fsdp_sharding_strategy_t s) {
 
 /* Whether the unsharded flat parameter has storage of its own (gathered, then freed). */
 bool fsdp__separate_full(const fsdp_unit_t *u) {
-    return fsdp__is_sharded(u->opt.strategy) || u->opt.cpu_offload || u->cdt != u->dt;
+    /* The configured compute dtype: with mixed precision full stays separate also while full
+     * precision is forced (fsdp__mp_select), so its storage can change dtype. */
+    return fsdp__is_sharded(u->opt.strategy) || u->opt.cpu_offload || u->mp_cdt != u->dt;
 }
 
 int fsdp__unit_err(const fsdp_unit_t *u, int rc, const char *fmt, ...) {
@@ -198,6 +200,7 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     fsdp_tensor_release(u->rs_in);
     fsdp_tensor_release(u->rs_out);
     fsdp__unit_streams_free(u);
+    fsdp__mp_free(u);
     free(u->children);
     free(u->ignored);
     free(u->all);

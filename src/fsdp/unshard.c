@@ -180,9 +180,11 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
         return fsdp__unit_err(u, rc, "cannot allocate the unsharded parameter (%zu bytes)",
                               full_bytes(u));
     const void *src = fsdp_tensor_data(u->flat);
-    if (u->opt.cpu_offload || u->cdt != u->dt) {
+    if (u->opt.cpu_offload || u->cdt != u->dt || !fsdp__is_sharded(u->opt.strategy)) {
         /* The shard goes to the device and/or to the compute dtype first (PyTorch's
-         * pre-unshard: the H2D copy of an offloaded shard, the low-precision shard). */
+         * pre-unshard: the H2D copy of an offloaded shard, the low-precision shard); an
+         * unsharded strategy's full parameter is that copy (NO_SHARD with mixed precision keeps
+         * full separate, also while full precision is forced). */
         if (!fsdp__is_sharded(u->opt.strategy)) {
             rc = stage_shard(u, u->full, u->flat);
             if (rc < 0) {
