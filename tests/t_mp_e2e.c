@@ -11,6 +11,16 @@
  *               use_orig_params, world sizes 2 and 1: every gradient is f16 after every
  *               backward, the first one equals the reference's, and each later one is the
  *               previous plus the first, added and rounded in f16;
+ *   MP-S11      TransformerWithSharedParams (train mode, add_bn), wrapped with a layer policy
+ *               or fully_shard(policy) (composable), f16 x3, cast_forward_inputs on/off,
+ *               the flag on/off: the train loss is f16, every gradient after backward f32;
+ *               the eval loss is f32 with the flag, f16 without;
+ *   UOP-WB-05   SHARD_GRAD_OP, a unit per Linear, param f16, use_orig_params, the flag on/off:
+ *               train forward -> summon -> forward; train forward -> eval forward; train
+ *               forward and backward -> eval forward; train forward and backward, all without
+ *               an error, and the parameters after the final step are bitwise those of a twin
+ *               that ran only the train steps (the eval forwards and the summon change
+ *               nothing);
  *   MP-S10      full precision in eval at a root that manages no parameters: the inputs its
  *               module receives are f32 with the flag, f16 without, in eval; f16 in train;
  *   MP-S12      buffers: buffer_dtype (f16) in train, their own dtype (f64) in an eval forward
@@ -879,6 +889,223 @@ done:
     return rc;
 }
 
+/* MP-S11. */
+typedef struct s11_job {
+    fu_job_t j; /* first */
+    bool flag, composable;
+} s11_job_t;
+
+static int s11_rank(fsdp_ctx_t *ctx, void *arg) {
+    static const char *const layers[] = {"TransformerEncoderLayer", "TransformerDecoderLayer",
+                                         NULL};
+    s11_job_t *sj = arg;
+    fu_job_t *j = &sj->j;
+    fu_res_t *r = fu_res_of(j, ctx);
+    fsdp_module_t *m = NULL;
+    fsdp_unit_t *root = NULL;
+    fsdp_policy_t *p = NULL;
+    fsdp_named_list_t params = {0};
+    fsdp_tensor_t *src = NULL, *tgt = NULL, *out = NULL, *loss = NULL;
+    char why[300];
+    int rc;
+    fsdp_options_t o;
+    fu_job_options(j, &o);
+    o.mixed_precision = j->mp;
+    o.use_full_prec_in_eval = sj->flag;
+    FU_TRY(done, "setting up", tm_transformer_create(ctx, true, false, &m));
+    FU_TRY(done, "setting up", fsdp_policy_module_types_create(layers, &p));
+    o.auto_wrap_policy = p;
+    if (sj->composable)
+        FU_TRY(done, "fully_shard", fsdp_fully_shard(m, &o, &root));
+    else
+        FU_TRY(done, "wrapping", fsdp_wrap(m, &o, &root));
+    FU_TRY(done, "setting up", fsdp_named_params(root, &params));
+    FU_TRY(done, "input", tm_transformer_get_input(ctx, &src, &tgt));
+    for (int phase = 0; phase < 2; phase++) {
+        bool train = phase == 0;
+        fsdp_module_train(m, train);
+        FU_TRY(done, "forward", tm_transformer_forward(m, src, tgt, &out));
+        FU_TRY(done, "forward", tm_transformer_loss(tgt, out, &loss));
+        fsdp_dtype_t want = train || !sj->flag ? FSDP_DTYPE_F16 : FSDP_DTYPE_F32;
+        fu_ck(r, fsdp_tensor_dtype(loss) == want,
+              train ? "the train loss is f16"
+                    : "the eval loss is f32 with full precision in eval, f16 without",
+              "the loss is %s, want %s", fsdp_dtype_name(fsdp_tensor_dtype(loss)),
+              fsdp_dtype_name(want));
+        if (train) {
+            FU_TRY(done, "backward", fsdp_backward(loss, NULL));
+            bool f32 = true;
+            size_t ng = 0;
+            for (size_t i = 0; i < params.n && f32; i++) {
+                fsdp_tensor_t *g = fsdp_tensor_grad(params.tensors[i]);
+                if (!g) continue;
+                ng++;
+                if (fsdp_tensor_dtype(g) != FSDP_DTYPE_F32) {
+                    snprintf(why, sizeof why, "the gradient of '%s' is %s", params.names[i],
+                             fsdp_dtype_name(fsdp_tensor_dtype(g)));
+                    f32 = false;
+                }
+            }
+            fu_ck(r, f32 && ng > 0, "after the train backward every gradient is f32 (upcast)",
+                  "%s (%zu gradients)", f32 ? "no gradient" : why, ng);
+        }
+        fsdp_tensor_release(out);
+        fsdp_tensor_release(loss);
+        out = loss = NULL;
+        fsdp_tape_clear(ctx);
+    }
+done:
+    fsdp_tensor_release(src);
+    fsdp_tensor_release(tgt);
+    fsdp_tensor_release(out);
+    fsdp_tensor_release(loss);
+    fsdp_named_list_free(&params);
+    fu_teardown(ctx, m, root, NULL, NULL);
+    fsdp_policy_release(p);
+    return rc;
+}
+
+static void run_s11(int world, bool composable, bool cast, bool flag) {
+    s11_job_t *sj = calloc(1, sizeof *sj);
+    if (!sj) tap_bail("out of memory");
+    char prefix[160];
+    snprintf(prefix, sizeof prefix, "MP-S11 %s, cast_forward_inputs %s, use_full_prec_in_eval %s",
+             composable ? "fully_shard(policy)" : "wrap(policy)", cast ? "on" : "off",
+             flag ? "on" : "off");
+    fu_job_init(&sj->j, prefix, world, FSDP_FULL_SHARD, composable);
+    fsdp_mixed_precision_init(&sj->j.mp);
+    sj->j.mp.enabled = true;
+    sj->j.mp.param_dtype = sj->j.mp.reduce_dtype = sj->j.mp.buffer_dtype = FSDP_DTYPE_F16;
+    sj->j.mp.cast_forward_inputs = cast;
+    sj->flag = flag;
+    sj->composable = composable;
+    fu_run_job(&sj->j, s11_rank);
+    free(sj);
+}
+
+/* UOP-WB-05: twin 0 runs the sequence, twin 1 only its train steps. */
+typedef struct wb5_job {
+    fu_job_t j; /* first */
+    bool flag;
+} wb5_job_t;
+
+/* One forward of m (train or eval), optionally its backward and an SGD step; the graph is
+ * dropped afterwards (a C caller's equivalent of discarding the output). */
+static int wb5_step(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_optim_t *opt, bool train, bool backward,
+                    uint64_t seed) {
+    fsdp_tensor_t *x = NULL, *out = NULL, *loss = NULL;
+    fsdp_module_train(m, train);
+    int rc = fu_rand_input(ctx, seed, 4, 5, &x);
+    if (rc == 0) rc = fsdp_module_forward1(m, x, &out);
+    if (rc == 0 && backward) rc = tm_sum_loss(out, &loss);
+    if (rc == 0 && backward) rc = fsdp_backward(loss, NULL);
+    if (rc == 0 && backward) rc = fsdp_optim_step(opt);
+    if (rc == 0 && backward) rc = fsdp_optim_zero_grad(opt, true);
+    fsdp_tensor_release(x);
+    fsdp_tensor_release(out);
+    fsdp_tensor_release(loss);
+    fsdp_tape_clear(ctx);
+    return rc;
+}
+
+static int wb5_rank(fsdp_ctx_t *ctx, void *arg) {
+    static const char *const lin[] = {"Linear", NULL};
+    wb5_job_t *wj = arg;
+    fu_job_t *j = &wj->j;
+    fu_res_t *r = fu_res_of(j, ctx);
+    fsdp_module_t *m[2] = {NULL, NULL};
+    fsdp_unit_t *root[2] = {NULL, NULL};
+    fsdp_optim_t *opt[2] = {NULL, NULL};
+    fsdp_named_list_t params[2] = {{0}, {0}};
+    int rc = FSDP_OK;
+    fsdp_options_t o;
+    fu_job_options(j, &o);
+    o.mixed_precision = j->mp;
+    o.use_full_prec_in_eval = wj->flag;
+    for (int t = 0; t < 2; t++) {
+        FU_TRY(done, "setting up", fu_linear_stack(ctx, 3, 5, &m[t]));
+        FU_TRY(done, "wrapping", fu_wrap_types(m[t], &o, lin, &root[t]));
+        FU_TRY(done, "setting up", fsdp_named_params(root[t], &params[t]));
+        FU_TRY(done, "setting up", fu_make_sgd(ctx, &params[t], 0.05, 0.0, &opt[t]));
+    }
+    /* 1. train forward -> summon (empty) -> forward */
+    rc = wb5_step(ctx, m[0], opt[0], true, false, 1);
+    if (rc == 0) rc = fsdp_summon_begin(root[0], NULL);
+    if (rc == 0) rc = fsdp_summon_end(root[0]);
+    if (rc == 0) rc = wb5_step(ctx, m[0], opt[0], true, false, 2);
+    fu_ck(r, rc == 0, "1. train forward, summon, forward", "%s: %s", fsdp_err_name(rc),
+          fsdp_ctx_last_error(ctx));
+    /* 2. train forward -> eval forward */
+    if (rc == 0) rc = wb5_step(ctx, m[0], opt[0], true, false, 3);
+    if (rc == 0) rc = wb5_step(ctx, m[0], opt[0], false, false, 4);
+    fu_ck(r, rc == 0, "2. train forward, eval forward", "%s: %s", fsdp_err_name(rc),
+          fsdp_ctx_last_error(ctx));
+    /* 3. train forward and backward -> eval forward */
+    if (rc == 0) rc = wb5_step(ctx, m[0], opt[0], true, true, 5);
+    if (rc == 0) rc = wb5_step(ctx, m[0], opt[0], false, false, 6);
+    fu_ck(r, rc == 0, "3. train step, eval forward", "%s: %s", fsdp_err_name(rc),
+          fsdp_ctx_last_error(ctx));
+    /* a switch to full precision while a train forward's graph awaits its backward is
+     * refused, and the unit goes on once the graph is dropped */
+    if (rc == 0 && wj->flag) {
+        fsdp_tensor_t *x = NULL, *out = NULL, *out2 = NULL;
+        fsdp_module_train(m[0], true);
+        rc = fu_rand_input(ctx, 9, 4, 5, &x);
+        if (rc == 0) rc = fsdp_module_forward1(m[0], x, &out);
+        fsdp_module_train(m[0], false);
+        int refused = rc == 0 ? fsdp_module_forward1(m[0], x, &out2) : rc;
+        fu_ck_einval(r, ctx, refused, "graph", "backward",
+                     "an eval forward that would switch precision under a live graph is "
+                     "FSDP_EINVAL naming the graph");
+        fsdp_tensor_release(out2);
+        fsdp_tensor_release(out);
+        out = out2 = NULL;
+        fsdp_tape_clear(ctx);
+        if (rc == 0) rc = fsdp_module_forward1(m[0], x, &out);
+        fu_ck(r, rc == 0 && fsdp_tensor_dtype(out) == FSDP_DTYPE_F32,
+              "after the graph is dropped the eval forward runs, in f32", "%s: %s",
+              fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
+        fsdp_tensor_release(out);
+        fsdp_tensor_release(x);
+        fsdp_tape_clear(ctx);
+    }
+    /* 5. train forward and backward */
+    if (rc == 0) rc = wb5_step(ctx, m[0], opt[0], true, true, 7);
+    fu_ck(r, rc == 0, "5. train step", "%s: %s", fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
+    if (rc < 0) goto done;
+    FU_TRY(done, "twin", wb5_step(ctx, m[1], opt[1], true, true, 5));
+    FU_TRY(done, "twin", wb5_step(ctx, m[1], opt[1], true, true, 7));
+    bool same = params[0].n == params[1].n;
+    for (size_t i = 0; i < params[0].n && same; i++)
+        same = fu_same_bits(params[0].tensors[i], params[1].tensors[i]) == 1;
+    fu_ck(r, same,
+          "the parameters after the train steps are bitwise a twin's that ran no eval forward "
+          "and no summon",
+          "they differ");
+done:
+    for (int t = 0; t < 2; t++) {
+        fsdp_named_list_free(&params[t]);
+        fu_teardown(ctx, m[t], root[t], NULL, opt[t]);
+    }
+    return rc;
+}
+
+static void run_wb5(int world, bool flag) {
+    wb5_job_t *wj = calloc(1, sizeof *wj);
+    if (!wj) tap_bail("out of memory");
+    char prefix[160];
+    snprintf(prefix, sizeof prefix,
+             "UOP-WB-05 SHARD_GRAD_OP, param f16, use_orig_params, use_full_prec_in_eval %s",
+             flag ? "on" : "off");
+    fu_job_init(&wj->j, prefix, world, FSDP_SHARD_GRAD_OP, true);
+    fsdp_mixed_precision_init(&wj->j.mp);
+    wj->j.mp.enabled = true;
+    wj->j.mp.param_dtype = FSDP_DTYPE_F16;
+    wj->flag = flag;
+    fu_run_job(&wj->j, wb5_rank);
+    free(wj);
+}
+
 /* env: the value FSDP_USE_FULL_PREC_IN_EVAL has while the job wraps (NULL: unset). */
 static void run_eval(const char *id, fsdp_sim_fn fn, int world, bool flag, const char *env,
                      bool param_half, bool s10) {
@@ -949,6 +1176,12 @@ int main(void) {
         run_eval("MP-S12", eval_rank, 2, flag, NULL, true, false);
         run_eval("MP-S13", s13_rank, 2, flag, NULL, false, false);
     }
+    for (int comp = 0; comp < 2; comp++)
+        for (int cast = 0; cast < 2; cast++)
+            for (int flag = 0; flag < 2; flag++)
+                run_s11(2, comp, cast, flag);
+    for (int flag = 0; flag < 2; flag++)
+        run_wb5(2, flag);
     /* the environment variable as PyTorch reads it: "1" turns it on, anything else not */
     run_eval("MP-S10", eval_rank, 2, false, "1", true, true);
     run_eval("MP-S10", eval_rank, 2, false, "0", true, true);
