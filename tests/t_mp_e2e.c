@@ -15,6 +15,12 @@
  *               or fully_shard(policy) (composable), f16 x3, cast_forward_inputs on/off,
  *               the flag on/off: the train loss is f16, every gradient after backward f32;
  *               the eval loss is f32 with the flag, f16 without;
+ *   MP-S09      upstream's mixed-precision BatchNormNet (fc1, BatchNorm1d, fc2, LayerNorm, fc3,
+ *               softmax) under f16 x3 with module_classes_to_ignore {batch norm, LayerNorm}
+ *               and a never-wrap policy: the warning, bn and ln become units without mixed
+ *               precision, fc1..fc3 stay in the root, which keeps f16; forward and backward
+ *               run, and the output and every gradient match a local twin that applies the
+ *               same casts by hand (f16 Linears, f32 norms between casts), world sizes 1 and 2;
  *   UOP-WB-05   SHARD_GRAD_OP, a unit per Linear, param f16, use_orig_params, the flag on/off:
  *               train forward -> summon -> forward; train forward -> eval forward; train
  *               forward and backward -> eval forward; train forward and backward, all without
@@ -983,6 +989,190 @@ static void run_s11(int world, bool composable, bool cast, bool flag) {
     free(sj);
 }
 
+static bool bnnet_never(fsdp_module_t *m, bool recurse, int64_t numel, void *arg) {
+    (void)m, (void)recurse, (void)numel, (void)arg;
+    return false;
+}
+
+/* ---- MP-S09 --------------------------------------------------------------------------------- */
+
+/* BatchNormNet's forward; impl non-NULL (the twin): the norms run in f32 between casts, as the
+ * units that mixed precision leaves out do. */
+static int bnnet_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                         fsdp_tensor_t **out) {
+    (void)nin, (void)nout;
+    bool by_hand = fsdp_module_impl(m) != NULL;
+    const int64_t s3[3] = {-1, 4, 10}, s2[2] = {-1, 40};
+    fsdp_tensor_t *a = NULL, *b = NULL;
+    int rc = fsdp_module_forward1(fsdp_module_child(m, "fc1"), in[0], &a);
+#define STEP(call)                                                                                 \
+    do {                                                                                           \
+        if (rc == 0) rc = (call);                                                                  \
+        fsdp_tensor_release(a);                                                                    \
+        a = b;                                                                                     \
+        b = NULL;                                                                                  \
+    } while (0)
+#define NORM(name)                                                                                 \
+    do {                                                                                           \
+        fsdp_dtype_t was = a ? fsdp_tensor_dtype(a) : FSDP_DTYPE_F32;                              \
+        if (by_hand) STEP(cast_to(a, FSDP_DTYPE_F32, &b));                                         \
+        STEP(fsdp_module_forward1(fsdp_module_child(m, name), a, &b));                             \
+        if (by_hand) STEP(cast_to(a, was, &b));                                                    \
+    } while (0)
+    STEP(fsdp_reshape(a, 3, s3, &b));
+    NORM("bn");
+    STEP(fsdp_reshape(a, 2, s2, &b));
+    STEP(fsdp_module_forward1(fsdp_module_child(m, "fc2"), a, &b));
+    NORM("ln");
+    STEP(fsdp_module_forward1(fsdp_module_child(m, "fc3"), a, &b));
+    STEP(fsdp_softmax(a, 1, &b));
+#undef NORM
+#undef STEP
+    if (rc < 0) {
+        fsdp_tensor_release(a);
+        return rc;
+    }
+    out[0] = a;
+    return FSDP_OK;
+}
+
+static const fsdp_module_ops_t BNNET_OPS = {"BatchNormNet", bnnet_forward, NULL};
+static char by_hand_mark;
+
+static int bnnet_create(fsdp_ctx_t *ctx, bool by_hand, fsdp_module_t **out) {
+    fsdp_module_t *m = NULL, *c = NULL;
+    tm_manual_seed(ctx, 31);
+    int rc = fsdp_module_create(ctx, &BNNET_OPS, by_hand ? &by_hand_mark : NULL, &m);
+#define CHILD(name, call)                                                                          \
+    do {                                                                                           \
+        if (rc == 0) rc = (call);                                                                  \
+        if (rc == 0) rc = fsdp_module_add_child(m, name, c);                                       \
+        fsdp_module_release(c);                                                                    \
+        c = NULL;                                                                                  \
+    } while (0)
+    CHILD("fc1", fsdp_linear_create(ctx, 2, 40, false, &c));
+    CHILD("bn", fsdp_batchnorm_create(ctx, 1, 4, 1e-5, 0.1, &c));
+    CHILD("fc2", fsdp_linear_create(ctx, 40, 4, true, &c));
+    CHILD("ln", fsdp_layernorm_create(ctx, 4, 1e-5, true, &c));
+    CHILD("fc3", fsdp_linear_create(ctx, 4, 4, true, &c));
+#undef CHILD
+    /* the twin's Linears compute in f16 */
+    static const char *const lin[] = {"fc1.weight", "fc2.weight", "fc2.bias", "fc3.weight",
+                                      "fc3.bias"};
+    for (size_t i = 0; by_hand && rc == 0 && i < sizeof lin / sizeof lin[0]; i++)
+        rc = param_to(m, lin[i], FSDP_DTYPE_F16);
+    if (rc < 0) {
+        fsdp_module_release(m);
+        m = NULL;
+    }
+    *out = m;
+    return rc;
+}
+
+static int s09_rank(fsdp_ctx_t *ctx, void *arg) {
+    static const char *const ignore[] = {FSDP_TYPE_BATCHNORM, "LayerNorm", NULL};
+    fu_job_t *j = arg;
+    fu_res_t *r = fu_res_of(j, ctx);
+    fsdp_module_t *m = NULL, *twin = NULL;
+    fsdp_unit_t *root = NULL;
+    fsdp_policy_t *never = NULL;
+    fsdp_tensor_t *x = NULL, *hx = NULL, *out = NULL, *tout = NULL, *loss = NULL, *tl = NULL;
+    fsdp_named_list_t tp = {0};
+    char warn[2048];
+    int rc;
+    fsdp_options_t o;
+    fu_job_options(j, &o);
+    o.mixed_precision = j->mp;
+    o.mixed_precision.module_classes_to_ignore = ignore;
+    FU_TRY(done, "setting up", bnnet_create(ctx, false, &m));
+    FU_TRY(done, "setting up", bnnet_create(ctx, true, &twin));
+    FU_TRY(done, "setting up", fsdp_policy_callback_create(bnnet_never, NULL, &never));
+    o.auto_wrap_policy = never;
+    uint64_t w0 = fsdp_ctx_warnings(ctx, NULL, 0);
+    FU_TRY(done, "wrapping", fsdp_wrap(m, &o, &root));
+    uint64_t nw = fsdp_ctx_warnings(ctx, warn, sizeof warn) - w0;
+    fu_ck(r, nw >= 1 && strstr(warn, "These modules will be wrapped as separate FSDP"),
+          "constructing warns \"These modules will be wrapped as separate FSDP\"",
+          "%llu warnings, the last: %s", (unsigned long long)nw, nw ? warn : "none");
+    bool shape = true;
+    char why[300] = "";
+    for (int k = 0; k < 5; k++) {
+        static const char *const names[] = {"fc1", "bn", "fc2", "ln", "fc3"};
+        fsdp_unit_t *u = fsdp_unit_of(fsdp_module_child(m, names[k]));
+        bool want_unit = k == 1 || k == 3;
+        fsdp_options_t uo;
+        if (want_unit != (u != NULL) ||
+            (u && (fsdp_unit_options(u, &uo) < 0 || uo.mixed_precision.enabled))) {
+            snprintf(why, sizeof why, "%s %s", names[k],
+                     u ? "is a unit with mixed precision or should not be one" : "is not a unit");
+            shape = false;
+        }
+    }
+    fsdp_options_t ro;
+    shape = shape && fsdp_unit_options(root, &ro) == 0 && ro.mixed_precision.enabled &&
+            ro.mixed_precision.param_dtype == FSDP_DTYPE_F16;
+    fu_ck(r, shape,
+          "bn and ln are units without mixed precision, fc1..fc3 are not units, the root keeps "
+          "f16",
+          "%s", why[0] ? why : "the root's mixed precision changed");
+    /* the same input on every rank: the averaged gradient is the twin's */
+    const int64_t xs[2] = {8, 2};
+    FU_TRY(done, "input", fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, xs, FSDP_MEM_OTHER, &x));
+    tm_manual_seed(ctx, 5);
+    FU_TRY(done, "input", fsdp_tensor_uniform_(x, -1.0, 1.0));
+    FU_TRY(done, "input", fsdp_to_dtype(x, FSDP_DTYPE_F16, &hx));
+    FU_TRY(done, "FSDP forward", fsdp_module_forward1(m, x, &out));
+    FU_TRY(done, "FSDP forward", tm_sum_loss(out, &loss));
+    FU_TRY(done, "FSDP backward", fsdp_backward(loss, NULL));
+    fsdp_tape_clear(ctx);
+    FU_TRY(done, "twin", fsdp_module_forward1(twin, hx, &tout));
+    FU_TRY(done, "twin", tm_sum_loss(tout, &tl));
+    FU_TRY(done, "twin", fsdp_backward(tl, NULL));
+    fsdp_tape_clear(ctx);
+    double cl = fu_tensor_closeness(out, tout, FU_F16_RTOL, FU_F16_ATOL);
+    fu_ck(r, fsdp_tensor_dtype(out) == FSDP_DTYPE_F16 && cl >= 0 && cl <= 1.0,
+          "the output is f16 and matches the twin's within f16 tolerance",
+          "%s output, %.3g of "
+          "tolerance",
+          fsdp_dtype_name(fsdp_tensor_dtype(out)), cl);
+    fsdp_summon_options_t so;
+    fsdp_summon_options_init(&so);
+    so.writeback = false;
+    so.with_grads = true;
+    FU_TRY(done, "summon", fsdp_summon_begin(root, &so));
+    FU_TRY(done, "twin", fsdp_module_named_params(twin, false, &tp));
+    double worst = 0;
+    for (size_t i = 0; i < tp.n; i++) {
+        fsdp_tensor_t *g = fsdp_tensor_grad(fsdp_module_param(m, tp.names[i]));
+        fsdp_tensor_t *tg = fsdp_tensor_grad(tp.tensors[i]);
+        int64_t n = tg ? fsdp_tensor_numel(tg) : 0;
+        double *a = calloc((size_t)n + 1, sizeof *a), *e = calloc((size_t)n + 1, sizeof *e);
+        if (!g || !tg || !a || !e || read_vals(g, a, n) < 0 || read_vals(tg, e, n) < 0) {
+            worst = INFINITY;
+            snprintf(why, sizeof why, "no gradient for '%s'", tp.names[i]);
+        } else {
+            worst = fmax(worst, scaled_err(a, e, n, 4e-3, 1e-6));
+        }
+        free(a);
+        free(e);
+    }
+    fu_ck(r, worst <= 1.0, "every gradient matches the twin's (4e-3 of the largest)",
+          "%.3g of the tolerance%s%s", worst, why[0] ? ": " : "", why);
+    FU_TRY(done, "summon", fsdp_summon_end(root));
+done:
+    fsdp_tensor_release(x);
+    fsdp_tensor_release(hx);
+    fsdp_tensor_release(out);
+    fsdp_tensor_release(tout);
+    fsdp_tensor_release(loss);
+    fsdp_tensor_release(tl);
+    fsdp_named_list_free(&tp);
+    fu_teardown(ctx, m, root, NULL, NULL);
+    fsdp_module_release(twin);
+    fsdp_policy_release(never);
+    return rc;
+}
+
 /* UOP-WB-05: twin 0 runs the sequence, twin 1 only its train steps. */
 typedef struct wb5_job {
     fu_job_t j; /* first */
@@ -1182,6 +1372,15 @@ int main(void) {
                 run_s11(2, comp, cast, flag);
     for (int flag = 0; flag < 2; flag++)
         run_wb5(2, flag);
+    for (int w = 1; w <= 2; w++) {
+        fu_job_t *j = fu_job_new("MP-S09 BatchNormNet, f16 x3, norms ignored, never-wrap", w,
+                                 FSDP_FULL_SHARD, true);
+        fsdp_mixed_precision_init(&j->mp);
+        j->mp.enabled = true;
+        j->mp.param_dtype = j->mp.reduce_dtype = j->mp.buffer_dtype = FSDP_DTYPE_F16;
+        fu_run_job(j, s09_rank);
+        free(j);
+    }
     /* the environment variable as PyTorch reads it: "1" turns it on, anything else not */
     run_eval("MP-S10", eval_rank, 2, false, "1", true, true);
     run_eval("MP-S10", eval_rank, 2, false, "0", true, true);
