@@ -260,6 +260,55 @@ static const char *nm(char *buf, size_t len, const char *ph, const char *what) {
 }
 #define NM(what) nm(name, sizeof name, ph, what)
 
+/* Summons root with its gradients (use_orig_params) and compares every gradient of m with
+ * `times` x the twin's under the same name (the twin is a local model); *worst receives the
+ * largest scaled_err(rel, abs_) (INFINITY when a gradient is missing, named in why). Returns a
+ * library error, else 0. */
+static int grads_vs_twin(fsdp_unit_t *root, fsdp_module_t *m, fsdp_module_t *twin, double times,
+                         double rel, double abs_, double *worst, char *why, size_t len) {
+    fsdp_summon_options_t so;
+    fsdp_summon_options_init(&so);
+    so.writeback = false;
+    so.with_grads = true;
+    fsdp_named_list_t tp = {0};
+    *worst = 0;
+    int rc = fsdp_summon_begin(root, &so);
+    if (rc < 0) return rc;
+    rc = fsdp_module_named_params(twin, false, &tp);
+    for (size_t i = 0; i < tp.n && rc == 0; i++) {
+        fsdp_tensor_t *g = fsdp_tensor_grad(fsdp_module_param(m, tp.names[i]));
+        fsdp_tensor_t *tg = fsdp_tensor_grad(tp.tensors[i]);
+        int64_t n = tg ? fsdp_tensor_numel(tg) : 0;
+        double *a = calloc((size_t)n + 1, sizeof *a), *e = calloc((size_t)n + 1, sizeof *e);
+        if (!g || !tg || !a || !e || read_vals(g, a, n) < 0 || read_vals(tg, e, n) < 0) {
+            *worst = INFINITY;
+            snprintf(why, len, "no gradient for '%s'", tp.names[i]);
+        } else {
+            for (int64_t k = 0; k < n; k++)
+                e[k] *= times;
+            *worst = fmax(*worst, scaled_err(a, e, n, rel, abs_));
+        }
+        free(a);
+        free(e);
+    }
+    fsdp_named_list_free(&tp);
+    int rc2 = fsdp_summon_end(root);
+    return rc < 0 ? rc : rc2;
+}
+
+/* The end of an iteration: its tensors released (those given; the pointers cleared) and the
+ * graph dropped. */
+static void drop_iteration(fsdp_ctx_t *ctx, fsdp_tensor_t **x, fsdp_tensor_t **out,
+                           fsdp_tensor_t **loss) {
+    fsdp_tensor_t **t[3] = {x, out, loss};
+    for (int i = 0; i < 3; i++)
+        if (t[i]) {
+            fsdp_tensor_release(*t[i]);
+            *t[i] = NULL;
+        }
+    fsdp_tape_clear(ctx);
+}
+
 /* ---- the reference --------------------------------------------------------------------------- */
 
 /* The reference's state: the masters (per Linear, D*D doubles) of one model. */
@@ -501,11 +550,7 @@ static int e2e_rank(fsdp_ctx_t *ctx, void *arg) {
               NM("inside a summon the buffers stay in buffer_dtype"),
               "inside the summon: buffers are not %s: %s", fsdp_dtype_name(bdt), why);
         FU_TRY(done, "summon", fsdp_summon_end(root));
-        fsdp_tensor_release(x);
-        fsdp_tensor_release(out);
-        fsdp_tensor_release(loss);
-        x = out = loss = NULL;
-        fsdp_tape_clear(ctx);
+        drop_iteration(ctx, &x, &out, &loss);
     }
 done:
     fsdp_tensor_release(x);
@@ -635,44 +680,19 @@ static int s08_rank(fsdp_ctx_t *ctx, void *arg) {
         if (it > 0)
             fu_ck(r, acc, NM("each gradient is the previous plus the first, added in f16"), "%s",
                   why);
-        fsdp_tensor_release(out);
-        fsdp_tensor_release(loss);
-        out = loss = NULL;
-        fsdp_tape_clear(ctx);
+        drop_iteration(ctx, NULL, &out, &loss);
     }
-    /* the first gradients against the reference's: a summon with gradients shows them whole
-     * (use_orig_params); without it, every rank's shard is compared with its part */
+    /* the six accumulated gradients against 6 x the reference's first: a summon with
+     * gradients (use_orig_params) shows them whole; the jobs without use_orig_params check the
+     * dtypes and the f16 accumulation above. The tolerance grows with the five f16 additions. */
     if (j->orig) {
-        fsdp_summon_options_t so;
-        fsdp_summon_options_init(&so);
-        so.writeback = false;
-        so.with_grads = true;
-        /* the accumulated gradients are 6 x the first (within f16 accumulation): compare the
-         * reference's times 6 with an f16 tolerance that grows with the five additions */
-        FU_TRY(done, "summon", fsdp_summon_begin(root, &so));
-        FU_TRY(done, "reference", fsdp_module_named_params(half, false, &hp));
         double worst = 0;
-        for (size_t i = 0; i < hp.n; i++) {
-            fsdp_tensor_t *mine = fsdp_tensor_grad(fsdp_module_param(m, hp.names[i]));
-            fsdp_tensor_t *theirs = fsdp_tensor_grad(hp.tensors[i]);
-            int64_t n = theirs ? fsdp_tensor_numel(theirs) : 0;
-            double *a = calloc((size_t)n + 1, sizeof *a), *e = calloc((size_t)n + 1, sizeof *e);
-            if (!a || !e || !mine || read_vals(mine, a, n) < 0 || read_vals(theirs, e, n) < 0) {
-                worst = INFINITY;
-            }
-            for (int64_t k = 0; k < n && worst < INFINITY; k++)
-                e[k] *= 6;
-            if (worst < INFINITY) worst = fmax(worst, scaled_err(a, e, n, 6e-3, 1e-5));
-            free(a);
-            free(e);
-        }
-        fsdp_named_list_free(&hp);
+        why[0] = 0;
+        FU_TRY(done, "summon",
+               grads_vs_twin(root, m, half, 6.0, 6e-3, 1e-5, &worst, why, sizeof why));
         fu_ck(r, worst <= 1.0,
               "the six accumulated gradients match 6 x the reference's f16 gradients",
-              "are %.3g of the tolerance (6e-3 of the largest, + 1e-5) from 6 x the "
-              "reference's f16 gradients",
-              worst);
-        FU_TRY(done, "summon", fsdp_summon_end(root));
+              "%.3g of the tolerance (6e-3 of the largest, + 1e-5) %s", worst, why);
     }
 done:
     for (size_t i = 0; first && i < params.n; i++) {
@@ -798,11 +818,7 @@ static int eval_rank(fsdp_ctx_t *ctx, void *arg) {
               "the loss is f32 in eval with the flag, f16 otherwise", "%s: the loss is %s, want %s",
               ph, fsdp_dtype_name(fsdp_tensor_dtype(loss)), fsdp_dtype_name(wi));
         FU_TRY(done, "backward", fsdp_backward(loss, NULL));
-        fsdp_tensor_release(x);
-        fsdp_tensor_release(out);
-        fsdp_tensor_release(loss);
-        x = out = loss = NULL;
-        fsdp_tape_clear(ctx);
+        drop_iteration(ctx, &x, &out, &loss);
     }
 done:
     fsdp_tensor_release(x);
@@ -955,10 +971,7 @@ static int s11_rank(fsdp_ctx_t *ctx, void *arg) {
             fu_ck(r, f32 && ng > 0, "after the train backward every gradient is f32 (upcast)",
                   "%s (%zu gradients)", f32 ? "no gradient" : why, ng);
         }
-        fsdp_tensor_release(out);
-        fsdp_tensor_release(loss);
-        out = loss = NULL;
-        fsdp_tape_clear(ctx);
+        drop_iteration(ctx, NULL, &out, &loss);
     }
 done:
     fsdp_tensor_release(src);
@@ -1135,30 +1148,11 @@ static int s09_rank(fsdp_ctx_t *ctx, void *arg) {
           "%s output, %.3g of "
           "tolerance",
           fsdp_dtype_name(fsdp_tensor_dtype(out)), cl);
-    fsdp_summon_options_t so;
-    fsdp_summon_options_init(&so);
-    so.writeback = false;
-    so.with_grads = true;
-    FU_TRY(done, "summon", fsdp_summon_begin(root, &so));
-    FU_TRY(done, "twin", fsdp_module_named_params(twin, false, &tp));
     double worst = 0;
-    for (size_t i = 0; i < tp.n; i++) {
-        fsdp_tensor_t *g = fsdp_tensor_grad(fsdp_module_param(m, tp.names[i]));
-        fsdp_tensor_t *tg = fsdp_tensor_grad(tp.tensors[i]);
-        int64_t n = tg ? fsdp_tensor_numel(tg) : 0;
-        double *a = calloc((size_t)n + 1, sizeof *a), *e = calloc((size_t)n + 1, sizeof *e);
-        if (!g || !tg || !a || !e || read_vals(g, a, n) < 0 || read_vals(tg, e, n) < 0) {
-            worst = INFINITY;
-            snprintf(why, sizeof why, "no gradient for '%s'", tp.names[i]);
-        } else {
-            worst = fmax(worst, scaled_err(a, e, n, 4e-3, 1e-6));
-        }
-        free(a);
-        free(e);
-    }
+    why[0] = 0;
+    FU_TRY(done, "summon", grads_vs_twin(root, m, twin, 1.0, 4e-3, 1e-6, &worst, why, sizeof why));
     fu_ck(r, worst <= 1.0, "every gradient matches the twin's (4e-3 of the largest)",
-          "%.3g of the tolerance%s%s", worst, why[0] ? ": " : "", why);
-    FU_TRY(done, "summon", fsdp_summon_end(root));
+          "%.3g of the tolerance %s", worst, why);
 done:
     fsdp_tensor_release(x);
     fsdp_tensor_release(hx);
