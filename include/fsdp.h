@@ -28,6 +28,7 @@
 #include <fsdp/ddp.h>
 #include <fsdp/fsdp.h>
 #include <fsdp/policy.h>
+#include <fsdp/grad_scaler.h>
 #include <fsdp/gpt_recipe.h>
 #include <fsdp/launch.h>
 #include <fsdp/data.h>

@@ -1,8 +1,10 @@
 /*
  * t_optim.c: SGD, Adam and AdamW against a double-precision reference of torch.optim (PyTorch
  * 1.13), on f32 and f64 parameters over several steps with fixed gradients; parameter groups and
- * learning rates; skipped parameters; zero_grad; state dict save/load (bitwise round trip and
- * strict errors); argument errors; and the FSDP_MEM_OPTIM accounting of optimizer state.
+ * learning rates; skipped parameters; zero_grad; gradients of lower precision than their
+ * parameter (f16/bf16 for f32, f16/f32 for f64: a step equals, bitwise, one with the gradient
+ * upcast by hand); state dict save/load (bitwise round trip and strict errors); argument errors;
+ * and the FSDP_MEM_OPTIM accounting of optimizer state.
  *
  * Gradients shrink from step to step (scale 1, 0.1, 0.01, ...) so that Adam's second moment
  * falls and amsgrad's running maximum differs from it.
@@ -518,6 +520,122 @@ static void non_contiguous(void) {
     fsdp_tensor_release(gbase);
 }
 
+/* ---- gradients of lower precision ------------------------------------------------------------ */
+
+/* A tensor of dtype dt (f16, bf16, f32 or f64) holding v rounded to dt; *wide receives the
+ * rounded values widened exactly (what an upcast by hand gives). */
+static fsdp_tensor_t *make_lp(fsdp_dtype_t dt, int ndim, const int64_t *shape, const double *v,
+                              double *wide) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    if (dt == FSDP_DTYPE_F32 || dt == FSDP_DTYPE_F64) {
+        for (int64_t i = 0; i < n; i++)
+            wide[i] = round_to(dt, v[i]);
+        return make_tensor(dt, ndim, shape, v);
+    }
+    uint16_t h[MAXN];
+    for (int64_t i = 0; i < n; i++) {
+        h[i] = dt == FSDP_DTYPE_F16 ? fsdp_f32_to_f16((float)v[i]) : fsdp_f32_to_bf16((float)v[i]);
+        wide[i] = dt == FSDP_DTYPE_F16 ? fsdp_f16_to_f32(h[i]) : fsdp_bf16_to_f32(h[i]);
+    }
+    fsdp_tensor_t *t = NULL;
+    fsdp_tensor_from_host(ctx, dt, ndim, shape, h, FSDP_MEM_GRADS, &t);
+    if (!t) tap_bail("cannot create a tensor: %s", fsdp_ctx_last_error(ctx));
+    return t;
+}
+
+/* keep_low_precision_grads hands the optimizer f16/bf16 gradients of f32 flat parameters;
+ * PyTorch's optimizers promote them. A step with a lower-precision gradient must equal, bit for
+ * bit, a step with that gradient upcast by hand to the parameter's dtype: SGD (momentum,
+ * weight decay) and Adam (weight decay, amsgrad), three steps, for f16 and bf16 gradients of f32
+ * parameters and f16 and f32 gradients of f64 parameters. */
+static void low_precision_grads(void) {
+    static const struct {
+        fsdp_dtype_t p, g;
+    } pairs[4] = {{FSDP_DTYPE_F32, FSDP_DTYPE_F16},
+                  {FSDP_DTYPE_F32, FSDP_DTYPE_BF16},
+                  {FSDP_DTYPE_F64, FSDP_DTYPE_F16},
+                  {FSDP_DTYPE_F64, FSDP_DTYPE_F32}};
+    for (int alg = 0; alg < 2; alg++)
+        for (int k = 0; k < 4; k++) {
+            fsdp_optim_t *oa = NULL, *ob = NULL;
+            if (alg == 0) {
+                fsdp_sgd_options_t o;
+                fsdp_sgd_options_init(&o);
+                o.lr = 0.1;
+                o.momentum = 0.9;
+                o.weight_decay = 0.01;
+                fsdp_optim_sgd_create(ctx, &o, &oa);
+                fsdp_optim_sgd_create(ctx, &o, &ob);
+            } else {
+                fsdp_adam_options_t o;
+                fsdp_adam_options_init(&o);
+                o.lr = 0.01;
+                o.weight_decay = 0.01;
+                o.amsgrad = true;
+                fsdp_optim_adam_create(ctx, &o, false, &oa);
+                fsdp_optim_adam_create(ctx, &o, false, &ob);
+            }
+            double v[MAXN], g[MAXN], wide[MAXN];
+            for (int i = 0; i < 6; i++)
+                v[i] = init_value(k, i);
+            fsdp_tensor_t *pa = make_tensor(pairs[k].p, 2, shape_mat, v);
+            fsdp_tensor_t *pb = make_tensor(pairs[k].p, 2, shape_mat, v);
+            fsdp_tensor_set_requires_grad(pa, true);
+            fsdp_tensor_set_requires_grad(pb, true);
+            const char *na[1] = {"lp"}, *nb[1] = {"upcast"};
+            fsdp_optim_add_group(oa, 1, &pa, na, NULL, NULL);
+            fsdp_optim_add_group(ob, 1, &pb, nb, NULL, NULL);
+            int rc = 0;
+            bool kept = true;
+            for (int step = 0; step < 3 && rc == 0; step++) {
+                for (int i = 0; i < 6; i++)
+                    g[i] = grad_value(k, i, step);
+                fsdp_tensor_t *ga = make_lp(pairs[k].g, 2, shape_mat, g, wide);
+                fsdp_tensor_t *gb = make_tensor(pairs[k].p, 2, shape_mat, wide);
+                fsdp_tensor_set_grad(pa, ga);
+                fsdp_tensor_set_grad(pb, gb);
+                rc = fsdp_optim_step(oa);
+                if (rc == 0) rc = fsdp_optim_step(ob);
+                kept = kept && fsdp_tensor_grad(pa) == ga;
+                fsdp_tensor_release(ga);
+                fsdp_tensor_release(gb);
+            }
+            tap_ok(rc == 0 && bits_equal(pa, pb) && kept,
+                   "%s, %s gradient of an %s parameter: 3 steps equal (bitwise) steps with the "
+                   "gradient upcast by hand; the gradient is left as it is",
+                   alg == 0 ? "SGD(momentum, weight_decay)" : "Adam(weight_decay, amsgrad)",
+                   fsdp_dtype_name(pairs[k].g), fsdp_dtype_name(pairs[k].p));
+            if (rc < 0) tap_diag("%s", fsdp_ctx_last_error(ctx));
+            fsdp_optim_destroy(oa);
+            fsdp_optim_destroy(ob);
+            fsdp_tensor_release(pa);
+            fsdp_tensor_release(pb);
+        }
+
+    /* A gradient of higher precision is still refused, naming the parameter and both dtypes. */
+    fsdp_optim_t *opt = NULL;
+    fsdp_optim_sgd_create(ctx, NULL, &opt);
+    double v[MAXN] = {0};
+    fsdp_tensor_t *p16 = make_tensor(FSDP_DTYPE_F32, 1, shape_vec, v);
+    fsdp_tensor_set_requires_grad(p16, true);
+    const char *n[1] = {"narrow"};
+    fsdp_optim_add_group(opt, 1, &p16, n, NULL, NULL);
+    fsdp_tensor_t *g64 = make_tensor(FSDP_DTYPE_F64, 1, shape_vec, v);
+    fsdp_tensor_set_grad(p16, g64);
+    int rc = fsdp_optim_step(opt);
+    const char *e = fsdp_ctx_last_error(ctx);
+    tap_ok(rc == FSDP_EINVAL && strstr(e, "narrow") && strstr(e, "f64") && strstr(e, "f32") &&
+               strstr(e, "same dtype and shape"),
+           "an f64 gradient of an f32 parameter is still refused, naming the parameter and both "
+           "dtypes");
+    if (rc != FSDP_EINVAL) tap_diag("rc %d: %s", rc, e);
+    fsdp_tensor_release(g64);
+    fsdp_optim_destroy(opt);
+    fsdp_tensor_release(p16);
+}
+
 /* ---- state dict ------------------------------------------------------------------------------ */
 
 /* Two optimizers over equal parameters: the first steps twice and saves, the second loads; then
@@ -743,6 +861,7 @@ int main(void) {
     groups();
     stepping();
     non_contiguous();
+    low_precision_grads();
     state_dict();
     memory();
     fsdp_ctx_destroy(ctx);

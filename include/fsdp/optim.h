@@ -173,8 +173,11 @@ FSDP_EXTERN int fsdp_optim_set_options(fsdp_optim_t *opt, int group, const void 
  * and records nothing. Synchronous for the CPU device.
  *
  * Each updated parameter must be f32 or f64 with allocated storage, and its gradient of the
- * same dtype, shape and device. Non-contiguous parameters or gradients are handled by staging
- * contiguous copies (FSDP_MEM_OTHER, freed before the call returns). Errors: FSDP_EINVAL naming
+ * same shape and device, and of the same dtype or a float of lower precision (f16/bf16 for an
+ * f32 parameter, f16/bf16/f32 for f64: PyTorch's type promotion, as keep_low_precision_grads
+ * produces), which is upcast (exactly) into a temporary of the parameter's dtype for the step.
+ * Non-contiguous parameters or gradients are handled by staging contiguous copies
+ * (FSDP_MEM_OTHER, freed before the call returns). Errors: FSDP_EINVAL naming
  * the parameter (checked for all parameters before any is updated), FSDP_ENOMEM, and the
  * device's failures.
  */

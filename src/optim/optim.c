@@ -398,6 +398,17 @@ bool fsdp__optim_same_shape(const fsdp_tensor_t *a, const fsdp_tensor_t *b) {
     return a->ndim == b->ndim && memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
 }
 
+/* Whether a gradient of dtype gt can step a parameter of dtype pt: the same dtype, or a float
+ * of lower precision that widens exactly (f16/bf16 for f32, f16/bf16/f32 for f64). PyTorch's
+ * optimizers promote such a gradient (keep_low_precision_grads hands them f16 gradients of f32
+ * flat parameters); the step upcasts it into a temporary of the parameter's dtype. */
+static bool grad_dtype_ok(fsdp_dtype_t gt, fsdp_dtype_t pt) {
+    if (gt == pt) return true;
+    const bool half = gt == FSDP_DTYPE_F16 || gt == FSDP_DTYPE_BF16;
+    return (pt == FSDP_DTYPE_F32 && half) ||
+           (pt == FSDP_DTYPE_F64 && (half || gt == FSDP_DTYPE_F32));
+}
+
 /* Whether a parameter's step can run: dtypes, storage, gradient, device kernel. */
 static int check_step_param(const fsdp_optim_t *opt, const struct fsdp__oparam *p) {
     static const char fn[] = "fsdp_optim_step";
@@ -409,10 +420,11 @@ static int check_step_param(const fsdp_optim_t *opt, const struct fsdp__oparam *
         return fsdp__ctx_err(ctx, FSDP_EINVAL,
                              "%s: parameter '%s' has no storage (freed by a resize to 0 bytes)", fn,
                              p->name);
-    if (g->dt != t->dt || !fsdp__optim_same_shape(g, t))
+    if (!grad_dtype_ok(g->dt, t->dt) || !fsdp__optim_same_shape(g, t))
         return fsdp__ctx_err(ctx, FSDP_EINVAL,
                              "%s: the gradient of parameter '%s' is %s but the parameter is %s; "
-                             "they must have the same dtype and shape",
+                             "they must have the same dtype and shape (a float gradient of lower "
+                             "precision than the parameter is also accepted)",
                              fn, p->name, fsdp_tensor_describe(g, a, sizeof a),
                              fsdp_tensor_describe(t, b, sizeof b));
     if (g->ctx != t->ctx || g->dev != t->dev)
@@ -490,8 +502,35 @@ static void *data_or_null(const fsdp_tensor_t *t) {
     return t ? fsdp_tensor_data(t) : NULL;
 }
 
+/* A contiguous copy of g in dtype dt (FSDP_MEM_OTHER): a clone, and for a gradient of lower
+ * precision its exact upcast. */
+static int stage_grad(fsdp_tensor_t *g, fsdp_dtype_t dt, fsdp_tensor_t **out) {
+    fsdp_tensor_t *c = NULL, *d = NULL;
+    int rc = FSDP_OK;
+    if (!fsdp_tensor_is_contiguous(g)) FSDP_TRY(rc, done, fsdp_tensor_clone(g, FSDP_MEM_OTHER, &c));
+    if (g->dt != dt) {
+        const fsdp_tensor_t *src = c ? c : g;
+        FSDP_TRY(rc, done,
+                 fsdp__tensor_new(g->ctx, g->dev, dt, g->ndim, g->shape, FSDP_MEM_OTHER, &d));
+        FSDP_TRY(rc, done,
+                 g->dev->ops->cast(g->dev, dt, fsdp_tensor_data(d), src->dt, fsdp_tensor_data(src),
+                                   (size_t)fsdp_tensor_numel(src)));
+        fsdp_tensor_release(c);
+        c = d;
+        d = NULL;
+    }
+done:
+    if (rc < 0) {
+        fsdp_tensor_release(c);
+        c = NULL;
+    }
+    fsdp_tensor_release(d);
+    *out = c;
+    return rc;
+}
+
 /* Runs the kernel on one parameter, staging contiguous copies of a non-contiguous parameter or
- * gradient. */
+ * gradient, and a gradient of lower precision upcast to the parameter's dtype. */
 static int update_param(const fsdp_optim_t *opt, struct fsdp__oparam *p) {
     const struct fsdp__hparams *h = &opt->groups[p->group].hp;
     fsdp_tensor_t *t = p->t, *g = t->grad, *pc = NULL, *gc = NULL;
@@ -500,8 +539,8 @@ static int update_param(const fsdp_optim_t *opt, struct fsdp__oparam *p) {
     int rc = FSDP_OK;
     if (n > 0 && !fsdp_tensor_is_contiguous(t))
         FSDP_TRY(rc, out, fsdp_tensor_clone(t, FSDP_MEM_OTHER, &pc));
-    if (n > 0 && !fsdp_tensor_is_contiguous(g))
-        FSDP_TRY(rc, out, fsdp_tensor_clone(g, FSDP_MEM_OTHER, &gc));
+    if (n > 0 && (g->dt != t->dt || !fsdp_tensor_is_contiguous(g)))
+        FSDP_TRY(rc, out, stage_grad(g, t->dt, &gc));
     void *pd = fsdp_tensor_data(pc ? pc : t);
     const void *gd = fsdp_tensor_data(gc ? gc : g);
     if (opt->kind == FSDP_OPTIM_SGD) {
