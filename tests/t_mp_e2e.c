@@ -682,6 +682,36 @@ static int s08_rank(fsdp_ctx_t *ctx, void *arg) {
                   why);
         drop_iteration(ctx, NULL, &out, &loss);
     }
+    /* an SGD step with the f16 gradients (upcast for the f32 parameters, as PyTorch's type
+     * promotion): each parameter moves by lr x its gradient */
+    {
+        fsdp_optim_t *opt = NULL;
+        double worst = 0;
+        FU_TRY(done, "setting up", fu_make_sgd(ctx, &params, 0.01, 0.0, &opt));
+        fsdp_tensor_t **before = calloc(params.n + 1, sizeof *before);
+        for (size_t i = 0; before && i < params.n && rc == 0; i++)
+            rc = fsdp_tensor_clone(params.tensors[i], FSDP_MEM_OTHER, &before[i]);
+        if (rc == 0 && before) rc = fsdp_optim_step(opt);
+        for (size_t i = 0; before && rc == 0 && i < params.n; i++) {
+            fsdp_tensor_t *g = fsdp_tensor_grad(params.tensors[i]);
+            for (int64_t k = 0; g && k < fsdp_tensor_numel(g); k++) {
+                double p0 = 0, p1 = 0, gv = 0;
+                fsdp_tensor_item(before[i], k, &p0);
+                fsdp_tensor_item(params.tensors[i], k, &p1);
+                fsdp_tensor_item(g, k, &gv);
+                worst = fmax(worst, fu_closeness(p1, p0 - 0.01 * gv, FU_F32_RTOL, FU_F32_ATOL));
+            }
+        }
+        for (size_t i = 0; before && i < params.n; i++)
+            fsdp_tensor_release(before[i]);
+        free(before);
+        fsdp_optim_destroy(opt);
+        fu_ck(r, rc == 0 && worst <= 1.0,
+              "an SGD step with the f16 gradients moves each f32 parameter by lr x its gradient",
+              "%s: %s; %.3g of the f32 tolerance", fsdp_err_name(rc), fsdp_ctx_last_error(ctx),
+              worst);
+        if (rc < 0) goto done;
+    }
     /* the six accumulated gradients against 6 x the reference's first: a summon with
      * gradients (use_orig_params) shows them whole; the jobs without use_orig_params check the
      * dtypes and the f16 accumulation above. The tolerance grows with the five f16 additions. */
