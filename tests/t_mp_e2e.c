@@ -5,8 +5,9 @@
  *               host offload, at world sizes 2 and 1;
  *   MP-S02/U03  the e2e procedure with FULL_SHARD over the configuration table (all f16;
  *               reduce-only f16; param and buffer f16; all unset; param f16, buffer bf16,
- *               reduce f32) x offload x f32/f64 masters, at world sizes 1, 2 and 4, with one
- *               forward/backward prefetch mode per job (cycled);
+ *               reduce f32) x offload x f32/f64 masters x the sharded gradient scaler, at
+ *               world sizes 1, 2 and 4, with one forward/backward prefetch mode per job
+ *               (cycled);
  *   MP-S08/U01  keep_low_precision_grads: six iterations without zero_grad, offload x
  *               use_orig_params, world sizes 2 and 1: every gradient is f16 after every
  *               backward, the first one equals the reference's, and each later one is the
@@ -382,6 +383,8 @@ typedef struct e2e_job {
     const mp_cfg_t *cfg;
     fsdp_dtype_t mdt; /* the masters' dtype */
     bool nested;
+    bool scaler; /* the sharded gradient scaler (init_scale 1024: a power of two, so the
+                  * unscaled gradients are the unscaled path's bits and the reference holds) */
 } e2e_job_t;
 
 static int e2e_rank(fsdp_ctx_t *ctx, void *arg) {
@@ -402,8 +405,9 @@ static int e2e_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_module_t *m = NULL, *local = NULL;
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
+    fsdp_grad_scaler_t *scaler = NULL;
     fsdp_named_list_t params = {0};
-    fsdp_tensor_t *x = NULL, *out = NULL, *loss = NULL;
+    fsdp_tensor_t *x = NULL, *out = NULL, *loss = NULL, *scaled = NULL;
     ref_t ref = {.nlin = nested ? 2 : 1};
     char why[760];
     int rc;
@@ -423,6 +427,12 @@ static int e2e_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(done, "wrapping", fsdp_wrap(m, &o, &root));
     FU_TRY(done, "setting up", fsdp_named_params(root, &params));
     FU_TRY(done, "setting up", fu_make_sgd(ctx, &params, LR, 0.0, &opt));
+    if (ej->scaler) {
+        fsdp_grad_scaler_options_t so;
+        fsdp_grad_scaler_options_init(&so);
+        so.init_scale = 1024.0;
+        FU_TRY(done, "setting up", fsdp_grad_scaler_create(ctx, &so, &scaler));
+    }
     fsdp_pg_t *pg = fsdp_unit_pg(root);
     int64_t padded = total_padded(root);
     for (int it = 0; it < ITERS; it++) {
@@ -480,8 +490,9 @@ static int e2e_rank(fsdp_ctx_t *ctx, void *arg) {
                   "(param_dtype)",
                   (unsigned long long)agb, (unsigned long long)agc, (long long)padded,
                   fsdp_dtype_name(cdt));
-        /* backward */
-        FU_TRY(done, "FSDP backward", fsdp_backward(loss, NULL));
+        /* backward (of the scaled loss with the scaler) */
+        if (scaler) FU_TRY(done, "scaler", fsdp_grad_scaler_scale(scaler, loss, &scaled));
+        FU_TRY(done, "FSDP backward", fsdp_backward(scaled ? scaled : loss, NULL));
         fsdp_pg_get_counters(pg, &c2);
         fu_ck(r, buffers_are(m, bdt, why, sizeof why),
               NM("after backward the buffers are still cast"), "buffers are not %s: %s",
@@ -513,7 +524,18 @@ static int e2e_rank(fsdp_ctx_t *ctx, void *arg) {
                  "masters' dtype"),
               "%s; want the masters' dtype %s", why, fsdp_dtype_name(mdt));
         /* the step, and the full parameters against the reference's */
-        FU_TRY(done, "FSDP step", fsdp_optim_step(opt));
+        if (scaler) {
+            bool stepped = false;
+            FU_TRY(done, "scaler", fsdp_grad_scaler_step(scaler, opt, &stepped));
+            FU_TRY(done, "scaler", fsdp_grad_scaler_update(scaler));
+            fu_ck(r, stepped && fsdp_grad_scaler_get_scale(scaler) == 1024.0,
+                  NM("the scaler unscales and steps (no overflow at scale 1024)"),
+                  "stepped %d, scale %g", stepped, fsdp_grad_scaler_get_scale(scaler));
+            fsdp_tensor_release(scaled);
+            scaled = NULL;
+        } else {
+            FU_TRY(done, "FSDP step", fsdp_optim_step(opt));
+        }
         FU_TRY(done, "FSDP step", fsdp_optim_zero_grad(opt, true));
         for (int k = 0; k < ref.nlin; k++)
             for (int e = 0; e < D * D; e++) {
@@ -556,22 +578,24 @@ done:
     fsdp_tensor_release(x);
     fsdp_tensor_release(out);
     fsdp_tensor_release(loss);
+    fsdp_tensor_release(scaled);
     fsdp_named_list_free(&params);
     fu_teardown(ctx, m, root, NULL, opt);
+    fsdp_grad_scaler_destroy(scaler);
     fsdp_module_release(local);
     return rc;
 }
 
 static void run_e2e(const char *id, int world, fsdp_sharding_strategy_t s, const mp_cfg_t *cfg,
-                    bool offload, fsdp_dtype_t mdt, bool nested, int prefetch_mode) {
+                    bool offload, fsdp_dtype_t mdt, bool nested, int prefetch_mode, bool scaler) {
     e2e_job_t *ej = calloc(1, sizeof *ej);
     if (!ej) tap_bail("out of memory");
     char prefix[160];
-    snprintf(prefix, sizeof prefix, "%s %s, %s, offload %s, %s masters, %s, %s%s", id,
+    snprintf(prefix, sizeof prefix, "%s %s, %s, offload %s, %s masters, %s, %s%s%s", id,
              nested ? "nested" : "simple", fsdp_sharding_strategy_name(s), offload ? "on" : "off",
              fsdp_dtype_name(mdt), cfg->name,
              fsdp_backward_prefetch_name(fu_bwd_prefetches[prefetch_mode % 3]),
-             prefetch_mode >= 3 ? ", forward prefetch" : "");
+             prefetch_mode >= 3 ? ", forward prefetch" : "", scaler ? ", grad scaler" : "");
     fu_job_init(&ej->j, prefix, world, s, false);
     ej->j.offload = offload;
     ej->j.bp = fu_bwd_prefetches[prefetch_mode % 3];
@@ -580,6 +604,7 @@ static void run_e2e(const char *id, int world, fsdp_sharding_strategy_t s, const
     ej->cfg = cfg;
     ej->mdt = mdt;
     ej->nested = nested;
+    ej->scaler = scaler;
     fu_run_job(&ej->j, e2e_rank);
     free(ej);
 }
@@ -1360,25 +1385,28 @@ int main(void) {
         for (int c = 0; c < 2; c++)
             for (int nested = 0; nested < 2; nested++)
                 run_e2e(w == 2 ? "MP-S01" : "MP-U02", w, FSDP_SHARD_GRAD_OP, &CFGS[s01_cfgs[c]],
-                        true, FSDP_DTYPE_F64, nested, 0);
-    /* MP-S02: FULL_SHARD over the table x offload x masters at world 2, the prefetch modes
-     * cycled over the jobs; at world 4 the table with f32 masters */
+                        true, FSDP_DTYPE_F64, nested, 0, false);
+    /* MP-S02: FULL_SHARD over the table x offload x masters x the gradient scaler at world 2,
+     * the prefetch modes and the two models cycled over the jobs; at world 4 the table with
+     * f32 masters */
     int mode = 0;
     for (size_t c = 0; c < NCFG; c++)
         for (int off = 0; off < 2; off++)
-            for (int f64 = 0; f64 < 2; f64++) {
-                run_e2e("MP-S02", 2, FSDP_FULL_SHARD, &CFGS[c], off,
-                        f64 ? FSDP_DTYPE_F64 : FSDP_DTYPE_F32, (mode & 1) != 0, mode % 6);
-                mode++;
-            }
+            for (int f64 = 0; f64 < 2; f64++)
+                for (int sc = 0; sc < 2; sc++) {
+                    run_e2e("MP-S02", 2, FSDP_FULL_SHARD, &CFGS[c], off,
+                            f64 ? FSDP_DTYPE_F64 : FSDP_DTYPE_F32, (mode & 1) != 0, mode % 6, sc);
+                    mode++;
+                }
     for (size_t c = 0; c < NCFG; c++)
-        run_e2e("MP-S02", 4, FSDP_FULL_SHARD, &CFGS[c], c % 2, FSDP_DTYPE_F32, true, (int)c);
+        run_e2e("MP-S02", 4, FSDP_FULL_SHARD, &CFGS[c], c % 2, FSDP_DTYPE_F32, true, (int)c,
+                c % 2 == 0);
     /* MP-U03: FULL_SHARD, default_mp and the bf16-buffer config, offload, f64, world 1 */
-    run_e2e("MP-U03", 1, FSDP_FULL_SHARD, &CFGS[0], true, FSDP_DTYPE_F64, true, 0);
-    run_e2e("MP-U03", 1, FSDP_FULL_SHARD, &CFGS[4], true, FSDP_DTYPE_F64, true, 0);
+    run_e2e("MP-U03", 1, FSDP_FULL_SHARD, &CFGS[0], true, FSDP_DTYPE_F64, true, 0, false);
+    run_e2e("MP-U03", 1, FSDP_FULL_SHARD, &CFGS[4], true, FSDP_DTYPE_F64, true, 0, false);
     /* NO_SHARD under the same procedure (spec F05 x mixed precision) */
-    run_e2e("MP-S02", 2, FSDP_NO_SHARD, &CFGS[0], false, FSDP_DTYPE_F32, true, 0);
-    run_e2e("MP-S02", 2, FSDP_NO_SHARD, &CFGS[4], true, FSDP_DTYPE_F64, true, 0);
+    run_e2e("MP-S02", 2, FSDP_NO_SHARD, &CFGS[0], false, FSDP_DTYPE_F32, true, 0, true);
+    run_e2e("MP-S02", 2, FSDP_NO_SHARD, &CFGS[4], true, FSDP_DTYPE_F64, true, 0, false);
     /* MP-S08 / MP-U01 */
     for (int w = 2; w >= 1; w--)
         for (int off = 0; off < 2; off++)
