@@ -258,14 +258,14 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             &k,
             "%s: GPT %lld layers, %lld heads, width %lld, context %lld, vocabulary %lld: %lld "
             "parameters\n"
-            "%s: %d %s ranks%s%s, %s, %lld steps of %lld x %lld tokens%s, AdamW lr %g (%s, warm-up "
-            "%lld), data %s (%llu train / %llu val tokens)\n",
+            "%s: %d %s ranks%s%s, %s, precision %s, %lld steps of %lld x %lld tokens%s, AdamW lr "
+            "%g (%s, warm-up %lld), data %s (%llu train / %llu val tokens)\n",
             TRAIN_PROG, (long long)j->cfg.n_layer, (long long)j->cfg.n_head,
             (long long)j->cfg.d_model, (long long)j->cfg.max_seq, (long long)j->cfg.vocab,
             (long long)k.nparams, TRAIN_PROG, k.world, fsdp_pg_backend(k.pg), k.dev ? " on " : "",
             k.dev ? fsdp_device_name(k.dev) : "", fsdp_sharding_strategy_name(o->sharding),
-            (long long)o->steps, (long long)o->batch_size, (long long)o->seq_len,
-            o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
+            train_precision_name(o->precision), (long long)o->steps, (long long)o->batch_size,
+            (long long)o->seq_len, o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
             o->sched == TRAIN_SCHED_COSINE ? "cosine" : "constant", (long long)o->warmup,
             fsdp_dataset_path(j->train), (unsigned long long)fsdp_dataset_num_tokens(j->train),
             (unsigned long long)fsdp_dataset_num_tokens(j->val));
