@@ -3,7 +3,7 @@
  * sim backend: collective bytes, unsharded-parameter memory and step time, one process.
  *
  * The model is fsdp-train's "10M" of bench/train_table.sh (6 blocks, width 384, 6 heads, sequence
- * 128, the byte vocabulary of 256: 10,690,560 parameters), built, wrapped and optimized by the GPT
+ * 128, the byte vocabulary of 256: 10,795,008 parameters), built, wrapped and optimized by the GPT
  * recipe as every GPT benchmark does (bench_util.h: one unit per GPTBlock under the root,
  * use_orig_params, BACKWARD_PRE, limit_all_gathers 2, FULL_SHARD, the recipe's AdamW). Three
  * configurations, each from the same seed on every rank, rank r training on its own fixed batch:
