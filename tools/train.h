@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include <fsdp.h>
+#include <fsdp/grad_scaler.h>
 
 #define TRAIN_PROG "fsdp-train"
 
@@ -145,6 +146,8 @@ typedef struct rank {
     fsdp_module_t *model;
     fsdp_unit_t *root;
     fsdp_optim_t *opt;
+    fsdp_grad_scaler_t *scaler; /* --precision f16 only */
+    int64_t skipped;            /* steps the scaler skipped (inf/NaN gradients) */
     int ngroups;
     int64_t nparams;
     fsdp_loader_t *train_ld, *val_ld;

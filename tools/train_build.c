@@ -97,6 +97,15 @@ int train_build(rank_t *k) {
     if ((rc = fsdp_gpt_recipe_create_adamw(k->model, &a, &k->opt)) < 0)
         return train_fail(k, "creating AdamW", rc);
     k->ngroups = 2;
+    /* f16: PyTorch's ShardedGradScaler with its defaults (2^16, doubling after 2000 clean
+     * steps, halving on an overflow), the found-inf flag agreed over the whole world. */
+    if (o->precision == TRAIN_PRECISION_F16) {
+        fsdp_grad_scaler_options_t so;
+        fsdp_grad_scaler_options_init(&so);
+        so.pg = k->pg;
+        if ((rc = fsdp_grad_scaler_create(k->ctx, &so, &k->scaler)) < 0)
+            return train_fail(k, "creating the gradient scaler", rc);
+    }
     /* From here on autograd, the loss and the batches are made on the compute device. */
     if (k->dev && (rc = fsdp_ctx_set_device(k->ctx, k->dev)) < 0)
         return train_fail(k, "fsdp_ctx_set_device", rc);
@@ -134,6 +143,7 @@ void train_teardown(rank_t *k) {
     fsdp_tensor_release(k->vtg);
     fsdp_loader_destroy(k->train_ld);
     fsdp_loader_destroy(k->val_ld);
+    fsdp_grad_scaler_destroy(k->scaler);
     fsdp_optim_destroy(k->opt);
     fsdp_unit_destroy(k->root);
     fsdp_module_release(k->model);

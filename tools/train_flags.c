@@ -65,8 +65,8 @@ static const char usage_text[] =
     "  --precision P           f32 | bf16 | f16 | bf16-reduce-f32 (f32): FSDP mixed precision\n"
     "                          with f32 master weights and optimizer state; bf16 and f16\n"
     "                          all-gather, compute and reduce gradients in the half type (f16\n"
-    "                          needs a gradient scaler, not in this build yet); bf16-reduce-f32\n"
-    "                          computes in bf16 and reduces in f32\n"
+    "                          with a gradient scaler that skips steps whose gradients\n"
+    "                          overflow); bf16-reduce-f32 computes in bf16 and reduces in f32\n"
     "evaluation and output:\n"
     "  --val-every K           validate every K steps (100); 0 = at the start and end only\n"
     "  --val-steps N           batches per validation (8)\n"
@@ -419,10 +419,10 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
     if (o->device == TRAIN_DEVICE_CUDA && o->backend == TRAIN_BACKEND_GLOO)
         return bad("--device cuda: the gloo backend's collectives take host memory; use "
                    "--backend nccl under fsdprun");
-    /* f16 needs a gradient scaler, which this build does not have yet (fsdp/grad_scaler.h). */
-    if (o->precision == TRAIN_PRECISION_F16)
-        return bad("--precision f16: needs the gradient scaler, not in this build yet; use bf16 "
-                   "or bf16-reduce-f32");
+    /* The checkpoints do not hold the gradient scaler's state (its scale and growth tracker). */
+    if (o->precision == TRAIN_PRECISION_F16 && o->resume)
+        return bad("--precision f16: --resume would restart the gradient scaler, whose state "
+                   "the checkpoints do not hold; use bf16 or bf16-reduce-f32");
     if (o->shard_group_size && o->sharding != FSDP_HYBRID_SHARD)
         return bad("--shard-group-size applies to --sharding hybrid only");
     if (o->backend == TRAIN_BACKEND_SIM) {
