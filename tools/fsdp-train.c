@@ -93,7 +93,7 @@ static int train_step(rank_t *k, int64_t s, step_result_t *res) {
     bool no_sync = o->grad_accum > 1 && !o->reduce_every_micro;
     if (no_sync && (rc = fsdp_no_sync_begin(k->root)) < 0) return train_fail(k, "no_sync", rc);
     for (int64_t m = 0; m < o->grad_accum; m++) {
-        fsdp_tensor_t *loss = NULL, *scaled = NULL;
+        fsdp_tensor_t *loss = NULL, *scaled = NULL, *big = NULL;
         double v = 0;
         /* The last micro-batch's backward reduces what the others accumulated. */
         if (no_sync && m == o->grad_accum - 1 && (rc = fsdp_no_sync_end(k->root)) < 0)
@@ -105,16 +105,33 @@ static int train_step(rank_t *k, int64_t s, step_result_t *res) {
         rc = fsdp_tensor_item(loss, 0, &v);
         if (rc == 0 && o->grad_accum > 1)
             rc = fsdp_scale(loss, 1.0 / (double)o->grad_accum, &scaled);
-        if (rc == 0) rc = fsdp_backward(scaled ? scaled : loss, NULL);
+        /* f16: backward from the loss times the scaler's scale. */
+        if (rc == 0 && k->scaler)
+            rc = fsdp_grad_scaler_scale(k->scaler, scaled ? scaled : loss, &big);
+        if (rc == 0) rc = fsdp_backward(big ? big : scaled ? scaled : loss, NULL);
+        fsdp_tensor_release(big);
         fsdp_tensor_release(scaled);
         fsdp_tensor_release(loss);
         if (rc < 0) return train_fail(k, "backward", rc);
         lsum += v;
     }
+    /* f16: the gradients are unscaled before they are clipped (and their norm reported); a step
+     * whose gradients overflowed on any rank is skipped, its norm inf or NaN. */
+    if (k->scaler && (rc = fsdp_grad_scaler_unscale(k->scaler, k->opt)) < 0)
+        return train_fail(k, "unscaling the gradients", rc);
     double max_norm = o->grad_clip > 0 ? o->grad_clip : INFINITY;
     if ((rc = fsdp_unit_clip_grad_norm(k->root, max_norm, 2.0, &res->norm)) < 0)
         return train_fail(k, "clip_grad_norm", rc);
-    if ((rc = fsdp_optim_step(k->opt)) < 0) return train_fail(k, "the optimizer step", rc);
+    if (k->scaler) {
+        bool stepped = true;
+        if ((rc = fsdp_grad_scaler_step(k->scaler, k->opt, &stepped)) < 0)
+            return train_fail(k, "the optimizer step", rc);
+        if ((rc = fsdp_grad_scaler_update(k->scaler)) < 0)
+            return train_fail(k, "updating the gradient scale", rc);
+        if (!stepped) k->skipped++;
+    } else if ((rc = fsdp_optim_step(k->opt)) < 0) {
+        return train_fail(k, "the optimizer step", rc);
+    }
     res->seconds = now_s() - t0;
     fsdp_mem_get_stats(k->ctx, &res->mem);
     double mean = lsum / (double)o->grad_accum;
@@ -165,7 +182,11 @@ static void write_metrics(const rank_t *k, int64_t s, const step_result_t *res) 
     for (int q = 0; q < FSDP_COLL_COUNT; q++)
         fprintf(f, "%s\"%s\":%llu", q ? "," : "", fsdp_coll_name((fsdp_coll_kind_t)q),
                 (unsigned long long)b[q]);
-    fprintf(f, "}}\n");
+    fprintf(f, "}");
+    if (k->scaler)
+        fprintf(f, ",\"grad_scale\":%.17g,\"skipped_steps\":%lld",
+                fsdp_grad_scaler_get_scale(k->scaler), (long long)k->skipped);
+    fprintf(f, "}\n");
     fflush(f);
 }
 
@@ -258,14 +279,14 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             &k,
             "%s: GPT %lld layers, %lld heads, width %lld, context %lld, vocabulary %lld: %lld "
             "parameters\n"
-            "%s: %d %s ranks%s%s, %s, %lld steps of %lld x %lld tokens%s, AdamW lr %g (%s, warm-up "
-            "%lld), data %s (%llu train / %llu val tokens)\n",
+            "%s: %d %s ranks%s%s, %s, precision %s, %lld steps of %lld x %lld tokens%s, AdamW lr "
+            "%g (%s, warm-up %lld), data %s (%llu train / %llu val tokens)\n",
             TRAIN_PROG, (long long)j->cfg.n_layer, (long long)j->cfg.n_head,
             (long long)j->cfg.d_model, (long long)j->cfg.max_seq, (long long)j->cfg.vocab,
             (long long)k.nparams, TRAIN_PROG, k.world, fsdp_pg_backend(k.pg), k.dev ? " on " : "",
             k.dev ? fsdp_device_name(k.dev) : "", fsdp_sharding_strategy_name(o->sharding),
-            (long long)o->steps, (long long)o->batch_size, (long long)o->seq_len,
-            o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
+            train_precision_name(o->precision), (long long)o->steps, (long long)o->batch_size,
+            (long long)o->seq_len, o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
             o->sched == TRAIN_SCHED_COSINE ? "cosine" : "constant", (long long)o->warmup,
             fsdp_dataset_path(j->train), (unsigned long long)fsdp_dataset_num_tokens(j->train),
             (unsigned long long)fsdp_dataset_num_tokens(j->val));
@@ -327,6 +348,12 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     if (j->tty && k.r == 0) putchar('\n');
     train_say(&k, "done: %lld steps in %.1f s; train loss %.4f -> %.4f, val loss %.4f -> %.4f\n",
               (long long)(o->steps - start), elapsed, first, last, v0, v1);
+    if (k.scaler)
+        train_say(&k,
+                  "f16 gradient scaler: %lld of %lld steps skipped (inf/NaN gradients), "
+                  "final scale %g\n",
+                  (long long)k.skipped, (long long)(o->steps - start),
+                  fsdp_grad_scaler_get_scale(k.scaler));
     if (o->sample_tokens > 0 && (rc = train_sample(&k)) < 0) goto out;
     if (o->export_path && (rc = export_weights(&k, o->steps)) < 0) goto out;
 out:

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include <fsdp.h>
+#include <fsdp/grad_scaler.h>
 
 #define TRAIN_PROG "fsdp-train"
 
@@ -29,6 +30,21 @@ typedef enum train_device {
     TRAIN_DEVICE_CPU,
     TRAIN_DEVICE_CUDA
 } train_device_t;
+
+/* --precision: FSDP mixed precision (fsdp_mixed_precision_t), f32 master weights in every case.
+ * F32: none (mixed precision off); BF16 and F16: parameters, gradient reduction and buffers in
+ * the half type (F16 with a gradient scaler); BF16_REDUCE_F32: bf16 parameters and buffers,
+ * gradients reduced in f32. */
+typedef enum train_precision {
+    TRAIN_PRECISION_F32 = 0,
+    TRAIN_PRECISION_BF16,
+    TRAIN_PRECISION_F16,
+    TRAIN_PRECISION_BF16_REDUCE_F32,
+    TRAIN_PRECISION_COUNT
+} train_precision_t;
+
+/* The --precision value of p ("f32", "bf16", "f16", "bf16-reduce-f32"). */
+const char *train_precision_name(train_precision_t p);
 
 typedef struct train_opts {
     /* optimisation */
@@ -63,6 +79,7 @@ typedef struct train_opts {
     fsdp_backward_prefetch_t backward_prefetch;
     bool forward_prefetch;
     int limit_all_gathers;
+    train_precision_t precision;
     /* evaluation and output */
     int64_t val_every;     /* 0: only at the start and the end */
     int64_t val_steps;     /* batches per validation */
@@ -129,6 +146,8 @@ typedef struct rank {
     fsdp_module_t *model;
     fsdp_unit_t *root;
     fsdp_optim_t *opt;
+    fsdp_grad_scaler_t *scaler; /* --precision f16 only */
+    int64_t skipped;            /* steps the scaler skipped (inf/NaN gradients) */
     int ngroups;
     int64_t nparams;
     fsdp_loader_t *train_ld, *val_ld;
@@ -148,6 +167,8 @@ void train_say(const rank_t *k, const char *fmt, ...) __attribute__((format(prin
  * (all three by the library's GPT recipe, fsdp/gpt_recipe.h); the loaders and the batch tensors;
  * and their release. Failures are reported with train_fail. */
 int train_build(rank_t *k);
+/* The FSDP mixed-precision options of --precision p (mixed precision off for f32). */
+void train_mixed_precision(train_precision_t p, fsdp_mixed_precision_t *mp);
 int train_make_loaders(rank_t *k);
 void train_teardown(rank_t *k);
 

@@ -40,6 +40,16 @@ static int make_device(rank_t *k) {
     return rc < 0 ? train_fail(k, "creating the CUDA device", rc) : 0;
 }
 
+void train_mixed_precision(train_precision_t p, fsdp_mixed_precision_t *mp) {
+    fsdp_mixed_precision_init(mp);
+    if (p == TRAIN_PRECISION_F32) return; /* off: no casts, the f32 run bit for bit */
+    fsdp_dtype_t half = p == TRAIN_PRECISION_F16 ? FSDP_DTYPE_F16 : FSDP_DTYPE_BF16;
+    mp->enabled = true;
+    mp->param_dtype = half;
+    mp->buffer_dtype = half;
+    mp->reduce_dtype = p == TRAIN_PRECISION_BF16_REDUCE_F32 ? FSDP_DTYPE_F32 : half;
+}
+
 /* The model, its units and AdamW follow the library's GPT recipe (fsdp/gpt_recipe.h): the
  * model from stream 0 of the seed, one unit per GPTBlock under the root with use_orig_params,
  * and AdamW whose weight decay falls on matrices only. */
@@ -63,6 +73,7 @@ int train_build(rank_t *k) {
     fo.forward_prefetch = o->forward_prefetch;
     fo.limit_all_gathers = o->limit_all_gathers;
     fo.device = k->dev;
+    train_mixed_precision(o->precision, &fo.mixed_precision);
     if (o->sharding == FSDP_HYBRID_SHARD) {
         /* Shard within groups of consecutive ranks, replicate across the groups. */
         int g = (int)train_shard_group_size(o, k->world);
@@ -86,6 +97,15 @@ int train_build(rank_t *k) {
     if ((rc = fsdp_gpt_recipe_create_adamw(k->model, &a, &k->opt)) < 0)
         return train_fail(k, "creating AdamW", rc);
     k->ngroups = 2;
+    /* f16: PyTorch's ShardedGradScaler with its defaults (2^16, doubling after 2000 clean
+     * steps, halving on an overflow), the found-inf flag agreed over the whole world. */
+    if (o->precision == TRAIN_PRECISION_F16) {
+        fsdp_grad_scaler_options_t so;
+        fsdp_grad_scaler_options_init(&so);
+        so.pg = k->pg;
+        if ((rc = fsdp_grad_scaler_create(k->ctx, &so, &k->scaler)) < 0)
+            return train_fail(k, "creating the gradient scaler", rc);
+    }
     /* From here on autograd, the loss and the batches are made on the compute device. */
     if (k->dev && (rc = fsdp_ctx_set_device(k->ctx, k->dev)) < 0)
         return train_fail(k, "fsdp_ctx_set_device", rc);
@@ -123,6 +143,7 @@ void train_teardown(rank_t *k) {
     fsdp_tensor_release(k->vtg);
     fsdp_loader_destroy(k->train_ld);
     fsdp_loader_destroy(k->val_ld);
+    fsdp_grad_scaler_destroy(k->scaler);
     fsdp_optim_destroy(k->opt);
     fsdp_unit_destroy(k->root);
     fsdp_module_release(k->model);

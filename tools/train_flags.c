@@ -62,6 +62,11 @@ static const char usage_text[] =
     "  --backward-prefetch P   pre | post | none (pre)\n"
     "  --forward-prefetch\n"
     "  --limit-all-gathers N   all-gathers in flight; 0 = no limit (2)\n"
+    "  --precision P           f32 | bf16 | f16 | bf16-reduce-f32 (f32): FSDP mixed precision\n"
+    "                          with f32 master weights and optimizer state; bf16 and f16\n"
+    "                          all-gather, compute and reduce gradients in the half type (f16\n"
+    "                          with a gradient scaler that skips steps whose gradients\n"
+    "                          overflow); bf16-reduce-f32 computes in bf16 and reduces in f32\n"
     "evaluation and output:\n"
     "  --val-every K           validate every K steps (100); 0 = at the start and end only\n"
     "  --val-steps N           batches per validation (8)\n"
@@ -104,6 +109,17 @@ int train_check_world(const train_opts_t *o, int world) {
                    o->shard_group_size ? "--shard-group-size" : "half the world, ", (long long)g,
                    world, o->shard_group_size ? "" : " (give --shard-group-size)");
     return 0;
+}
+
+static const char *const precision_names[TRAIN_PRECISION_COUNT] = {
+    [TRAIN_PRECISION_F32] = "f32",
+    [TRAIN_PRECISION_BF16] = "bf16",
+    [TRAIN_PRECISION_F16] = "f16",
+    [TRAIN_PRECISION_BF16_REDUCE_F32] = "bf16-reduce-f32",
+};
+
+const char *train_precision_name(train_precision_t p) {
+    return p >= 0 && p < TRAIN_PRECISION_COUNT ? precision_names[p] : "invalid";
 }
 
 int64_t train_shard_group_size(const train_opts_t *o, int world) {
@@ -160,6 +176,7 @@ static void defaults(train_opts_t *o) {
         .sharding = FSDP_FULL_SHARD,
         .backward_prefetch = FSDP_BACKWARD_PRE,
         .limit_all_gathers = 2,
+        .precision = TRAIN_PRECISION_F32,
         .val_every = 100,
         .val_steps = 8,
         .sample_tokens = 200,
@@ -200,6 +217,7 @@ static const char *const valued[] = {"--lr",
                                      "--sharding",
                                      "--backward-prefetch",
                                      "--limit-all-gathers",
+                                     "--precision",
                                      "--val-every",
                                      "--val-steps",
                                      "--sample-tokens",
@@ -317,6 +335,13 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
             o->backward_prefetch = FSDP_BACKWARD_PREFETCH_NONE;
         else
             return bad("%s: '%s' is not pre, post or none", f, v);
+    } else if (strcmp(f, "--precision") == 0) {
+        int p = 0;
+        while (p < TRAIN_PRECISION_COUNT && strcmp(v, precision_names[p]) != 0)
+            p++;
+        if (p == TRAIN_PRECISION_COUNT)
+            return bad("%s: '%s' is not f32, bf16, f16 or bf16-reduce-f32", f, v);
+        o->precision = (train_precision_t)p;
     } else if (strcmp(f, "--data") == 0) {
         o->data = v;
     } else if (strcmp(f, "--val-data") == 0) {
@@ -394,6 +419,10 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
     if (o->device == TRAIN_DEVICE_CUDA && o->backend == TRAIN_BACKEND_GLOO)
         return bad("--device cuda: the gloo backend's collectives take host memory; use "
                    "--backend nccl under fsdprun");
+    /* The checkpoints do not hold the gradient scaler's state (its scale and growth tracker). */
+    if (o->precision == TRAIN_PRECISION_F16 && o->resume)
+        return bad("--precision f16: --resume would restart the gradient scaler, whose state "
+                   "the checkpoints do not hold; use bf16 or bf16-reduce-f32");
     if (o->shard_group_size && o->sharding != FSDP_HYBRID_SHARD)
         return bad("--shard-group-size applies to --sharding hybrid only");
     if (o->backend == TRAIN_BACKEND_SIM) {
