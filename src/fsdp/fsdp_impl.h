@@ -142,7 +142,6 @@ struct fsdp_unit {
     fsdp_tensor_t *local_grad;   /* no_sync: the unsharded gradient accumulated, not reduced */
     bool unsharded;
     fsdp_work_t *ag_work;        /* outstanding all-gather into full */
-    fsdp_tensor_t *staging;      /* CPU offload: the shard on the device while it is gathered */
     fsdp_device_t *host_dev;     /* CPU offload: where flat and its gradient live (borrowed) */
     /* CPU offload from the compute device's host memory: the H2D copies of the shard run on
      * copy_stream (of copy_dev, created at the first one); ev[0] orders it after the compute
@@ -172,7 +171,7 @@ struct fsdp_unit {
     fsdp_work_t *ar_work;        /* all-reduce (NO_SHARD, or across replicas) */
     double post_divide;
     /* Stream-ordered waits (a compute device with a compute stream; docs/design.md): buffers a
-     * collective read (the all-gather's staging, the reduction's input), each released once an
+     * collective read (the reduction's input), each released once an
      * event recorded on the compute stream after the collective's stream wait has completed;
      * oldest first. stream_waited: a collective of u was waited on the stream since the last
      * end of backward, which then synchronizes u's groups to report a late failure. */

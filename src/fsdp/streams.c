@@ -90,8 +90,8 @@ int fsdp__reap_deferred(fsdp_unit_t *u, bool wait) {
 }
 
 /* At a wait of any unit: releases what the compute stream has finished with in u's whole tree,
- * so that a unit's staging shard does not stay allocated until that unit's own next wait (its
- * backward) while the rest of the forward runs. Non-blocking. */
+ * so that a buffer a unit's collective read does not stay allocated until that unit's own next
+ * wait while the rest of the pass runs. Non-blocking. */
 void fsdp__reap_tree(fsdp_unit_t *u) {
     fsdp_unit_t *root = fsdp__root_of(u);
     if (!root->initialized) {

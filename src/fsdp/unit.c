@@ -194,7 +194,6 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     fsdp_tensor_release(u->full);
     fsdp_tensor_release(u->full_grad);
     fsdp_tensor_release(u->local_grad);
-    fsdp_tensor_release(u->staging);
     fsdp_tensor_release(u->summon_host);
     fsdp__drop_summon_views(u);
     fsdp_tensor_release(u->rs_in);

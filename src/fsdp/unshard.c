@@ -6,9 +6,9 @@
  *
  * Invariants: u->full has bytes iff u->unsharded; an all-gather in flight (u->ag_work, listed in
  * the root's ag_queue in issue order) writes into full, so full is not read before
- * fsdp__unshard's wait; the staging shard it read is released only after the wait
- * (streams.c). Every copy between a unit's compute device and its offload host goes through
- * fsdp__xcopy or stage_shard here.
+ * fsdp__unshard's wait; a shard that must change device or dtype first is staged into this
+ * rank's slot of full and gathered in place. Every copy between a unit's compute device and its
+ * offload host goes through fsdp__xcopy or stage_shard here.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,12 +146,6 @@ static int unshard_wait(fsdp_unit_t *u) {
     snprintf(why, sizeof why, "%s", rc < 0 ? fsdp__wait_error(u->pg, u->ag_work) : "");
     fsdp_work_release(u->ag_work);
     u->ag_work = NULL;
-    int rc2 = fsdp__release_after(u, u->staging);
-    u->staging = NULL;
-    if (rc == 0 && rc2 < 0) {
-        rc = rc2;
-        snprintf(why, sizeof why, "releasing the staging shard: %s", fsdp_ctx_last_error(u->ctx));
-    }
     ag_queue_remove(fsdp__root_of(u), u);
     if (rc < 0) {
         u->unsharded = false;
@@ -194,16 +188,19 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
             u->unsharded = true;
             return FSDP_OK;
         }
-        const int64_t n[1] = {u->layout.shard_numel};
-        rc = fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &u->staging);
-        if (rc == 0) rc = stage_shard(u, u->staging, u->flat);
+        /* Staged straight into this rank's slot of the unsharded parameter, and gathered in
+         * place there: no shard-sized buffer in the compute dtype besides full (PyTorch keeps
+         * one, its _mp_shard). */
+        fsdp_tensor_t *slot = NULL;
+        rc = fsdp__view1d(u->full, (int64_t)u->rank * u->layout.shard_numel,
+                          u->layout.shard_numel, &slot);
+        if (rc == 0) rc = stage_shard(u, slot, u->flat);
+        if (rc == 0) src = fsdp_tensor_data(slot);
+        fsdp_tensor_release(slot); /* a view: full keeps the storage */
         if (rc < 0) {
-            fsdp_tensor_release(u->staging);
-            u->staging = NULL;
             fsdp_tensor_storage_resize(u->full, 0);
             return fsdp__unit_err(u, rc, "preparing the shard for the all-gather failed");
         }
-        src = fsdp_tensor_data(u->staging);
     }
     void *stream = NULL;
     rc = fsdp__side_stream(u, &stream);
@@ -220,8 +217,6 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
                                 fsdp_pg_last_error(u->pg));
     }
     if (rc < 0) {
-        fsdp_tensor_release(u->staging);
-        u->staging = NULL;
         fsdp_tensor_storage_resize(u->full, 0);
         return rc;
     }
