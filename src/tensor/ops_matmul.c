@@ -158,11 +158,20 @@ static int mm_prepare(fsdp_tensor_t *a, fsdp_tensor_t *b, struct mm_plan *pl) {
     int rc = 0;
     char da[96], db[96];
     pl->a.own = pl->b.own = NULL;
-    if (a->ndim < 1 || b->ndim < 1 || a->dt != b->dt) {
+    if (a->ndim < 1 || b->ndim < 1) {
+        return fsdp__op_err(
+            a, FSDP_EINVAL, "matmul", "a %s and b %s: operands need at least 1 dimension",
+            fsdp_tensor_describe(a, da, sizeof da), fsdp_tensor_describe(b, db, sizeof db));
+    }
+    /* PyTorch's wording, which callers (and the mixed-precision tests) match: a half activation
+     * reaching a full-precision weight is an error, never an implicit cast. */
+    if (a->dt != b->dt) {
         return fsdp__op_err(a, FSDP_EINVAL, "matmul",
-                            "a %s and b %s: operands need at least 1 dimension and one dtype",
+                            "a %s and b %s: mat1 and mat2 must have the same dtype, but got %s "
+                            "and %s",
                             fsdp_tensor_describe(a, da, sizeof da),
-                            fsdp_tensor_describe(b, db, sizeof db));
+                            fsdp_tensor_describe(b, db, sizeof db), fsdp_dtype_name(a->dt),
+                            fsdp_dtype_name(b->dt));
     }
     int64_t ar, ac, br, bc, s0, s1;
     int abat = mat_dims(a, true, &ar, &ac, &s0, &s1);
@@ -473,9 +482,17 @@ static int linear_check(fsdp_tensor_t *x, fsdp_tensor_t *w, fsdp_tensor_t *b) {
                             "x %s and w %s: need x (..., in) and w (out, in)", dx, dw);
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
         return fsdp__op_err(x, FSDP_EINVAL, "linear", "b %s must be (out) for w %s", dbias, dw);
-    if (w->dt != x->dt || (b && b->dt != x->dt))
-        return fsdp__op_err(x, FSDP_EINVAL, "linear", "x %s, w %s and b %s differ in dtype", dx, dw,
-                            dbias);
+    /* PyTorch's wording (see mm_prepare): x is mat1, w mat2, b the bias. */
+    if (w->dt != x->dt)
+        return fsdp__op_err(x, FSDP_EINVAL, "linear",
+                            "x %s, w %s and b %s: mat1 and mat2 must have the same dtype, but got "
+                            "%s and %s",
+                            dx, dw, dbias, fsdp_dtype_name(x->dt), fsdp_dtype_name(w->dt));
+    if (b && b->dt != x->dt)
+        return fsdp__op_err(x, FSDP_EINVAL, "linear",
+                            "x %s, w %s and b %s: the bias and mat1 must have the same dtype, but "
+                            "got %s and %s",
+                            dx, dw, dbias, fsdp_dtype_name(b->dt), fsdp_dtype_name(x->dt));
     return 0;
 fail:
     return rc;

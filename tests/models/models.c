@@ -13,6 +13,7 @@
 #include "models.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <fsdp/autograd.h>
@@ -730,6 +731,185 @@ int tm_toy_create(fsdp_ctx_t *ctx, int64_t in, int64_t hidden, int64_t out_featu
     return FSDP_OK;
 fail:
     fsdp_module_release(net);
+    fsdp_module_release(root);
+    return rc;
+}
+
+/* ---- mixed-precision models
+ * ------------------------------------------------------------------------ */
+
+static void free_impl(void *impl) {
+    free(impl);
+}
+
+/* SaveForwardInputsModule: impl is a bool, cast_forward_inputs. */
+static int save_inputs_module_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                                      fsdp_tensor_t **out) {
+    int rc = check_io(nin, in, 1, nout, 1);
+    if (rc < 0) return rc;
+    const bool *cast = fsdp_module_impl(m);
+    fsdp_module_t *l = fsdp_module_child(m, "l");
+    fsdp_tensor_t *w = l ? fsdp_module_param(l, "weight") : NULL;
+    if (!w) return FSDP_EINVAL;
+    if (!*cast || fsdp_tensor_dtype(in[0]) == fsdp_tensor_dtype(w))
+        return fsdp_module_forward1(l, in[0], &out[0]);
+    fsdp_tensor_t *x = NULL;
+    TRY(rc, done, fsdp_to_dtype(in[0], fsdp_tensor_dtype(w), &x));
+    rc = fsdp_module_forward1(l, x, &out[0]);
+done:
+    fsdp_tensor_release(x);
+    return rc;
+}
+
+static int save_inputs_model_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                                     fsdp_tensor_t **out) {
+    static const char *const chain[] = {"c1", "c2"};
+    int rc = check_io(nin, in, 1, nout, 1);
+    if (rc < 0) return rc;
+    return forward_chain(m, chain, 2, in[0], &out[0]);
+}
+
+static const fsdp_module_ops_t save_inputs_module_ops = {"SaveForwardInputsModule",
+                                                         save_inputs_module_forward, free_impl};
+static const fsdp_module_ops_t save_inputs_model_ops = {"SaveForwardInputsModel",
+                                                        save_inputs_model_forward, NULL};
+
+int tm_save_inputs_create(fsdp_ctx_t *ctx, bool cast_forward_inputs, fsdp_module_t **out) {
+    fsdp_module_t *root = NULL, *c = NULL;
+    int rc;
+    if (!out) return FSDP_EINVAL;
+    *out = NULL;
+    tm_manual_seed(ctx, 0);
+    TRY(rc, fail, new_root(ctx, &save_inputs_model_ops, &root));
+    for (int i = 0; i < 2; i++) {
+        bool *cast = malloc(sizeof *cast);
+        if (!cast) {
+            rc = FSDP_ENOMEM;
+            goto fail;
+        }
+        *cast = cast_forward_inputs;
+        rc = fsdp_module_create(ctx, &save_inputs_module_ops, cast, &c);
+        if (rc < 0) {
+            free(cast);
+            goto fail;
+        }
+        TRY(rc, fail, add_linear(c, "l", 100, 100, true));
+        rc = adopt(root, i == 0 ? "c1" : "c2", c);
+        c = NULL;
+        if (rc < 0) goto fail;
+    }
+    *out = root;
+    return FSDP_OK;
+fail:
+    fsdp_module_release(c);
+    fsdp_module_release(root);
+    return rc;
+}
+
+/* ToyModule.forward(x, y) = l(x). */
+static int toy_module_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                              fsdp_tensor_t **out) {
+    int rc = check_io(nin, in, 2, nout, 1);
+    if (rc < 0) return rc;
+    fsdp_module_t *l = fsdp_module_child(m, "l");
+    if (!l) return FSDP_EINVAL;
+    return fsdp_module_forward1(l, in[0], &out[0]);
+}
+
+static int external_inputs_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                                   fsdp_tensor_t **out) {
+    int rc = check_io(nin, in, 1, nout, 1);
+    if (rc < 0) return rc;
+    fsdp_module_t *l1 = fsdp_module_child(m, "l1"), *l2 = fsdp_module_child(m, "l2");
+    if (!l1 || !l2) return FSDP_EINVAL;
+    const int64_t shape[2] = {fsdp_tensor_size(in[0], 0), 100};
+    fsdp_tensor_t *args[2] = {NULL, NULL};
+    TRY(rc, done, fsdp_module_forward1(l1, in[0], &args[0]));
+    TRY(rc, done,
+        fsdp_tensor_full(fsdp_module_ctx(m), FSDP_DTYPE_F32, 2, shape, 1.0, FSDP_MEM_ACTIVATIONS,
+                         &args[1]));
+    rc = fsdp_module_forward(l2, 2, args, 1, out);
+done:
+    fsdp_tensor_release(args[0]);
+    fsdp_tensor_release(args[1]);
+    return rc;
+}
+
+static const fsdp_module_ops_t toy_module_ops = {"ToyModule", toy_module_forward, NULL};
+static const fsdp_module_ops_t external_inputs_ops = {"ToyModelWithExternalInputs",
+                                                      external_inputs_forward, NULL};
+
+int tm_external_inputs_create(fsdp_ctx_t *ctx, fsdp_module_t **out) {
+    fsdp_module_t *root = NULL, *l2 = NULL;
+    int rc;
+    if (!out) return FSDP_EINVAL;
+    *out = NULL;
+    tm_manual_seed(ctx, 0);
+    TRY(rc, fail, new_root(ctx, &external_inputs_ops, &root));
+    TRY(rc, fail, add_linear(root, "l1", 100, 100, true));
+    TRY(rc, fail, new_root(ctx, &toy_module_ops, &l2));
+    TRY(rc, fail, add_linear(l2, "l", 100, 100, true));
+    rc = adopt(root, "l2", l2);
+    l2 = NULL;
+    if (rc < 0) goto fail;
+    *out = root;
+    return FSDP_OK;
+fail:
+    fsdp_module_release(l2);
+    fsdp_module_release(root);
+    return rc;
+}
+
+static int ema_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                       fsdp_tensor_t **out) {
+    return forward_child(m, fsdp_module_is_training(m) ? "module" : "ema_module", nin, in, nout,
+                         out);
+}
+
+static const fsdp_module_ops_t ema_ops = {"ModelWithEMA", ema_forward, NULL};
+
+/* Sequential(Linear(d, h), ReLU, Linear(h, d)) added to root under name. */
+static int add_ema_branch(fsdp_module_t *root, const char *name, int64_t d, int64_t h) {
+    fsdp_ctx_t *ctx = fsdp_module_ctx(root);
+    fsdp_module_t *seq = NULL, *relu = NULL;
+    int rc;
+    TRY(rc, fail, fsdp_sequential_create(ctx, &seq));
+    TRY(rc, fail, add_linear(seq, NULL, d, h, true));
+    TRY(rc, fail, fsdp_relu_create(ctx, &relu));
+    rc = adopt(seq, NULL, relu);
+    if (rc < 0) goto fail;
+    TRY(rc, fail, add_linear(seq, NULL, h, d, true));
+    return adopt(root, name, seq);
+fail:
+    fsdp_module_release(seq);
+    return rc;
+}
+
+int tm_ema_create(fsdp_ctx_t *ctx, int64_t d, int64_t h, fsdp_module_t **out) {
+    fsdp_module_t *root = NULL;
+    fsdp_named_list_t a = {0}, b = {0};
+    int rc;
+    if (!out) return FSDP_EINVAL;
+    *out = NULL;
+    tm_manual_seed(ctx, 0);
+    TRY(rc, fail, new_root(ctx, &ema_ops, &root));
+    TRY(rc, fail, add_ema_branch(root, "module", d, h));
+    TRY(rc, fail, add_ema_branch(root, "ema_module", d, h));
+    TRY(rc, fail, fsdp_module_named_params(fsdp_module_child(root, "module"), false, &a));
+    TRY(rc, fail, fsdp_module_named_params(fsdp_module_child(root, "ema_module"), false, &b));
+    if (a.n != b.n) {
+        rc = FSDP_EINTERNAL;
+        goto fail;
+    }
+    for (size_t i = 0; i < a.n; i++)
+        TRY(rc, fail, fsdp_tensor_copy_(b.tensors[i], a.tensors[i]));
+    fsdp_named_list_free(&a);
+    fsdp_named_list_free(&b);
+    *out = root;
+    return FSDP_OK;
+fail:
+    fsdp_named_list_free(&a);
+    fsdp_named_list_free(&b);
     fsdp_module_release(root);
     return rc;
 }

@@ -164,6 +164,34 @@ int tm_ignored_create(fsdp_ctx_t *ctx, fsdp_module_t **out);
 int tm_toy_create(fsdp_ctx_t *ctx, int64_t in, int64_t hidden, int64_t out_features,
                   fsdp_module_t **out);
 
+/* ---- mixed-precision models (seed 003, test_fsdp_mixed_precision.py) ------------------------ */
+
+/*
+ * SaveForwardInputsModel (common_distributed; type "SaveForwardInputsModel"): children c1 and c2,
+ * each a SaveForwardInputsModule (type "SaveForwardInputsModule") with one child l =
+ * Linear(100, 100). Forward: the model returns c2(c1(x)); a module, when cast_forward_inputs,
+ * first casts x to the dtype its l.weight has at that moment (the compute dtype inside an FSDP
+ * unit), then returns l(x). Upstream also records each forward's input; here the tests do that
+ * with forward pre-hooks. Seeded 0.
+ */
+int tm_save_inputs_create(fsdp_ctx_t *ctx, bool cast_forward_inputs, fsdp_module_t **out);
+
+/*
+ * MP-DP-06's ToyModel (type "ToyModelWithExternalInputs"): l1 Linear(100, 100), l2 a ToyModule
+ * (type "ToyModule", child l = Linear(100, 100), two inputs: forward(x, y) = l(x)). Forward(x):
+ * y = ones(N, 100) f32 made inside the forward (an input no parent cast), then l2(l1(x), y).
+ * Seeded 0.
+ */
+int tm_external_inputs_create(fsdp_ctx_t *ctx, fsdp_module_t **out);
+
+/*
+ * MP-TE-01's TransformerWithEMA, reduced (type "ModelWithEMA"): module = Sequential(Linear(d, h),
+ * ReLU, Linear(h, d)), and ema_module, the same structure holding a copy of module's initial
+ * values (AveragedModel deep-copies). Forward(x): module(x) in training mode, ema_module(x) in
+ * eval mode. Updating the EMA is the test's business. Seeded 0.
+ */
+int tm_ema_create(fsdp_ctx_t *ctx, int64_t d, int64_t h, fsdp_module_t **out);
+
 /* ---- GPT ------------------------------------------------------------------------------------- */
 
 /* The tiny GPT of the golden file (tests/golden/gen_models.py's GPT_CFG): vocab 64, max_seq 16,
