@@ -22,7 +22,10 @@
 #     2 naming the four; bf16, bf16-reduce-f32 and f16 runs of 200 steps at world 2 follow the
 #     f32 loss curve (tolerances below) and move half the all-gather bytes, and half (bf16, f16)
 #     or all (reduce in f32) the reduce-scatter bytes, the reduce dtype of MP-S02's validator
-#     seen through the counters; f16 reports the steps its scaler skipped;
+#     seen through the counters; f16 reports the steps its scaler skipped; an f16 run resumed
+#     from a checkpoint continues its gradient scaler (losses, scale and skipped steps equal the
+#     uninterrupted run's, bit for bit), and a resume under f16 from an f32 checkpoint fails
+#     and says the checkpoint holds no scaler state;
 #   - GPUs: --device and --backend nccl refuse the combinations that cannot run (sim or gloo on
 #     the GPU, nccl on the CPU) with one line and exit 2; --backend nccl says in one line when
 #     the build has no NCCL or (exit 2) when no GPU is visible, naming CUDA's error; on a GPU
@@ -51,7 +54,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..36"
+echo "1..38"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -83,7 +86,7 @@ bad_ok=0
 for args in "--lr" "--lr abc" "--steps -1" "--sharding zero3" "--no-such-flag" \
   "--batch-size 6 --world-size 4" "--beta1 1" "--model gpt5" "--seq-len 999 --block-size 64" \
   "--sharding hybrid --world-size 4 --shard-group-size 3" "--shard-group-size 2" \
-  "--sharding hybrid --world-size 3" "--precision f8" "--precision f16 --resume ck/step-3"; do
+  "--sharding hybrid --world-size 3" "--precision f8"; do
   # shellcheck disable=SC2086
   "$train" $args > "$tmp/bad.out" 2> "$tmp/bad.err"
   st=$?
@@ -94,7 +97,7 @@ for args in "--lr" "--lr abc" "--steps -1" "--sharding zero3" "--no-such-flag" \
     bad_ok=1
   fi
 done
-ok $bad_ok "fourteen bad flag sets each exit 2 with one line on stderr and nothing on stdout"
+ok $bad_ok "thirteen bad flag sets each exit 2 with one line on stderr and nothing on stdout"
 "$train" --data "$tmp/does-not-exist" > /dev/null 2> "$tmp/nodata.err"
 st=$?
 [ "$st" -eq 2 ] && [ "$(wc -l < "$tmp/nodata.err")" -eq 1 ] && grep -q 'does-not-exist' "$tmp/nodata.err"
@@ -357,3 +360,28 @@ scale=$(echo "$last" | sed -e 's/.*"grad_scale":\([0-9.e+]*\).*/\1/')
   awk -v s="$scale" 'BEGIN { x = s + 0; while (x > 1 && x % 2 == 0) x /= 2; exit !(x == 1 && s <= 65536) }'
 ok $? "--precision f16: $said steps skipped by the gradient scaler, said and recorded alike (final scale $scale)" \
   "$tmp/mp_f16.out"
+# f16 and --resume: the checkpoint holds the scaler's state, so the resumed run's losses, scale
+# and skipped-step count are the uninterrupted run's; the steps around the save include skipped
+# ones (the scale backs off from 2^16 in the first steps).
+ck16="--steps 6 --warmup 2 --val-steps 1 --sample-tokens 0 --quiet --world-size 2 --shuffle --precision f16"
+# shellcheck disable=SC2086
+"$train" $ck16 --save-every 2 --checkpoint-dir "$tmp/ck16" --metrics "$tmp/f16full.jsonl" \
+  > "$tmp/f16full.out" 2>&1
+# shellcheck disable=SC2086
+"$train" $ck16 --resume "$tmp/ck16/step-2" --metrics "$tmp/f16res.jsonl" > "$tmp/f16res.out" 2>&1
+st=$?
+grep '"type":"train"' "$tmp/f16full.jsonl" | tail -4 |
+  sed -e 's/.*\("loss":[^,]*\).*\("grad_scale":[^,}]*\).*\("skipped_steps":[0-9]*\).*/\1 \2 \3/' \
+  > "$tmp/f16full.k"
+grep '"type":"train"' "$tmp/f16res.jsonl" |
+  sed -e 's/.*\("loss":[^,]*\).*\("grad_scale":[^,}]*\).*\("skipped_steps":[0-9]*\).*/\1 \2 \3/' \
+  > "$tmp/f16res.k"
+[ "$st" -eq 0 ] && [ "$(wc -l < "$tmp/f16res.k")" -eq 4 ] && cmp -s "$tmp/f16full.k" "$tmp/f16res.k"
+ok $? "--precision f16 --resume from step 2: steps 3-6 have the uninterrupted run's losses, scale and skipped steps exactly (exit $st)" \
+  "$tmp/f16res.out" "$tmp/f16full.k" "$tmp/f16res.k"
+# shellcheck disable=SC2086
+"$train" $ck16 --resume "$tmp/ck/step-3" > "$tmp/f16bad.out" 2> "$tmp/f16bad.err"
+st=$?
+[ "$st" -ne 0 ] && grep -q 'no gradient scaler state' "$tmp/f16bad.err"
+ok $? "--precision f16 --resume from an f32 checkpoint fails and says it holds no scaler state (exit $st)" \
+  "$tmp/f16bad.err"

@@ -293,9 +293,10 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     int64_t start = 0;
     if (o->resume) {
         char err[1024] = "";
-        uint64_t pos = 0;
-        rc = train_ckpt_load(ctx, k.root, k.model, k.opt, o->resume, &start, &pos, err, sizeof err);
-        if (rc == 0) rc = fsdp_loader_set_position(k.train_ld, pos);
+        train_ckpt_extra_t ex = {.scaler = k.scaler};
+        rc = train_ckpt_load(ctx, k.root, k.model, k.opt, o->resume, &start, &ex, err, sizeof err);
+        if (rc == 0) rc = fsdp_loader_set_position(k.train_ld, ex.position);
+        if (rc == 0) k.skipped = ex.skipped;
         if (rc < 0) {
             fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err[0] ? err : "resume");
             goto out;
@@ -325,8 +326,11 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
         }
         if (o->save_every > 0 && (s + 1) % o->save_every == 0) {
             char err[1024] = "";
-            rc = train_ckpt_save(ctx, k.root, k.model, k.opt, o->checkpoint_dir, s + 1,
-                                 fsdp_loader_get_position(k.train_ld), err, sizeof err);
+            train_ckpt_extra_t ex = {.position = fsdp_loader_get_position(k.train_ld),
+                                     .scaler = k.scaler,
+                                     .skipped = k.skipped};
+            rc = train_ckpt_save(ctx, k.root, k.model, k.opt, o->checkpoint_dir, s + 1, &ex, err,
+                                 sizeof err);
             if (rc < 0) {
                 if (rc != FSDP_EREMOTE) fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err);
                 goto out;

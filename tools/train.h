@@ -112,16 +112,27 @@ int64_t train_shard_group_size(const train_opts_t *o, int world);
  * libfsdp names, the step in the metadata). Collective. */
 int train_save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
                     const char *path, int64_t step, char *err, size_t cap);
+/* What a checkpoint holds besides the model and the optimizer: the loader position, and with
+ * --precision f16 the gradient scaler (NULL otherwise) and the steps it skipped so far. */
+typedef struct train_ckpt_extra {
+    uint64_t position;
+    fsdp_grad_scaler_t *scaler;
+    int64_t skipped;
+} train_ckpt_extra_t;
 /* Writes the checkpoint of `step` to dir/step-<step>/: the full model (rank 0) and every rank's
- * optimizer state and loader position, then waits for every rank (collective). */
+ * optimizer state, loader position and gradient scaler state, then waits for every rank
+ * (collective). */
 int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
-                    fsdp_optim_t *opt, const char *dir, int64_t step, uint64_t position, char *err,
-                    size_t cap);
-/* Loads a step directory written by train_ckpt_save into this rank's shard and optimizer;
- * *step and *position receive where to continue. Nothing is modified on a validation error
- * of the optimizer state; the model is checked completely before it is written. */
+                    fsdp_optim_t *opt, const char *dir, int64_t step,
+                    const train_ckpt_extra_t *extra, char *err, size_t cap);
+/* Loads a step directory written by train_ckpt_save into this rank's shard, optimizer and
+ * gradient scaler (extra->scaler, when the run has one: the checkpoint must hold its state);
+ * *step and extra's position and skipped steps receive where to continue. Nothing is modified
+ * on a validation error of the scaler or optimizer state; the model is checked completely
+ * before it is written. */
 int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_module_t *model, fsdp_optim_t *opt,
-                    const char *sdir, int64_t *step, uint64_t *position, char *err, size_t cap);
+                    const char *sdir, int64_t *step, train_ckpt_extra_t *extra, char *err,
+                    size_t cap);
 
 /* ---- one run and its ranks (fsdp-train.c, train_build.c, train_sample.c) ---- */
 

@@ -419,10 +419,6 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
     if (o->device == TRAIN_DEVICE_CUDA && o->backend == TRAIN_BACKEND_GLOO)
         return bad("--device cuda: the gloo backend's collectives take host memory; use "
                    "--backend nccl under fsdprun");
-    /* The checkpoints do not hold the gradient scaler's state (its scale and growth tracker). */
-    if (o->precision == TRAIN_PRECISION_F16 && o->resume)
-        return bad("--precision f16: --resume would restart the gradient scaler, whose state "
-                   "the checkpoints do not hold; use bf16 or bf16-reduce-f32");
     if (o->shard_group_size && o->sharding != FSDP_HYBRID_SHARD)
         return bad("--shard-group-size applies to --sharding hybrid only");
     if (o->backend == TRAIN_BACKEND_SIM) {
