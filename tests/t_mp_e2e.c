@@ -49,7 +49,10 @@
  *                    of an f32 one); the gradients equal the reference's;
  *   after the step   inside a summon the parameters are in the masters' dtype and equal the
  *                    reference's; no unsharded compute-dtype parameter was allocated by it;
- *                    buffers still in buffer_dtype.
+ *                    buffers still in buffer_dtype; the FULL state dict (plain, rank0_only,
+ *                    offload_to_cpu) has the parameters in the masters' dtype with the
+ *                    reference's values and the buffers in f64, the live buffers stay cast, and
+ *                    loading it back leaves the shards bitwise as they were.
  * The reference is a local model of the same weights that applies the same casts by hand:
  * weights and input cast to param_dtype, the loss's gradient taken there, each rank's gradient
  * cast to reduce_dtype, the ranks' average taken in double, the SGD step in double. Tolerance:
@@ -406,7 +409,7 @@ static int e2e_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_grad_scaler_t *scaler = NULL;
-    fsdp_named_list_t params = {0};
+    fsdp_named_list_t params = {0}, sdict = {0};
     fsdp_tensor_t *x = NULL, *out = NULL, *loss = NULL, *scaled = NULL;
     ref_t ref = {.nlin = nested ? 2 : 1};
     char why[760];
@@ -572,9 +575,83 @@ static int e2e_rank(fsdp_ctx_t *ctx, void *arg) {
               NM("inside a summon the buffers stay in buffer_dtype"),
               "inside the summon: buffers are not %s: %s", fsdp_dtype_name(bdt), why);
         FU_TRY(done, "summon", fsdp_summon_end(root));
+        /* the FULL state dict: parameters in the masters' dtype with the reference's values,
+         * buffers in their own dtype (f64); the live buffers stay cast; iteration 2 asks for
+         * rank 0 only, iteration 3 for host memory; loading it back changes no shard */
+        fsdp_full_state_dict_options_t fo;
+        fsdp_full_state_dict_options_init(&fo);
+        fo.rank0_only = it == 1;
+        fo.offload_to_cpu = it == 2;
+        FU_TRY(done, "state dict", fsdp_full_state_dict(root, &fo, &sdict));
+        if (fo.rank0_only && rank != 0) {
+            fu_ck(r, sdict.n == 0, NM("FULL state dict, rank0_only: the other ranks get none"),
+                  "%zu entries", sdict.n);
+        } else {
+            bool sd_ok = sdict.n == (size_t)(2 * ref.nlin);
+            double sdw = 0;
+            snprintf(why, sizeof why, "%zu entries", sdict.n);
+            for (size_t i = 0; i < sdict.n && sd_ok; i++) {
+                bool is_buf = strstr(sdict.names[i], "buffer") != NULL;
+                fsdp_dtype_t want = is_buf ? FSDP_DTYPE_F64 : mdt;
+                if (fsdp_tensor_dtype(sdict.tensors[i]) != want) {
+                    snprintf(why, sizeof why, "'%s' is %s, want %s", sdict.names[i],
+                             fsdp_dtype_name(fsdp_tensor_dtype(sdict.tensors[i])),
+                             fsdp_dtype_name(want));
+                    sd_ok = false;
+                }
+                for (int k = 0; k < ref.nlin && !is_buf; k++) {
+                    double v[D * D];
+                    if (strcmp(sdict.names[i], WNAME[nested][k]) != 0) continue;
+                    if (read_vals(sdict.tensors[i], v, D * D) < 0)
+                        sdw = INFINITY;
+                    else
+                        sdw = fmax(sdw, scaled_err(v, ref.w[k], D * D, rel, absd));
+                }
+            }
+            fu_ck(r, sd_ok && sdw <= 1.0,
+                  NM("FULL state dict: parameters in the masters' dtype with the reference's "
+                     "values, buffers in their dtype from before wrapping (f64)"),
+                  "%s; parameters %.3g of the tolerance", why, sdw);
+        }
+        fu_ck(r, buffers_are(m, bdt, why, sizeof why),
+              NM("after the FULL state dict the live buffers are in buffer_dtype again"), "%s",
+              why);
+        if (!fo.rank0_only) {
+            fsdp_named_list_t before = {0};
+            FU_TRY(done, "state dict", fsdp_named_params(root, &before));
+            fsdp_tensor_t **keep = calloc(before.n + 1, sizeof *keep);
+            for (size_t i = 0; keep && i < before.n && rc == 0; i++)
+                rc = fsdp_tensor_clone(before.tensors[i], FSDP_MEM_OTHER, &keep[i]);
+            if (rc == 0 && keep) rc = fsdp_load_full_state_dict(root, &sdict, true);
+            bool same = rc == 0 && keep;
+            for (size_t i = 0; same && i < before.n; i++)
+                same = fu_same_bits(before.tensors[i], keep[i]) == 1;
+            for (size_t i = 0; keep && i < before.n; i++)
+                fsdp_tensor_release(keep[i]);
+            free(keep);
+            fsdp_named_list_free(&before);
+            fu_ck(r, same,
+                  NM("loading the FULL state dict back leaves every shard bitwise as it was"),
+                  "%s: %s", fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
+            if (rc < 0) goto done;
+        }
+        fsdp_named_list_free(&sdict);
+        if (nested && it == 0) {
+            fsdp_unit_t *child = fsdp_unit_of(fsdp_module_child(m, "0"));
+            int e1 = fsdp_full_state_dict(child, NULL, &sdict);
+            fu_ck_einval(r, ctx, e1, "not a root", "0",
+                         NM("the FULL state dict of a non-root unit is FSDP_EINVAL naming it"));
+            int e2 = fsdp_full_state_dict(root, NULL, NULL);
+            fu_ck_einval(r, ctx, e2, "out is NULL", NULL,
+                         NM("the FULL state dict without an output list is FSDP_EINVAL"));
+            int e3 = fsdp_load_full_state_dict(root, NULL, true);
+            fu_ck_einval(r, ctx, e3, "sd is NULL", NULL,
+                         NM("loading a NULL FULL state dict is FSDP_EINVAL"));
+        }
         drop_iteration(ctx, &x, &out, &loss);
     }
 done:
+    fsdp_named_list_free(&sdict);
     fsdp_tensor_release(x);
     fsdp_tensor_release(out);
     fsdp_tensor_release(loss);

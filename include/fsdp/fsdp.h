@@ -347,6 +347,41 @@ FSDP_EXTERN void fsdp_summon_options_init(fsdp_summon_options_t *o);
 FSDP_EXTERN int fsdp_summon_begin(fsdp_unit_t *u, const fsdp_summon_options_t *o);
 FSDP_EXTERN int fsdp_summon_end(fsdp_unit_t *u);
 
+/* ---- the FULL state dict --------------------------------------------------------------------- */
+
+/* PyTorch's FullStateDictConfig. */
+typedef struct fsdp_full_state_dict_options {
+    bool rank0_only;     /* only rank 0 receives the entries (the others an empty list); every
+                            rank must still call (default false) */
+    bool offload_to_cpu; /* the parameters are gathered into host memory (summon's
+                            offload_to_cpu); buffers are copied from where they are (default
+                            false) */
+} fsdp_full_state_dict_options_t;
+
+/* rank0_only and offload_to_cpu off. */
+FSDP_EXTERN void fsdp_full_state_dict_options_init(fsdp_full_state_dict_options_t *o);
+
+/*
+ * PyTorch's FULL_STATE_DICT: the whole model's state dict, as the module's own
+ * (fsdp_module_state_dict: parameters then persistent buffers, in PyTorch's order, clean
+ * fully qualified names), gathered from the shards. Every entry is a copy the caller owns
+ * (out->owned). Under mixed precision, parameters are in their own (full) precision and every
+ * buffer a unit cast to buffer_dtype is in the dtype it had before wrapping (the live buffers
+ * stay in buffer_dtype). Collective over every unit's group; root must be a root unit, idle
+ * (not in forward, backward or a summon). o may be NULL (defaults). On failure *out is empty.
+ */
+FSDP_EXTERN int fsdp_full_state_dict(fsdp_unit_t *root, const fsdp_full_state_dict_options_t *o,
+                                     fsdp_named_list_t *out);
+/*
+ * Loads a FULL state dict (every rank passes the same entries) into root's tree: each rank keeps
+ * its part of every parameter (a summon with writeback, then fsdp_module_load_state_dict with
+ * `strict`); values are converted to the live tensors' dtypes (an f64 buffer entry into a
+ * buffer_dtype buffer). Collective. Errors as fsdp_module_load_state_dict's; with strict,
+ * nothing is modified when an entry is missing, unexpected or of another shape.
+ */
+FSDP_EXTERN int fsdp_load_full_state_dict(fsdp_unit_t *root, const fsdp_named_list_t *sd,
+                                          bool strict);
+
 /*
  * Unshards one unit outside forward (collective over its group), so a submodule of it can be
  * run directly, e.g. a head used only for evaluation: the module's parameter slots hold full
