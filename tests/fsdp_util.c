@@ -576,3 +576,79 @@ bool fu_watched(const fu_bwd_watch_t *w, size_t n, int calls, char *why, size_t 
         }
     return ok;
 }
+
+/* The reference module's parameter ... */
+fsdp_tensor_t *fu_ref_param(void *arg, const char *fqn) {
+    return fsdp_module_param(arg, fqn);
+}
+/* ... or its gradient. */
+fsdp_tensor_t *fu_ref_grad(void *arg, const char *fqn) {
+    fsdp_tensor_t *p = fsdp_module_param(arg, fqn);
+    return p ? fsdp_tensor_grad(p) : NULL;
+}
+
+/* Compares this rank's part of every parameter (grads: of every sharded gradient) of root's
+ * units (only: of that unit alone, when not NULL) with the matching elements of the expected
+ * full tensors. Returns the worst
+ * fu_closeness() (> 1: not close), or INFINITY with the reason in why when something is missing
+ * or of another dtype than f32 (sharded parameters and gradients are the parameters' f32). */
+double fu_shards_vs(fsdp_unit_t *root, const fsdp_unit_t *only, bool grads, fu_expect_fn expect,
+                    void *arg, double rtol, double atol, char *why, size_t len) {
+    fsdp_unit_t **u = NULL;
+    size_t nu = 0;
+    double worst = 0;
+    why[0] = 0;
+    if (fsdp_units(root, &u, &nu) < 0) {
+        snprintf(why, len, "fsdp_units failed");
+        return INFINITY;
+    }
+    for (size_t i = 0; i < nu; i++) {
+        fsdp_tensor_t *flat = only && u[i] != only ? NULL : fsdp_unit_flat_param(u[i]);
+        for (size_t k = 0; flat && k < fsdp_unit_num_params(u[i]); k++) {
+            fsdp_param_info_t pi;
+            char fqn[256];
+            if (fsdp_unit_param_info(u[i], k, &pi) < 0 || !pi.in_shard) continue;
+            const char *ufqn = fsdp_unit_fqn(u[i]);
+            snprintf(fqn, sizeof fqn, "%s%s%s", ufqn, ufqn[0] ? "." : "", pi.fqn);
+            fsdp_tensor_t *src = grads ? fsdp_tensor_grad(flat) : flat;
+            int64_t base = pi.offset_in_shard;
+            if (grads && !src && pi.param) { /* use_orig_params: the original's 1-D view */
+                src = fsdp_tensor_grad(pi.param);
+                base = 0;
+            }
+            fsdp_tensor_t *e = expect(arg, fqn);
+            if (!src || !e) {
+                fu_add_why(why, len, "'%s': %s", fqn, !src ? "no sharded value" : "no reference");
+                worst = INFINITY;
+                continue;
+            }
+            if (fsdp_tensor_dtype(src) != FSDP_DTYPE_F32) {
+                fu_add_why(why, len, "'%s' is %s, not f32", fqn,
+                           fsdp_dtype_name(fsdp_tensor_dtype(src)));
+                worst = INFINITY;
+                continue;
+            }
+            int64_t na = 0, ne = 0;
+            float *a = fu_host_f32(src, &na), *x = fu_host_f32(e, &ne);
+            if (!a || !x || base + pi.numel_in_shard > na ||
+                pi.intra_start + pi.numel_in_shard > ne) {
+                fu_add_why(why, len, "'%s': cannot read the values", fqn);
+                worst = INFINITY;
+            } else {
+                for (int64_t j = 0; j < pi.numel_in_shard; j++) {
+                    double c = fu_closeness(a[base + j], x[pi.intra_start + j], rtol, atol);
+                    if (isnan(c)) c = INFINITY;
+                    if (c > worst) worst = c;
+                    if (c > 1.0 && !why[0])
+                        fu_add_why(why, len, "'%s'[%lld] is %.9g, reference %.9g", fqn,
+                                   (long long)(pi.intra_start + j), a[base + j],
+                                   x[pi.intra_start + j]);
+                }
+            }
+            free(a);
+            free(x);
+        }
+    }
+    free(u);
+    return worst;
+}

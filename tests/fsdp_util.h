@@ -281,4 +281,19 @@ int fu_watch_units(fsdp_unit_t *const *u, size_t n, fu_bwd_watch_t *w);
  * otherwise false with the offenders in why. */
 bool fu_watched(const fu_bwd_watch_t *w, size_t n, int calls, char *why, size_t len);
 
+/* ---- this rank's shards against full reference tensors ------------------------------------- */
+
+/* The full tensor a shard is compared with, by the parameter's name relative to the root. */
+typedef fsdp_tensor_t *(*fu_expect_fn)(void *arg, const char *fqn);
+/* arg is a reference module: its parameter of that name, or that parameter's gradient. */
+fsdp_tensor_t *fu_ref_param(void *arg, const char *fqn);
+fsdp_tensor_t *fu_ref_grad(void *arg, const char *fqn);
+/* Compares this rank's part of every parameter (grads: of every sharded gradient) of root's
+ * units (only: of that unit alone, when not NULL) with the matching elements of the expected
+ * full tensors. Returns the worst fu_closeness() (> 1: not close), or INFINITY with the reason
+ * in why when something is missing or of another dtype than f32 (sharded parameters and
+ * gradients are the parameters' f32). */
+double fu_shards_vs(fsdp_unit_t *root, const fsdp_unit_t *only, bool grads, fu_expect_fn expect,
+                    void *arg, double rtol, double atol, char *why, size_t len);
+
 #endif /* FSDP_TEST_FSDP_UTIL_H */

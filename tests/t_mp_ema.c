@@ -125,55 +125,6 @@ static int ema_update(fsdp_module_t *m) {
     return rc;
 }
 
-/* Compares this rank's part of every parameter of root's units with the matching elements of
- * the reference module's parameter of the same name (root-relative). Returns the worst
- * fu_closeness(), INFINITY with the reason in why when something is missing or not f32. */
-static double shards_vs(fsdp_unit_t *root, const fsdp_module_t *ref, double rtol, double atol,
-                        char *why, size_t len) {
-    fsdp_unit_t **u = NULL;
-    size_t nu = 0;
-    double worst = 0;
-    why[0] = 0;
-    if (fsdp_units(root, &u, &nu) < 0) {
-        snprintf(why, len, "fsdp_units failed");
-        return INFINITY;
-    }
-    for (size_t i = 0; i < nu; i++) {
-        fsdp_tensor_t *flat = fsdp_unit_flat_param(u[i]);
-        for (size_t k = 0; flat && k < fsdp_unit_num_params(u[i]); k++) {
-            fsdp_param_info_t pi;
-            char fqn[256];
-            if (fsdp_unit_param_info(u[i], k, &pi) < 0 || !pi.in_shard) continue;
-            const char *ufqn = fsdp_unit_fqn(u[i]);
-            snprintf(fqn, sizeof fqn, "%s%s%s", ufqn, ufqn[0] ? "." : "", pi.fqn);
-            fsdp_tensor_t *e = fsdp_module_param(ref, fqn);
-            int64_t na = 0, ne = 0;
-            float *a = fu_host_f32(flat, &na), *x = e ? fu_host_f32(e, &ne) : NULL;
-            if (fsdp_tensor_dtype(flat) != FSDP_DTYPE_F32 || !a || !x ||
-                pi.offset_in_shard + pi.numel_in_shard > na ||
-                pi.intra_start + pi.numel_in_shard > ne) {
-                fu_add_why(why, len, "'%s': shard %s, or cannot compare", fqn,
-                           fsdp_dtype_name(fsdp_tensor_dtype(flat)));
-                worst = INFINITY;
-            } else {
-                for (int64_t j = 0; j < pi.numel_in_shard; j++) {
-                    float av = a[pi.offset_in_shard + j], xv = x[pi.intra_start + j];
-                    double c = fu_closeness(av, xv, rtol, atol);
-                    if (isnan(c)) c = INFINITY;
-                    if (c > worst) worst = c;
-                    if (c > 1.0 && !why[0])
-                        fu_add_why(why, len, "'%s'[%lld] is %.9g, reference %.9g", fqn,
-                                   (long long)(pi.intra_start + j), av, xv);
-                }
-            }
-            free(a);
-            free(x);
-        }
-    }
-    free(u);
-    return worst;
-}
-
 /* A forward pre-hook on one of the EMA branch's Linears (added after wrapping, so it runs while
  * the unit's compute parameters are in the module's slots): compares the weight and bias the
  * Linear computes with against the expected EMA values (the reference master's) rounded to
@@ -487,7 +438,8 @@ static int te_rank(fsdp_ctx_t *ctx, void *arg) {
     if (sharded)
         fu_ck(r, regather, "MP-TE-01: each eval issues a new all-gather for each EMA unit", "%s",
               gwhy);
-    double cl = shards_vs(root, master, FU_F16_RTOL, FU_F16_ATOL, why, sizeof why);
+    double cl = fu_shards_vs(root, NULL, false, fu_ref_param, master, FU_F16_RTOL, FU_F16_ATOL, why,
+                             sizeof why);
     fu_ck(r, cl <= 1.0,
           "MP-TE-01: after 3 iterations this rank's shards of every parameter, main and EMA (f32), "
           "match the reference masters (fp16 tolerance)",

@@ -117,83 +117,6 @@ static int buffers_to(fsdp_module_t *m, fsdp_dtype_t dt) {
 
 /* Returns the tensor holding the expected full values for parameter `fqn` (fully qualified
  * under the root module), borrowed; NULL when there is none. */
-typedef fsdp_tensor_t *(*expect_fn)(void *arg, const char *fqn);
-
-/* The reference module's parameter ... */
-static fsdp_tensor_t *ref_param(void *arg, const char *fqn) {
-    return fsdp_module_param(arg, fqn);
-}
-/* ... or its gradient. */
-static fsdp_tensor_t *ref_grad(void *arg, const char *fqn) {
-    fsdp_tensor_t *p = fsdp_module_param(arg, fqn);
-    return p ? fsdp_tensor_grad(p) : NULL;
-}
-
-/* Compares this rank's part of every parameter (grads: of every sharded gradient) of root's
- * units (only: of that unit alone, when not NULL) with the matching elements of the expected
- * full tensors. Returns the worst
- * fu_closeness() (> 1: not close), or INFINITY with the reason in why when something is missing
- * or of another dtype than f32 (sharded parameters and gradients are the parameters' f32). */
-static double shards_vs(fsdp_unit_t *root, const fsdp_unit_t *only, bool grads, expect_fn expect,
-                        void *arg, double rtol, double atol, char *why, size_t len) {
-    fsdp_unit_t **u = NULL;
-    size_t nu = 0;
-    double worst = 0;
-    why[0] = 0;
-    if (fsdp_units(root, &u, &nu) < 0) {
-        snprintf(why, len, "fsdp_units failed");
-        return INFINITY;
-    }
-    for (size_t i = 0; i < nu; i++) {
-        fsdp_tensor_t *flat = only && u[i] != only ? NULL : fsdp_unit_flat_param(u[i]);
-        for (size_t k = 0; flat && k < fsdp_unit_num_params(u[i]); k++) {
-            fsdp_param_info_t pi;
-            char fqn[256];
-            if (fsdp_unit_param_info(u[i], k, &pi) < 0 || !pi.in_shard) continue;
-            const char *ufqn = fsdp_unit_fqn(u[i]);
-            snprintf(fqn, sizeof fqn, "%s%s%s", ufqn, ufqn[0] ? "." : "", pi.fqn);
-            fsdp_tensor_t *src = grads ? fsdp_tensor_grad(flat) : flat;
-            int64_t base = pi.offset_in_shard;
-            if (grads && !src && pi.param) { /* use_orig_params: the original's 1-D view */
-                src = fsdp_tensor_grad(pi.param);
-                base = 0;
-            }
-            fsdp_tensor_t *e = expect(arg, fqn);
-            if (!src || !e) {
-                fu_add_why(why, len, "'%s': %s", fqn, !src ? "no sharded value" : "no reference");
-                worst = INFINITY;
-                continue;
-            }
-            if (fsdp_tensor_dtype(src) != FSDP_DTYPE_F32) {
-                fu_add_why(why, len, "'%s' is %s, not f32", fqn,
-                           fsdp_dtype_name(fsdp_tensor_dtype(src)));
-                worst = INFINITY;
-                continue;
-            }
-            int64_t na = 0, ne = 0;
-            float *a = fu_host_f32(src, &na), *x = fu_host_f32(e, &ne);
-            if (!a || !x || base + pi.numel_in_shard > na ||
-                pi.intra_start + pi.numel_in_shard > ne) {
-                fu_add_why(why, len, "'%s': cannot read the values", fqn);
-                worst = INFINITY;
-            } else {
-                for (int64_t j = 0; j < pi.numel_in_shard; j++) {
-                    double c = fu_closeness(a[base + j], x[pi.intra_start + j], rtol, atol);
-                    if (isnan(c)) c = INFINITY;
-                    if (c > worst) worst = c;
-                    if (c > 1.0 && !why[0])
-                        fu_add_why(why, len, "'%s'[%lld] is %.9g, reference %.9g", fqn,
-                                   (long long)(pi.intra_start + j), a[base + j],
-                                   x[pi.intra_start + j]);
-                }
-            }
-            free(a);
-            free(x);
-        }
-    }
-    free(u);
-    return worst;
-}
 
 /* The dtypes a module received, recorded by a forward pre-hook. */
 typedef struct seen {
@@ -465,8 +388,8 @@ static int emb_rank(fsdp_ctx_t *ctx, void *arg) {
         FU_TRY(done, "reference step", ref_step(ctx, j->world, master, comp, ref_opt, rdt, &rv));
         {
             char w2[760];
-            double gc = shards_vs(root, NULL, true, ref_grad, master, FU_F16_RTOL, FU_F16_ATOL, w2,
-                                  sizeof w2);
+            double gc = fu_shards_vs(root, NULL, true, fu_ref_grad, master, FU_F16_RTOL,
+                                     FU_F16_ATOL, w2, sizeof w2);
             if (!(gc <= 1.0) && grad_ok) {
                 grad_ok = false;
                 fu_add_why(gwhy, sizeof gwhy, "step %d: worst %.3g of tolerance: %s", it, gc, w2);
@@ -534,8 +457,8 @@ static int emb_rank(fsdp_ctx_t *ctx, void *arg) {
     fu_ck(r, grad_ok, name, "%s", gwhy);
     fu_ck(r, fabs(first - last) > 1e-3 * fabs(first), "training moved the loss",
           "first %.9g, last %.9g", first, last);
-    double cl =
-        shards_vs(root, NULL, false, ref_param, master, FU_F16_RTOL, FU_F16_ATOL, why, sizeof why);
+    double cl = fu_shards_vs(root, NULL, false, fu_ref_param, master, FU_F16_RTOL, FU_F16_ATOL, why,
+                             sizeof why);
     snprintf(name, sizeof name,
              "%s: after 6 steps this rank's shard of every parameter (f32) matches the reference "
              "masters within fp16 tolerance",
@@ -674,8 +597,8 @@ static int s14_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(
         done, "reference",
         fsdp_tensor_from_host(ctx, FSDP_DTYPE_F32, 2, shape, acc, FSDP_MEM_ACTIVATIONS, &expect));
-    double cl = shards_vs(root, NULL, true, expect_tensor, expect, FU_F32_RTOL, FU_F32_ATOL, why,
-                          sizeof why);
+    double cl = fu_shards_vs(root, NULL, true, expect_tensor, expect, FU_F32_RTOL, FU_F32_ATOL, why,
+                             sizeof why);
     fu_ck(r, cl <= 1.0,
           "MP-S14: the sharded weight gradient (f32) equals every rank's f16 gradient reduced in "
           "f32 (reduce_dtype), fp32 tolerance",
@@ -852,13 +775,15 @@ static int dp_rank(fsdp_ctx_t *ctx, void *arg) {
     fu_ck(r, fu_tree_idle(root), name, "a unit is not");
     if (dj->c == DP05 || dj->c == DP06 || dj->c == DP01) {
         /* The same input on every rank: the reduction averages equal gradients. */
-        cl = shards_vs(root, child, true, ref_grad, ref, FU_F16_RTOL, FU_F16_ATOL, why, sizeof why);
+        cl = fu_shards_vs(root, child, true, fu_ref_grad, ref, FU_F16_RTOL, FU_F16_ATOL, why,
+                          sizeof why);
         snprintf(name, sizeof name,
                  "%s: %s's sharded gradients are full precision (f32) and match the reference's "
                  "(fp16 tolerance)",
                  id, wrapped);
         fu_ck(r, cl <= 1.0, name, "worst %.3g of tolerance: %s", cl, why);
-        cl = shards_vs(root, NULL, true, ref_grad, ref, FU_F16_RTOL, FU_F16_ATOL, why, sizeof why);
+        cl = fu_shards_vs(root, NULL, true, fu_ref_grad, ref, FU_F16_RTOL, FU_F16_ATOL, why,
+                          sizeof why);
         snprintf(name, sizeof name,
                  "%s: every sharded gradient of the tree (f32) matches the reference's, through "
                  "the f16 cast (fp16 tolerance)",
