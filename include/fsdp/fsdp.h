@@ -382,6 +382,64 @@ FSDP_EXTERN int fsdp_full_state_dict(fsdp_unit_t *root, const fsdp_full_state_di
 FSDP_EXTERN int fsdp_load_full_state_dict(fsdp_unit_t *root, const fsdp_named_list_t *sd,
                                           bool strict);
 
+/* ---- the SHARDED and LOCAL state dicts -------------------------------------------------------- */
+
+/*
+ * One entry of a sharded state dict: a piece of a global tensor. The piece holds the elements
+ * [offset, offset + numel(t)) of the global tensor taken in row-major order, as a 1-D tensor;
+ * a replicated entry (a buffer, a parameter no unit shards, a step count) holds the whole
+ * tensor, with its own shape, offset 0, on every rank. This is the form a checkpoint stores:
+ * any set of pieces that covers a rank's part loads at any world size or wrapping.
+ */
+typedef struct fsdp_shard_entry {
+    char *name;                   /* fully qualified, as in the FULL state dict */
+    fsdp_tensor_t *t;             /* the piece (a reference the list owns) */
+    int ndim;                     /* of the global tensor */
+    int64_t shape[FSDP_MAX_DIMS]; /* the global shape */
+    int64_t offset;               /* of the piece's first element in the global tensor */
+    bool replicated;
+} fsdp_shard_entry_t;
+
+typedef struct fsdp_shard_list {
+    size_t n;
+    fsdp_shard_entry_t *e;
+} fsdp_shard_list_t;
+
+/* Releases the pieces and names; the list is empty afterwards. NULL is accepted. */
+FSDP_EXTERN void fsdp_shard_list_free(fsdp_shard_list_t *l);
+
+/*
+ * PyTorch's SHARDED_STATE_DICT, without communication: for every parameter a unit of root's
+ * tree manages, this rank's part of it (a copy of the shard's elements, in the parameters'
+ * dtype), under the parameter's fully qualified name (a tied parameter under its first name);
+ * and, replicated, every persistent buffer (in its dtype from before mixed precision cast it),
+ * every parameter no unit manages and every parameter of a NO_SHARD unit. Ranks that hold the
+ * same part (replicas: NO_SHARD, the hybrid strategies) give equal entries; a writer keeps one
+ * (a loader takes a piece given twice once). Ranks that hold nothing of a parameter (a small
+ * parameter at a large world size) have no entry for it. On failure *out is empty.
+ */
+FSDP_EXTERN int fsdp_sharded_state_dict(fsdp_unit_t *root, fsdp_shard_list_t *out);
+/*
+ * Loads pieces into root's tree: each rank copies, for every parameter it holds part of, the
+ * overlap of the pieces of that name with its part, and every replicated entry into its buffer
+ * or unmanaged parameter (converting dtypes). The pieces may come from any world size or
+ * wrapping (several pieces per name, in any order), but must cover this rank's part exactly
+ * once (a piece given twice, same offset and size, is taken once; a replicated entry covers
+ * every rank's part). Everything is checked before anything is written: an unknown name, a
+ * global shape other than the parameter's, pieces that overlap otherwise, leave part of this
+ * rank's range uncovered or run past the tensor's end, and a parameter or buffer with no entry
+ * are FSDP_EINVAL naming the tensor and the range. Not collective.
+ */
+FSDP_EXTERN int fsdp_load_sharded_state_dict(fsdp_unit_t *root, const fsdp_shard_list_t *sd);
+/*
+ * PyTorch's LOCAL_STATE_DICT: every unit's flat shard as it is (padding included), under
+ * "<unit fqn>._flat_param" ("_flat_param" for the root), as the piece [rank * shard numel, ...)
+ * of the global padded flat parameter; replicated entries as in the SHARDED one. It loads only
+ * into the same wrapping at the same world size (fsdp_load_local_state_dict checks every size).
+ */
+FSDP_EXTERN int fsdp_local_state_dict(fsdp_unit_t *root, fsdp_shard_list_t *out);
+FSDP_EXTERN int fsdp_load_local_state_dict(fsdp_unit_t *root, const fsdp_shard_list_t *sd);
+
 /*
  * Unshards one unit outside forward (collective over its group), so a submodule of it can be
  * run directly, e.g. a head used only for evaluation: the module's parameter slots hold full
