@@ -11,6 +11,10 @@
  *   - LOCAL: each rank's flat shards round-trip bitwise at the same world size and wrapping;
  *     at another world size the load is FSDP_EINVAL saying a LOCAL state dict loads only where
  *     it was written;
+ *   - the optimizer's SHARDED state dict (keyed by parameter name): AdamW's state after two
+ *     steps at world size 2 loads at world sizes 1, 3 and 4 into an optimizer over the other
+ *     use_orig_params setting (flat or original parameters) and, at 1 and 4, the other
+ *     wrapping, and the reloaded state's pieces consolidate to the saved ones bitwise;
  *   - bad pieces: an unknown name, a missing parameter, pieces that overlap, a gap in a rank's
  *     range, a piece past the tensor's end and another global shape are each FSDP_EINVAL
  *     naming the tensor, and the model is bitwise unchanged after each.
@@ -117,12 +121,21 @@ typedef struct sd_job {
     pthread_mutex_t *mu;
 } sd_job_t;
 
-enum { SAVE_SHARDED, LOAD_SHARDED, SAVE_LOCAL, LOAD_LOCAL, FULL_ROUND_TRIP, BAD_PIECES };
+enum {
+    SAVE_SHARDED,
+    LOAD_SHARDED,
+    SAVE_LOCAL,
+    LOAD_LOCAL,
+    FULL_ROUND_TRIP,
+    BAD_PIECES,
+    SAVE_OPT,
+    LOAD_OPT
+};
 
 /* The model, wrapped as the job says, after one SGD step on the usual input (so the shards hold
  * trained values, not the initialisation every run starts from). */
 static int setup(fu_res_t *r, fsdp_ctx_t *ctx, const sd_job_t *sj, bool train, fsdp_module_t **m,
-                 fsdp_unit_t **root) {
+                 fsdp_unit_t **root, fsdp_optim_t **adamw) {
     int rc;
     fsdp_options_t o;
     fu_job_options(&sj->j, &o);
@@ -135,13 +148,30 @@ static int setup(fu_res_t *r, fsdp_ctx_t *ctx, const sd_job_t *sj, bool train, f
         FU_TRY(done, "wrapping", fu_wrap_transformer_opts(*m, &o, root));
     else
         FU_TRY(done, "wrapping", fsdp_wrap(*m, &o, root));
+    if (adamw) {
+        /* AdamW over what FSDP hands an optimizer, two steps when training */
+        FU_TRY(done, "optimizer", fsdp_named_params(*root, &params));
+        FU_TRY(done, "optimizer", fsdp_optim_adam_create(ctx, NULL, true, adamw));
+        FU_TRY(done, "optimizer",
+               fsdp_optim_add_group(*adamw, params.n, params.tensors,
+                                    (const char *const *)params.names, NULL, NULL));
+    }
     if (!train) goto done;
-    FU_TRY(done, "training", fsdp_named_params(*root, &params));
-    FU_TRY(done, "training", fu_make_sgd(ctx, &params, 0.1, 0.0, &opt));
-    FU_TRY(done, "training", fu_transformer_forward(ctx, *m, &out, &tgt));
-    FU_TRY(done, "training", tm_transformer_loss(tgt, out, &loss));
-    FU_TRY(done, "training", fsdp_backward(loss, NULL));
-    FU_TRY(done, "training", fsdp_optim_step(opt));
+    if (!adamw) {
+        FU_TRY(done, "training", fsdp_named_params(*root, &params));
+        FU_TRY(done, "training", fu_make_sgd(ctx, &params, 0.1, 0.0, &opt));
+    }
+    for (int step = 0; step < (adamw ? 2 : 1); step++) {
+        FU_TRY(done, "training", fu_transformer_forward(ctx, *m, &out, &tgt));
+        FU_TRY(done, "training", tm_transformer_loss(tgt, out, &loss));
+        FU_TRY(done, "training", fsdp_backward(loss, NULL));
+        FU_TRY(done, "training", fsdp_optim_step(adamw ? *adamw : opt));
+        fsdp_tensor_release(out);
+        fsdp_tensor_release(tgt);
+        fsdp_tensor_release(loss);
+        out = tgt = loss = NULL;
+        fsdp_tape_clear(ctx);
+    }
 done:
     fsdp_tensor_release(out);
     fsdp_tensor_release(tgt);
@@ -219,8 +249,10 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
     char why[400] = "";
     int rank = fsdp_ctx_rank(ctx);
     bool save = sj->mode == SAVE_SHARDED || sj->mode == SAVE_LOCAL || sj->mode == FULL_ROUND_TRIP ||
-                sj->mode == BAD_PIECES;
-    int rc = setup(r, ctx, sj, save, &m, &root);
+                sj->mode == BAD_PIECES || sj->mode == SAVE_OPT;
+    bool with_opt = sj->mode == SAVE_OPT || sj->mode == LOAD_OPT;
+    fsdp_optim_t *adamw = NULL;
+    int rc = setup(r, ctx, sj, save, &m, &root, with_opt ? &adamw : NULL);
     if (rc < 0) goto done;
     if (save) {
         /* the consolidated form, from rank 0 */
@@ -243,6 +275,26 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         FU_TRY(done, "barrier", fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL));
     }
     switch (sj->mode) {
+    case SAVE_OPT:
+    case LOAD_OPT: {
+        /* load (LOAD_OPT), then every rank's pieces of the optimizer state into the store:
+         * the saved ones (SAVE_OPT: pieces) or the reloaded ones (LOAD_OPT: full) */
+        if (sj->mode == LOAD_OPT) {
+            FU_TRY(done, "state dict", store_to_list(ctx, sj->pieces, &l));
+            FU_TRY(done, "loading", fsdp_load_sharded_optim_state_dict(root, adamw, &l));
+            fsdp_shard_list_free(&l);
+        }
+        store_t *dst = sj->mode == SAVE_OPT ? sj->pieces : sj->full;
+        FU_TRY(done, "optimizer state dict", fsdp_sharded_optim_state_dict(root, adamw, &l));
+        pthread_mutex_lock(sj->mu);
+        for (size_t i = 0; i < l.n && rc == 0; i++)
+            if (!l.e[i].replicated || rank == 0)
+                rc = store_add(dst, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape, l.e[i].offset,
+                               l.e[i].replicated);
+        pthread_mutex_unlock(sj->mu);
+        FU_TRY(done, "storing", rc);
+        break;
+    }
     case SAVE_SHARDED:
     case SAVE_LOCAL:
         FU_TRY(done, "state dict",
@@ -380,8 +432,45 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
 done:
     fsdp_shard_list_free(&l);
     fsdp_named_list_free(&full);
-    fu_teardown(ctx, m, root, NULL, NULL);
+    fu_teardown(ctx, m, root, NULL, adamw);
     return rc;
+}
+
+/* Whether the pieces of a and b consolidate to the same global tensors, bitwise (every global
+ * tensor covered exactly by each); else the first difference in why. */
+static bool same_consolidated(const store_t *a, const store_t *b, char *why, size_t len) {
+    const store_t *st[2] = {a, b};
+    for (int side = 0; side < 2; side++)
+        for (size_t i = 0; i < st[side]->n; i++) {
+            const saved_t *s = &st[side]->s[i];
+            int64_t total = 1;
+            for (int d = 0; d < s->ndim; d++)
+                total *= s->shape[d];
+            size_t es = fsdp_dtype_size(s->dt);
+            unsigned char *g[2] = {calloc((size_t)total + 1, es), calloc((size_t)total + 1, es)};
+            int64_t covered[2] = {0, 0};
+            bool ok = g[0] && g[1];
+            for (int k = 0; k < 2 && ok; k++)
+                for (size_t j = 0; j < st[k]->n; j++) {
+                    const saved_t *x = &st[k]->s[j];
+                    if (strcmp(x->name, s->name) != 0) continue;
+                    if (x->dt != s->dt || x->offset + x->numel > total) {
+                        ok = false;
+                    } else {
+                        memcpy(g[k] + (size_t)x->offset * es, x->data, (size_t)x->numel * es);
+                        covered[k] += x->numel;
+                    }
+                }
+            ok = ok && covered[0] == total && covered[1] == total &&
+                 memcmp(g[0], g[1], (size_t)total * es) == 0;
+            if (!ok)
+                snprintf(why, len, "'%s': %lld and %lld of %lld elements, or the values differ",
+                         s->name, (long long)covered[0], (long long)covered[1], (long long)total);
+            free(g[0]);
+            free(g[1]);
+            if (!ok) return false;
+        }
+    return true;
 }
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -436,5 +525,29 @@ int main(void) {
             store_free(&full);
         }
     run(BAD_PIECES, "bad pieces:", 2, FSDP_FULL_SHARD, false, true, NULL, NULL);
+    /* the optimizer: AdamW's state after two steps at world 2, loaded at 1, 3 and 4 under the
+     * other use_orig_params setting (and, at 1 and 4, the other wrapping), consolidates to the
+     * saved state bitwise */
+    for (int si = 0; si < 3; si++)
+        for (int orig = 0; orig < 2; orig++) {
+            fsdp_sharding_strategy_t s = fu_strategies[si];
+            store_t saved = {0};
+            run(SAVE_OPT, "optimizer SHARDED save at world 2:", 2, s, orig, true, &saved, NULL);
+            for (int w = 1; w <= 4; w += w == 1 ? 2 : 1) {
+                store_t again = {0};
+                char what[96], why[300] = "";
+                snprintf(what, sizeof what,
+                         "optimizer SHARDED from world 2 loaded at world %d:", w);
+                run(LOAD_OPT, what, w, s, !orig, w == 3, &saved, &again);
+                tap_ok(saved.n > 0 && same_consolidated(&saved, &again, why, sizeof why),
+                       "optimizer SHARDED %s, use_orig_params %s at world 2 -> %s at world %d: "
+                       "the AdamW state (moments, steps, groups) consolidates to the saved one "
+                       "bitwise%s%s",
+                       fsdp_sharding_strategy_name(s), orig ? "on" : "off", !orig ? "on" : "off", w,
+                       why[0] ? ": " : "", why);
+                store_free(&again);
+            }
+            store_free(&saved);
+        }
     return tap_done();
 }

@@ -53,6 +53,7 @@
 #include <fsdp/context.h>
 #include <fsdp/export.h>
 #include <fsdp/nn.h>
+#include <fsdp/optim.h>
 #include <fsdp/pg.h>
 #include <fsdp/tensor.h>
 
@@ -439,6 +440,30 @@ FSDP_EXTERN int fsdp_load_sharded_state_dict(fsdp_unit_t *root, const fsdp_shard
  */
 FSDP_EXTERN int fsdp_local_state_dict(fsdp_unit_t *root, fsdp_shard_list_t *out);
 FSDP_EXTERN int fsdp_load_local_state_dict(fsdp_unit_t *root, const fsdp_shard_list_t *sd);
+
+/*
+ * PyTorch's sharded optim_state_dict, keyed by parameter name: opt's state over root's tree as
+ * pieces like fsdp_sharded_state_dict's, whatever opt steps over (flat parameters, original
+ * parameters with use_orig_params, or parameters no unit manages):
+ *   "<fqn>.<state>"  this rank's piece of each per-parameter state (momentum_buffer, exp_avg,
+ *                    exp_avg_sq, max_exp_avg_sq), with the parameter's global shape;
+ *   "<fqn>.step"     the step count (replicated f64 scalar);
+ *   "<fqn>.group"    the index of the parameter group that holds the parameter (replicated);
+ *   "group.<g>.<hp>" every group's hyper-parameters (replicated), as fsdp_optim_state_dict.
+ * Not collective.
+ */
+FSDP_EXTERN int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
+                                              fsdp_shard_list_t *out);
+/*
+ * Loads such pieces into opt, an optimizer over root's tree of any wrapping, strategy or world
+ * size (PyTorch's optim_state_dict_to_load): every parameter's state is assembled from the
+ * pieces covering this rank's part, each parameter must sit in the group the state dict names,
+ * and the result goes through fsdp_optim_load_state_dict, so nothing changes unless everything
+ * checks out (errors name the parameter and the state). Entries of parameters opt does not hold
+ * are ignored, so a model with two optimizers loads each from one list. Not collective.
+ */
+FSDP_EXTERN int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
+                                                   const fsdp_shard_list_t *sd);
 
 /*
  * Unshards one unit outside forward (collective over its group), so a submodule of it can be
