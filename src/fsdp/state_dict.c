@@ -187,23 +187,38 @@ static int add_replicated(fsdp_unit_t *root, fsdp_unit_t *const *units, size_t n
     return rc;
 }
 
+/* A copy of q's part of u's shard from src (the flat shard, or a state tensor laid out like it
+ * or like q's original parameter) starting at element off: 1-D, or with q's shape when every
+ * rank holds q whole (NO_SHARD: *repl). */
+static int piece_of(const fsdp_unit_t *u, const struct fsdp__param *q, fsdp_tensor_t *src,
+                    int64_t off, fsdp_tensor_t **out, bool *repl) {
+    fsdp_tensor_t *v = NULL, *c = NULL, *whole = NULL;
+    *out = NULL;
+    *repl = !fsdp__is_sharded(u->opt.strategy);
+    int rc = fsdp__view1d(src, off, q->sh.numel_in_shard, &v);
+    if (rc == 0) rc = fsdp_tensor_clone(v, FSDP_MEM_OTHER, &c);
+    fsdp_tensor_release(v);
+    if (rc == 0 && *repl) {
+        rc = fsdp_view(c, q->ndim, q->shape, &whole);
+        fsdp_tensor_release(c);
+        c = whole;
+    }
+    if (rc == 0)
+        *out = c;
+    else
+        fsdp_tensor_release(c);
+    return rc;
+}
+
 /* The SHARDED entries of u's parameters that this rank holds part of. */
 static int add_pieces(fsdp_unit_t *root, fsdp_unit_t *u, fsdp_shard_list_t *out, size_t *cap) {
     int rc = FSDP_OK;
     for (int i = 0; i < u->nparams && rc == 0; i++) {
         struct fsdp__param *p = &u->params[i];
         if (!p->sh.in_shard || p->sh.numel_in_shard == 0) continue;
-        fsdp_tensor_t *v = NULL, *c = NULL, *whole = NULL;
-        rc = fsdp__view1d(u->flat, p->sh.offset_in_shard, p->sh.numel_in_shard, &v);
-        if (rc == 0) rc = fsdp_tensor_clone(v, FSDP_MEM_OTHER, &c);
-        fsdp_tensor_release(v);
-        /* A parameter every rank holds whole (NO_SHARD) is a replicated entry. */
-        bool repl = !fsdp__is_sharded(u->opt.strategy);
-        if (rc == 0 && repl) {
-            rc = fsdp_view(c, p->ndim, p->shape, &whole);
-            fsdp_tensor_release(c);
-            c = whole;
-        }
+        fsdp_tensor_t *c = NULL;
+        bool repl = false;
+        rc = piece_of(u, p, u->flat, p->sh.offset_in_shard, &c, &repl);
         if (rc == 0)
             rc = push(root, out, cap, fsdp__join_name(u->fqn, p->fqn), c, p->ndim, p->shape,
                       p->sh.intra_start, repl);
@@ -601,17 +616,9 @@ static int push_state(fsdp_unit_t *root, const struct opt_param *p, const char *
         if (p->index >= 0 && i != p->index) continue;
         struct fsdp__param *q = &u->params[i];
         if (!q->sh.in_shard || q->sh.numel_in_shard == 0) continue;
-        fsdp_tensor_t *v = NULL, *c = NULL, *whole = NULL;
-        int64_t off = p->index >= 0 ? 0 : q->sh.offset_in_shard;
-        rc = fsdp__view1d(s, off, q->sh.numel_in_shard, &v);
-        if (rc == 0) rc = fsdp_tensor_clone(v, FSDP_MEM_OTHER, &c);
-        fsdp_tensor_release(v);
-        bool repl = !fsdp__is_sharded(u->opt.strategy);
-        if (rc == 0 && repl) {
-            rc = fsdp_view(c, q->ndim, q->shape, &whole);
-            fsdp_tensor_release(c);
-            c = whole;
-        }
+        fsdp_tensor_t *c = NULL;
+        bool repl = false;
+        rc = piece_of(u, q, s, p->index >= 0 ? 0 : q->sh.offset_in_shard, &c, &repl);
         char *fqn = fsdp__join_name(u->fqn, q->fqn);
         char *name = fqn ? key2(fqn, state) : NULL;
         free(fqn);
@@ -837,6 +844,32 @@ static int check_step(void *arg, const char *fqn) {
     return FSDP_OK;
 }
 
+/* Appends (name, t) to a growing named list, taking both (freed on failure). */
+static int named_push(fsdp_unit_t *root, fsdp_named_list_t *l, size_t *cap, char *name,
+                      fsdp_tensor_t *t) {
+    if (l->n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 32;
+        char **nn = realloc(l->names, nc * sizeof *nn);
+        if (nn) l->names = nn;
+        fsdp_tensor_t **nt = nn ? realloc(l->tensors, nc * sizeof *nt) : NULL;
+        if (nt) l->tensors = nt;
+        if (!nn || !nt) {
+            free(name);
+            fsdp_tensor_release(t);
+            return fsdp__unit_err(root, FSDP_ENOMEM, "optimizer state dict: out of memory");
+        }
+        *cap = nc;
+    }
+    if (!name) {
+        fsdp_tensor_release(t);
+        return fsdp__unit_err(root, FSDP_ENOMEM, "optimizer state dict: out of memory");
+    }
+    l->names[l->n] = name;
+    l->tensors[l->n] = t;
+    l->n++;
+    return FSDP_OK;
+}
+
 int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
                                        const fsdp_shard_list_t *sd) {
     static const char fn[] = "fsdp_load_sharded_optim_state_dict";
@@ -858,21 +891,7 @@ int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
     for (size_t i = 0; i < sd->n && rc == 0; i++) {
         if (strncmp(sd->e[i].name, "group.", 6) != 0 || strchr(sd->e[i].name + 6, '.') == NULL)
             continue;
-        if (built.n == cap) {
-            size_t nc = cap ? 2 * cap : 32;
-            char **nn = realloc(built.names, nc * sizeof *nn);
-            if (nn) built.names = nn;
-            fsdp_tensor_t **nt = nn ? realloc(built.tensors, nc * sizeof *nt) : NULL;
-            if (nt) built.tensors = nt;
-            if (!nn || !nt) {
-                rc = fsdp__unit_err(root, FSDP_ENOMEM, "%s: out of memory", fn);
-                break;
-            }
-            cap = nc;
-        }
-        built.names[built.n] = strdup(sd->e[i].name);
-        built.tensors[built.n] = fsdp_tensor_retain(sd->e[i].t);
-        built.n++;
+        rc = named_push(root, &built, &cap, strdup(sd->e[i].name), fsdp_tensor_retain(sd->e[i].t));
     }
     for (size_t k = 0; k < np && rc == 0; k++) {
         struct check_arg ga = {root, sd, "group", (double)p[k].group, false, false, fn};
@@ -903,22 +922,7 @@ int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
                 fsdp_tensor_release(st);
                 continue;
             }
-            if (built.n == cap) {
-                size_t nc = cap ? 2 * cap : 32;
-                char **nn = realloc(built.names, nc * sizeof *nn);
-                if (nn) built.names = nn;
-                fsdp_tensor_t **nt = nn ? realloc(built.tensors, nc * sizeof *nt) : NULL;
-                if (nt) built.tensors = nt;
-                if (!nn || !nt) {
-                    fsdp_tensor_release(st);
-                    rc = fsdp__unit_err(root, FSDP_ENOMEM, "%s: out of memory", fn);
-                    break;
-                }
-                cap = nc;
-            }
-            built.names[built.n] = key2(p[k].name, OPT_STATES[s]);
-            built.tensors[built.n] = st;
-            built.n++;
+            rc = named_push(root, &built, &cap, key2(p[k].name, OPT_STATES[s]), st);
         }
     }
     if (rc == 0) rc = fsdp_optim_load_state_dict(opt, &built);
