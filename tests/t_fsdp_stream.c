@@ -127,7 +127,6 @@ static void *spg_main(void *arg) {
         pend_t done = *p;
         g->qh = (g->qh + 1) % QCAP;
         g->qn--;
-        g->completed++;
         pthread_mutex_unlock(&g->mu);
         if (done.status < 0)
             fsdp__work_complete(done.w, done.status, "injected failure of %s on rank %d",
@@ -135,6 +134,8 @@ static void *spg_main(void *arg) {
         else
             fsdp__work_complete(done.w, FSDP_OK, NULL);
         pthread_mutex_lock(&g->mu);
+        /* counted once the work is complete: spg_wait_completed() then sees it done */
+        g->completed++;
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
