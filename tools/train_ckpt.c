@@ -5,16 +5,18 @@
  *   model.safetensors            the full model, gathered to rank 0 and written by it, under
  *                                libfsdp's parameter names (the file --export writes, so --init
  *                                takes it at any world size, and so does any safetensors reader);
- *   optim-rank-R-of-W.safetensors rank R's optimizer state (fsdp_optim_state_dict: its part of
- *                                every moment buffer, and the step counts), with the step, the
- *                                world size, the loader position and, with --precision f16,
- *                                the gradient scaler's state (its scale, factors, interval and
- *                                growth tracker, PyTorch's state_dict keys, and the steps
- *                                skipped so far) in the metadata.
- * The optimizer state stays sharded: gathering it would cost twice the model's size on rank 0,
- * and AdamW's moments are only needed by the rank that owns them; the price is that the
- * optimizer state resumes only at the world size (and sharding, model and batch flags) that
- * wrote it, which is checked. Every file is written atomically by the safetensors writer (a
+ *   optim-rank-R-of-W.safetensors rank R's pieces of the optimizer state, keyed by parameter
+ *                                name (fsdp_sharded_optim_state_dict: its range of every
+ *                                moment buffer, each with its place in the global tensor in a
+ *                                "piece:<name>" metadata entry, and the step counts), with the
+ *                                step, the world size, the loader position and, with
+ *                                --precision f16, the gradient scaler's state (its scale,
+ *                                factors, interval and growth tracker, PyTorch's state_dict
+ *                                keys, and the steps skipped so far) in the metadata.
+ * The optimizer state stays sharded: gathering it would cost twice the model's size on rank 0.
+ * A resume at another world size (or sharding) reads every rank's file and takes the ranges it
+ * holds now (fsdp_load_sharded_optim_state_dict); reading only those byte ranges is the
+ * checkpoint format's next step. Every file is written atomically by the safetensors writer (a
  * temporary name in the same directory, fsync, rename, fsync of the directory), so a save that
  * is killed leaves any earlier file of the same name whole; a barrier after the writes means
  * that when any rank goes on, every file of the step exists.
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "tools/train.h"
@@ -94,10 +97,21 @@ int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *mod
     }
     int rc = train_save_full(ctx, root, model, mpath, step, err, cap);
     if (rc < 0) return rc;
+    fsdp_shard_list_t pieces = {0};
     fsdp_named_list_t osd = {0};
-    rc = fsdp_optim_state_dict(opt, &osd);
+    fsdp_safetensors_kv_t *meta = NULL;
+    char(*geo)[2][512] = NULL;
+    rc = fsdp_sharded_optim_state_dict(root, opt, &pieces);
     fsdp_grad_scaler_state_t gs = {0};
     if (rc == 0 && extra->scaler) rc = fsdp_grad_scaler_state_dict(extra->scaler, &gs);
+    size_t nm = 3 + SCALER_KEYS + pieces.n;
+    if (rc == 0) {
+        meta = calloc(nm, sizeof *meta);
+        geo = calloc(pieces.n + 1, sizeof *geo);
+        osd.names = calloc(pieces.n + 1, sizeof *osd.names);
+        osd.tensors = calloc(pieces.n + 1, sizeof *osd.tensors);
+        if (!meta || !geo || !osd.names || !osd.tensors) rc = FSDP_ENOMEM;
+    }
     if (rc == 0) {
         char s_step[32], s_world[32], s_pos[32], sv[SCALER_KEYS][40];
         snprintf(s_step, sizeof s_step, "%" PRId64, step);
@@ -110,13 +124,34 @@ int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *mod
         snprintf(sv[3], sizeof sv[3], "%" PRId64, gs.growth_interval);
         snprintf(sv[4], sizeof sv[4], "%" PRId64, gs.growth_tracker);
         snprintf(sv[5], sizeof sv[5], "%" PRId64, extra->skipped);
-        fsdp_safetensors_kv_t meta[3 + SCALER_KEYS] = {
-            {"step", s_step}, {"world_size", s_world}, {"loader_position", s_pos}};
-        for (int i = 0; i < SCALER_KEYS; i++)
-            meta[3 + i] = (fsdp_safetensors_kv_t){SCALER_KEY[i], sv[i]};
-        rc = fsdp_safetensors_save(ctx, opath, &osd, meta, extra->scaler ? 3 + SCALER_KEYS : 3);
+        size_t k = 0;
+        meta[k++] = (fsdp_safetensors_kv_t){"step", s_step};
+        meta[k++] = (fsdp_safetensors_kv_t){"world_size", s_world};
+        meta[k++] = (fsdp_safetensors_kv_t){"loader_position", s_pos};
+        for (int i = 0; extra->scaler && i < SCALER_KEYS; i++)
+            meta[k++] = (fsdp_safetensors_kv_t){SCALER_KEY[i], sv[i]};
+        /* each piece with its place in the global tensor: "piece:<name>" =
+         * "<replicated> <offset> <ndim> <dims...>" */
+        for (size_t i = 0; i < pieces.n; i++) {
+            const fsdp_shard_entry_t *e = &pieces.e[i];
+            snprintf(geo[i][0], sizeof geo[i][0], "piece:%s", e->name);
+            int len = snprintf(geo[i][1], sizeof geo[i][1], "%d %" PRId64 " %d",
+                               e->replicated ? 1 : 0, e->offset, e->ndim);
+            for (int d = 0; d < e->ndim && len > 0 && (size_t)len < sizeof geo[i][1]; d++)
+                len += snprintf(geo[i][1] + len, sizeof geo[i][1] - (size_t)len, " %" PRId64,
+                                e->shape[d]);
+            meta[k++] = (fsdp_safetensors_kv_t){geo[i][0], geo[i][1]};
+            osd.names[i] = e->name;
+            osd.tensors[i] = e->t;
+        }
+        osd.n = pieces.n;
+        rc = fsdp_safetensors_save(ctx, opath, &osd, meta, k);
     }
-    fsdp_named_list_free(&osd);
+    free(osd.names); /* borrowed from pieces */
+    free(osd.tensors);
+    free(meta);
+    free(geo);
+    fsdp_shard_list_free(&pieces);
     if (rc < 0) {
         snprintf(err, cap, "saving %s: %s", opath, fsdp_ctx_last_error(ctx));
         return rc;
@@ -174,37 +209,139 @@ static int load_scaler(fsdp_safetensors_t *ost, const char *opath, fsdp_grad_sca
     return FSDP_OK;
 }
 
+/* The world size that wrote step directory sdir: W of its optim-rank-0-of-W file. */
+static int saved_world(const char *sdir, int *world) {
+    DIR *d = opendir(sdir);
+    if (!d) return FSDP_EINVAL;
+    struct dirent *de;
+    *world = 0;
+    while ((de = readdir(d)) != NULL) {
+        int r = -1, w = 0;
+        char tail[32] = "";
+        if (sscanf(de->d_name, "optim-rank-%d-of-%d.%31s", &r, &w, tail) == 3 && r == 0 && w > 0 &&
+            strcmp(tail, "safetensors") == 0)
+            *world = w;
+    }
+    closedir(d);
+    return *world > 0 ? FSDP_OK : FSDP_EINVAL;
+}
+
+/* Appends the pieces of one rank's optimizer file (each tensor with its "piece:<name>"
+ * geometry) to l. */
+static int read_pieces(fsdp_safetensors_t *st, const char *path, fsdp_shard_list_t *l, size_t *cap,
+                       char *err, size_t ecap) {
+    fsdp_named_list_t all = {0};
+    int rc = fsdp_safetensors_load_all(st, &all);
+    for (size_t i = 0; i < all.n && rc == 0; i++) {
+        char key[600];
+        snprintf(key, sizeof key, "piece:%s", all.names[i]);
+        const char *g = fsdp_safetensors_metadata(st, key);
+        int repl = 0, nd = 0, used = 0;
+        long long off = 0;
+        fsdp_shard_entry_t e = {0};
+        if (!g || sscanf(g, "%d %lld %d%n", &repl, &off, &nd, &used) < 3 || nd < 0 ||
+            nd > FSDP_MAX_DIMS) {
+            snprintf(err, ecap,
+                     "--resume: %s: tensor '%s' has no place in a global tensor (no "
+                     "valid '%s' metadata): not a checkpoint of this fsdp-train",
+                     path, all.names[i], key);
+            rc = FSDP_EINVAL;
+            break;
+        }
+        const char *p = g + used;
+        for (int d = 0; d < nd && rc == 0; d++) {
+            long long v = 0;
+            int k = 0;
+            if (sscanf(p, "%lld%n", &v, &k) < 1) rc = FSDP_EINVAL;
+            e.shape[d] = v;
+            p += k;
+        }
+        if (rc < 0) {
+            snprintf(err, ecap, "--resume: %s: bad '%s' metadata '%s'", path, key, g);
+            break;
+        }
+        if (*cap == l->n) {
+            size_t nc = *cap ? 2 * *cap : 64;
+            fsdp_shard_entry_t *ne = realloc(l->e, nc * sizeof *ne);
+            if (!ne) {
+                rc = FSDP_ENOMEM;
+                break;
+            }
+            l->e = ne;
+            *cap = nc;
+        }
+        e.name = strdup(all.names[i]);
+        e.t = fsdp_tensor_retain(all.tensors[i]);
+        e.ndim = nd;
+        e.offset = off;
+        e.replicated = repl != 0;
+        l->e[l->n++] = e;
+        if (!e.name) rc = FSDP_ENOMEM;
+    }
+    fsdp_named_list_free(&all);
+    return rc;
+}
+
 int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_module_t *model, fsdp_optim_t *opt,
                     const char *sdir, int64_t *step, train_ckpt_extra_t *extra, char *err,
                     size_t cap) {
-    int r = fsdp_ctx_rank(ctx), w = fsdp_ctx_world_size(ctx);
     char mpath[4200], opath[4200];
     err[0] = 0;
-    if (path_in(mpath, sizeof mpath, sdir, MODEL_FILE, r, w) < 0 ||
-        path_in(opath, sizeof opath, sdir, OPTIM_FMT, r, w) < 0) {
+    int sw = 0;
+    if (saved_world(sdir, &sw) < 0) {
+        snprintf(err, cap,
+                 "--resume: %s holds no optim-rank-0-of-W.safetensors: not a step "
+                 "directory written by --save-every",
+                 sdir);
+        return FSDP_EINVAL;
+    }
+    if (path_in(mpath, sizeof mpath, sdir, MODEL_FILE, 0, sw) < 0) {
         snprintf(err, cap, "--resume: directory name too long");
         return FSDP_EINVAL;
     }
     fsdp_safetensors_t *ost = NULL, *mst = NULL;
-    fsdp_named_list_t osd = {0};
-    uint64_t s = 0, world = 0, pos = 0, mstep = 0;
-    const char *bad_file = opath;
-    int rc = fsdp_safetensors_open(ctx, opath, &ost);
-    if (rc < 0) {
-        snprintf(err, cap,
-                 "--resume: %s (the optimizer state resumes at the world size that wrote it)",
-                 fsdp_ctx_last_error(ctx));
-        return rc;
+    fsdp_shard_list_t pieces = {0};
+    size_t pcap = 0;
+    uint64_t s = 0, pos = 0, mstep = 0;
+    int64_t skipped = 0;
+    const char *bad_file = mpath;
+    int rc = FSDP_OK;
+    /* Every rank reads every rank's optimizer file of the saved world size: the pieces of the
+     * state, wherever it was cut, from which it takes the ranges it holds now. */
+    for (int q = 0; q < sw && rc == 0; q++) {
+        uint64_t qs = 0, qw = 0, qp = 0;
+        if (path_in(opath, sizeof opath, sdir, OPTIM_FMT, q, sw) < 0) {
+            snprintf(err, cap, "--resume: directory name too long");
+            rc = FSDP_EINVAL;
+            break;
+        }
+        bad_file = opath;
+        if ((rc = fsdp_safetensors_open(ctx, opath, &ost)) < 0) goto lib_fail;
+        if (meta_u64(ost, "step", &qs) < 0 || meta_u64(ost, "world_size", &qw) < 0 ||
+            meta_u64(ost, "loader_position", &qp) < 0 || qw != (uint64_t)sw ||
+            (q > 0 && (qs != s || qp != pos))) {
+            snprintf(err, cap,
+                     "--resume: %s lacks fsdp-train's metadata, or its step, world size or "
+                     "loader position disagree with rank 0's file",
+                     opath);
+            rc = FSDP_EINVAL;
+            break;
+        }
+        s = qs;
+        pos = qp;
+        if (q == 0 && extra->scaler &&
+            (rc = load_scaler(ost, opath, extra->scaler, &skipped, err, cap)) < 0) {
+            if (err[0]) break;
+            goto lib_fail;
+        }
+        if ((rc = read_pieces(ost, opath, &pieces, &pcap, err, cap)) < 0) {
+            if (err[0]) break;
+            goto lib_fail;
+        }
+        fsdp_safetensors_close(ost);
+        ost = NULL;
     }
-    if (meta_u64(ost, "step", &s) < 0 || meta_u64(ost, "world_size", &world) < 0 ||
-        meta_u64(ost, "loader_position", &pos) < 0 || world != (uint64_t)w) {
-        snprintf(err, cap,
-                 "--resume: %s lacks fsdp-train's metadata or was written by another "
-                 "world size",
-                 opath);
-        rc = FSDP_EINVAL;
-        goto out;
-    }
+    if (rc < 0) goto out;
     bad_file = mpath;
     if ((rc = fsdp_safetensors_open(ctx, mpath, &mst)) < 0) goto lib_fail;
     if (meta_u64(mst, "step", &mstep) < 0 || mstep != s) {
@@ -214,17 +351,11 @@ int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_module_t *model, fs
         rc = FSDP_EINVAL;
         goto out;
     }
-    /* The optimizer state is checked first (loading validates everything before it modifies
-     * anything), then the full model goes into every rank's shard through a summon with
-     * writeback (strict: every parameter present with its shape). */
-    bad_file = opath;
-    int64_t skipped = 0;
-    if (extra->scaler && (rc = load_scaler(ost, opath, extra->scaler, &skipped, err, cap)) < 0) {
-        if (err[0]) goto out;
-        goto lib_fail;
-    }
-    if ((rc = fsdp_safetensors_load_all(ost, &osd)) < 0) goto lib_fail;
-    if ((rc = fsdp_optim_load_state_dict(opt, &osd)) < 0) goto lib_fail;
+    /* The optimizer state first (its load checks everything before it modifies anything),
+     * then the full model goes into every rank's shard through a summon with writeback
+     * (strict: every parameter present with its shape). */
+    bad_file = sdir;
+    if ((rc = fsdp_load_sharded_optim_state_dict(root, opt, &pieces)) < 0) goto lib_fail;
     bad_file = mpath;
     fsdp_summon_options_t so;
     fsdp_summon_options_init(&so);
@@ -240,7 +371,7 @@ int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_module_t *model, fs
 lib_fail:
     snprintf(err, cap, "--resume: %s: %s", bad_file, fsdp_ctx_last_error(ctx));
 out:
-    fsdp_named_list_free(&osd);
+    fsdp_shard_list_free(&pieces);
     fsdp_safetensors_close(ost);
     fsdp_safetensors_close(mst);
     return rc;

@@ -84,7 +84,7 @@ static const char usage_text[] =
     "                          the data position to DIR/step-<step>/ (0 = never)\n"
     "  --checkpoint-dir DIR    where --save-every writes (checkpoints)\n"
     "  --resume DIR            continue from a step directory written by --save-every, with\n"
-    "                          the same world size and flags\n"
+    "                          the same model and batch flags (any world size and sharding)\n"
     "  --help                  this text\n";
 
 static int bad(const char *fmt, ...) {

@@ -891,6 +891,10 @@ int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
     for (size_t i = 0; i < sd->n && rc == 0; i++) {
         if (strncmp(sd->e[i].name, "group.", 6) != 0 || strchr(sd->e[i].name + 6, '.') == NULL)
             continue;
+        bool dup = false; /* the same hyper-parameter from several ranks' lists */
+        for (size_t k = 0; k < built.n && !dup; k++)
+            dup = strcmp(built.names[k], sd->e[i].name) == 0;
+        if (dup) continue;
         rc = named_push(root, &built, &cap, strdup(sd->e[i].name), fsdp_tensor_retain(sd->e[i].t));
     }
     for (size_t k = 0; k < np && rc == 0; k++) {
