@@ -456,7 +456,8 @@ FSDP_EXTERN void fsdp_unit_get_stats(const fsdp_unit_t *u, fsdp_unit_stats_t *ou
 
 /*
  * With use_orig_params an original parameter is, outside forward, a 1-D view of its part of
- * the local shard, and after backward its gradient a view of its part of the sharded gradient.
+ * the local shard, and after backward its gradient a view of its part of the sharded gradient
+ * (none for a parameter of which this rank holds no element, as PyTorch's None).
  * Writing into them in place changes the shard directly. Replacing them is detected and
  * written back (PyTorch's _writeback_orig_params) before a unit next gathers its parameters:
  * at its forward, at its first pre-backward hook in a backward, and at fsdp_summon_begin and
