@@ -494,9 +494,11 @@ static int with_grads_rank(fsdp_ctx_t *ctx, void *arg) {
         for (size_t p = 0; p < f.l.n && !why[0]; base += (size_t)f.pl[p].numel, p++) {
             fsdp_tensor_t *gr = fsdp_tensor_grad(f.l.tensors[p]);
             int64_t k = f.pl[p].numel_in_shard;
-            if (!gr || fsdp_tensor_numel(gr) != k)
-                snprintf(why, sizeof why, "'%s': gradient of %lld elements, want %lld",
-                         f.l.names[p], gr ? (long long)fsdp_tensor_numel(gr) : -1LL, (long long)k);
+            /* A parameter with no local elements has no gradient (PyTorch's None). */
+            if (k == 0 ? gr != NULL : !gr || fsdp_tensor_numel(gr) != k)
+                snprintf(why, sizeof why, "'%s': gradient of %lld elements, want %s%lld",
+                         f.l.names[p], gr ? (long long)fsdp_tensor_numel(gr) : -1LL,
+                         k == 0 ? "none (-1), not " : "", (long long)k);
             for (int64_t e = 0; e < k && !why[0]; e++) {
                 double a = NAN, b = dg.v[base + (size_t)(f.pl[p].intra_start + e)];
                 fsdp_tensor_item(gr, e, &a);

@@ -535,6 +535,36 @@ typedef struct fsdp_unit_stats {
 } fsdp_unit_stats_t;
 FSDP_EXTERN void fsdp_unit_get_stats(const fsdp_unit_t *u, fsdp_unit_stats_t *out);
 
+/* ---- use_orig_params: changing original parameters (writeback) ------------------------------ */
+
+/*
+ * With use_orig_params an original parameter is, outside forward, a 1-D view of its part of
+ * the local shard, and after backward its gradient a view of its part of the sharded gradient
+ * (none for a parameter of which this rank holds no element, as PyTorch's None).
+ * Writing into them in place changes the shard directly. Replacing them is detected and
+ * written back (PyTorch's _writeback_orig_params) before a unit next gathers its parameters:
+ * at its forward, at its first pre-backward hook in a backward, and at fsdp_summon_begin and
+ * fsdp_unit_unshard:
+ *   - a parameter object replaced in its module slot (fsdp_module_set_param) is adopted as the
+ *     original parameter, its values copied into the shard; so is a parameter whose data was
+ *     replaced (fsdp_tensor_set_data); either then views the shard again;
+ *   - a gradient set to none has its part of the sharded gradient zeroed (when every gradient
+ *     of the unit is none, the sharded gradient is dropped instead), so the next backward does
+ *     not add to what the user dropped; a gradient replaced by another tensor (or data) is
+ *     copied into the sharded gradient (made, zeroed, when there was none) and becomes its view
+ *     again, so the next backward accumulates onto it.
+ * The new values must have the part's shape, [numel_in_shard] (fsdp_param_info_t), and the
+ * parameters' dtype: otherwise FSDP_EINVAL "Cannot writeback when the parameter shape changes"
+ * (or "gradient shape") with the parameter's name, the rank and both shapes. Under SHARD_GRAD_OP
+ * and HYBRID_SHARD_ZERO2 a parameter changed between a forward and its backward is FSDP_EINVAL
+ * "FSDP does not support changing the parameters between forward and backward" (the unit
+ * computes with the parameters it kept from the forward). These errors are local to the rank
+ * that made the change and come before any collective: a change made on some ranks only leaves
+ * the others waiting in the unshard's collective, so make changes on every rank alike. Setting
+ * FSDP_SKIP_WRITEBACK_CHECK=1 in the environment before wrapping turns the check off for the
+ * units wrapped then (PyTorch's variable of that name): replacements are then ignored.
+ */
+
 FSDP_END_DECLS
 
 #endif /* FSDP_FSDP_H */

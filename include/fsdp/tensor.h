@@ -149,6 +149,13 @@ FSDP_EXTERN int fsdp_tensor_view_of(fsdp_tensor_t *base, int64_t offset, int ndi
                                     const int64_t *shape, fsdp_tensor_t **out);
 /* The same data, cut from the tape (requires no grad). */
 FSDP_EXTERN int fsdp_detach(fsdp_tensor_t *t, fsdp_tensor_t **out);
+/* PyTorch's `t.data = src`: t keeps its identity (name, requires_grad, gradient, the module
+ * slots holding it) and from now on views src's elements (storage, offset, shape, strides);
+ * src is unchanged and shares its storage with t. Both must be on one context and device and of
+ * one dtype (FSDP_EINVAL naming t otherwise); shapes may differ. Not recorded. An FSDP original
+ * parameter changed this way is written back into its shard before the unit next gathers its
+ * parameters (fsdp/fsdp.h). */
+FSDP_EXTERN int fsdp_tensor_set_data(fsdp_tensor_t *t, fsdp_tensor_t *src);
 
 /* ---- gradients ------------------------------------------------------------------------------ */
 

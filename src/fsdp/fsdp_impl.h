@@ -28,8 +28,9 @@
  * module slots); grads.c (the unsharded gradient, reduction, no_sync, clip_grad_norm);
  * precision.c (every dtype change of mixed precision); streams.c (the copy and side streams,
  * stream-ordered waits, deferred releases); summon.c (navigation and listings, summons,
- * explicit unshard); unit.c (the per-rank registry, trees of units, destroy). Functions one of
- * them defines and another uses are declared below, grouped by the defining file.
+ * explicit unshard); writeback.c (changed original parameters back into the shard); unit.c
+ * (the per-rank registry, trees of units, destroy). Functions one of them defines and another
+ * uses are declared below, grouped by the defining file.
  *
  * Invariants: a module slot holds cv[i] exactly while the unit is in forward (or summoned),
  * orig[i] otherwise; full has bytes iff `unsharded`; an outstanding all-gather (`ag_work`)
@@ -123,6 +124,8 @@ struct fsdp_unit {
      * forced (full_prec: use_full_prec_in_eval in eval), when both are dt. */
     fsdp_dtype_t mp_cdt, mp_rdt;
     bool full_prec;
+    /* FSDP_SKIP_WRITEBACK_CHECK=1 at wrap: original parameters are not checked for changes. */
+    bool skip_writeback_check;
     /* The floating buffers the unit cast to buffer_dtype at lazy init, with their dtype from
      * before (what full precision in eval restores). */
     struct fsdp__mp_buffer {
@@ -375,6 +378,15 @@ char *fsdp__join_name(const char *prefix, const char *name);
 
 /* Whether m's type matches one of the NULL-terminated patterns (fsdp_policy_type_matches). */
 bool fsdp__type_in(const fsdp_module_t *m, const char *const *patterns);
+
+/* ---- defined in writeback.c ------------------------------------------------------------------ */
+
+/* With use_orig_params: writes original parameters (and gradients) the user replaced back into
+ * u's shard, before u gathers its parameters. from_hook: called by a forward or backward hook,
+ * where a unit that keeps its unsharded parameters for backward refuses a change. */
+int fsdp__writeback_orig_params(fsdp_unit_t *u, bool from_hook);
+/* Whether FSDP_SKIP_WRITEBACK_CHECK is "1" in the environment. */
+bool fsdp__skip_writeback_env(void);
 
 /* ---- defined in summon.c --------------------------------------------------------------------- */
 

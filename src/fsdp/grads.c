@@ -207,6 +207,12 @@ int fsdp__finish_reduction(fsdp_unit_t *u) {
         for (int i = 0; i < u->nparams && rc == 0; i++) {
             struct fsdp__param *p = &u->params[i];
             if (!p->orig->requires_grad) continue;
+            if (!p->sh.in_shard) {
+                /* Nothing of it here: no gradient, as PyTorch's sharded gradient views. */
+                fsdp_tensor_release(p->orig->grad);
+                p->orig->grad = NULL;
+                continue;
+            }
             fsdp_tensor_t *g = NULL;
             rc = fsdp__view1d(u->flat->grad, p->sh.offset_in_shard, p->sh.numel_in_shard, &g);
             if (rc == 0) {

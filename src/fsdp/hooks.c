@@ -1,11 +1,12 @@
 /*
  * hooks.c: the FSDP runtime, driven by the hooks fsdp_wrap installs on each unit's module:
- *   forward pre-hook   (root: lazy init, new iteration) unshard, slots -> compute views,
- *                      forward prefetch
+ *   forward pre-hook   (root: lazy init, new iteration) write back changed original
+ *                      parameters, unshard, slots -> compute views, forward prefetch
  *   forward hook       slots -> original objects, reshard unless kept, record the order
  *   backward pre-hook  (the exit mark: the outputs' gradients are ready) queue the final
- *                      callback, unshard, BACKWARD_PRE prefetch, point the compute views'
- *                      gradients into a zeroed unsharded flat gradient
+ *                      callback, write back changed original gradients, unshard,
+ *                      BACKWARD_PRE prefetch, point the compute views' gradients into a zeroed
+ *                      unsharded flat gradient
  *   backward hook      (the entry mark of the unit's first invocation) reshard,
  *                      BACKWARD_POST prefetch, start the gradient reduction
  *   final callback     catch-all reshard, wait for every reduction, store sharded gradients
@@ -242,6 +243,8 @@ int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *
     if (!root->fwd_order_done &&
         fsdp__push_unit(&root->fwd_order, &root->nfwd, &root->capfwd, u) < 0)
         return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+    /* PyTorch's pre-unshard: original parameters the user replaced go into the shard first. */
+    if ((rc = fsdp__writeback_orig_params(u, true)) < 0) return rc;
     if ((rc = fsdp__unshard(u)) < 0) return rc;
     fsdp__swap_slots(u, true);
     if (u->opt.forward_prefetch) {
@@ -312,6 +315,11 @@ int fsdp__backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad) {
     }
     if (!has_grad || !u->needs_pre_backward) return FSDP_OK;
     if (u->state != FSDP_STATE_BACKWARD_PRE) {
+        /* Gradients the user cleared or replaced since the forward (a zero_grad between forward
+         * and backward) are written back before this backward adds to the sharded gradient;
+         * a changed parameter is refused where the forward's parameters are kept. */
+        fsdp__drop_cleared_flat_grad(u);
+        if ((rc = fsdp__writeback_orig_params(u, true)) < 0) return rc;
         u->state = FSDP_STATE_BACKWARD_PRE;
         u->bwd_pending = u->fwd_invocations;
         u->stats.pre_backward_hooks++;

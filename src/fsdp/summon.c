@@ -265,6 +265,10 @@ static int summon_one(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool expli
                               explicit_unshard ? "fsdp_unit_unshard" : "fsdp_summon_begin",
                               u->state == FSDP_STATE_SUMMON ? "already unsharded by the caller"
                                                             : "in forward or backward");
+    /* PyTorch's pre-unshard: original parameters the user replaced go into the shard first
+     * (and unsharded parameters gathered before are dropped). */
+    int wrc = fsdp__writeback_orig_params(u, false);
+    if (wrc < 0) return wrc;
     u->was_unsharded = u->unsharded;
     u->summon = *o;
     u->summon_this_call = true;

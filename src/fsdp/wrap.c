@@ -249,6 +249,7 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
     u->opt.num_ignored_modules = 0;
     u->opt.auto_wrap_policy = NULL; /* borrowed for the call only */
     u->full_prec_in_eval = fsdp__mp_full_prec_in_eval(o);
+    u->skip_writeback_check = fsdp__skip_writeback_env();
     struct collect c = {u, o, 0, 0, NULL, 0, 0};
     if (o->num_ignored_modules > 0) {
         u->ignored = malloc(o->num_ignored_modules * sizeof *u->ignored);

@@ -343,6 +343,13 @@ int fsdp__tensor_set_data(fsdp_tensor_t *t, fsdp_tensor_t *src) {
     return FSDP_OK;
 }
 
+int fsdp_tensor_set_data(fsdp_tensor_t *t, fsdp_tensor_t *src) {
+    fsdp_ctx_t *ctx = t ? t->ctx : src ? src->ctx : NULL;
+    if (!t || !src) return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_tensor_set_data: NULL argument");
+    if (t == src) return FSDP_OK;
+    return fsdp__tensor_set_data(t, src);
+}
+
 int fsdp_tensor_set_requires_grad(fsdp_tensor_t *t, bool requires_grad) {
     if (!t) return FSDP_EINVAL;
     if (t->slot >= 0 && !requires_grad)
