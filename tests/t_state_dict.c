@@ -87,6 +87,13 @@ static int store_add(store_t *st, const char *name, const fsdp_tensor_t *t, int 
     return rc;
 }
 
+/* Whether st holds an entry named `name` already. */
+static bool stored(const store_t *st, const char *name) {
+    for (size_t i = 0; i < st->n; i++)
+        if (strcmp(st->s[i].name, name) == 0) return true;
+    return false;
+}
+
 /* The stored pieces as a shard list on ctx. */
 static int store_to_list(fsdp_ctx_t *ctx, const store_t *st, fsdp_shard_list_t *out) {
     *out = (fsdp_shard_list_t){0};
@@ -288,7 +295,9 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         FU_TRY(done, "optimizer state dict", fsdp_sharded_optim_state_dict(root, adamw, &l));
         pthread_mutex_lock(sj->mu);
         for (size_t i = 0; i < l.n && rc == 0; i++)
-            if (!l.e[i].replicated || rank == 0)
+            /* a replicated entry once, from whichever rank has it (a parameter a rank holds
+             * nothing of has no optimizer state there) */
+            if (!l.e[i].replicated || !stored(dst, l.e[i].name))
                 rc = store_add(dst, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape, l.e[i].offset,
                                l.e[i].replicated);
         pthread_mutex_unlock(sj->mu);
