@@ -27,7 +27,8 @@
  * final callback); unshard.c (cross-device copies, staging the shard, all-gather, reshard,
  * module slots); grads.c (the unsharded gradient, reduction, no_sync, clip_grad_norm);
  * precision.c (every dtype change of mixed precision); streams.c (the copy and side streams,
- * stream-ordered waits, deferred releases); summon.c (navigation and listings, summons,
+ * stream-ordered waits, deferred releases); state_dict.c and optim_state.c (the state dicts);
+ * summon.c (navigation and listings, summons,
  * explicit unshard); writeback.c (changed original parameters back into the shard); unit.c
  * (the per-rank registry, trees of units, destroy). Functions one of them defines and another
  * uses are declared below, grouped by the defining file.
@@ -46,7 +47,8 @@
 #include "internal.h"
 #include <fsdp/fsdp.h>
 
-/* ---- the flat layout (flat_param.c) ----------------------------------------------------------- */
+/* ---- the flat layout (flat_param.c) -----------------------------------------------------------
+ */
 
 typedef struct fsdp__layout {
     int n;                  /* parameters */
@@ -80,9 +82,9 @@ void fsdp__divide_factors(int world, double *pre, double *post);
 /* ---- units ----------------------------------------------------------------------------------- */
 
 struct fsdp__param {
-    char *fqn;             /* under the unit's module */
-    fsdp_tensor_t *orig;   /* the user's object (reference) */
-    fsdp_tensor_t *cv;     /* compute view into full (reference) */
+    char *fqn;           /* under the unit's module */
+    fsdp_tensor_t *orig; /* the user's object (reference) */
+    fsdp_tensor_t *cv;   /* compute view into full (reference) */
     int ndim;
     int64_t shape[FSDP_MAX_DIMS];
     fsdp__shard_info_t sh;
@@ -92,23 +94,23 @@ struct fsdp__param {
 struct fsdp__slotref {
     fsdp_module_t *m; /* borrowed: the tree holds it */
     size_t slot;
-    int param;        /* index into params */
+    int param; /* index into params */
 };
 
 struct fsdp_unit {
     fsdp_ctx_t *ctx;
-    fsdp_module_t *module;       /* reference */
-    char *fqn;                   /* under the root's module ("" for the root) */
-    fsdp_options_t opt;          /* copied; ignored_modules points at `ignored`, no policy */
-    fsdp_pg_t *pg;               /* borrowed */
-    fsdp_pg_t *replicate_pg;     /* hybrid strategies: borrowed; else NULL */
-    fsdp_device_t *dev;          /* compute device (borrowed) */
+    fsdp_module_t *module;   /* reference */
+    char *fqn;               /* under the root's module ("" for the root) */
+    fsdp_options_t opt;      /* copied; ignored_modules points at `ignored`, no policy */
+    fsdp_pg_t *pg;           /* borrowed */
+    fsdp_pg_t *replicate_pg; /* hybrid strategies: borrowed; else NULL */
+    fsdp_device_t *dev;      /* compute device (borrowed) */
     int rank, world;
     struct fsdp_unit *parent;    /* NULL for the root */
     struct fsdp_unit **children; /* direct child units, in pre-order */
     size_t nchildren, capchildren;
-    int hook_handles[4];         /* forward pre, forward, backward pre, backward */
-    fsdp_module_t **ignored;     /* ignored modules (borrowed: inside the tree) */
+    int hook_handles[4];     /* forward pre, forward, backward pre, backward */
+    fsdp_module_t **ignored; /* ignored modules (borrowed: inside the tree) */
     size_t nignored;
 
     /* flat parameter (absent when nparams == 0) */
@@ -117,9 +119,9 @@ struct fsdp_unit {
     struct fsdp__slotref *slots;
     size_t nslots;
     fsdp__layout_t layout;
-    fsdp_dtype_t dt;             /* the parameters' (and the flat shard's) dtype */
-    fsdp_dtype_t cdt;            /* compute dtype: of full, the compute views and their grads */
-    fsdp_dtype_t rdt;            /* reduction dtype */
+    fsdp_dtype_t dt;  /* the parameters' (and the flat shard's) dtype */
+    fsdp_dtype_t cdt; /* compute dtype: of full, the compute views and their grads */
+    fsdp_dtype_t rdt; /* reduction dtype */
     /* Mixed precision as configured; cdt and rdt are these except while full precision is
      * forced (full_prec: use_full_prec_in_eval in eval), when both are dt. */
     fsdp_dtype_t mp_cdt, mp_rdt;
@@ -132,20 +134,20 @@ struct fsdp_unit {
         fsdp_module_t *m; /* borrowed: in the tree */
         size_t slot;
         fsdp_dtype_t orig;
-    } *mp_bufs;
+    } * mp_bufs;
     size_t nmp_bufs;
     /* Made full-precision by the mixed-precision rule (module_classes_to_ignore): floating
      * inputs are cast to dt before the module runs and its floating outputs back to the dtype
      * of the last floating input (io_dt, -1 when none) after it, as upstream's hooks do. */
     bool cast_io;
     int io_dt;
-    fsdp_tensor_t *flat;         /* local shard leaf */
-    fsdp_tensor_t *full;         /* unsharded flat parameter */
-    fsdp_tensor_t *full_grad;    /* unsharded flat gradient while backward runs, else NULL */
-    fsdp_tensor_t *local_grad;   /* no_sync: the unsharded gradient accumulated, not reduced */
+    fsdp_tensor_t *flat;       /* local shard leaf */
+    fsdp_tensor_t *full;       /* unsharded flat parameter */
+    fsdp_tensor_t *full_grad;  /* unsharded flat gradient while backward runs, else NULL */
+    fsdp_tensor_t *local_grad; /* no_sync: the unsharded gradient accumulated, not reduced */
     bool unsharded;
-    fsdp_work_t *ag_work;        /* outstanding all-gather into full */
-    fsdp_device_t *host_dev;     /* CPU offload: where flat and its gradient live (borrowed) */
+    fsdp_work_t *ag_work;    /* outstanding all-gather into full */
+    fsdp_device_t *host_dev; /* CPU offload: where flat and its gradient live (borrowed) */
     /* CPU offload from the compute device's host memory: the H2D copies of the shard run on
      * copy_stream (of copy_dev, created at the first one); ev[0] orders it after the compute
      * stream's earlier work (reused memory), ev[1] the compute stream after the copy. */
@@ -157,21 +159,21 @@ struct fsdp_unit {
     /* runtime state */
     fsdp_training_state_t state;
     bool is_root;
-    bool slots_swapped;          /* module slots hold the compute views */
-    int fwd_invocations;         /* forward invocations recorded on the tape this iteration */
-    int bwd_pending;             /* entry marks still to come in this backward */
-    bool needs_pre_backward;     /* ran forward with grad; pre-backward not yet done */
+    bool slots_swapped;      /* module slots hold the compute views */
+    int fwd_invocations;     /* forward invocations recorded on the tape this iteration */
+    int bwd_pending;         /* entry marks still to come in this backward */
+    bool needs_pre_backward; /* ran forward with grad; pre-backward not yet done */
     bool post_backward_done;
     fsdp_summon_options_t summon; /* of the summon in progress */
-    bool was_unsharded;          /* before the summon */
-    bool summon_this_call;       /* summoned by the fsdp_summon_begin running now */
-    fsdp_tensor_t *summon_host;  /* offload_to_cpu: host copy of the full parameters */
+    bool was_unsharded;           /* before the summon */
+    bool summon_this_call;        /* summoned by the fsdp_summon_begin running now */
+    fsdp_tensor_t *summon_host;   /* offload_to_cpu: host copy of the full parameters */
     fsdp_tensor_t **summon_views; /* per parameter, views the slots hold (offload_to_cpu) */
     /* outstanding gradient reduction */
     fsdp_work_t *rs_work;
-    fsdp_tensor_t *rs_in;        /* what the reduction reads (the padded flat gradient) */
-    fsdp_tensor_t *rs_out;       /* where it writes (the new shard) */
-    fsdp_work_t *ar_work;        /* all-reduce (NO_SHARD, or across replicas) */
+    fsdp_tensor_t *rs_in;  /* what the reduction reads (the padded flat gradient) */
+    fsdp_tensor_t *rs_out; /* where it writes (the new shard) */
+    fsdp_work_t *ar_work;  /* all-reduce (NO_SHARD, or across replicas) */
     double post_divide;
     /* Stream-ordered waits (a compute device with a compute stream; docs/design.md): buffers a
      * collective read (the reduction's input), each released once an
@@ -181,7 +183,7 @@ struct fsdp_unit {
     struct fsdp__deferred {
         fsdp_tensor_t *t;
         fsdp_event_t *ev;
-    } *deferred;
+    } * deferred;
     size_t ndeferred, capdeferred;
     bool stream_waited;
     /* The stream u's collectives are issued on (of side_dev, created at the first one; see
@@ -191,14 +193,14 @@ struct fsdp_unit {
     fsdp_event_t *side_ev;
 
     /* root only */
-    bool initialized;            /* lazy init done */
-    bool full_prec_in_eval;      /* options.use_full_prec_in_eval or the environment, at wrap */
-    struct fsdp_unit **all;      /* every unit of the tree, pre-order */
+    bool initialized;       /* lazy init done */
+    bool full_prec_in_eval; /* options.use_full_prec_in_eval or the environment, at wrap */
+    struct fsdp_unit **all; /* every unit of the tree, pre-order */
     size_t nall, capall;
     struct fsdp_unit **fwd_order; /* pre-forward order of the first iteration */
     size_t nfwd, capfwd;
     bool fwd_order_done;
-    size_t fwd_pos;              /* units pre-forwarded in this iteration */
+    size_t fwd_pos; /* units pre-forwarded in this iteration */
     bool order_warned;
     struct fsdp_unit **post_order; /* post-forward order of this iteration */
     size_t npost, cappost;
@@ -217,7 +219,7 @@ struct fsdp__rank {
     struct fsdp__entry {
         fsdp_module_t *m;
         fsdp_unit_t *u;
-    } *units;
+    } * units;
     size_t n, cap;
 };
 
@@ -392,5 +394,34 @@ bool fsdp__skip_writeback_env(void);
 
 /* Drops the views a summon pointed u's module slots at (u->summon_views). */
 void fsdp__drop_summon_views(fsdp_unit_t *u);
+
+/* ---- defined in state_dict.c ----------------------------------------------------------------- */
+
+/* FSDP_EINVAL (message naming fn) unless root is a root unit, idle. */
+int fsdp__sd_check_root(fsdp_unit_t *root, const char *fn);
+/* Appends an entry to l (*cap allocated), taking name and t (both freed on failure). */
+int fsdp__sd_push(fsdp_unit_t *root, fsdp_shard_list_t *l, size_t *cap, char *name,
+                  fsdp_tensor_t *t, int ndim, const int64_t *shape, int64_t offset,
+                  bool replicated);
+/* A copy of q's part of u's shard read from src at element off: 1-D, or with q's shape when
+ * every rank holds q whole (NO_SHARD: *repl). */
+int fsdp__sd_piece(const fsdp_unit_t *u, const struct fsdp__param *q, fsdp_tensor_t *src,
+                   int64_t off, fsdp_tensor_t **out, bool *repl);
+/* Where a rank's part of one global tensor lives: numel elements of dst (a 1-D view) hold the
+ * global elements [lo, lo + numel). */
+struct fsdp__sd_target {
+    char *name;
+    int ndim;
+    const int64_t *shape;
+    int64_t total; /* elements of the global tensor */
+    int64_t lo, numel;
+    fsdp_tensor_t *dst; /* a 1-D view (owned) */
+    bool replicated;
+    bool seen;
+};
+/* Checks the pieces of sd named like t (shapes, overlaps, coverage of t's range) and, with
+ * write, copies their overlaps into t->dst; tmp has room for sd->n pointers. */
+int fsdp__sd_fill(fsdp_unit_t *root, const fsdp_shard_list_t *sd, struct fsdp__sd_target *t,
+                  fsdp_shard_entry_t **tmp, bool write, const char *fn);
 
 #endif /* FSDP_FSDP_IMPL_H */
