@@ -162,7 +162,7 @@ int fsdp__sd_push(fsdp_unit_t *root, fsdp_shard_list_t *l, size_t *cap, char *na
     fsdp_shard_entry_t *e = &l->e[l->n++];
     *e = (fsdp_shard_entry_t){
         .name = name, .t = t, .ndim = ndim, .offset = offset, .replicated = replicated};
-    memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim > 0) memcpy(e->shape, shape, (size_t)ndim * sizeof *shape); /* scalars: NULL */
     return FSDP_OK;
 }
 
