@@ -76,6 +76,18 @@ typedef struct uop_job {
 
 enum { K_MPG02, K_MPG03, K_MPG04, K_IN01 };
 
+/* Adam (lr 1e-2, PyTorch's other defaults) over the tensors of l, one group. */
+static int adam_over(fsdp_ctx_t *ctx, const fsdp_named_list_t *l, fsdp_optim_t **out) {
+    fsdp_adam_options_t ao;
+    fsdp_adam_options_init(&ao);
+    ao.lr = 1e-2;
+    int rc = fsdp_optim_adam_create(ctx, &ao, false, out);
+    if (rc == 0)
+        rc =
+            fsdp_optim_add_group(*out, l->n, l->tensors, (const char *const *)l->names, NULL, NULL);
+    return rc;
+}
+
 static uop_job_t *uop_new(const char *prefix, int world, fsdp_sharding_strategy_t s) {
     uop_job_t *u = calloc(1, sizeof *u);
     if (!u) tap_bail("out of memory");
@@ -599,9 +611,6 @@ static int ur_rank(fsdp_ctx_t *ctx, void *arg) {
     double wout = 0, wsum = 0, wmid = 0;
     char why[400] = "";
     static const char *const units[] = {"0", "2", NULL};
-    fsdp_adam_options_t ao;
-    fsdp_adam_options_init(&ao);
-    ao.lr = 1e-2;
     for (int k = 0; k < 2; k++) {
         FU_TRY(done, "building the twins", fu_linear_stack(ctx, 3, 5, &m[k]));
         fsdp_options_t o;
@@ -610,10 +619,7 @@ static int ur_rank(fsdp_ctx_t *ctx, void *arg) {
         FU_TRY(done, "wrapping", fu_wrap_listed(m[k], units, &o, NULL, NULL));
         FU_TRY(done, "wrapping", fsdp_wrap(m[k], &o, &root[k]));
         FU_TRY(done, "optimizer", fsdp_named_params(root[k], &l));
-        FU_TRY(done, "optimizer", fsdp_optim_adam_create(ctx, &ao, false, &opt[k]));
-        FU_TRY(
-            done, "optimizer",
-            fsdp_optim_add_group(opt[k], l.n, l.tensors, (const char *const *)l.names, NULL, NULL));
+        FU_TRY(done, "optimizer", adam_over(ctx, &l, &opt[k]));
         fsdp_named_list_free(&l);
     }
     for (int it = 0; it < 3; it++) {
@@ -770,18 +776,10 @@ static int pa_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(done, "policy", fsdp_policy_always_create(&pol));
     o.auto_wrap_policy = pol;
     FU_TRY(done, "wrapping", fsdp_wrap(m, &o, &root));
-    fsdp_adam_options_t ao;
-    fsdp_adam_options_init(&ao);
-    ao.lr = 1e-2;
     FU_TRY(done, "optimizers", fsdp_named_params(root, &fl));
     FU_TRY(done, "optimizers", fsdp_module_named_params(ref, false, &rl));
-    FU_TRY(done, "optimizers", fsdp_optim_adam_create(ctx, &ao, false, &opt));
-    FU_TRY(done, "optimizers",
-           fsdp_optim_add_group(opt, fl.n, fl.tensors, (const char *const *)fl.names, NULL, NULL));
-    FU_TRY(done, "optimizers", fsdp_optim_adam_create(ctx, &ao, false, &ref_opt));
-    FU_TRY(
-        done, "optimizers",
-        fsdp_optim_add_group(ref_opt, rl.n, rl.tensors, (const char *const *)rl.names, NULL, NULL));
+    FU_TRY(done, "optimizers", adam_over(ctx, &fl, &opt));
+    FU_TRY(done, "optimizers", adam_over(ctx, &rl, &ref_opt));
     if (sharded) {
         fsdp_unit_t *u1 = fsdp_unit_of(fsdp_module_child(m, "lin1"));
         fsdp_unit_t *u2 = fsdp_unit_of(fsdp_module_child(m, "lin2"));
@@ -1022,18 +1020,10 @@ static int wb02_rank(fsdp_ctx_t *ctx, void *arg) {
     int rc;
     const char *name = uj->which == 0 ? "lin1.weight" : "lin2.weight";
     FU_TRY(done, "setup", wb_setup(r, ctx, uj, false, &m, &root, &ref, &ddp));
-    fsdp_adam_options_t ao;
-    fsdp_adam_options_init(&ao);
-    ao.lr = 1e-2;
     FU_TRY(done, "optimizers", fsdp_named_params(root, &fl));
     FU_TRY(done, "optimizers", fsdp_module_named_params(ref, false, &rl));
-    FU_TRY(done, "optimizers", fsdp_optim_adam_create(ctx, &ao, false, &opt));
-    FU_TRY(done, "optimizers",
-           fsdp_optim_add_group(opt, fl.n, fl.tensors, (const char *const *)fl.names, NULL, NULL));
-    FU_TRY(done, "optimizers", fsdp_optim_adam_create(ctx, &ao, false, &ref_opt));
-    FU_TRY(
-        done, "optimizers",
-        fsdp_optim_add_group(ref_opt, rl.n, rl.tensors, (const char *const *)rl.names, NULL, NULL));
+    FU_TRY(done, "optimizers", adam_over(ctx, &fl, &opt));
+    FU_TRY(done, "optimizers", adam_over(ctx, &rl, &ref_opt));
     FU_TRY(done, "forward and backward", fwd_bwd2(ctx, m, ref, ddp, 11));
     fsdp_tensor_t *p = fsdp_module_param(m, name), *rp = fsdp_module_param(ref, name);
     if (uj->set_to_none) {
@@ -1197,13 +1187,8 @@ static int mt_rank(fsdp_ctx_t *ctx, void *arg) {
     if (rc == 0) rc = fsdp_wrap(m, &o, &root);
     if (rc == 0) rc = fsdp_named_params(root, &fl);
     if (rc == 0) rc = fsdp_module_named_params(ref, false, &rl);
-    if (rc == 0) rc = fsdp_optim_adam_create(ctx, &ao, false, &opt);
-    if (rc == 0)
-        rc = fsdp_optim_add_group(opt, fl.n, fl.tensors, (const char *const *)fl.names, NULL, NULL);
-    if (rc == 0) rc = fsdp_optim_adam_create(ctx, &ao, false, &ref_opt);
-    if (rc == 0)
-        rc = fsdp_optim_add_group(ref_opt, rl.n, rl.tensors, (const char *const *)rl.names, NULL,
-                                  NULL);
+    if (rc == 0) rc = adam_over(ctx, &fl, &opt);
+    if (rc == 0) rc = adam_over(ctx, &rl, &ref_opt);
     if (rc == 0) res->empty[rank] = fsdp_tensor_numel(fsdp_module_param(m, "weight")) == 0;
     for (int s = 0; s < MT_STEPS && rc == 0; s++) {
         rc = fsdp_optim_zero_grad(opt, true);
