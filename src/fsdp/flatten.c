@@ -5,8 +5,8 @@
  * move of an adopted unit to the device of the unit adopting it.
  *
  * Invariants: every tensor object a user holds (parameters, buffers, gradients) stays the same
- * object: moves re-point it at new storage (repoint); after flattening, each original parameter
- * views its part of the local shard, and the compute views view the unsharded flat parameter.
+ * object: moves re-point it at new storage (fsdp__repoint); after flattening, each original
+ * parameter views its part of the local shard, and the compute views view the unsharded flat parameter.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,12 +19,19 @@
 /* ---- moving tensors between devices ---------------------------------------------------------- */
 
 /* Points t at src's elements, taking src's device too (set_data itself keeps the device). */
-static int repoint(fsdp_tensor_t *t, fsdp_tensor_t *src) {
+int fsdp__repoint(fsdp_tensor_t *t, fsdp_tensor_t *src) {
     fsdp_device_t *was = t->dev;
     t->dev = src->dev;
     int rc = fsdp__tensor_set_data(t, src);
     if (rc < 0) t->dev = was;
     return rc;
+}
+
+void fsdp__flat_requires_grad(fsdp_unit_t *u) {
+    bool rg = false;
+    for (int i = 0; i < u->nparams; i++)
+        rg |= u->params[i].orig->requires_grad;
+    u->flat->requires_grad = rg;
 }
 
 int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev) {
@@ -38,7 +45,7 @@ int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev) {
     int rc = fsdp__tensor_new(t->ctx, dev, t->dt, t->ndim, t->shape, t->st->cat, &c);
     if (rc == 0) rc = fsdp__xcopy(c, t);
     if (rc == 0 && t->grad) rc = fsdp__tensor_move(t->grad, dev);
-    if (rc == 0) rc = repoint(t, c);
+    if (rc == 0) rc = fsdp__repoint(t, c);
     fsdp_tensor_release(c);
     return rc;
 }
@@ -200,10 +207,7 @@ int fsdp__flatten(fsdp_unit_t *u) {
         p->cv->requires_grad = p->orig->requires_grad;
         FSDP_TRY(rc, out, fsdp_tensor_set_name(p->cv, p->fqn));
     }
-    bool rg = false;
-    for (int i = 0; i < u->nparams; i++)
-        rg |= u->params[i].orig->requires_grad;
-    u->flat->requires_grad = rg;
+    fsdp__flat_requires_grad(u);
     FSDP_TRY(rc, out, fsdp_tensor_set_name(u->flat, "_flat_param"));
 
     /* The original objects become views of their part of the shard. */
@@ -242,7 +246,7 @@ static int fresh_storage(fsdp_tensor_t *t) {
     int rc = fsdp__tensor_new(t->ctx, t->dev, t->dt, t->ndim, t->shape, t->st->cat, &c);
     if (rc == 0) rc = fsdp_tensor_copy_(c, t);
     if (rc == 0 && t->grad) rc = fresh_storage(t->grad);
-    if (rc == 0) rc = repoint(t, c);
+    if (rc == 0) rc = fsdp__repoint(t, c);
     fsdp_tensor_release(c);
     return rc;
 }
@@ -273,7 +277,7 @@ static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
             /* NO_SHARD: the shard is a view of the unsharded parameter. */
             rc = fsdp__tensor_move(u->full, dev);
             if (rc == 0) rc = fsdp__view1d(u->full, 0, u->layout.shard_numel, &v);
-            if (rc == 0) rc = repoint(u->flat, v);
+            if (rc == 0) rc = fsdp__repoint(u->flat, v);
             fsdp_tensor_release(v);
             v = NULL;
             if (rc == 0 && u->flat->grad) rc = fsdp__tensor_move(u->flat->grad, dev);
@@ -295,7 +299,7 @@ static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
         struct fsdp__param *p = &u->params[i];
         rc = fsdp__view1d(u->flat, p->sh.in_shard ? p->sh.offset_in_shard : 0, p->sh.numel_in_shard,
                           &v);
-        if (rc == 0) rc = repoint(p->orig, v);
+        if (rc == 0) rc = fsdp__repoint(p->orig, v);
         fsdp_tensor_release(v);
         v = NULL;
         /* A moved shard's gradients are on dev already when they are; an offloaded shard got
@@ -318,7 +322,7 @@ static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
     if (fsdp__separate_full(u)) {
         const int64_t n[1] = {u->layout.padded_numel};
         rc = fsdp__tensor_new(u->ctx, dev, u->cdt, 1, n, FSDP_MEM_PARAMS, &v);
-        if (rc == 0) rc = repoint(u->full, v);
+        if (rc == 0) rc = fsdp__repoint(u->full, v);
         fsdp_tensor_release(v);
         v = NULL;
         if (rc == 0) rc = fsdp_tensor_storage_resize(u->full, 0);
@@ -329,7 +333,7 @@ static int unit_set_device(fsdp_unit_t *u, fsdp_device_t *dev) {
         rc = fsdp__tensor_view(u->full, u->layout.offset[i], p->ndim, p->shape, NULL, &v);
         if (rc == 0) {
             fsdp__contiguous_strides(p->ndim, p->shape, v->stride);
-            rc = repoint(p->cv, v);
+            rc = fsdp__repoint(p->cv, v);
         }
         fsdp_tensor_release(v);
         v = NULL;

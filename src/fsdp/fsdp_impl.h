@@ -313,6 +313,9 @@ bool fsdp__mp_full_prec_in_eval(const fsdp_options_t *o);
 void fsdp__mp_free(fsdp_unit_t *u);
 /* The unsharded gradient *g in the reduction dtype (*g replaced, the old one released). */
 int fsdp__mp_grad_for_reduce(fsdp_unit_t *u, fsdp_tensor_t **g);
+/* The sharded gradient's dtype: the parameters', or with keep_low_precision_grads the current
+ * compute dtype (the parameters' too while full precision is forced). */
+fsdp_dtype_t fsdp__mp_grad_dtype(const fsdp_unit_t *u);
 /* The reduced gradient *g in the sharded gradient's dtype (the parameters', or param_dtype with
  * keep_low_precision_grads), where the optimizer runs (the host with CPU offload); *g is
  * replaced (the old one released), and NULL on failure. */
@@ -363,6 +366,11 @@ int fsdp__flatten(fsdp_unit_t *u);
 /* A unit adopted by a wrap with options.device takes that device unless its own option is set,
  * and so do the units below it. */
 int fsdp__inherit_device(fsdp_unit_t *c, fsdp_device_t *dev);
+/* Points t (keeping the object) at src's elements, src's device included (t keeps its own on
+ * failure). */
+int fsdp__repoint(fsdp_tensor_t *t, fsdp_tensor_t *src);
+/* The flat parameter requires a gradient when one of u's original parameters does. */
+void fsdp__flat_requires_grad(fsdp_unit_t *u);
 /* Moves t's elements to dev keeping the tensor object (PyTorch's `t.data = t.data.to(dev)`):
  * new storage on dev in t's memory category, a copy, t re-pointed at it; t's gradient moves
  * too. Storage t shared with other tensors stays where it was for them. A no-op when t is on

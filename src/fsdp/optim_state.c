@@ -68,17 +68,6 @@ static int opt_params(fsdp_unit_t *root, fsdp_unit_t *const *units, size_t nu,
     return FSDP_OK;
 }
 
-/* "<a>.<b>", malloc'ed. */
-static char *key2(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    char *s = malloc(la + lb + 2);
-    if (!s) return NULL;
-    memcpy(s, a, la);
-    s[la] = '.';
-    memcpy(s + la + 1, b, lb + 1);
-    return s;
-}
-
 /* A replicated f64 scalar entry. */
 static int push_scalar(fsdp_unit_t *root, fsdp_shard_list_t *out, size_t *cap, char *name,
                        double v) {
@@ -101,7 +90,8 @@ static int push_state(fsdp_unit_t *root, const struct opt_param *p, const char *
         fsdp_tensor_t *c = NULL;
         int rc = fsdp_tensor_clone(s, FSDP_MEM_OTHER, &c);
         if (rc < 0) return rc;
-        return fsdp__sd_push(root, out, cap, key2(p->name, state), c, s->ndim, s->shape, 0, true);
+        return fsdp__sd_push(root, out, cap, fsdp__join_name(p->name, state), c, s->ndim, s->shape,
+                             0, true);
     }
     fsdp_unit_t *u = p->u;
     int rc = FSDP_OK;
@@ -113,7 +103,7 @@ static int push_state(fsdp_unit_t *root, const struct opt_param *p, const char *
         bool repl = false;
         rc = fsdp__sd_piece(u, q, s, p->index >= 0 ? 0 : q->sh.offset_in_shard, &c, &repl);
         char *fqn = fsdp__join_name(u->fqn, q->fqn);
-        char *name = fqn ? key2(fqn, state) : NULL;
+        char *name = fqn ? fsdp__join_name(fqn, state) : NULL;
         free(fqn);
         if (rc == 0)
             rc = fsdp__sd_push(root, out, cap, name, c, q->ndim, q->shape, q->sh.intra_start, repl);
@@ -148,7 +138,7 @@ struct scalar_arg {
 
 static int push_scalar_fqn(void *arg, const char *fqn) {
     struct scalar_arg *a = arg;
-    return push_scalar(a->root, a->out, a->cap, key2(fqn, a->suffix), a->v);
+    return push_scalar(a->root, a->out, a->cap, fsdp__join_name(fqn, a->suffix), a->v);
 }
 
 int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
@@ -178,7 +168,7 @@ int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
         struct scalar_arg ga = {root, out, &cap, "group", (double)p[k].group};
         rc = each_fqn(&p[k], push_scalar_fqn, &ga);
         for (size_t s = 0; s < N_OPT_STATES && rc == 0; s++) {
-            char *key = key2(p[k].name, OPT_STATES[s]);
+            char *key = fsdp__join_name(p[k].name, OPT_STATES[s]);
             if (!key) {
                 rc = FSDP_ENOMEM;
                 break;
@@ -242,7 +232,7 @@ static int build_state(fsdp_unit_t *root, const fsdp_shard_list_t *sd, const str
             if (rc < 0) return rc;
         }
         if (!p->u) {
-            char *key = key2(p->name, state);
+            char *key = fsdp__join_name(p->name, state);
             if (!key) return FSDP_ENOMEM;
             of = 1;
             if (pass == 0) {
@@ -266,7 +256,7 @@ static int build_state(fsdp_unit_t *root, const fsdp_shard_list_t *sd, const str
             if (p->index >= 0 && i != p->index) continue;
             struct fsdp__param *q = &p->u->params[i];
             char *fqn = fsdp__join_name(p->u->fqn, q->fqn);
-            char *key = fqn ? key2(fqn, state) : NULL;
+            char *key = fqn ? fsdp__join_name(fqn, state) : NULL;
             free(fqn);
             if (!key) return FSDP_ENOMEM;
             if (pass == 0) {
@@ -307,7 +297,7 @@ struct check_arg {
 /* "<fqn>.group" must equal the parameter's group here. */
 static int check_group(void *arg, const char *fqn) {
     struct check_arg *a = arg;
-    char *key = key2(fqn, "group");
+    char *key = fsdp__join_name(fqn, "group");
     if (!key) return FSDP_ENOMEM;
     const fsdp_shard_entry_t *e = find(a->sd, key);
     double v = -1;
@@ -323,7 +313,7 @@ static int check_group(void *arg, const char *fqn) {
 /* The step counts of the covered parameters: all equal (one optimizer parameter holds one). */
 static int check_step(void *arg, const char *fqn) {
     struct check_arg *a = arg;
-    char *key = key2(fqn, "step");
+    char *key = fsdp__join_name(fqn, "step");
     if (!key) return FSDP_ENOMEM;
     const fsdp_shard_entry_t *e = find(a->sd, key);
     free(key);
@@ -419,7 +409,7 @@ int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
                 fsdp_tensor_release(st);
                 continue;
             }
-            rc = named_push(root, &built, &cap, key2(p[k].name, OPT_STATES[s]), st);
+            rc = named_push(root, &built, &cap, fsdp__join_name(p[k].name, OPT_STATES[s]), st);
         }
     }
     if (rc == 0) rc = fsdp_optim_load_state_dict(opt, &built);

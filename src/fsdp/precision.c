@@ -214,12 +214,14 @@ int fsdp__mp_grad_for_reduce(fsdp_unit_t *u, fsdp_tensor_t **g) {
     return rc;
 }
 
+fsdp_dtype_t fsdp__mp_grad_dtype(const fsdp_unit_t *u) {
+    const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
+    return mp->enabled && mp->keep_low_precision_grads ? u->cdt : u->dt;
+}
+
 int fsdp__mp_grad_for_param(fsdp_unit_t *u, fsdp_tensor_t **g) {
     fsdp_tensor_t *out = *g;
-    fsdp_dtype_t gdt = u->opt.mixed_precision.enabled &&
-                               u->opt.mixed_precision.keep_low_precision_grads
-                           ? u->cdt
-                           : u->dt;
+    fsdp_dtype_t gdt = fsdp__mp_grad_dtype(u);
     if (!u->opt.cpu_offload && out->dt == gdt) return FSDP_OK;
     fsdp_tensor_t *h = NULL;
     const int64_t n[1] = {fsdp_tensor_numel(out)};

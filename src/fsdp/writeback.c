@@ -55,15 +55,6 @@ static char *shape_of(const fsdp_tensor_t *t, char *buf, size_t len) {
     return fsdp__shape_str(t->ndim, t->shape, buf, len);
 }
 
-/* Points t (keeping the object) at src's elements, src's device included. */
-static int repoint(fsdp_tensor_t *t, fsdp_tensor_t *src) {
-    fsdp_device_t *was = t->dev;
-    t->dev = src->dev;
-    int rc = fsdp__tensor_set_data(t, src);
-    if (rc < 0) t->dev = was;
-    return rc;
-}
-
 /* The tensor a slot of parameter i holds now when it is another object than the one the unit
  * knows, else NULL. */
 static fsdp_tensor_t *replaced_object(const fsdp_unit_t *u, int i) {
@@ -121,19 +112,12 @@ static int writeback_param(fsdp_unit_t *u, int i, fsdp_tensor_t *t) {
     fsdp_tensor_t *v = NULL;
     int rc = fsdp__view1d(u->flat, off, n, &v);
     if (rc == 0 && n > 0) rc = fsdp__xcopy(v, t);
-    if (rc == 0) rc = repoint(t, v);
+    if (rc == 0) rc = fsdp__repoint(t, v);
     fsdp_tensor_release(v);
     if (rc < 0)
         rc = fsdp__unit_err(u, rc, "writing parameter '%s' back into the shard failed: %s", p->fqn,
                             fsdp_ctx_last_error(u->ctx));
     return rc;
-}
-
-/* The dtype of a sharded gradient made here: what the reduction leaves (the parameters', or
- * param_dtype with keep_low_precision_grads). */
-static fsdp_dtype_t grad_dtype(const fsdp_unit_t *u) {
-    const fsdp_mixed_precision_t *mp = &u->opt.mixed_precision;
-    return mp->enabled && mp->keep_low_precision_grads ? u->mp_cdt : u->dt;
 }
 
 /* Writes parameter i's gradient back into the sharded gradient (see the top of the file). */
@@ -159,8 +143,8 @@ static int writeback_grad(fsdp_unit_t *u, int i) {
                               shape_of(t->grad, b, sizeof b));
     }
     if (!fg) {
-        rc = fsdp__zeros_on(u, u->flat->dev, grad_dtype(u), u->layout.shard_numel, FSDP_MEM_GRADS,
-                            &fg);
+        rc = fsdp__zeros_on(u, u->flat->dev, fsdp__mp_grad_dtype(u), u->layout.shard_numel,
+                            FSDP_MEM_GRADS, &fg);
         if (rc < 0) goto out;
         u->flat->grad = fg;
     }
@@ -226,12 +210,7 @@ int fsdp__writeback_orig_params(fsdp_unit_t *u, bool from_hook) {
         }
         if (rc == 0) rc = writeback_grad(u, i);
     }
-    if (rc == 0 && wrote) {
-        bool rg = false;
-        for (int i = 0; i < u->nparams; i++)
-            rg |= u->params[i].orig->requires_grad;
-        u->flat->requires_grad = rg;
-    }
+    if (rc == 0 && wrote) fsdp__flat_requires_grad(u);
     return rc;
 }
 
