@@ -6,7 +6,8 @@
  *
  * Invariants: every tensor object a user holds (parameters, buffers, gradients) stays the same
  * object: moves re-point it at new storage (fsdp__repoint); after flattening, each original
- * parameter views its part of the local shard, and the compute views view the unsharded flat parameter.
+ * parameter views its part of the local shard, and the compute views view the unsharded flat
+ * parameter.
  */
 #include <stdio.h>
 #include <stdlib.h>
