@@ -25,6 +25,7 @@
 #include <fsdp/transformer.h>
 #include <fsdp/optim.h>
 #include <fsdp/safetensors.h>
+#include <fsdp/checkpoint.h>
 #include <fsdp/ddp.h>
 #include <fsdp/fsdp.h>
 #include <fsdp/policy.h>

@@ -50,6 +50,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <fsdp/checkpoint.h>
 #include <fsdp/context.h>
 #include <fsdp/export.h>
 #include <fsdp/nn.h>
@@ -385,29 +386,9 @@ FSDP_EXTERN int fsdp_load_full_state_dict(fsdp_unit_t *root, const fsdp_named_li
 
 /* ---- the SHARDED and LOCAL state dicts -------------------------------------------------------- */
 
-/*
- * One entry of a sharded state dict: a piece of a global tensor. The piece holds the elements
- * [offset, offset + numel(t)) of the global tensor taken in row-major order, as a 1-D tensor;
- * a replicated entry (a buffer, a parameter no unit shards, a step count) holds the whole
- * tensor, with its own shape, offset 0, on every rank. This is the form a checkpoint stores:
- * any set of pieces that covers a rank's part loads at any world size or wrapping.
- */
-typedef struct fsdp_shard_entry {
-    char *name;                   /* fully qualified, as in the FULL state dict */
-    fsdp_tensor_t *t;             /* the piece (a reference the list owns) */
-    int ndim;                     /* of the global tensor */
-    int64_t shape[FSDP_MAX_DIMS]; /* the global shape */
-    int64_t offset;               /* of the piece's first element in the global tensor */
-    bool replicated;
-} fsdp_shard_entry_t;
-
-typedef struct fsdp_shard_list {
-    size_t n;
-    fsdp_shard_entry_t *e;
-} fsdp_shard_list_t;
-
-/* Releases the pieces and names; the list is empty afterwards. NULL is accepted. */
-FSDP_EXTERN void fsdp_shard_list_free(fsdp_shard_list_t *l);
+/* The entries of the SHARDED and LOCAL state dicts are pieces of global tensors
+ * (fsdp_shard_entry_t, fsdp_shard_list_t and fsdp_shard_list_free, in fsdp/checkpoint.h): any set
+ * of pieces that covers a rank's part loads at any world size or wrapping. */
 
 /*
  * PyTorch's SHARDED_STATE_DICT, without communication: for every parameter a unit of root's
@@ -464,6 +445,29 @@ FSDP_EXTERN int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_opti
  */
 FSDP_EXTERN int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
                                                    const fsdp_shard_list_t *sd);
+
+/* ---- checkpoints that reshard ------------------------------------------------------------------ */
+
+/*
+ * Writes root's SHARDED state dict (names "model.<fqn>") and, when opt is not NULL, opt's
+ * SHARDED state dict keyed by parameter name ("optim.<key>", fsdp_sharded_optim_state_dict) as
+ * the checkpoint directory dir (fsdp/checkpoint.h): every rank writes its own file in parallel,
+ * rank 0 writes the index with the nmeta metadata strings, and dir appears complete or not at
+ * all (an existing dir is replaced atomically). Collective over the context's world group: every
+ * rank returns the same status, and a rank whose own step succeeded names the rank that failed.
+ * Replicated entries are written once (by rank 0), and so are pieces that replicas hold.
+ */
+FSDP_EXTERN int fsdp_checkpoint_save(fsdp_unit_t *root, const fsdp_optim_t *opt, const char *dir,
+                                     const fsdp_safetensors_kv_t *meta, size_t nmeta);
+/*
+ * Loads an open checkpoint (fsdp_ckpt_open; its metadata can be read first) into root's tree and,
+ * when opt is not NULL, opt: at any world size, wrapping or strategy, each rank reads only the
+ * byte ranges of its part of every parameter and of its optimizer state, then loads them with
+ * fsdp_load_sharded_optim_state_dict and fsdp_load_sharded_state_dict, which check everything
+ * before they change anything (the optimizer is loaded first). Errors name the tensor and the
+ * file. Not collective.
+ */
+FSDP_EXTERN int fsdp_checkpoint_load(fsdp_unit_t *root, fsdp_optim_t *opt, fsdp_ckpt_t *ck);
 
 /*
  * Unshards one unit outside forward (collective over its group), so a submodule of it can be

@@ -129,16 +129,6 @@ int fsdp_load_full_state_dict(fsdp_unit_t *root, const fsdp_named_list_t *sd, bo
 
 /* ---- shard lists ----------------------------------------------------------------------------- */
 
-void fsdp_shard_list_free(fsdp_shard_list_t *l) {
-    if (!l) return;
-    for (size_t i = 0; i < l->n; i++) {
-        free(l->e[i].name);
-        fsdp_tensor_release(l->e[i].t);
-    }
-    free(l->e);
-    *l = (fsdp_shard_list_t){0};
-}
-
 /* Appends an entry taking t's reference (released on failure). */
 int fsdp__sd_push(fsdp_unit_t *root, fsdp_shard_list_t *l, size_t *cap, char *name,
                   fsdp_tensor_t *t, int ndim, const int64_t *shape, int64_t offset,

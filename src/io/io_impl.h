@@ -55,6 +55,18 @@ int fsdp__st_err(fsdp_safetensors_t *st, int rc, const char *fmt, ...) FSDP_PRIN
 /* The safetensors name of a libfsdp dtype ("F32", ...); NULL for an invalid one. */
 const char *fsdp__st_dtype_name(fsdp_dtype_t dt);
 
+/* The static name of safetensors dtype string s ("F32", ...) with its element size and libfsdp
+ * dtype (FSDP_DTYPE_COUNT when libfsdp has none); NULL for an unknown string. */
+const char *fsdp__st_dtype_parse(const char *s, size_t *esize, fsdp_dtype_t *dt);
+
+/* Writes all n bytes to fd (0, or -1 with errno). */
+int fsdp__io_write_all(int fd, const void *p, size_t n);
+/* Reads exactly n bytes at off: 0, -1 with errno on an error, or 1 when the file ends first. */
+int fsdp__io_pread_all(int fd, void *buf, size_t n, uint64_t off);
+/* fsyncs the directory holding path, so that a rename in it is durable (0, or -1 with errno).
+ * File systems that cannot sync a directory (EINVAL) are taken at their word. */
+int fsdp__io_sync_dir(const char *path);
+
 /* A printable copy of a name taken from a file, for messages: control bytes become '?', and a
  * name over about 200 bytes is cut with "...". Returns buf. */
 const char *fsdp__st_shown(const char *name, char *buf, size_t cap);

@@ -50,6 +50,14 @@ static const struct st_dtype *dtype_by_name(const char *s) {
     return NULL;
 }
 
+const char *fsdp__st_dtype_parse(const char *s, size_t *esize, fsdp_dtype_t *dt) {
+    const struct st_dtype *d = s ? dtype_by_name(s) : NULL;
+    if (!d) return NULL;
+    *esize = d->size;
+    *dt = d->dt;
+    return d->name;
+}
+
 /* ---- JSON error location ----------------------------------------------------------------- */
 
 /* Finds the top-level key whose entry holds byte pos of the header (or the key just before pos,

@@ -52,25 +52,66 @@ const char *fsdp__st_shape_str(const int64_t *shape, int nd, char *buf, size_t c
 
 /* ---- file access -------------------------------------------------------------------------- */
 
-/* Reads exactly n bytes at off; `what` says what for the message. */
-static int pread_all(fsdp_safetensors_t *st, void *buf, size_t n, uint64_t off, const char *what) {
+int fsdp__io_pread_all(int fd, void *buf, size_t n, uint64_t off) {
     unsigned char *p = buf;
     while (n > 0) {
         size_t want = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t k = pread(st->fd, p, want, (off_t)off);
+        ssize_t k = pread(fd, p, want, (off_t)off);
         if (k < 0 && errno == EINTR) continue;
-        if (k < 0)
-            return fsdp__st_err(st, FSDP_EINVAL, "'%s': reading %s at byte %llu failed: %s",
-                                st->path, what, (unsigned long long)off, strerror(errno));
-        if (k == 0)
-            return fsdp__st_err(st, FSDP_EINVAL,
-                                "'%s': the file ended at byte %llu while reading %s (was it "
-                                "truncated after it was opened?)",
-                                st->path, (unsigned long long)off, what);
+        if (k < 0) return -1;
+        if (k == 0) return 1;
         p += k;
         n -= (size_t)k;
         off += (uint64_t)k;
     }
+    return 0;
+}
+
+int fsdp__io_write_all(int fd, const void *p, size_t n) {
+    const unsigned char *b = p;
+    while (n > 0) {
+        ssize_t k = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) {
+            errno = EIO;
+            return -1;
+        }
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int fsdp__io_sync_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e == EINVAL) rc = 0;
+    errno = e;
+    return rc;
+}
+
+/* Reads exactly n bytes at off; `what` says what for the message. */
+static int pread_all(fsdp_safetensors_t *st, void *buf, size_t n, uint64_t off, const char *what) {
+    int rc = fsdp__io_pread_all(st->fd, buf, n, off);
+    if (rc < 0)
+        return fsdp__st_err(st, FSDP_EINVAL, "'%s': reading %s at byte %llu failed: %s", st->path,
+                            what, (unsigned long long)off, strerror(errno));
+    if (rc > 0)
+        return fsdp__st_err(st, FSDP_EINVAL,
+                            "'%s': the file ended while reading %s at byte %llu (was it "
+                            "truncated after it was opened?)",
+                            st->path, what, (unsigned long long)off);
     return FSDP_OK;
 }
 

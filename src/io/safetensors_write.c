@@ -42,23 +42,6 @@ static int find_dup(const char *const *s, size_t n, const char **dup) {
     return FSDP_OK;
 }
 
-/* Writes all n bytes. */
-static int write_all(int fd, const void *p, size_t n) {
-    const unsigned char *b = p;
-    while (n > 0) {
-        ssize_t k = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return -1;
-        if (k == 0) {
-            errno = EIO;
-            return -1;
-        }
-        b += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* Creates "<path>.tmp-<pid>-<n>" exclusively, with the permissions a new file gets. */
 static int open_temp(const char *path, char **tmp_out) {
     size_t len = strlen(path) + 64;
@@ -84,26 +67,6 @@ static int open_temp(const char *path, char **tmp_out) {
     free(tmp);
     errno = e;
     return -1;
-}
-
-/* fsyncs the directory holding path, so that a rename in it is durable. File systems that
- * cannot sync a directory (EINVAL) are taken at their word. */
-static int sync_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir) {
-        errno = ENOMEM;
-        return -1;
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc != 0 && e == EINVAL) rc = 0;
-    errno = e;
-    return rc;
 }
 
 /* The header: compact JSON padded with spaces to a multiple of 8 bytes. */
@@ -274,7 +237,7 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
     unsigned char lenb[8];
     for (int i = 0; i < 8; i++)
         lenb[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    if (write_all(fd, lenb, 8) != 0 || write_all(fd, hdr, hlen) != 0) {
+    if (fsdp__io_write_all(fd, lenb, 8) != 0 || fsdp__io_write_all(fd, hdr, hlen) != 0) {
         rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': writing the header failed: %s", fn,
                                   tmp, strerror(errno));
         goto out;
@@ -303,7 +266,7 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
             goto out;
         }
         fsdp__swap_le(buf, cnt, es);
-        if (write_all(fd, buf, nb) != 0) {
+        if (fsdp__io_write_all(fd, buf, nb) != 0) {
             rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': writing tensor '%s' failed: %s",
                                       fn, tmp, fsdp__st_shown(names[i], nm, sizeof nm),
                                       strerror(errno));
@@ -329,7 +292,7 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
     }
     free(tmp);
     tmp = NULL;
-    if (sync_dir(path) != 0)
+    if (fsdp__io_sync_dir(path) != 0)
         rc = fsdp__ctx_err_or_log(
             ctx, FSDP_EINVAL,
             "%s: '%s' is in place, but syncing its directory failed, so the rename may not "
