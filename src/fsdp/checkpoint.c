@@ -165,11 +165,13 @@ static int optim_want(fsdp_ctx_t *ctx, fsdp_ckpt_t *ck, const fsdp_shard_list_t 
         int64_t off = 0, cnt = in.numel;
         if (!in.replicated) {
             const fsdp_shard_entry_t *p = dot ? template_of(tmpl, key, (size_t)(dot - key)) : NULL;
-            if (!p)
-                continue; /* this rank holds nothing of that parameter (or it is not ours:
-                             the optimizer's load reports what it misses) */
-            if (p->ndim != in.ndim ||
-                memcmp(p->shape, in.shape, sizeof(int64_t) * (size_t)in.ndim) != 0) {
+            if (!p) {
+                /* this rank holds nothing of that parameter (or it is not one of root's: the
+                 * optimizer's load ignores it): an empty piece says the state exists, since the
+                 * load wants an entry for every parameter a flat parameter covers */
+                cnt = 0;
+            } else if (p->ndim != in.ndim ||
+                       memcmp(p->shape, in.shape, sizeof(int64_t) * (size_t)in.ndim) != 0) {
                 char s1[200], s2[200];
                 rc = fsdp__ctx_err(ctx, FSDP_EINVAL,
                                    "%s: optimizer state '%s' is %s in the checkpoint, but its "
@@ -177,9 +179,10 @@ static int optim_want(fsdp_ctx_t *ctx, fsdp_ckpt_t *ck, const fsdp_shard_list_t 
                                    fn, key, fsdp__shape_str(in.ndim, in.shape, s1, sizeof s1),
                                    fsdp__shape_str(p->ndim, p->shape, s2, sizeof s2));
                 break;
+            } else {
+                off = p->offset;
+                cnt = fsdp_tensor_numel(p->t);
             }
-            off = p->offset;
-            cnt = fsdp_tensor_numel(p->t);
         }
         if (in.dtype == FSDP_DTYPE_COUNT) {
             rc = fsdp__ctx_err(ctx, FSDP_ENOTSUP, "%s: optimizer state '%s' is stored as %s", fn,

@@ -232,10 +232,14 @@ static int collect(fsdp_ckpt_t *ck, fsdp_safetensors_t *st, size_t fi, struct fo
         snprintf(key, sizeof key, FSDP__CKPT_PIECE_KEY "%s", f->name);
         if (fsdp__ckpt_parse_piece(fsdp_safetensors_metadata(st, key), &f->replicated, &f->offset,
                                    &f->ndim, f->shape) < 0 ||
-            f->info.ndim != 1)
+            (f->replicated
+                 ? f->info.ndim != f->ndim ||
+                       memcmp(f->info.shape, f->shape, sizeof(int64_t) * (size_t)f->ndim) != 0
+                 : f->info.ndim != 1))
             return fsdp__ckpt_err(ck, FSDP_EINVAL,
                                   "'%s/%s': tensor '%s' has no valid '%s%s' metadata (a 1-D "
-                                  "piece's place in its global tensor)",
+                                  "piece's place in its global tensor, or a replicated tensor's "
+                                  "own shape)",
                                   ck->dir, ck->f[fi].name, fsdp__st_shown(f->name, nm, sizeof nm),
                                   FSDP__CKPT_PIECE_KEY, nm);
         (*nf)++;
