@@ -425,6 +425,22 @@ int fu_rand_input(fsdp_ctx_t *ctx, uint64_t seed, int64_t d0, int64_t d1, fsdp_t
     return rc;
 }
 
+int fu_hybrid_groups(fsdp_ctx_t *ctx, int shard_size, fsdp_pg_t **shard_pg,
+                     fsdp_pg_t **replicate_pg) {
+    *shard_pg = *replicate_pg = NULL;
+    fsdp_pg_t *world = fsdp_ctx_pg(ctx);
+    int rank = fsdp_ctx_rank(ctx);
+    if (shard_size < 1 || fsdp_pg_size(world) % shard_size != 0) return FSDP_EINVAL;
+    int rc = fsdp_pg_split(world, rank / shard_size, rank, shard_pg);
+    if (rc == 0) rc = fsdp_pg_split(world, rank % shard_size, rank, replicate_pg);
+    if (rc < 0) {
+        fsdp_pg_destroy(*shard_pg);
+        fsdp_pg_destroy(*replicate_pg);
+        *shard_pg = *replicate_pg = NULL;
+    }
+    return rc;
+}
+
 int fu_transformer_forward(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_tensor_t **out,
                            fsdp_tensor_t **tgt_out) {
     fsdp_tensor_t *src = NULL, *tgt = NULL;

@@ -1,6 +1,7 @@
 /*
  * fsdp_util.h: helpers shared by the FSDP unit tests (t_fsdp.c, t_fsdp_core.c, t_fsdp_hooks.c,
- * t_fsdp_mp.c, t_fsdp_summon.c, t_fsdp_memory.c, t_fsdp_device.c, t_wrap.c).
+ * t_fsdp_mp.c, t_fsdp_summon.c, t_fsdp_memory.c, t_fsdp_device.c, t_wrap.c, t_state_dict.c,
+ * t_reshard.c).
  *
  * Per-rank check lists. A test that checks many properties per rank runs as a fu_job_t: every
  * rank of the sim run records each check with fu_ck() into its own list, all ranks in the same
@@ -13,8 +14,9 @@
  * The rest are small pieces of upstream's harness used by more than one test program:
  * assert_close tolerances, closeness and bitwise comparison of tensors, parameter values as
  * plain arrays, SGD over what FSDP hands the optimizer, the save_model state round trip,
- * RECURSIVE-style hand nesting and the TransformerWithSharedParams wrap and forward, small
- * models and inputs, and the unit states, backward-hook counters and watches of CORE-H01/H03.
+ * the hybrid strategies' shard and replicate groups, RECURSIVE-style hand nesting and the
+ * TransformerWithSharedParams wrap and forward, small models and inputs, and the unit states,
+ * backward-hook counters and watches of CORE-H01/H03.
  *
  * Ownership as in the library: what a helper returns new (tensors, malloc'ed buffers, jobs)
  * says so; every argument is borrowed. Thread-safety: a job's list for rank r is written only by
@@ -227,6 +229,17 @@ int fu_linear_stack(fsdp_ctx_t *ctx, int n, int64_t d, fsdp_module_t **out);
 /* A (d0, d1) f32 input (FSDP_MEM_ACTIVATIONS) drawn uniform(-1, 1) after tm_manual_seed(ctx,
  * seed); *x is NULL on failure. */
 int fu_rand_input(fsdp_ctx_t *ctx, uint64_t seed, int64_t d0, int64_t d1, fsdp_tensor_t **x);
+
+/* The process groups of the hybrid strategies over ctx's world group (collective over it):
+ * shard groups of shard_size consecutive ranks ([0, shard_size), [shard_size, 2 shard_size),
+ * ...) and replicate groups across them (the ranks with the same rank % shard_size), so rank r
+ * is rank r % shard_size of its shard group and rank r / shard_size of its replicate group.
+ * shard_size must divide the world size (FSDP_EINVAL); 1 gives every rank whole parameters and
+ * the world as replicas, the world size gives one shard group and replicate groups of one. The
+ * caller owns both groups and destroys them (fsdp_pg_destroy) after the units that use them;
+ * on failure both are NULL. */
+int fu_hybrid_groups(fsdp_ctx_t *ctx, int shard_size, fsdp_pg_t **shard_pg,
+                     fsdp_pg_t **replicate_pg);
 
 /* TransformerWithSharedParams' get_input and forward; *tgt_out (may be NULL) receives the
  * target ids for the loss (a new reference). */

@@ -282,8 +282,7 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_pg_t *world = fsdp_ctx_pg(ctx);
     int rc;
 
-    if (c->hybrid && ((rc = fsdp_pg_split(world, rank / 2, rank, &g.shard)) < 0 ||
-                      (rc = fsdp_pg_split(world, rank % 2, rank, &g.rep)) < 0)) {
+    if (c->hybrid && (rc = fu_hybrid_groups(ctx, 2, &g.shard, &g.rep)) < 0) {
         fail(out, ctx, "hybrid groups", rc);
         goto done;
     }
