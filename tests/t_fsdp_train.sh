@@ -13,11 +13,12 @@
 #   - --grad-accum under no_sync gives the losses of reducing every micro-batch with half the
 #     reduce-scatter traffic;
 #   - --sharding hybrid with shard groups of 1, 2 and 4 ranks at world size 4 matches world 1;
-#   - a checkpoint's model.safetensors (the full model, gathered) initialises a run at another
-#     world size;
-#   - a save killed mid-write (SIGXFSZ from a file-size limit, while the model file is half
+#   - a checkpoint directory consolidated by fsdp-ckpt initialises a run at another world size;
+#   - a save killed mid-write (SIGXFSZ from a file-size limit, while a rank file is half
 #     written) leaves the previous checkpoint of that step byte for byte, and it still resumes
-#     exactly;
+#     exactly; the next save clears the staging directory and its checkpoint verifies;
+#   - a FULL_SHARD checkpoint resumes under HYBRID_SHARD and SHARD_GRAD_OP at world 4,
+#     and under fsdprun --backend gloo, within the fp32 tolerance;
 #   - --precision (MP-S02, MP-S06: FULL_SHARD training under MixedPrecision configs, f32 master
 #     weights, the sharded gradient scaler): f32 is the default, bit for bit; a bad value exits
 #     2 naming the four; bf16, bf16-reduce-f32 and f16 runs of 200 steps at world 2 follow the
@@ -55,7 +56,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..38"
+echo "1..41"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -191,28 +192,33 @@ for g in 1 2 4; do
     "$tmp/h$g.out" "$tmp/ch$g"
 done
 
-# --- 20: the checkpoint's full model initialises another world size -----------------------------------
-"$train" $rt --steps 0 --init "$tmp/ck/step-6/model.safetensors" --world-size 4 \
+# --- 20: the checkpoint, consolidated by fsdp-ckpt, initialises another world size ------------------
+ckpt="$top_builddir/tools/fsdp-ckpt"
+"$ckpt" consolidate "$tmp/ck/step-6" "$tmp/ck6.safetensors" > "$tmp/cons.out" 2>&1
+st0=$?
+"$train" $rt --steps 0 --init "$tmp/ck6.safetensors" --world-size 4 \
   --metrics "$tmp/ckinit.jsonl" > "$tmp/ckinit.out" 2>&1
 st=$?
 field "$tmp/ckinit.jsonl" val val_loss | head -1 > "$tmp/b"
-"$train" $rt --steps 0 --init "$tmp/ck/step-6/model.safetensors" --world-size 1 \
+"$train" $rt --steps 0 --init "$tmp/ck6.safetensors" --world-size 1 \
   --metrics "$tmp/ckinit1.jsonl" > "$tmp/ckinit1.out" 2>&1
 field "$tmp/ckinit1.jsonl" val val_loss | head -1 > "$tmp/a"
-[ "$st" -eq 0 ] && [ -s "$tmp/b" ] && close "$tmp/b" "$tmp/a" > "$tmp/cki" 2>&1
-ok $? "a checkpoint's model.safetensors loads with --init at world 4 and 1 alike (exit $st)" \
-  "$tmp/ckinit.out" "$tmp/cki"
+[ "$st0" -eq 0 ] && [ "$st" -eq 0 ] && [ -s "$tmp/b" ] && close "$tmp/b" "$tmp/a" > "$tmp/cki" 2>&1
+ok $? "fsdp-ckpt consolidate of a checkpoint loads with --init at world 4 and 1 alike (exit $st0, $st)" \
+  "$tmp/cons.out" "$tmp/ckinit.out" "$tmp/cki"
 
 # --- 21: a save killed mid-write ---------------------------------------------------------------------
-before=$(cat "$tmp/ck/step-3/"*.safetensors | cksum)
-msize=$(wc -c < "$tmp/ck/step-3/model.safetensors")
-# A file-size limit of half the model file (in 512-byte blocks, as sh's ulimit counts them):
-# writing the step-3 model again gets SIGXFSZ in the middle and the process dies.
+sum_dir() { cat "$1/index.json" "$1/"*.safetensors | cksum; }
+before=$(sum_dir "$tmp/ck/step-3")
+msize=$(wc -c < "$tmp/ck/step-3/rank-0-of-2.safetensors")
+# A file-size limit of half a rank file (in 512-byte blocks, as sh's ulimit counts them): writing
+# the step-3 checkpoint again gets SIGXFSZ in the middle of a rank file and the process dies,
+# leaving a staging directory step-3.partial beside the published step-3.
 { (ulimit -f $((msize / 1024)); exec "$train" $ck --save-every 3 --checkpoint-dir "$tmp/ck") \
   > "$tmp/kill.out" 2>&1; } 2> /dev/null
 st=$?
-after=$(cat "$tmp/ck/step-3/"*.safetensors | cksum)
-partial=$(find "$tmp/ck/step-3" -name 'model.safetensors.tmp-*' -size +0 | wc -l)
+after=$(sum_dir "$tmp/ck/step-3")
+partial=$(find "$tmp/ck/step-3.partial" -name 'rank-*.tmp-*' -size +0 2> /dev/null | wc -l)
 "$train" $ck --resume "$tmp/ck/step-3" --metrics "$tmp/res2.jsonl" > "$tmp/res2.out" 2>&1
 st2=$?
 field "$tmp/res2.jsonl" train loss > "$tmp/res2.loss"
@@ -221,6 +227,40 @@ echo "#   killed run: exit $st, partial files $partial; resume: exit $st2"
   cmp -s "$tmp/full.loss" "$tmp/res2.loss"
 ok $? "a save killed mid-write leaves the previous step-3 checkpoint intact and resumable" \
   "$tmp/kill.out" "$tmp/res2.out"
+"$train" $ck --save-every 3 --checkpoint-dir "$tmp/ck" > "$tmp/resave.out" 2>&1
+st=$?
+[ "$st" -eq 0 ] && [ ! -e "$tmp/ck/step-3.partial" ] && "$ckpt" verify "$tmp/ck/step-3" > "$tmp/ver.out" 2>&1
+ok $? "the next save clears the killed save's staging directory and publishes a checkpoint that verifies (exit $st)" \
+  "$tmp/resave.out" "$tmp/ver.out"
+
+# --- 21b: resume under another strategy and another backend ------------------------------------------
+strat_ok=0
+for sh in "--world-size 4 --sharding hybrid --shard-group-size 2" "--world-size 4 --sharding grad-op"; do
+  # shellcheck disable=SC2086
+  "$train" $ck $sh --resume "$tmp/ck/step-3" --metrics "$tmp/rs.jsonl" > "$tmp/rs.out" 2>&1
+  st=$?
+  field "$tmp/rs.jsonl" train loss > "$tmp/rs.loss"
+  if [ "$st" -ne 0 ] || [ "$(wc -l < "$tmp/rs.loss")" -ne 3 ] ||
+    ! close "$tmp/rs.loss" "$tmp/full.loss" > "$tmp/rs.cmp" 2>&1; then
+    echo "#   $sh: exit $st"
+    sed -e 's/^/#     /' "$tmp/rs.out" "$tmp/rs.cmp" 2> /dev/null | head -20
+    strat_ok=1
+  fi
+done
+ok $strat_ok "a FULL_SHARD world-2 checkpoint resumes under HYBRID_SHARD and SHARD_GRAD_OP at world 4 within rtol 1.3e-6, atol 1e-5"
+if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
+  > /dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $ck --resume "$tmp/ck/step-3" \
+    --metrics "$tmp/rg.jsonl" > "$tmp/rg.out" 2>&1
+  st=$?
+  field "$tmp/rg.jsonl" train loss > "$tmp/rg.loss"
+  [ "$st" -eq 0 ] && [ -s "$tmp/rg.loss" ] && close "$tmp/rg.loss" "$tmp/full.loss" > "$tmp/rg.cmp" 2>&1
+  ok $? "a sim checkpoint resumes under fsdprun -n 2 --backend gloo (exit $st)" "$tmp/rg.out" "$tmp/rg.cmp"
+else
+  n=$((n + 1))
+  echo "ok $n # SKIP libfsdp was built without Gloo"
+fi
 
 # --- 22-26: GPUs (--device, --backend nccl) --------------------------------------------------------
 "$train" --help > "$tmp/help.out" 2>&1

@@ -35,19 +35,20 @@
  * replica) saves and loads pieces that replicas gave twice or more, and world 4 has both a
  * split parameter and replicas of every piece.
  *
- * Save and load go through one seam, two functions: save_all() (every rank's pieces copied to
- * host and merged in one saved_t) and load_from() (each rank's shard lists built from those
- * host copies, then the library's loads). They are the only code that writes or reads the
- * checkpoint, so an on-disk checkpoint directory changes those two functions only: save_all()
- * would write each rank's pieces to files (keeping the host copies, the test's record of what
- * was saved, which the consolidation reads) and load_from() would build the lists from the
- * files.
+ * Save and load go through one seam, two functions, and through the on-disk checkpoint format:
+ * save_all() writes the checkpoint directory (fsdp_checkpoint_save: every rank's file and the
+ * index) and keeps every rank's pieces as host copies merged in one saved_t (the test's record
+ * of what was saved, which the consolidation reads, independently of the files); load_from()
+ * opens the directory and loads it (fsdp_checkpoint_load: each rank reads the byte ranges of
+ * its part). So the bitwise checks below hold for the files, read at another world size.
  */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +94,7 @@ typedef struct plist {
 typedef struct saved {
     int world;
     fsdp_sharding_strategy_t s;
+    char dir[300]; /* the checkpoint directory it was written to */
     plist_t model, optim;
     pthread_mutex_t mu; /* ranks append concurrently */
 } saved_t;
@@ -204,44 +206,18 @@ static int save_all(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_optim_t *opt,
     pthread_mutex_unlock(&out->mu);
     fsdp_shard_list_free(&ml);
     fsdp_shard_list_free(&ol);
-    return rc;
-}
-
-/* The saved pieces as a shard list on ctx: every piece, each rank's (replicas included; the
- * library takes a piece given twice once). */
-static int to_list(fsdp_ctx_t *ctx, const plist_t *in, fsdp_shard_list_t *out) {
-    *out = (fsdp_shard_list_t){0};
-    out->e = calloc(in->n + 1, sizeof *out->e);
-    if (!out->e) return FSDP_ENOMEM;
-    int rc = FSDP_OK;
-    for (size_t i = 0; i < in->n && rc == 0; i++) {
-        const piece_t *p = &in->p[i];
-        fsdp_shard_entry_t *e = &out->e[out->n];
-        int nd = p->replicated ? p->ndim : 1;
-        const int64_t *shape = p->replicated ? p->shape : &p->numel;
-        rc = fsdp_tensor_from_host(ctx, p->dt, nd, shape, p->data, FSDP_MEM_OTHER, &e->t);
-        if (rc < 0) break;
-        e->name = strdup(p->name);
-        e->ndim = p->ndim;
-        memcpy(e->shape, p->shape, sizeof e->shape);
-        e->offset = p->offset;
-        e->replicated = p->replicated;
-        out->n++;
-        if (!e->name) rc = FSDP_ENOMEM;
-    }
-    return rc;
+    /* the directory, collectively (every rank gets there: a failure above is reported after) */
+    int crc = fsdp_checkpoint_save(root, opt, out->dir, NULL, 0);
+    return rc < 0 ? rc : crc;
 }
 
 /* Loads the saved model and optimizer state into root's tree and opt (this rank's part of
  * them). Not collective. */
 static int load_from(const saved_t *in, fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt) {
-    fsdp_shard_list_t ml = {0}, ol = {0};
-    int rc = to_list(ctx, &in->model, &ml);
-    if (rc == 0) rc = to_list(ctx, &in->optim, &ol);
-    if (rc == 0) rc = fsdp_load_sharded_state_dict(root, &ml);
-    if (rc == 0) rc = fsdp_load_sharded_optim_state_dict(root, opt, &ol);
-    fsdp_shard_list_free(&ml);
-    fsdp_shard_list_free(&ol);
+    fsdp_ckpt_t *ck = NULL;
+    int rc = fsdp_ckpt_open(ctx, in->dir, &ck);
+    if (rc == 0) rc = fsdp_checkpoint_load(root, opt, ck);
+    fsdp_ckpt_close(ck);
     return rc;
 }
 
@@ -532,14 +508,21 @@ static void run(rs_job_t *rj, const char *prefix, int world, fsdp_sharding_strat
     fu_run_job(&rj->j, rs_rank);
 }
 
+static char tmpdir[200];
+
 static void saved_init(saved_t *ck, int world, fsdp_sharding_strategy_t s) {
+    static int seq;
     memset(ck, 0, sizeof *ck);
     ck->world = world;
     ck->s = s;
+    snprintf(ck->dir, sizeof ck->dir, "%s/ck-%d", tmpdir, seq++);
     pthread_mutex_init(&ck->mu, NULL);
 }
 
 static void saved_free(saved_t *ck) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ck->dir);
+    if (system(cmd) != 0) tap_diag("could not remove %s", ck->dir);
     plist_free(&ck->model);
     plist_free(&ck->optim);
     pthread_mutex_destroy(&ck->mu);
@@ -645,10 +628,17 @@ static void save_and_load_all(int w, fsdp_sharding_strategy_t s, double *worst) 
 
 int main(void) {
     tap_plan_lazy();
+    snprintf(tmpdir, sizeof tmpdir, "%s/t_reshard.XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(tmpdir)) {
+        printf("Bail out! cannot create a temporary directory\n");
+        return 1;
+    }
     double worst = 0;
     for (int w = 1; w <= 4; w++)
         for (int s = 0; s < NSTRAT; s++)
             save_and_load_all(w, strategies[s], &worst);
     tap_diag("worst closeness of a step after a load in another cell: %.3g (<= 1 passes)", worst);
+    rmdir(tmpdir);
     return tap_done();
 }

@@ -294,7 +294,7 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     if (o->resume) {
         char err[1024] = "";
         train_ckpt_extra_t ex = {.scaler = k.scaler};
-        rc = train_ckpt_load(ctx, k.root, k.model, k.opt, o->resume, &start, &ex, err, sizeof err);
+        rc = train_ckpt_load(ctx, k.root, k.opt, o->resume, &start, &ex, err, sizeof err);
         if (rc == 0) rc = fsdp_loader_set_position(k.train_ld, ex.position);
         if (rc == 0) k.skipped = ex.skipped;
         if (rc < 0) {
@@ -329,8 +329,8 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             train_ckpt_extra_t ex = {.position = fsdp_loader_get_position(k.train_ld),
                                      .scaler = k.scaler,
                                      .skipped = k.skipped};
-            rc = train_ckpt_save(ctx, k.root, k.model, k.opt, o->checkpoint_dir, s + 1, &ex, err,
-                                 sizeof err);
+            rc =
+                train_ckpt_save(ctx, k.root, k.opt, o->checkpoint_dir, s + 1, &ex, err, sizeof err);
             if (rc < 0) {
                 if (rc != FSDP_EREMOTE) fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err);
                 goto out;

@@ -119,20 +119,18 @@ typedef struct train_ckpt_extra {
     fsdp_grad_scaler_t *scaler;
     int64_t skipped;
 } train_ckpt_extra_t;
-/* Writes the checkpoint of `step` to dir/step-<step>/: the full model (rank 0) and every rank's
- * optimizer state, loader position and gradient scaler state, then waits for every rank
- * (collective). */
-int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
-                    fsdp_optim_t *opt, const char *dir, int64_t step,
-                    const train_ckpt_extra_t *extra, char *err, size_t cap);
-/* Loads a step directory written by train_ckpt_save into this rank's shard, optimizer and
- * gradient scaler (extra->scaler, when the run has one: the checkpoint must hold its state);
- * *step and extra's position and skipped steps receive where to continue. Nothing is modified
- * on a validation error of the scaler or optimizer state; the model is checked completely
- * before it is written. */
-int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_module_t *model, fsdp_optim_t *opt,
-                    const char *sdir, int64_t *step, train_ckpt_extra_t *extra, char *err,
-                    size_t cap);
+/* Writes the checkpoint of `step` as the checkpoint directory dir/step-<step>/ (sharded model and
+ * optimizer, the loader position and the gradient scaler's state in the index's metadata).
+ * Collective; every rank returns the same status. */
+int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, const char *dir,
+                    int64_t step, const train_ckpt_extra_t *extra, char *err, size_t cap);
+/* Loads a checkpoint directory written by train_ckpt_save, at any world size, backend or
+ * strategy, into this rank's shard, optimizer and gradient scaler (extra->scaler, when the run
+ * has one: the checkpoint must hold its state); *step and extra's position and skipped steps
+ * receive where to continue. Nothing is modified on a validation error of the scaler or of the
+ * optimizer state; the model is checked completely before it is written. */
+int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, const char *sdir,
+                    int64_t *step, train_ckpt_extra_t *extra, char *err, size_t cap);
 
 /* ---- one run and its ranks (fsdp-train.c, train_build.c, train_sample.c) ---- */
 

@@ -454,8 +454,9 @@ FSDP_EXTERN int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim
  * the checkpoint directory dir (fsdp/checkpoint.h): every rank writes its own file in parallel,
  * rank 0 writes the index with the nmeta metadata strings, and dir appears complete or not at
  * all (an existing dir is replaced atomically). Collective over the context's world group: every
- * rank returns the same status, and a rank whose own step succeeded names the rank that failed.
- * Replicated entries are written once (by rank 0), and so are pieces that replicas hold.
+ * rank fails or succeeds together; a rank whose own step failed returns its error, the others
+ * FSDP_EREMOTE naming the rank that failed.
+ * Replicated entries and pieces that replicas hold are indexed once.
  */
 FSDP_EXTERN int fsdp_checkpoint_save(fsdp_unit_t *root, const fsdp_optim_t *opt, const char *dir,
                                      const fsdp_safetensors_kv_t *meta, size_t nmeta);

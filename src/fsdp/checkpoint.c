@@ -11,9 +11,13 @@
  * Saving is collective over the context's world group: after each step that can fail on some
  * rank (preparing the staging directory, writing the rank files, the index), the ranks exchange
  * their status with one all-gather, so every rank returns the same verdict, and the others name
- * the rank that failed. Replicated entries are written by rank 0 only; pieces that replicas
- * (HYBRID, NO_SHARD) hold twice are written by the replica of rank 0 in the replicate group
- * only when every unit of the tree shares that replication, and otherwise indexed once.
+ * the rank that failed. The model's replicated entries are written by rank 0 only. The
+ * optimizer's replicated entries (scalars: a parameter's step count and group, the groups'
+ * hyper-parameters) are written by every rank that has them, because a rank holding nothing of
+ * a parameter (use_orig_params at a large world size) has no state for it, so rank 0 may lack
+ * a step count others have; the index keeps one copy. Pieces that replicas (HYBRID) hold twice
+ * are written only by the first rank of the replicate group when every unit of the tree shares
+ * that replication, and are otherwise indexed once.
  *
  * Loading is not collective: a rank takes its part of every parameter as this tree holds it now
  * (the template is its own SHARDED state dict, whose pieces become the destination buffers), and
@@ -32,8 +36,8 @@
 #define MODEL_PREFIX "model."
 #define OPTIM_PREFIX "optim."
 
-/* Every rank learns whether every rank succeeded; a failure elsewhere is reported naming the
- * rank. */
+/* Every rank learns whether every rank succeeded: a rank whose own step failed returns its error,
+ * the others FSDP_EREMOTE naming the first rank that failed. */
 static int agree(fsdp_ctx_t *ctx, int rc, const char *fn, const char *what) {
     fsdp_pg_t *pg = fsdp_ctx_pg(ctx);
     int w = pg ? fsdp_pg_size(pg) : 1;
@@ -51,8 +55,9 @@ static int agree(fsdp_ctx_t *ctx, int rc, const char *fn, const char *what) {
         return fsdp__ctx_err(ctx, crc, "%s: exchanging the status after %s: %s", fn, what,
                              fsdp_pg_last_error(pg));
     if (bad >= 0)
-        return fsdp__ctx_err(ctx, code, "%s: rank %d failed %s (%s; its message is on that rank)",
-                             fn, bad, what, fsdp_strerror(code));
+        return fsdp__ctx_err(ctx, FSDP_EREMOTE,
+                             "%s: rank %d failed %s (%s; its message is on that rank)", fn, bad,
+                             what, fsdp_strerror(code));
     return FSDP_OK;
 }
 
@@ -90,7 +95,8 @@ static void drop_copies(fsdp_shard_list_t *l, int rank, bool replica) {
     size_t k = 0;
     for (size_t i = 0; i < l->n; i++) {
         fsdp_shard_entry_t *e = &l->e[i];
-        if ((e->replicated && rank != 0) || (!e->replicated && replica)) {
+        bool optim = strncmp(e->name, OPTIM_PREFIX, sizeof OPTIM_PREFIX - 1) == 0;
+        if ((e->replicated && rank != 0 && !optim) || (!e->replicated && replica)) {
             free(e->name);
             fsdp_tensor_release(e->t);
             continue;
