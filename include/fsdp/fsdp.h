@@ -471,6 +471,45 @@ FSDP_EXTERN int fsdp_checkpoint_save(fsdp_unit_t *root, const fsdp_optim_t *opt,
 FSDP_EXTERN int fsdp_checkpoint_load(fsdp_unit_t *root, fsdp_optim_t *opt, fsdp_ckpt_t *ck);
 
 /*
+ * PyTorch's optim_state_dict under FULL_STATE_DICT (FullStateDictConfig): the keys of
+ * fsdp_sharded_optim_state_dict, each per-parameter state ("<fqn>.<state>") gathered into one
+ * whole tensor of the parameter's shape and dtype; "<fqn>.step", "<fqn>.group" (f64 scalars) and
+ * "group.<g>.<hp>" as there. Entries come in the optimizer's parameter order (its groups in
+ * order), and for a flat parameter its parameters in the flat layout's order. The gather is
+ * bitwise (each unit all-gathers its states over its shard group, fsdp_unit_pg: no reduction,
+ * so -0.0 and NaN payloads come back unchanged; replicas of the hybrid strategies and NO_SHARD
+ * are never combined) for any strategy, with or without use_orig_params, for parameters no unit
+ * manages (taken from this rank) and for ranks that hold no part of a parameter.
+ * Collective over every unit's shard group: every rank of root's tree calls it.
+ * o (may be NULL: defaults): rank0_only gives the entries to the world's rank 0 only
+ * (fsdp_ctx_rank; the others get an empty list, also under the hybrid strategies);
+ * offload_to_cpu puts them in host memory, else a gathered state is on the unit's compute
+ * device and the rest where the optimizer keeps it. Every tensor is a copy the caller owns
+ * (out->owned). Errors: FSDP_EINVAL when root is not an idle root unit or when the ranks
+ * disagree on a parameter's state (one holds a state in another dtype, or none, or another step
+ * count), naming the parameter, the ranks and the sizes; the group's failures. On failure *out
+ * is empty.
+ */
+FSDP_EXTERN int fsdp_full_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
+                                           const fsdp_full_state_dict_options_t *o,
+                                           fsdp_named_list_t *out);
+/*
+ * Loads a FULL optimizer state dict (every rank passes the whole of it, as
+ * fsdp_full_optim_state_dict gave it at any world size, wrapping or strategy) into opt, an
+ * optimizer over root's tree: each rank keeps its part of every state, as
+ * fsdp_load_sharded_optim_state_dict does with the entries taken as whole pieces, and nothing
+ * changes unless everything checks out. First every entry is checked on every rank alike: a
+ * name that is neither "group.<g>.<hp>" nor "<parameter>.<state|step|group>" of a parameter of
+ * the model, a state of another shape than its parameter's, or a step or group that is not a
+ * scalar, is FSDP_EINVAL naming the entry; then, as in the sharded load, a missing state, a
+ * parameter in another group or an unknown group's hyper-parameters. Entries of model
+ * parameters opt does not hold are ignored (a model with two optimizers loads both from one
+ * dict). Needs no communication, but every rank must call it to keep its part.
+ */
+FSDP_EXTERN int fsdp_load_full_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
+                                                const fsdp_named_list_t *sd);
+
+/*
  * Unshards one unit outside forward (collective over its group), so a submodule of it can be
  * run directly, e.g. a head used only for evaluation: the module's parameter slots hold full
  * parameters until fsdp_unit_reshard(), which writes this rank's part back into the shard.

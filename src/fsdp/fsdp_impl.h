@@ -27,7 +27,8 @@
  * final callback); unshard.c (cross-device copies, staging the shard, all-gather, reshard,
  * module slots); grads.c (the unsharded gradient, reduction, no_sync, clip_grad_norm);
  * precision.c (every dtype change of mixed precision); streams.c (the copy and side streams,
- * stream-ordered waits, deferred releases); state_dict.c and optim_state.c (the state dicts);
+ * stream-ordered waits, deferred releases); state_dict.c, optim_state.c and optim_full.c (the
+ * state dicts);
  * summon.c (navigation and listings, summons,
  * explicit unshard); writeback.c (changed original parameters back into the shard); unit.c
  * (the per-rank registry, trees of units, destroy). Functions one of them defines and another
@@ -400,6 +401,10 @@ bool fsdp__skip_writeback_env(void);
 
 /* ---- defined in summon.c --------------------------------------------------------------------- */
 
+/* Where host copies of u's tensors go (summon's and the state dicts' offload_to_cpu): the
+ * offload host, else the compute device when it is a host device, else the context's own CPU
+ * device if it has one (else the compute device). */
+fsdp_device_t *fsdp__host_device(const fsdp_unit_t *u);
 /* Drops the views a summon pointed u's module slots at (u->summon_views). */
 void fsdp__drop_summon_views(fsdp_unit_t *u);
 
@@ -431,5 +436,25 @@ struct fsdp__sd_target {
  * write, copies their overlaps into t->dst; tmp has room for sd->n pointers. */
 int fsdp__sd_fill(fsdp_unit_t *root, const fsdp_shard_list_t *sd, struct fsdp__sd_target *t,
                   fsdp_shard_entry_t **tmp, bool write, const char *fn);
+
+/* ---- defined in optim_state.c ---------------------------------------------------------------- */
+
+/* The per-parameter states an optimizer may hold (fsdp/optim.h), "step" (a scalar) last. */
+#define FSDP__N_OPT_STATES 5
+extern const char *const fsdp__opt_states[FSDP__N_OPT_STATES];
+/* How one optimizer parameter maps onto the model's parameters: the unit whose flat parameter
+ * it is (index -1) or whose original parameter `index` it is, or neither (u NULL: a parameter
+ * no unit manages). */
+struct fsdp__opt_param {
+    fsdp_tensor_t *t;
+    const char *name; /* the optimizer's name (borrowed from it) */
+    int group;
+    fsdp_unit_t *u;
+    int index; /* original parameter of u, or -1 for u's flat parameter */
+};
+/* Every parameter of opt, in group order, classified against units[0..nu) (*out malloc'ed,
+ * *n of them). */
+int fsdp__opt_params(fsdp_unit_t *root, fsdp_unit_t *const *units, size_t nu,
+                     const fsdp_optim_t *opt, struct fsdp__opt_param **out, size_t *n);
 
 #endif /* FSDP_FSDP_IMPL_H */

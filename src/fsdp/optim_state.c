@@ -14,22 +14,13 @@
 
 /* ---- the optimizer's SHARDED state dict ----------------------------------------------------- */
 
-/* The per-parameter states an optimizer may hold (fsdp/optim.h); "step" is a scalar. */
-static const char *const OPT_STATES[] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
-                                         "max_exp_avg_sq", "step"};
-#define N_OPT_STATES (sizeof OPT_STATES / sizeof OPT_STATES[0])
+const char *const fsdp__opt_states[FSDP__N_OPT_STATES] = {"momentum_buffer", "exp_avg",
+                                                          "exp_avg_sq", "max_exp_avg_sq", "step"};
+#define OPT_STATES fsdp__opt_states
+#define N_OPT_STATES FSDP__N_OPT_STATES
 
-/* How one optimizer parameter maps onto the model's parameters: the unit whose flat parameter
- * it is (flat) or whose original parameter `index` it is, or neither (a plain parameter). */
-struct opt_param {
-    fsdp_tensor_t *t;
-    const char *name; /* the optimizer's name */
-    int group;
-    fsdp_unit_t *u;
-    int index; /* original parameter of u, or -1 for u's flat parameter */
-};
-
-static int classify(fsdp_unit_t *const *units, size_t nu, fsdp_tensor_t *t, struct opt_param *p) {
+static int classify(fsdp_unit_t *const *units, size_t nu, fsdp_tensor_t *t,
+                    struct fsdp__opt_param *p) {
     p->u = NULL;
     p->index = -1;
     for (size_t i = 0; i < nu; i++) {
@@ -47,14 +38,13 @@ static int classify(fsdp_unit_t *const *units, size_t nu, fsdp_tensor_t *t, stru
     return FSDP_OK;
 }
 
-/* Every parameter of opt, classified (out: malloc'ed, *n of them). */
-static int opt_params(fsdp_unit_t *root, fsdp_unit_t *const *units, size_t nu,
-                      const fsdp_optim_t *opt, struct opt_param **out, size_t *n) {
+int fsdp__opt_params(fsdp_unit_t *root, fsdp_unit_t *const *units, size_t nu,
+                     const fsdp_optim_t *opt, struct fsdp__opt_param **out, size_t *n) {
     size_t total = 0;
     int ng = fsdp_optim_num_groups(opt);
     for (int g = 0; g < ng; g++)
         total += fsdp_optim_group_size(opt, g);
-    struct opt_param *p = calloc(total + 1, sizeof *p);
+    struct fsdp__opt_param *p = calloc(total + 1, sizeof *p);
     if (!p) return fsdp__unit_err(root, FSDP_ENOMEM, "optimizer state dict: out of memory");
     size_t k = 0;
     for (int g = 0; g < ng; g++)
@@ -84,7 +74,7 @@ static int push_scalar(fsdp_unit_t *root, fsdp_shard_list_t *out, size_t *cap, c
 }
 
 /* The pieces of one state tensor s of parameter p (its flat or original parameter's shape). */
-static int push_state(fsdp_unit_t *root, const struct opt_param *p, const char *state,
+static int push_state(fsdp_unit_t *root, const struct fsdp__opt_param *p, const char *state,
                       fsdp_tensor_t *s, fsdp_shard_list_t *out, size_t *cap) {
     if (!p->u) {
         fsdp_tensor_t *c = NULL;
@@ -116,7 +106,7 @@ static int push_state(fsdp_unit_t *root, const struct opt_param *p, const char *
 /* The fully qualified names of the model parameters p covers (one for an original or plain
  * parameter, every parameter of a flat one), as a callback. */
 typedef int (*fqn_fn)(void *arg, const char *fqn);
-static int each_fqn(const struct opt_param *p, fqn_fn fn, void *arg) {
+static int each_fqn(const struct fsdp__opt_param *p, fqn_fn fn, void *arg) {
     if (!p->u) return fn(arg, p->name);
     int rc = FSDP_OK;
     for (int i = 0; i < p->u->nparams && rc == 0; i++) {
@@ -151,10 +141,10 @@ int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
         return fsdp__unit_err(root, FSDP_EINVAL, "%s: %s is NULL", fn, out ? "opt" : "out");
     fsdp_unit_t **units = NULL;
     size_t nu = 0, np = 0, cap = 0;
-    struct opt_param *p = NULL;
+    struct fsdp__opt_param *p = NULL;
     fsdp_named_list_t osd = {0};
     if ((rc = fsdp_units(root, &units, &nu)) < 0) return rc;
-    if ((rc = opt_params(root, units, nu, opt, &p, &np)) < 0) goto out;
+    if ((rc = fsdp__opt_params(root, units, nu, opt, &p, &np)) < 0) goto out;
     if ((rc = fsdp_optim_state_dict(opt, &osd)) < 0) goto out;
     /* hyper-parameters: "group.<g>.<hp>", replicated */
     for (size_t i = 0; i < osd.n && rc == 0; i++) {
@@ -209,9 +199,9 @@ static const fsdp_shard_entry_t *find(const fsdp_shard_list_t *sd, const char *n
 /* Builds the state tensor of `state` for p from sd's pieces (with write) or checks it; *have
  * says whether sd holds that state for p at all (for every model parameter p covers: for some
  * but not all is an error). */
-static int build_state(fsdp_unit_t *root, const fsdp_shard_list_t *sd, const struct opt_param *p,
-                       const char *state, fsdp_shard_entry_t **tmp, fsdp_tensor_t **out, bool *have,
-                       const char *fn) {
+static int build_state(fsdp_unit_t *root, const fsdp_shard_list_t *sd,
+                       const struct fsdp__opt_param *p, const char *state, fsdp_shard_entry_t **tmp,
+                       fsdp_tensor_t **out, bool *have, const char *fn) {
     *out = NULL;
     *have = false;
     size_t with = 0, of = 0;
@@ -362,13 +352,13 @@ int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
         return fsdp__unit_err(root, FSDP_EINVAL, "%s: %s is NULL", fn, opt ? "sd" : "opt");
     fsdp_unit_t **units = NULL;
     size_t nu = 0, np = 0;
-    struct opt_param *p = NULL;
+    struct fsdp__opt_param *p = NULL;
     fsdp_named_list_t built = {0};
     size_t cap = 0;
     fsdp_shard_entry_t **tmp = calloc(sd->n + 1, sizeof *tmp);
     if (!tmp) return fsdp__unit_err(root, FSDP_ENOMEM, "%s: out of memory", fn);
     if ((rc = fsdp_units(root, &units, &nu)) < 0) goto out;
-    if ((rc = opt_params(root, units, nu, opt, &p, &np)) < 0) goto out;
+    if ((rc = fsdp__opt_params(root, units, nu, opt, &p, &np)) < 0) goto out;
     built.owned = true;
     /* hyper-parameters pass through: the optimizer's load checks them */
     for (size_t i = 0; i < sd->n && rc == 0; i++) {

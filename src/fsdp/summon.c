@@ -125,9 +125,8 @@ int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *out) {
 
 /* ---- summon and explicit unshard ------------------------------------------------------------ */
 
-/* Where host copies of u's parameters go (summon's offload_to_cpu): the offload host, else the
- * compute device when it is a host device, else the context's own CPU device if it has one. */
-static fsdp_device_t *host_device(const fsdp_unit_t *u) {
+/* Summon's offload_to_cpu and the state dicts' (fsdp_impl.h). */
+fsdp_device_t *fsdp__host_device(const fsdp_unit_t *u) {
     if (u->host_dev) return u->host_dev;
     if (fsdp_device_kind(u->dev) == FSDP_DEVICE_CPU || !u->ctx->dev_owned) return u->dev;
     return u->ctx->dev_owned;
@@ -277,7 +276,7 @@ static int summon_one(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool expli
     if (u->nparams > 0 && (o->offload_to_cpu || u->cdt != u->dt)) {
         /* A full-precision copy (PyTorch forces full precision here), on the host with
          * offload_to_cpu; the compute-dtype buffer is left alone. */
-        fsdp_device_t *where = o->offload_to_cpu ? host_device(u) : u->dev;
+        fsdp_device_t *where = o->offload_to_cpu ? fsdp__host_device(u) : u->dev;
         rc = gather_full_precision(u, where,
                                    o->offload_to_cpu ? FSDP_MEM_OFFLOAD : FSDP_MEM_PARAMS,
                                    &u->summon_host);
