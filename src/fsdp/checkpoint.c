@@ -121,10 +121,11 @@ int fsdp_checkpoint_save(fsdp_unit_t *root, const fsdp_optim_t *opt, const char 
     if ((rc = agree(ctx, rc, fn, "preparing the staging directory")) < 0) return rc;
 
     fsdp_shard_list_t all = {0}, o = {0};
-    rc = fsdp_sharded_state_dict(root, &all);
+    /* views of the shards and of the optimizer's state: written before anything changes them */
+    rc = fsdp__sharded_state_dict_views(root, &all);
     if (rc == 0) rc = prefix_names(&all, MODEL_PREFIX);
     if (rc == 0 && opt) {
-        rc = fsdp_sharded_optim_state_dict(root, opt, &o);
+        rc = fsdp__sharded_optim_state_dict(root, opt, false, &o);
         if (rc == 0) rc = prefix_names(&o, OPTIM_PREFIX);
         fsdp_shard_entry_t *g = rc == 0 ? realloc(all.e, (all.n + o.n + 1) * sizeof *g) : NULL;
         if (rc == 0 && !g) rc = fsdp__ctx_err(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
@@ -209,8 +210,8 @@ static int optim_want(fsdp_ctx_t *ctx, fsdp_ckpt_t *ck, const fsdp_shard_list_t 
         memcpy(e->shape, in.shape, sizeof e->shape);
         int64_t one = cnt;
         rc = in.replicated
-                 ? fsdp_tensor_zeros(ctx, in.dtype, in.ndim, in.shape, FSDP_MEM_OPTIM, &e->t)
-                 : fsdp_tensor_zeros(ctx, in.dtype, 1, &one, FSDP_MEM_OPTIM, &e->t);
+                 ? fsdp_tensor_empty(ctx, in.dtype, in.ndim, in.shape, FSDP_MEM_OPTIM, &e->t)
+                 : fsdp_tensor_empty(ctx, in.dtype, 1, &one, FSDP_MEM_OPTIM, &e->t);
         e->name = strdup(key);
         out->n++;
         if (rc == 0 && !e->name) rc = fsdp__ctx_err(ctx, FSDP_ENOMEM, "%s: out of memory", fn);

@@ -419,7 +419,13 @@ int fsdp__sd_push(fsdp_unit_t *root, fsdp_shard_list_t *l, size_t *cap, char *na
 /* A copy of q's part of u's shard read from src at element off: 1-D, or with q's shape when
  * every rank holds q whole (NO_SHARD: *repl). */
 int fsdp__sd_piece(const fsdp_unit_t *u, const struct fsdp__param *q, fsdp_tensor_t *src,
-                   int64_t off, fsdp_tensor_t **out, bool *repl);
+                   int64_t off, bool copy, fsdp_tensor_t **out, bool *repl);
+/* fsdp_sharded_state_dict with views of the shards instead of copies (read them before the next
+ * step: a checkpoint writer). */
+int fsdp__sharded_state_dict_views(fsdp_unit_t *root, fsdp_shard_list_t *out);
+/* fsdp_sharded_optim_state_dict; without copy, the pieces view the live optimizer state. */
+int fsdp__sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt, bool copy,
+                                   fsdp_shard_list_t *out);
 /* Where a rank's part of one global tensor lives: numel elements of dst (a 1-D view) hold the
  * global elements [lo, lo + numel). */
 struct fsdp__sd_target {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fsdp/fsdp_impl.h"
+#include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 
 /* ---- the optimizer's SHARDED state dict ----------------------------------------------------- */
@@ -75,7 +76,7 @@ static int push_scalar(fsdp_unit_t *root, fsdp_shard_list_t *out, size_t *cap, c
 
 /* The pieces of one state tensor s of parameter p (its flat or original parameter's shape). */
 static int push_state(fsdp_unit_t *root, const struct fsdp__opt_param *p, const char *state,
-                      fsdp_tensor_t *s, fsdp_shard_list_t *out, size_t *cap) {
+                      fsdp_tensor_t *s, bool copy, fsdp_shard_list_t *out, size_t *cap) {
     if (!p->u) {
         fsdp_tensor_t *c = NULL;
         int rc = fsdp_tensor_clone(s, FSDP_MEM_OTHER, &c);
@@ -91,7 +92,7 @@ static int push_state(fsdp_unit_t *root, const struct fsdp__opt_param *p, const 
         if (!q->sh.in_shard || q->sh.numel_in_shard == 0) continue;
         fsdp_tensor_t *c = NULL;
         bool repl = false;
-        rc = fsdp__sd_piece(u, q, s, p->index >= 0 ? 0 : q->sh.offset_in_shard, &c, &repl);
+        rc = fsdp__sd_piece(u, q, s, p->index >= 0 ? 0 : q->sh.offset_in_shard, copy, &c, &repl);
         char *fqn = fsdp__join_name(u->fqn, q->fqn);
         char *name = fqn ? fsdp__join_name(fqn, state) : NULL;
         free(fqn);
@@ -133,6 +134,11 @@ static int push_scalar_fqn(void *arg, const char *fqn) {
 
 int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
                                   fsdp_shard_list_t *out) {
+    return fsdp__sharded_optim_state_dict(root, opt, true, out);
+}
+
+int fsdp__sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt, bool copy,
+                                   fsdp_shard_list_t *out) {
     static const char fn[] = "fsdp_sharded_optim_state_dict";
     if (out) *out = (fsdp_shard_list_t){0};
     int rc = fsdp__sd_check_root(root, fn);
@@ -145,7 +151,7 @@ int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
     fsdp_named_list_t osd = {0};
     if ((rc = fsdp_units(root, &units, &nu)) < 0) return rc;
     if ((rc = fsdp__opt_params(root, units, nu, opt, &p, &np)) < 0) goto out;
-    if ((rc = fsdp_optim_state_dict(opt, &osd)) < 0) goto out;
+    if ((rc = fsdp__optim_state_dict(opt, copy, &osd)) < 0) goto out;
     /* hyper-parameters: "group.<g>.<hp>", replicated */
     for (size_t i = 0; i < osd.n && rc == 0; i++) {
         if (strncmp(osd.names[i], "group.", 6) != 0) continue;
@@ -174,7 +180,7 @@ int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
                 struct scalar_arg sa = {root, out, &cap, "step", v};
                 if (rc == 0) rc = each_fqn(&p[k], push_scalar_fqn, &sa);
             } else {
-                rc = push_state(root, &p[k], OPT_STATES[s], st, out, &cap);
+                rc = push_state(root, &p[k], OPT_STATES[s], st, copy, out, &cap);
             }
         }
     }

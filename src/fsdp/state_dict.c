@@ -182,17 +182,21 @@ static int add_replicated(fsdp_unit_t *root, fsdp_unit_t *const *units, size_t n
     return rc;
 }
 
-/* A copy of q's part of u's shard from src (the flat shard, or a state tensor laid out like it
- * or like q's original parameter) starting at element off: 1-D, or with q's shape when every
- * rank holds q whole (NO_SHARD: *repl). */
+/* A copy (or, without copy, a view) of q's part of u's shard from src (the flat shard, or a
+ * state tensor laid out like it or like q's original parameter) starting at element off: 1-D,
+ * or with q's shape when every rank holds q whole (NO_SHARD: *repl). */
 int fsdp__sd_piece(const fsdp_unit_t *u, const struct fsdp__param *q, fsdp_tensor_t *src,
-                   int64_t off, fsdp_tensor_t **out, bool *repl) {
+                   int64_t off, bool copy, fsdp_tensor_t **out, bool *repl) {
     fsdp_tensor_t *v = NULL, *c = NULL, *whole = NULL;
     *out = NULL;
     *repl = !fsdp__is_sharded(u->opt.strategy);
     int rc = fsdp__view1d(src, off, q->sh.numel_in_shard, &v);
-    if (rc == 0) rc = fsdp_tensor_clone(v, FSDP_MEM_OTHER, &c);
-    fsdp_tensor_release(v);
+    if (rc == 0 && copy) {
+        rc = fsdp_tensor_clone(v, FSDP_MEM_OTHER, &c);
+        fsdp_tensor_release(v);
+    } else {
+        c = v;
+    }
     if (rc == 0 && *repl) {
         rc = fsdp_view(c, q->ndim, q->shape, &whole);
         fsdp_tensor_release(c);
@@ -206,14 +210,15 @@ int fsdp__sd_piece(const fsdp_unit_t *u, const struct fsdp__param *q, fsdp_tenso
 }
 
 /* The SHARDED entries of u's parameters that this rank holds part of. */
-static int add_pieces(fsdp_unit_t *root, fsdp_unit_t *u, fsdp_shard_list_t *out, size_t *cap) {
+static int add_pieces(fsdp_unit_t *root, fsdp_unit_t *u, bool copy, fsdp_shard_list_t *out,
+                      size_t *cap) {
     int rc = FSDP_OK;
     for (int i = 0; i < u->nparams && rc == 0; i++) {
         struct fsdp__param *p = &u->params[i];
         if (!p->sh.in_shard || p->sh.numel_in_shard == 0) continue;
         fsdp_tensor_t *c = NULL;
         bool repl = false;
-        rc = fsdp__sd_piece(u, p, u->flat, p->sh.offset_in_shard, &c, &repl);
+        rc = fsdp__sd_piece(u, p, u->flat, p->sh.offset_in_shard, copy, &c, &repl);
         if (rc == 0)
             rc = fsdp__sd_push(root, out, cap, fsdp__join_name(u->fqn, p->fqn), c, p->ndim,
                                p->shape, p->sh.intra_start, repl);
@@ -234,7 +239,8 @@ static int add_local(fsdp_unit_t *root, fsdp_unit_t *u, fsdp_shard_list_t *out, 
                          (int64_t)shard_rank * u->layout.shard_numel, false);
 }
 
-static int make_list(fsdp_unit_t *root, bool local, fsdp_shard_list_t *out, const char *fn) {
+static int make_list(fsdp_unit_t *root, bool local, bool copy, fsdp_shard_list_t *out,
+                     const char *fn) {
     if (out) *out = (fsdp_shard_list_t){0};
     int rc = fsdp__sd_check_root(root, fn);
     if (rc < 0) return rc;
@@ -243,7 +249,8 @@ static int make_list(fsdp_unit_t *root, bool local, fsdp_shard_list_t *out, cons
     size_t nu = 0, cap = 0;
     if ((rc = fsdp_units(root, &units, &nu)) < 0) return rc;
     for (size_t i = 0; i < nu && rc == 0; i++)
-        rc = local ? add_local(root, units[i], out, &cap) : add_pieces(root, units[i], out, &cap);
+        rc = local ? add_local(root, units[i], out, &cap)
+                   : add_pieces(root, units[i], copy, out, &cap);
     if (rc == 0) rc = add_replicated(root, units, nu, out, &cap);
     free(units);
     if (rc < 0) {
@@ -254,11 +261,15 @@ static int make_list(fsdp_unit_t *root, bool local, fsdp_shard_list_t *out, cons
 }
 
 int fsdp_sharded_state_dict(fsdp_unit_t *root, fsdp_shard_list_t *out) {
-    return make_list(root, false, out, "fsdp_sharded_state_dict");
+    return make_list(root, false, true, out, "fsdp_sharded_state_dict");
+}
+
+int fsdp__sharded_state_dict_views(fsdp_unit_t *root, fsdp_shard_list_t *out) {
+    return make_list(root, false, false, out, "fsdp_sharded_state_dict");
 }
 
 int fsdp_local_state_dict(fsdp_unit_t *root, fsdp_shard_list_t *out) {
-    return make_list(root, true, out, "fsdp_local_state_dict");
+    return make_list(root, true, true, out, "fsdp_local_state_dict");
 }
 
 /* ---- loading pieces -------------------------------------------------------------------------- */

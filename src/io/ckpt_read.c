@@ -385,6 +385,12 @@ int fsdp_ckpt_read_pieces(fsdp_ckpt_t *ck, const char *prefix, const fsdp_shard_
             if (cnt == 0) continue;
             fsdp_dtype_t dt = fsdp_tensor_dtype(e->t);
             size_t nb = (size_t)cnt * fsdp_dtype_size(dt);
+            void *direct = t->dtype == dt ? fsdp__io_host_bytes(e->t) : NULL;
+            if (direct) {
+                /* a contiguous host tensor of the stored dtype: read into it where it lies */
+                rc = fsdp_ckpt_read_raw(ck, full, e->offset, cnt, direct, nb);
+                continue;
+            }
             void *buf = malloc(nb);
             if (!buf) {
                 rc = fsdp__ckpt_err(ck, FSDP_ENOMEM, "'%s': out of memory (%zu bytes)", nm, nb);

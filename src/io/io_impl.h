@@ -59,6 +59,10 @@ const char *fsdp__st_dtype_name(fsdp_dtype_t dt);
  * dtype (FSDP_DTYPE_COUNT when libfsdp has none); NULL for an unknown string. */
 const char *fsdp__st_dtype_parse(const char *s, size_t *esize, fsdp_dtype_t *dt);
 
+/* The host memory of t's elements, in file order (little-endian, row-major), when t can be read
+ * or written in place: a contiguous tensor on a CPU device, on a little-endian host; else NULL. */
+void *fsdp__io_host_bytes(const fsdp_tensor_t *t);
+
 /* Writes all n bytes to fd (0, or -1 with errno). */
 int fsdp__io_write_all(int fd, const void *p, size_t n);
 /* Reads exactly n bytes at off: 0, -1 with errno on an error, or 1 when the file ends first. */

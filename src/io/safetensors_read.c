@@ -67,6 +67,15 @@ int fsdp__io_pread_all(int fd, void *buf, size_t n, uint64_t off) {
     return 0;
 }
 
+void *fsdp__io_host_bytes(const fsdp_tensor_t *t) {
+    const uint16_t probe = 1;
+    bool little = *(const unsigned char *)&probe == 1;
+    if (!little || !t || !fsdp_tensor_is_contiguous(t) ||
+        fsdp_device_kind(fsdp_tensor_device(t)) != FSDP_DEVICE_CPU)
+        return NULL;
+    return fsdp_tensor_data(t);
+}
+
 int fsdp__io_write_all(int fd, const void *p, size_t n) {
     const unsigned char *b = p;
     while (n > 0) {

@@ -247,6 +247,17 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
         size_t es = fsdp_dtype_size(fsdp_tensor_dtype(t)), cnt = (size_t)fsdp_tensor_numel(t);
         size_t nb = cnt * es;
         if (nb == 0) continue;
+        const void *direct = fsdp__io_host_bytes(t);
+        if (direct) {
+            /* a contiguous host tensor in file order: written from where it lies */
+            if (fsdp__io_write_all(fd, direct, nb) != 0) {
+                rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                          "%s: '%s': writing tensor '%s' failed: %s", fn, tmp,
+                                          fsdp__st_shown(names[i], nm, sizeof nm), strerror(errno));
+                goto out;
+            }
+            continue;
+        }
         if (nb > bufcap) {
             free(buf);
             buf = malloc(nb);

@@ -70,6 +70,10 @@ struct fsdp_optim {
     size_t nparams;
 };
 
+/* fsdp_optim_state_dict; without copy, the state buffers in out are the live ones (references),
+ * for a caller that only reads them before the next step (a checkpoint writer). */
+int fsdp__optim_state_dict(const fsdp_optim_t *opt, bool copy, fsdp_named_list_t *out);
+
 /* Checks h for an optimizer of `kind` as PyTorch's constructors do; on failure writes the
  * reason into why (len bytes) and returns false. NaN fails every comparison, so it is refused
  * too. */

@@ -103,6 +103,10 @@ static int list_put(fsdp_named_list_t *l, char *key, fsdp_tensor_t *t) {
 }
 
 int fsdp_optim_state_dict(const fsdp_optim_t *opt, fsdp_named_list_t *out) {
+    return fsdp__optim_state_dict(opt, true, out);
+}
+
+int fsdp__optim_state_dict(const fsdp_optim_t *opt, bool copy, fsdp_named_list_t *out) {
     static const char fn[] = "fsdp_optim_state_dict";
     if (!out)
         return opt ? fsdp__ctx_err(opt->ctx, FSDP_EINVAL, "%s: out is NULL", fn) : FSDP_EINVAL;
@@ -145,7 +149,10 @@ int fsdp_optim_state_dict(const fsdp_optim_t *opt, fsdp_named_list_t *out) {
         for (int s = 0; s < FSDP__OPTIM_NBUF; s++) {
             if (!p->buf[s]) continue;
             fsdp_tensor_t *t = NULL;
-            FSDP_TRY(rc, fail, fsdp_tensor_clone(p->buf[s], FSDP_MEM_OTHER, &t));
+            if (copy)
+                FSDP_TRY(rc, fail, fsdp_tensor_clone(p->buf[s], FSDP_MEM_OTHER, &t));
+            else
+                t = fsdp_tensor_retain(p->buf[s]);
             FSDP_TRY(rc, fail, list_put(&l, key_join(p->name, 0, slot_names[s]), t));
         }
     }
