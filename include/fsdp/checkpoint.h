@@ -27,8 +27,9 @@
  * fsync'ed, by the safetensors writer); rank 0 builds the index from the files' headers (a piece
  * that replicas wrote twice is indexed once), checks that the pieces of every tensor tile it
  * exactly, writes index.json, and publishes the directory: fsync, then an atomic rename to
- * <dir> (exchanged with an existing <dir>, which is removed afterwards), then fsync of the
- * parent. A save killed at any point leaves any earlier <dir> whole and loadable.
+ * <dir> (exchanged with an existing <dir>, which is removed afterwards: the first step refuses
+ * a <dir> that holds other files than a checkpoint's), then fsync of the parent. A save killed at
+ * any point leaves any earlier <dir> whole and loadable.
  *
  * Reading validates before use. fsdp_ckpt_open checks the whole index: the format and version,
  * file names (plain names, no '/', unique), each tensor's dtype, shape and byte counts (no
@@ -89,9 +90,11 @@ FSDP_EXTERN void fsdp_shard_list_free(fsdp_shard_list_t *l);
 
 /* The staging directory of dir ("<dir>.partial") into buf; FSDP_EINVAL when it does not fit. */
 FSDP_EXTERN int fsdp_ckpt_staging_path(const char *dir, char *buf, size_t cap);
-/* Rank 0's first step: removes a stale staging directory of dir (its files only: rank files,
- * the index and the writer's temporary files; anything else there is an error, nothing is
- * removed) and creates it empty. */
+/* Rank 0's first step: refuses a dir that exists and is not a directory or holds anything a
+ * checkpoint writer does not make (publishing replaces dir and removes the old one's files);
+ * removes a stale staging directory of dir (its files only: rank files, the index and the
+ * writer's temporary files; anything else there is an error, nothing is removed) and creates it
+ * empty. */
 FSDP_EXTERN int fsdp_ckpt_prepare(fsdp_ctx_t *ctx, const char *dir);
 /* Writes rank's pieces into dir's staging directory as "rank-<rank>-of-<world>.safetensors"
  * (names unique; pieces of one global tensor on one rank must be one piece). */

@@ -55,38 +55,59 @@ static bool ours(const char *name) {
     return false;
 }
 
-/* Removes directory path and the files in it; with only_ours, refuses (removing nothing) when it
+/* FSDP_OK when open directory d (path) holds only what a checkpoint writer makes. */
+static int only_ours(fsdp_ctx_t *ctx, DIR *d, const char *path, const char *fn) {
+    struct dirent *de;
+    rewinddir(d);
+    while ((de = readdir(d)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 || ours(de->d_name))
+            continue;
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: '%s' holds '%s', which no checkpoint writer makes: not "
+                                    "removing it (move it away and save again)",
+                                    fn, path, de->d_name);
+    }
+    return FSDP_OK;
+}
+
+/* Removes directory path and the files in it; with check, refuses (removing nothing) when it
  * holds anything a checkpoint writer does not write. ENOENT is success. */
-static int remove_dir(fsdp_ctx_t *ctx, const char *path, bool only_ours, const char *fn) {
+static int remove_dir(fsdp_ctx_t *ctx, const char *path, bool check, const char *fn) {
     DIR *d = opendir(path);
     if (!d && errno == ENOENT) return FSDP_OK;
     if (!d)
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot open '%s': %s", fn, path,
                                     strerror(errno));
-    int rc = FSDP_OK;
-    for (int pass = only_ours ? 0 : 1; pass < 2 && rc == 0; pass++) {
-        rewinddir(d);
-        struct dirent *de;
-        while (rc == 0 && (de = readdir(d)) != NULL) {
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
-            if (pass == 0) {
-                if (!ours(de->d_name))
-                    rc = fsdp__ctx_err_or_log(
-                        ctx, FSDP_EINVAL,
-                        "%s: '%s' holds '%s', which no checkpoint writer makes: not removing "
-                        "it (move it away and save again)",
-                        fn, path, de->d_name);
-                continue;
-            }
-            if (unlinkat(dirfd(d), de->d_name, 0) != 0)
-                rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot remove '%s/%s': %s", fn,
-                                          path, de->d_name, strerror(errno));
-        }
+    int rc = check ? only_ours(ctx, d, path, fn) : FSDP_OK;
+    rewinddir(d);
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        if (unlinkat(dirfd(d), de->d_name, 0) != 0)
+            rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot remove '%s/%s': %s", fn, path,
+                                      de->d_name, strerror(errno));
     }
     closedir(d);
     if (rc == 0 && rmdir(path) != 0)
         rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot remove '%s': %s", fn, path,
                                   strerror(errno));
+    return rc;
+}
+
+/* Whether dir may be replaced by a new checkpoint: absent, or a directory holding only what a
+ * checkpoint writer makes (publishing removes the replaced directory's files). */
+static int replaceable(fsdp_ctx_t *ctx, const char *dir, const char *fn) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return FSDP_OK;
+    if (!S_ISDIR(sb.st_mode))
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s' exists and is not a directory", fn,
+                                    dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot open '%s': %s", fn, dir,
+                                    strerror(errno));
+    int rc = only_ours(ctx, d, dir, fn);
+    closedir(d);
     return rc;
 }
 
@@ -113,7 +134,8 @@ int fsdp_ckpt_prepare(fsdp_ctx_t *ctx, const char *dir) {
     if (fsdp_ckpt_staging_path(dir, stage, sizeof stage) < 0)
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: the directory name is empty or too long",
                                     fn);
-    int rc = remove_dir(ctx, stage, true, fn);
+    int rc = replaceable(ctx, dir, fn);
+    if (rc == 0) rc = remove_dir(ctx, stage, true, fn);
     if (rc < 0) return rc;
     if (make_parents(stage) != 0 || mkdir(stage, 0777) != 0)
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot create '%s': %s", fn, stage,
