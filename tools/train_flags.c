@@ -80,11 +80,12 @@ static const char usage_text[] =
     "checkpoints:\n"
     "  --export FILE           write the final weights (safetensors, libfsdp names)\n"
     "  --init FILE             start from these weights (safetensors, libfsdp or HF GPT-2 names)\n"
-    "  --save-every K          every K steps, save each rank's shard and optimizer state and\n"
-    "                          the data position to DIR/step-<step>/ (0 = never)\n"
+    "  --save-every K          every K steps, write the checkpoint directory DIR/step-<step>/\n"
+    "                          (each rank's shard and optimizer state, an index, the data\n"
+    "                          position; fsdp-ckpt reads it) (0 = never)\n"
     "  --checkpoint-dir DIR    where --save-every writes (checkpoints)\n"
-    "  --resume DIR            continue from a step directory written by --save-every, with\n"
-    "                          the same model and batch flags (any world size and sharding)\n"
+    "  --resume DIR            continue from a checkpoint written by --save-every, with the\n"
+    "                          same model and batch flags (any world size, sharding, backend)\n"
     "  --help                  this text\n";
 
 static int bad(const char *fmt, ...) {
