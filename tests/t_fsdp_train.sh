@@ -19,6 +19,8 @@
 #     exactly; the next save clears the staging directory and its checkpoint verifies;
 #   - a FULL_SHARD checkpoint resumes under HYBRID_SHARD and SHARD_GRAD_OP at world 4,
 #     and under fsdprun --backend gloo, within the fp32 tolerance;
+#   - kill -9 of a gloo rank process while its run saves every step leaves the previous
+#     checkpoint byte for byte and resumable, and every step the run published verifies;
 #   - --precision (MP-S02, MP-S06: FULL_SHARD training under MixedPrecision configs, f32 master
 #     weights, the sharded gradient scaler): f32 is the default, bit for bit; a bad value exits
 #     2 naming the four; bf16, bf16-reduce-f32 and f16 runs of 200 steps at world 2 follow the
@@ -56,7 +58,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..41"
+echo "1..42"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -257,6 +259,56 @@ if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample
   field "$tmp/rg.jsonl" train loss > "$tmp/rg.loss"
   [ "$st" -eq 0 ] && [ -s "$tmp/rg.loss" ] && close "$tmp/rg.loss" "$tmp/full.loss" > "$tmp/rg.cmp" 2>&1
   ok $? "a sim checkpoint resumes under fsdprun -n 2 --backend gloo (exit $st)" "$tmp/rg.out" "$tmp/rg.cmp"
+else
+  n=$((n + 1))
+  echo "ok $n # SKIP libfsdp was built without Gloo"
+fi
+
+# --- 21c: kill -9 of a rank process during saves under gloo ------------------------------------------
+# A gloo run resumed from step 2 saves every step; as soon as its step-3 save has begun (the
+# staging directory step-3.partial, or step-3, exists) rank 1's process is killed with SIGKILL.
+# Wherever the kill lands, step-2 must be byte for byte what it was, any step the run published
+# must verify, and the run must resume from step 2 to the uninterrupted run's losses.
+if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
+  > /dev/null 2>&1; then
+  rm -rf "$tmp/gk"
+  "$train" $ck --save-every 2 --checkpoint-dir "$tmp/gk" > "$tmp/gk0.out" 2>&1
+  before=$(sum_dir "$tmp/gk/step-2")
+  # shellcheck disable=SC2086
+  timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $ck --resume "$tmp/gk/step-2" \
+    --save-every 1 --checkpoint-dir "$tmp/gk" > "$tmp/gk1.out" 2>&1 &
+  runner=$!
+  i=0
+  while [ $i -lt 6000 ] && [ ! -e "$tmp/gk/step-3.partial" ] && [ ! -e "$tmp/gk/step-3" ]; do
+    i=$((i + 1))
+    sleep 0.01
+  done
+  # the children of a process, from /proc (no procps needed): timeout -> fsdprun -> the ranks
+  children_of() {
+    for f in /proc/[0-9]*/stat; do
+      read -r c_pid _ _ c_ppid _ < "$f" 2> /dev/null && [ "$c_ppid" = "$1" ] && echo "$c_pid"
+    done | sort -n
+  }
+  victim=$(children_of "$runner" | head -1)
+  [ -n "$victim" ] && victim=$(children_of "$victim" | sed -n 2p)
+  [ -n "$victim" ] && kill -9 "$victim" 2> /dev/null
+  wait "$runner"
+  st=$?
+  after=$(sum_dir "$tmp/gk/step-2")
+  published_ok=0
+  for d in "$tmp"/gk/step-*; do
+    case $d in *.partial) continue ;; esac
+    "$ckpt" verify "$d" >> "$tmp/gkv.out" 2>&1 || published_ok=1
+  done
+  "$train" $ck --resume "$tmp/gk/step-2" --metrics "$tmp/gk2.jsonl" > "$tmp/gk2.out" 2>&1
+  st2=$?
+  field "$tmp/gk2.jsonl" train loss > "$tmp/gk2.loss"
+  field "$tmp/full.jsonl" train loss | tail -4 > "$tmp/full4.loss"
+  echo "#   killed pid ${victim:-none} after ${i}0 ms: fsdprun exit $st; resume exit $st2"
+  [ -n "$victim" ] && [ "$st" -ne 0 ] && [ "$before" = "$after" ] && [ "$published_ok" -eq 0 ] &&
+    [ "$st2" -eq 0 ] && cmp -s "$tmp/full4.loss" "$tmp/gk2.loss"
+  ok $? "kill -9 of a gloo rank while it saves leaves step-2 intact and resumable, and every published step verifies" \
+    "$tmp/gk1.out" "$tmp/gkv.out" "$tmp/gk2.out"
 else
   n=$((n + 1))
   echo "ok $n # SKIP libfsdp was built without Gloo"
