@@ -394,9 +394,9 @@ int fsdp_ckpt_finish(fsdp_ctx_t *ctx, const char *dir, int world, const fsdp_saf
             rc = fsdp__ckpt_err(ck, FSDP_ENOMEM, "%s: out of memory", fn);
             goto out;
         }
-        if ((rc = fsdp_safetensors_open(ctx, path, &sts[r])) < 0) {
-            rc = fsdp__ckpt_err(ck, rc, "%s: rank %d's file: %s", fn, r,
-                                ctx ? fsdp_ctx_last_error(ctx) : path);
+        char msg[FSDP_ERR_LEN];
+        if ((rc = fsdp__st_open(NULL, path, msg, sizeof msg, &sts[r])) < 0) {
+            rc = fsdp__ckpt_err(ck, rc, "%s: rank %d's file: %s", fn, r, msg);
             goto out;
         }
         ck->f[r].size = sts[r]->file_size;
