@@ -403,7 +403,7 @@ int fsdp_ckpt_finish(fsdp_ctx_t *ctx, const char *dir, int world, const fsdp_saf
         FSDP_TRY(rc, out, collect(ck, sts[r], (size_t)r, &fo, &nf, &fcap));
     }
     FSDP_TRY(rc, out, build(ck, fo, nf));
-    FSDP_TRY(rc, out, fsdp__ckpt_check(ck));
+    FSDP_TRY(rc, out, fsdp__ckpt_check(ck, stage));
     FSDP_TRY(rc, out, fsdp__ckpt_write_index(ck, stage));
     if (sync_this_dir(stage) != 0) {
         rc = fsdp__ckpt_err(ck, FSDP_EINVAL, "%s: syncing '%s' failed: %s", fn, stage,
