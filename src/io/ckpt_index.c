@@ -202,6 +202,19 @@ static int64_t json_nonneg(const json_t *v) {
     return x < 0 ? -1 : (int64_t)x;
 }
 
+/* The first key of object o that is not in the NULL-terminated list known, or NULL. */
+static const char *unknown_key(json_t *o, const char *const *known) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        size_t i = 0;
+        while (known[i] && strcmp(known[i], key) != 0)
+            i++;
+        if (!known[i]) return key;
+    }
+    return NULL;
+}
+
 static int parse_files(fsdp_ckpt_t *ck, json_t *files, const char *path) {
     if (!json_is_array(files))
         return fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': \"files\" is not an array", path);
@@ -244,6 +257,14 @@ static int parse_tensor(fsdp_ckpt_t *ck, const char *name, json_t *o, const char
     ck->n++;
     json_t *dt = json_object_get(o, "dtype"), *shape = json_object_get(o, "shape"),
            *repl = json_object_get(o, "replicated"), *chunks = json_object_get(o, "chunks");
+    static const char *const keys[] = {"dtype", "shape", "replicated", "chunks", NULL};
+    const char *uk = json_is_object(o) ? unknown_key(o, keys) : NULL;
+    char ks[224];
+    if (uk)
+        return fsdp__ckpt_err(ck, FSDP_EINVAL,
+                              "'%s': tensor '%s': unknown key '%s' (a field this reader does not "
+                              "know is not ignored)",
+                              path, nm, fsdp__st_shown(uk, ks, sizeof ks));
     if (!json_is_object(o) || json_object_size(o) != 4 || !json_is_string(dt) ||
         !json_is_array(shape) || !json_is_boolean(repl) || !json_is_array(chunks))
         return fsdp__ckpt_err(ck, FSDP_EINVAL,
@@ -306,6 +327,17 @@ int fsdp__ckpt_parse_index(fsdp_ckpt_t *ck, const char *text, size_t len, const 
         rc = fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': version %lld; this libfsdp reads version %d",
                             path, json_is_integer(ver) ? (long long)json_integer_value(ver) : -1LL,
                             FSDP__CKPT_VERSION);
+        goto out;
+    }
+    static const char *const keys[] = {"format", "version", "world_size", "metadata",
+                                       "files",  "tensors", NULL};
+    const char *uk = unknown_key(root, keys);
+    if (uk) {
+        char ks[224];
+        rc = fsdp__ckpt_err(ck, FSDP_EINVAL,
+                            "'%s': unknown key '%s' (a field this reader does not know is not "
+                            "ignored)",
+                            path, fsdp__st_shown(uk, ks, sizeof ks));
         goto out;
     }
     if (json_object_size(root) != 6 || json_nonneg(world) < 1 || json_nonneg(world) > INT32_MAX ||
