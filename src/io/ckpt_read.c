@@ -32,7 +32,8 @@ static char *join(const char *dir, const char *name) {
 static int read_index(fsdp_ckpt_t *ck) {
     char *path = join(ck->dir, FSDP_CKPT_INDEX);
     if (!path) return fsdp__ckpt_err(ck, FSDP_ENOMEM, "out of memory");
-    int rc = FSDP_OK, fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not block; fstat then refuses it */
+    int rc = FSDP_OK, fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     char *text = NULL;
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) != 0) {
