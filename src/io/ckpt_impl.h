@@ -66,8 +66,10 @@ fsdp_ckpt_t *fsdp__ckpt_new(fsdp_ctx_t *ctx, const char *dir);
 /* The tensor called name, or NULL (ck->t sorted). */
 struct fsdp__ckpt_tensor *fsdp__ckpt_lookup(const fsdp_ckpt_t *ck, const char *name);
 /* Sorts the tensors by name and each tensor's chunks by offset, then checks the invariant
- * above (plus dtype, shape and overflow of every count); errors name the tensor and file. */
-int fsdp__ckpt_check(fsdp_ckpt_t *ck);
+ * above (plus dtype, shape and overflow of every count); errors name src (where the index came
+ * from: index.json's path, or the staging directory whose headers it was built from), the
+ * tensor and the rank file. */
+int fsdp__ckpt_check(fsdp_ckpt_t *ck, const char *src);
 /* Parses index.json's text into ck (then fsdp__ckpt_check). */
 int fsdp__ckpt_parse_index(fsdp_ckpt_t *ck, const char *text, size_t len, const char *path);
 /* Writes ck as index.json into directory dir (atomically, fsync'ed). */

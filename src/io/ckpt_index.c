@@ -100,49 +100,47 @@ static int64_t shape_numel(const int64_t *shape, int nd, size_t esize) {
     return n;
 }
 
-int fsdp__ckpt_check(fsdp_ckpt_t *ck) {
+int fsdp__ckpt_check(fsdp_ckpt_t *ck, const char *src) {
     char nm[224], sh[200];
     if (ck->n) qsort(ck->t, ck->n, sizeof *ck->t, cmp_tensor);
     for (size_t i = 0; i < ck->n; i++) {
         struct fsdp__ckpt_tensor *t = &ck->t[i];
         fsdp__st_shown(t->name, nm, sizeof nm);
-        if (!t->name[0])
-            return fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': a tensor has no name", ck->dir);
+        if (!t->name[0]) return fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': a tensor has no name", src);
         if (i > 0 && strcmp(ck->t[i - 1].name, t->name) == 0)
-            return fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': tensor '%s' is listed twice", ck->dir,
-                                  nm);
+            return fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': tensor '%s' is listed twice", src, nm);
         if (t->ndim < 0 || t->ndim > FSDP_MAX_DIMS ||
             (t->numel = shape_numel(t->shape, t->ndim, t->esize)) < 0)
             return fsdp__ckpt_err(ck, FSDP_EINVAL,
                                   "'%s': tensor '%s': invalid shape %s (at most %d non-negative "
                                   "sizes whose byte count fits in 62 bits)",
-                                  ck->dir, nm, fsdp__st_shape_str(t->shape, t->ndim, sh, sizeof sh),
+                                  src, nm, fsdp__st_shape_str(t->shape, t->ndim, sh, sizeof sh),
                                   FSDP_MAX_DIMS);
         if (t->nchunks) qsort(t->c, t->nchunks, sizeof *t->c, cmp_chunk);
         if (t->replicated && t->nchunks != 1 && t->numel > 0)
             return fsdp__ckpt_err(ck, FSDP_EINVAL,
                                   "'%s': tensor '%s' is replicated but has %zu chunks (one holds "
                                   "it whole)",
-                                  ck->dir, nm, t->nchunks);
+                                  src, nm, t->nchunks);
         int64_t next = 0;
         for (size_t j = 0; j < t->nchunks; j++) {
             const struct fsdp__ckpt_chunk *c = &t->c[j];
             const char *fname = c->file < ck->nfiles ? ck->f[c->file].name : "?";
             if (c->file >= ck->nfiles)
                 return fsdp__ckpt_err(ck, FSDP_EINVAL,
-                                      "'%s': tensor '%s': a chunk names file %zu of %zu", ck->dir,
-                                      nm, c->file, ck->nfiles);
+                                      "'%s': tensor '%s': a chunk names file %zu of %zu", src, nm,
+                                      c->file, ck->nfiles);
             if (c->numel <= 0 || c->offset < 0)
                 return fsdp__ckpt_err(ck, FSDP_EINVAL,
                                       "'%s': tensor '%s': a chunk in '%s' has offset %" PRId64
                                       " and %" PRId64 " elements",
-                                      ck->dir, nm, fname, c->offset, c->numel);
+                                      src, nm, fname, c->offset, c->numel);
             if (c->offset != next)
                 return fsdp__ckpt_err(
                     ck, FSDP_EINVAL,
                     "'%s': tensor '%s': the chunk at element %" PRId64 " (in '%s') %s: elements "
                     "[%" PRId64 ", %" PRId64 ") are %s",
-                    ck->dir, nm, c->offset, fname,
+                    src, nm, c->offset, fname,
                     c->offset > next ? "leaves a gap" : "overlaps the one before it",
                     c->offset > next ? next : c->offset, c->offset > next ? c->offset : next,
                     c->offset > next ? "in no chunk" : "in two chunks");
@@ -151,21 +149,21 @@ int fsdp__ckpt_check(fsdp_ckpt_t *ck) {
                                       "'%s': tensor '%s': the chunk at element %" PRId64
                                       " (in '%s') of %" PRId64
                                       " elements runs past the tensor's %" PRId64 " elements",
-                                      ck->dir, nm, c->offset, fname, c->numel, t->numel);
+                                      src, nm, c->offset, fname, c->numel, t->numel);
             uint64_t nb = (uint64_t)c->numel * t->esize, fs = ck->f[c->file].size;
             if (c->byte > fs || nb > fs - c->byte)
                 return fsdp__ckpt_err(ck, FSDP_EINVAL,
                                       "'%s': tensor '%s': the chunk at element %" PRId64
                                       " lies at bytes [%" PRIu64 ", %" PRIu64 ") of '%s', "
                                       "which holds %" PRIu64 " bytes",
-                                      ck->dir, nm, c->offset, c->byte, c->byte + nb, fname, fs);
+                                      src, nm, c->offset, c->byte, c->byte + nb, fname, fs);
             next = c->offset + c->numel;
         }
         if (next != t->numel)
             return fsdp__ckpt_err(ck, FSDP_EINVAL,
                                   "'%s': tensor '%s': elements [%" PRId64 ", %" PRId64
                                   ") of its %" PRId64 " are in no chunk",
-                                  ck->dir, nm, next, t->numel, t->numel);
+                                  src, nm, next, t->numel, t->numel);
     }
     return FSDP_OK;
 }
@@ -204,6 +202,23 @@ static int64_t json_nonneg(const json_t *v) {
     return x < 0 ? -1 : (int64_t)x;
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first key of object o that is not in the NULL-terminated list known, or NULL. */
+static const char *unknown_key(json_t *o, const char *const *known) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        size_t i = 0;
+        while (known[i] && strcmp(known[i], key) != 0)
+            i++;
+        if (!known[i]) return key;
+    }
+    return NULL;
+}
+
 static int parse_files(fsdp_ckpt_t *ck, json_t *files, const char *path) {
     if (!json_is_array(files))
         return fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': \"files\" is not an array", path);
@@ -224,16 +239,27 @@ static int parse_files(fsdp_ckpt_t *ck, json_t *files, const char *path) {
             return fsdp__ckpt_err(ck, FSDP_EINVAL,
                                   "'%s': files[%zu]: '%s' is not a plain file name", path, i,
                                   fsdp__st_shown(s, shown, sizeof shown));
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(ck->f[j].name, s) == 0)
-                return fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': file '%s' is listed twice", path,
-                                      fsdp__st_shown(s, shown, sizeof shown));
         ck->f[i].name = strdup(s);
         ck->f[i].size = (uint64_t)json_nonneg(sz);
         ck->nfiles = i + 1;
         if (!ck->f[i].name) return fsdp__ckpt_err(ck, FSDP_ENOMEM, "'%s': out of memory", path);
     }
-    return FSDP_OK;
+    /* duplicates by sorting the names: comparing every pair took minutes for a hostile index
+     * of a few hundred thousand names */
+    const char **names = malloc((n ? n : 1) * sizeof *names);
+    if (!names) return fsdp__ckpt_err(ck, FSDP_ENOMEM, "'%s': out of memory", path);
+    for (size_t i = 0; i < n; i++)
+        names[i] = ck->f[i].name;
+    qsort(names, n, sizeof *names, cmp_name);
+    int rc = FSDP_OK;
+    for (size_t i = 1; rc == 0 && i < n; i++)
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            char shown[224];
+            rc = fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': file '%s' is listed twice", path,
+                                fsdp__st_shown(names[i], shown, sizeof shown));
+        }
+    free(names);
+    return rc;
 }
 
 static int parse_tensor(fsdp_ckpt_t *ck, const char *name, json_t *o, const char *path) {
@@ -246,6 +272,14 @@ static int parse_tensor(fsdp_ckpt_t *ck, const char *name, json_t *o, const char
     ck->n++;
     json_t *dt = json_object_get(o, "dtype"), *shape = json_object_get(o, "shape"),
            *repl = json_object_get(o, "replicated"), *chunks = json_object_get(o, "chunks");
+    static const char *const keys[] = {"dtype", "shape", "replicated", "chunks", NULL};
+    const char *uk = json_is_object(o) ? unknown_key(o, keys) : NULL;
+    char ks[224];
+    if (uk)
+        return fsdp__ckpt_err(ck, FSDP_EINVAL,
+                              "'%s': tensor '%s': unknown key '%s' (a field this reader does not "
+                              "know is not ignored)",
+                              path, nm, fsdp__st_shown(uk, ks, sizeof ks));
     if (!json_is_object(o) || json_object_size(o) != 4 || !json_is_string(dt) ||
         !json_is_array(shape) || !json_is_boolean(repl) || !json_is_array(chunks))
         return fsdp__ckpt_err(ck, FSDP_EINVAL,
@@ -310,6 +344,17 @@ int fsdp__ckpt_parse_index(fsdp_ckpt_t *ck, const char *text, size_t len, const 
                             FSDP__CKPT_VERSION);
         goto out;
     }
+    static const char *const keys[] = {"format", "version", "world_size", "metadata",
+                                       "files",  "tensors", NULL};
+    const char *uk = unknown_key(root, keys);
+    if (uk) {
+        char ks[224];
+        rc = fsdp__ckpt_err(ck, FSDP_EINVAL,
+                            "'%s': unknown key '%s' (a field this reader does not know is not "
+                            "ignored)",
+                            path, fsdp__st_shown(uk, ks, sizeof ks));
+        goto out;
+    }
     if (json_object_size(root) != 6 || json_nonneg(world) < 1 || json_nonneg(world) > INT32_MAX ||
         !json_is_object(meta) || !json_is_object(tensors)) {
         rc = fsdp__ckpt_err(ck, FSDP_EINVAL,
@@ -351,7 +396,7 @@ int fsdp__ckpt_parse_index(fsdp_ckpt_t *ck, const char *text, size_t len, const 
         goto out;
     }
     json_object_foreach(tensors, key, val) FSDP_TRY(rc, out, parse_tensor(ck, key, val, path));
-    rc = fsdp__ckpt_check(ck);
+    rc = fsdp__ckpt_check(ck, path);
 out:
     json_decref(root);
     return rc;

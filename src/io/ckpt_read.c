@@ -32,7 +32,8 @@ static char *join(const char *dir, const char *name) {
 static int read_index(fsdp_ckpt_t *ck) {
     char *path = join(ck->dir, FSDP_CKPT_INDEX);
     if (!path) return fsdp__ckpt_err(ck, FSDP_ENOMEM, "out of memory");
-    int rc = FSDP_OK, fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not block; fstat then refuses it */
+    int rc = FSDP_OK, fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     char *text = NULL;
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) != 0) {
@@ -185,10 +186,11 @@ static int file_ready(fsdp_ckpt_t *ck, size_t fi) {
     char *path = join(ck->dir, f->name), nm[224], key[4200];
     if (!path) return fsdp__ckpt_err(ck, FSDP_ENOMEM, "out of memory");
     fsdp_safetensors_t *st = NULL;
-    int rc = fsdp_safetensors_open(NULL, path, &st);
+    char msg[FSDP_ERR_LEN];
+    int rc = fsdp__st_open(NULL, path, msg, sizeof msg, &st);
     if (rc < 0) {
-        rc = fsdp__ckpt_err(ck, rc, "%s", fsdp_safetensors_last_error(st));
-        fsdp_safetensors_close(st);
+        /* the handle is gone: its message comes back in msg */
+        rc = fsdp__ckpt_err(ck, rc, "%s", msg);
         free(path);
         return rc;
     }
@@ -279,7 +281,12 @@ int fsdp_ckpt_read_raw(fsdp_ckpt_t *ck, const char *name, int64_t offset, int64_
     int64_t end = offset + numel;
     for (size_t j = lo; j < t->nchunks && t->c[j].offset < end; j++) {
         const struct fsdp__ckpt_chunk *c = &t->c[j];
-        if ((rc = file_ready(ck, c->file)) < 0) return rc;
+        if ((rc = file_ready(ck, c->file)) < 0) {
+            char msg[FSDP_ERR_LEN];
+            snprintf(msg, sizeof msg, "%s", ck->err);
+            return fsdp__ckpt_err(ck, rc, "reading tensor '%s': %s",
+                                  fsdp__st_shown(name, nm, sizeof nm), msg);
+        }
         int64_t a = c->offset > offset ? c->offset : offset;
         int64_t b = c->offset + c->numel < end ? c->offset + c->numel : end;
         uint64_t at = c->byte + (uint64_t)(a - c->offset) * t->esize;

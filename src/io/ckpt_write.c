@@ -420,16 +420,16 @@ int fsdp_ckpt_finish(fsdp_ctx_t *ctx, const char *dir, int world, const fsdp_saf
             rc = fsdp__ckpt_err(ck, FSDP_ENOMEM, "%s: out of memory", fn);
             goto out;
         }
-        if ((rc = fsdp_safetensors_open(ctx, path, &sts[r])) < 0) {
-            rc = fsdp__ckpt_err(ck, rc, "%s: rank %d's file: %s", fn, r,
-                                ctx ? fsdp_ctx_last_error(ctx) : path);
+        char msg[FSDP_ERR_LEN];
+        if ((rc = fsdp__st_open(NULL, path, msg, sizeof msg, &sts[r])) < 0) {
+            rc = fsdp__ckpt_err(ck, rc, "%s: rank %d's file: %s", fn, r, msg);
             goto out;
         }
         ck->f[r].size = sts[r]->file_size;
         FSDP_TRY(rc, out, collect(ck, sts[r], (size_t)r, &fo, &nf, &fcap));
     }
     FSDP_TRY(rc, out, build(ck, fo, nf));
-    FSDP_TRY(rc, out, fsdp__ckpt_check(ck));
+    FSDP_TRY(rc, out, fsdp__ckpt_check(ck, stage));
     FSDP_TRY(rc, out, fsdp__ckpt_write_index(ck, stage));
     if (sync_this_dir(stage) != 0) {
         rc = fsdp__ckpt_err(ck, FSDP_EINVAL, "%s: syncing '%s' failed: %s", fn, stage,

@@ -78,6 +78,12 @@ const char *fsdp__st_shown(const char *name, char *buf, size_t cap);
 /* "[2, 3]" into buf of cap bytes; returns buf. */
 const char *fsdp__st_shape_str(const int64_t *shape, int nd, char *buf, size_t cap);
 
+/* fsdp_safetensors_open(), and when err is given, a failure's message copied there (cap bytes)
+ * instead of logged: the checkpoint reader opens rank files without a context and reports the
+ * message on its own handle. */
+int fsdp__st_open(fsdp_ctx_t *ctx, const char *path, char *err, size_t cap,
+                  fsdp_safetensors_t **out);
+
 /* Parses and validates the header hdr of len bytes of st (whose path and data_len are set):
  * fills the entries, the index by name and the metadata, or returns an error reported on st. */
 int fsdp__st_parse_header(fsdp_safetensors_t *st, const char *hdr, size_t len);

@@ -127,6 +127,11 @@ static int pread_all(fsdp_safetensors_t *st, void *buf, size_t n, uint64_t off, 
 /* ---- opening ------------------------------------------------------------------------------ */
 
 int fsdp_safetensors_open(fsdp_ctx_t *ctx, const char *path, fsdp_safetensors_t **out) {
+    return fsdp__st_open(ctx, path, NULL, 0, out);
+}
+
+int fsdp__st_open(fsdp_ctx_t *ctx, const char *path, char *err, size_t cap,
+                  fsdp_safetensors_t **out) {
     if (out) *out = NULL;
     if (!path || !out)
         return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_safetensors_open: NULL path or out");
@@ -192,7 +197,10 @@ int fsdp_safetensors_open(fsdp_ctx_t *ctx, const char *path, fsdp_safetensors_t 
     *out = st;
     return FSDP_OK;
 fail:
-    if (!ctx) fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_safetensors_open: %s", st->err);
+    if (err && cap)
+        snprintf(err, cap, "%s", st->err);
+    else if (!ctx)
+        fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_safetensors_open: %s", st->err);
 fail_quiet:
     free(hdr);
     fsdp_safetensors_close(st);
