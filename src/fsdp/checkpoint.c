@@ -20,10 +20,13 @@
  * that replication, and are otherwise indexed once.
  *
  * Loading is not collective: a rank takes its part of every parameter as this tree holds it now
- * (the template is its own SHARDED state dict, whose pieces become the destination buffers), and
- * the optimizer entries of the parameters it holds part of, at the same offsets; then the two
- * sharded loads of state_dict.c and optim_state.c run, which check everything before changing
- * anything.
+ * (the template is its own SHARDED state dict as views of its shards, so the pieces are read
+ * into the shards where they lie), and the optimizer entries of the parameters it holds part
+ * of, at the same offsets. The optimizer is loaded first (optim_state.c checks everything
+ * before it changes anything, and adopts the state it assembled without a copy); then the
+ * model's pieces are checked against the checkpoint and read, and the sharded load of
+ * state_dict.c finds the parameters in place and copies the replicated entries. An I/O error
+ * while the model is read can leave it partly read.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -226,22 +229,26 @@ int fsdp_checkpoint_load(fsdp_unit_t *root, fsdp_optim_t *opt, fsdp_ckpt_t *ck) 
     fsdp_ctx_t *ctx = root->ctx;
     if (!ck) return fsdp__ctx_err(ctx, FSDP_EINVAL, "%s: the checkpoint handle is NULL", fn);
     fsdp_shard_list_t tmpl = {0}, o = {0};
-    FSDP_TRY(rc, out, fsdp_sharded_state_dict(root, &tmpl));
+    /* the template: views of this rank's shards (and copies of the replicated entries), so the
+     * model's pieces are read where they lie and the load below finds them in place */
+    FSDP_TRY(rc, out, fsdp__sharded_state_dict_views(root, &tmpl));
     if ((rc = prefix_names(&tmpl, MODEL_PREFIX)) < 0) {
         rc = fsdp__ctx_err(ctx, rc, "%s: out of memory", fn);
         goto out;
     }
-    if ((rc = fsdp_ckpt_read_pieces(ck, NULL, &tmpl)) < 0) {
-        rc = fsdp__ctx_err(ctx, rc, "%s: %s", fn, fsdp_ckpt_last_error(ck));
-        goto out;
-    }
     if (opt) {
+        /* the optimizer first: its load checks everything before it changes anything */
         FSDP_TRY(rc, out, optim_want(ctx, ck, &tmpl, &o, fn));
         if ((rc = fsdp_ckpt_read_pieces(ck, OPTIM_PREFIX, &o)) < 0) {
             rc = fsdp__ctx_err(ctx, rc, "%s: %s", fn, fsdp_ckpt_last_error(ck));
             goto out;
         }
         FSDP_TRY(rc, out, fsdp_load_sharded_optim_state_dict(root, opt, &o));
+    }
+    /* then the model: every piece is checked against the checkpoint before any is read */
+    if ((rc = fsdp_ckpt_read_pieces(ck, NULL, &tmpl)) < 0) {
+        rc = fsdp__ctx_err(ctx, rc, "%s: %s", fn, fsdp_ckpt_last_error(ck));
+        goto out;
     }
     /* the template's names back to the model's */
     for (size_t i = 0; i < tmpl.n; i++)

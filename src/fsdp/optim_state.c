@@ -222,8 +222,9 @@ static int build_state(fsdp_unit_t *root, const fsdp_shard_list_t *sd,
                                       "parameters it holds have a '%s' state",
                                       fn, state, p->name, with, of, state);
             *have = true;
+            /* FSDP_MEM_OPTIM: the optimizer adopts it when the load succeeds */
             rc = fsdp__tensor_new(root->ctx, p->t->dev, p->t->dt, p->t->ndim, p->t->shape,
-                                  FSDP_MEM_OTHER, out);
+                                  FSDP_MEM_OPTIM, out);
             if (rc == 0) rc = fsdp_tensor_zero_(*out);
             if (rc < 0) return rc;
         }
@@ -408,7 +409,8 @@ int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
             rc = named_push(root, &built, &cap, fsdp__join_name(p[k].name, OPT_STATES[s]), st);
         }
     }
-    if (rc == 0) rc = fsdp_optim_load_state_dict(opt, &built);
+    /* the state tensors were built for this load: the optimizer takes them without a copy */
+    if (rc == 0) rc = fsdp__optim_load_state_dict(opt, &built, true);
 out:
     free(tmp);
     free(units);

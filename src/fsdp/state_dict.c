@@ -341,7 +341,11 @@ int fsdp__sd_fill(fsdp_unit_t *root, const fsdp_shard_list_t *sd, struct fsdp__s
         int rc = fsdp_contiguous(e->t, &flat_src);
         if (rc == 0) rc = fsdp__view1d(flat_src, a - e->offset, b - a, &src);
         if (rc == 0) rc = fsdp__view1d(t->dst, a - t->lo, b - a, &dst);
-        if (rc == 0) rc = fsdp__xcopy(dst, src);
+        /* a piece that is a view of these very elements (a checkpoint read into the shard where
+         * it lies) is already in place */
+        bool in_place = rc == 0 && fsdp_tensor_same_storage(src, dst) &&
+                        fsdp_tensor_data(src) == fsdp_tensor_data(dst) && src->dt == dst->dt;
+        if (rc == 0 && !in_place) rc = fsdp__xcopy(dst, src);
         fsdp_tensor_release(src);
         fsdp_tensor_release(dst);
         fsdp_tensor_release(flat_src);

@@ -74,6 +74,11 @@ struct fsdp_optim {
  * for a caller that only reads them before the next step (a checkpoint writer). */
 int fsdp__optim_state_dict(const fsdp_optim_t *opt, bool copy, fsdp_named_list_t *out);
 
+/* fsdp_optim_load_state_dict; with adopt, a buffer entry that is already a contiguous tensor of
+ * its parameter's dtype, device and shape becomes the optimizer's buffer as it is (no copy): for
+ * a caller that built the list for this load and drops it afterwards (an FSDP state-dict load). */
+int fsdp__optim_load_state_dict(fsdp_optim_t *opt, const fsdp_named_list_t *sd, bool adopt);
+
 /* Checks h for an optimizer of `kind` as PyTorch's constructors do; on failure writes the
  * reason into why (len bytes) and returns false. NaN fails every comparison, so it is refused
  * too. */

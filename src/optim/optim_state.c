@@ -379,14 +379,24 @@ static void plan_check(const fsdp_optim_t *opt, const struct load_plan *pl, stru
     }
 }
 
-/* Copies every buffer the plan loads into new FSDP_MEM_OPTIM tensors. */
-static int plan_make(const fsdp_optim_t *opt, const fsdp_named_list_t *sd, struct load_plan *pl) {
+/* Copies every buffer the plan loads into new FSDP_MEM_OPTIM tensors; with adopt, an entry that
+ * already is such a tensor (the parameter's dtype, device and shape, contiguous) is taken as it
+ * is. */
+static int plan_make(const fsdp_optim_t *opt, const fsdp_named_list_t *sd, bool adopt,
+                     struct load_plan *pl) {
     for (size_t i = 0; i < opt->nparams; i++) {
         const fsdp_tensor_t *p = opt->params[i].t;
         for (int s = 0; s < FSDP__OPTIM_NBUF; s++) {
             const size_t e = pl->entry[i * FSDP__OPTIM_NSLOT + (size_t)s];
             if (e == SIZE_MAX) continue;
             fsdp_tensor_t **dst = &pl->made[i * FSDP__OPTIM_NBUF + (size_t)s];
+            fsdp_tensor_t *src = sd->tensors[e];
+            if (adopt && src->dt == p->dt && src->dev == p->dev && src->ndim == p->ndim &&
+                memcmp(src->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim) == 0 &&
+                fsdp_tensor_is_contiguous(src)) {
+                *dst = fsdp_tensor_retain(src);
+                continue;
+            }
             int rc =
                 fsdp__tensor_new(p->ctx, p->dev, p->dt, p->ndim, p->shape, FSDP_MEM_OPTIM, dst);
             if (rc == FSDP_OK) rc = fsdp_tensor_copy_(*dst, sd->tensors[e]);
@@ -397,6 +407,10 @@ static int plan_make(const fsdp_optim_t *opt, const fsdp_named_list_t *sd, struc
 }
 
 int fsdp_optim_load_state_dict(fsdp_optim_t *opt, const fsdp_named_list_t *sd) {
+    return fsdp__optim_load_state_dict(opt, sd, false);
+}
+
+int fsdp__optim_load_state_dict(fsdp_optim_t *opt, const fsdp_named_list_t *sd, bool adopt) {
     static const char fn[] = "fsdp_optim_load_state_dict";
     if (!opt) return FSDP_EINVAL;
     fsdp_ctx_t *ctx = opt->ctx;
@@ -439,7 +453,7 @@ int fsdp_optim_load_state_dict(fsdp_optim_t *opt, const fsdp_named_list_t *sd) {
         rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "%s", msg);
         goto out;
     }
-    rc = plan_make(opt, sd, &pl);
+    rc = plan_make(opt, sd, adopt, &pl);
     if (rc < 0) {
         fsdp__ctx_err(ctx, rc, "%s: copying the state failed: %s", fn, fsdp_ctx_last_error(ctx));
         goto out;
