@@ -95,6 +95,9 @@ static int write_small(fsdp_ctx_t *ctx, const char *dir, float shift) {
                         : add_piece(ctx, &l, "b", FSDP_DTYPE_BF16, b + 4, 3, 1, sb, 4, false);
         if (rc == 0 && r == 0) rc = add_piece(ctx, &l, "c", FSDP_DTYPE_I64, c, 4, 1, sc, 0, true);
         if (rc == 0 && r == 0) rc = add_piece(ctx, &l, "s", FSDP_DTYPE_F64, &s, 1, 0, sc, 0, true);
+        /* "e": an empty tensor (0 x 3), replicated, and rank 2's empty piece of it */
+        static const int64_t se[2] = {0, 3};
+        if (rc == 0 && r == 0) rc = add_piece(ctx, &l, "e", FSDP_DTYPE_F32, a, 0, 2, se, 0, true);
         if (rc == 0) rc = fsdp_ckpt_write_rank(ctx, dir, r, 3, &l);
         fsdp_shard_list_free(&l);
     }
@@ -117,12 +120,15 @@ static void io_tests(void) {
         fsdp_ctx_destroy(ctx);
         return;
     }
-    fsdp_ckpt_info_t ia, ib, ic, is;
+    fsdp_ckpt_info_t ia, ib, ic, is, ie;
     bool found = fsdp_ckpt_find(ck, "a", &ia) == 0 && fsdp_ckpt_find(ck, "b", &ib) == 0 &&
                  fsdp_ckpt_find(ck, "c", &ic) == 0 && fsdp_ckpt_find(ck, "s", &is) == 0;
-    tap_ok(found && fsdp_ckpt_count(ck) == 4 && fsdp_ckpt_world_size(ck) == 3 &&
+    tap_ok(found && fsdp_ckpt_count(ck) == 5 && fsdp_ckpt_world_size(ck) == 3 &&
                fsdp_ckpt_file_count(ck) == 3,
-           "io: the index lists 4 tensors, world size 3, 3 files");
+           "io: the index lists 5 tensors, world size 3, 3 files");
+    tap_ok(fsdp_ckpt_find(ck, "e", &ie) == 0 && ie.numel == 0 && ie.nchunks == 0 && ie.ndim == 2 &&
+               ie.shape[1] == 3 && fsdp_ckpt_read(ck, "e", 0, 0, FSDP_DTYPE_F32, NULL, 0) == 0,
+           "io: a tensor with no elements is listed with its shape [0, 3] and no chunk, and reads");
     tap_ok(found && ia.nchunks == 3 && ia.ndim == 2 && ia.shape[0] == 5 && ia.shape[1] == 3 &&
                !ia.replicated && strcmp(ia.st_dtype, "F32") == 0,
            "io: the f32 tensor has its global shape [5, 3] and 3 chunks");
@@ -178,6 +184,26 @@ static void io_tests(void) {
     tap_ok(same, "io: a read of ranks 0 and 1's range does not touch rank 2's file (%s)",
            rc ? fsdp_ctx_last_error(ctx) : "ok");
     fsdp_ckpt_close(ck);
+
+    /* an index whose world size disagrees with its files */
+    path_of(p, sizeof p, "small", "index.json");
+    FILE *fi = fopen(p, "r+");
+    char text[8192];
+    size_t len = fi ? fread(text, 1, sizeof text - 1, fi) : 0;
+    text[len] = 0;
+    char *w = strstr(text, "\"world_size\": 3");
+    if (fi && w) {
+        w[14] = '5';
+        rewind(fi);
+        fwrite(text, 1, len, fi);
+    }
+    if (fi) fclose(fi);
+    ck = NULL;
+    rc = fsdp_ckpt_open(ctx, dir, &ck);
+    tap_ok(w && rc == FSDP_EINVAL && !ck &&
+               strstr(fsdp_ctx_last_error(ctx), "world_size 5 but 3 files"),
+           "io: an index whose world_size (5) disagrees with its 3 files is refused (%s)",
+           fsdp_ctx_last_error(ctx));
 
     /* replacing, stale and foreign staging directories */
     rc = write_small(ctx, dir, 100.0f);

@@ -6,7 +6,7 @@
 #     re-exporting from it (--steps 0) gives the same bytes as re-exporting from the original;
 #   - worlds 1, 2, 3 and 5 consolidate to the same bytes, each tensor in its non-empty pieces of
 #     ceil(numel / world) elements (16 elements at world 5: 4 chunks of 4);
-#     a scalar and a 2-element tensor at world 5 keep their bytes;
+#     a scalar, a 2-element and an empty tensor at world 5 keep their bytes;
 #   - --all on a shard-made directory is the default output with the "model." prefixes;
 #   - info --json is one JSON object with the same tensors;
 #   - shard replaces an existing checkpoint directory but refuses a directory of other files;
@@ -119,8 +119,9 @@ for w in 1 2 3 5; do
   fi
 done
 ok $worlds_ok "worlds 1, 2, 3 and 5: verify, every tensor in ceil(numel / ceil(numel / w)) chunks, the same consolidated bytes"
-# A scalar (F32 1.5) and two I64 (7, -2) written by hand: the header padded to 8 bytes.
-hdr='{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"t":{"dtype":"I64","shape":[2],"data_offsets":[4,20]}}'
+# A scalar (F32 1.5), two I64 (7, -2) and an empty F32 (0 x 3) written by hand: the header
+# padded to 8 bytes.
+hdr='{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"t":{"dtype":"I64","shape":[2],"data_offsets":[4,20]},"e":{"dtype":"F32","shape":[0,3],"data_offsets":[20,20]}}'
 while [ $((${#hdr} % 8)) -ne 0 ]; do hdr="$hdr "; done
 {
   printf "\\$(printf %03o ${#hdr})\\000\\000\\000\\000\\000\\000\\000"
@@ -135,8 +136,9 @@ st=$?
 st_data "$tmp/tiny.c.st" > "$tmp/tiny.c.data"
 [ "$st" -eq 0 ] && cmp -s "$tmp/tiny.data" "$tmp/tiny.c.data" &&
   info_tensors "$tmp/tiny.info" | grep -q '^model\.s  *F32  *\[\]  *1  1 chunk$' &&
-  info_tensors "$tmp/tiny.info" | grep -q '^model\.t  *I64  *\[2\]  *2  2 chunks$'
-ok $? "a scalar and a 2-element tensor at world 5: one and two chunks, the same bytes (exit $st)" \
+  info_tensors "$tmp/tiny.info" | grep -q '^model\.t  *I64  *\[2\]  *2  2 chunks$' &&
+  info_tensors "$tmp/tiny.info" | grep -q '^model\.e  *F32  *\[0, 3\]  *0 '
+ok $? "a scalar, a 2-element and an empty tensor at world 5: one, two and no chunks, the same bytes (exit $st)" \
   "$tmp/tiny.out" "$tmp/tiny.info"
 
 # --- 10: --all ------------------------------------------------------------------------------------

@@ -424,8 +424,10 @@ static int rank_pieces(const fsdp_named_list_t *all, int r, int world, fsdp_shar
         int64_t numel = fsdp_tensor_numel(t);
         int64_t c = numel / world + (numel % world != 0);
         int64_t off = c * r;
-        if (off >= numel) continue; /* an empty piece */
+        /* an empty piece is skipped; a tensor with no elements is written (empty) by rank 0 */
+        if (off >= numel && (numel > 0 || r > 0)) continue;
         int64_t cnt = numel - off < c ? numel - off : c;
+        if (cnt < 0) cnt = 0;
         fsdp_shard_entry_t *e = &l->e[l->n];
         *e = (fsdp_shard_entry_t){0};
         size_t nlen = strlen(MODEL_PREFIX) + strlen(all->names[i]) + 1;
@@ -455,9 +457,8 @@ static int cmd_shard(fsdp_ctx_t *ctx, const opts_t *o) {
     for (size_t i = 0; i < n; i++) {
         fsdp_safetensors_info_t info;
         fsdp_safetensors_info(st, i, &info);
-        const char *why = info.dtype == FSDP_DTYPE_COUNT ? "has a dtype libfsdp has no type for"
-                          : info.numel == 0              ? "has no elements"
-                                                         : NULL;
+        const char *why =
+            info.dtype == FSDP_DTYPE_COUNT ? "has a dtype libfsdp has no type for" : NULL;
         if (why) {
             fprintf(stderr,
                     PROG ": shard: '%s': tensor '%s' (%s) %s; a checkpoint directory cannot hold "

@@ -365,6 +365,12 @@ int fsdp__ckpt_parse_index(fsdp_ckpt_t *ck, const char *text, size_t len, const 
     }
     ck->world = (int)json_nonneg(world);
     FSDP_TRY(rc, out, parse_files(ck, files, path));
+    if (ck->nfiles != (size_t)ck->world) {
+        rc = fsdp__ckpt_err(ck, FSDP_EINVAL,
+                            "'%s': world_size %d but %zu files (a checkpoint has one file per rank)",
+                            path, ck->world, ck->nfiles);
+        goto out;
+    }
     size_t nm = json_object_size(meta);
     ck->mk = calloc(nm ? nm : 1, sizeof *ck->mk);
     ck->mv = calloc(nm ? nm : 1, sizeof *ck->mv);

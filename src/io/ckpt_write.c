@@ -181,7 +181,9 @@ int fsdp_ckpt_write_rank(fsdp_ctx_t *ctx, const char *dir, int rank, int world,
                 fn, rank, nm, cnt, e->offset, e->replicated ? ", replicated" : "", total);
             goto out;
         }
-        if (cnt == 0) continue; /* a rank that holds nothing of this tensor */
+        /* a rank that holds nothing of a tensor writes nothing of it; a tensor with no elements
+         * at all is written (empty), so the index lists it */
+        if (cnt == 0 && total > 0) continue;
         size_t vcap = 40 + 24 * (size_t)e->ndim,
                kcap = strlen(e->name) + sizeof FSDP__CKPT_PIECE_KEY;
         vals[2 * k] = malloc(kcap);
@@ -304,6 +306,7 @@ static int build(fsdp_ckpt_t *ck, struct found *fo, size_t nf) {
                     t->replicated ? " (replicated)" : "", ck->f[fo[i].file].name, f->info.st_dtype,
                     fsdp__st_shape_str(f->shape, f->ndim, s2, sizeof s2),
                     f->replicated ? " (replicated)" : "", ck->f[f->file].name);
+            if (f->info.numel == 0) continue; /* an empty tensor: listed, with no chunk */
             if (t->nchunks > 0) {
                 const struct fsdp__ckpt_chunk *p = &t->c[t->nchunks - 1];
                 /* replicas wrote the same piece: index it once (the lowest rank's) */
