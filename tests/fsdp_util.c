@@ -668,3 +668,64 @@ double fu_shards_vs(fsdp_unit_t *root, const fsdp_unit_t *only, bool grads, fu_e
     free(u);
     return worst;
 }
+
+/* ---- host copies of state-dict entries ------------------------------------------------------- */
+
+void fu_store_free(fu_store_t *st) {
+    for (size_t i = 0; i < st->n; i++)
+        free(st->e[i].data);
+    free(st->e);
+    *st = (fu_store_t){0};
+}
+
+int fu_store_add(fu_store_t *st, const char *name, const fsdp_tensor_t *t, int ndim,
+                 const int64_t *shape, int64_t offset, bool replicated) {
+    if (st->n == st->cap) {
+        size_t nc = st->cap ? 2 * st->cap : 64;
+        fu_piece_t *ne = realloc(st->e, nc * sizeof *ne);
+        if (!ne) return FSDP_ENOMEM;
+        st->e = ne;
+        st->cap = nc;
+    }
+    fu_piece_t *e = &st->e[st->n];
+    memset(e, 0, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->dt = fsdp_tensor_dtype(t);
+    e->ndim = ndim;
+    if (ndim > 0) memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
+    e->offset = offset;
+    e->replicated = replicated;
+    e->numel = fsdp_tensor_numel(t);
+    size_t bytes = (size_t)e->numel * fsdp_dtype_size(e->dt);
+    e->data = malloc(bytes ? bytes : 1);
+    if (!e->data) return FSDP_ENOMEM;
+    int rc = fsdp_tensor_to_host(t, e->data, bytes);
+    if (rc == 0)
+        st->n++;
+    else
+        free(e->data);
+    return rc;
+}
+
+int fu_store_to_list(fsdp_ctx_t *ctx, const fu_store_t *st, fsdp_shard_list_t *out) {
+    *out = (fsdp_shard_list_t){0};
+    out->e = calloc(st->n + 1, sizeof *out->e);
+    if (!out->e) return FSDP_ENOMEM;
+    int rc = FSDP_OK;
+    for (size_t i = 0; i < st->n && rc == 0; i++) {
+        const fu_piece_t *s = &st->e[i];
+        fsdp_shard_entry_t *e = &out->e[out->n];
+        int nd = s->replicated ? s->ndim : 1;
+        const int64_t *shape = s->replicated ? s->shape : &s->numel;
+        rc = fsdp_tensor_from_host(ctx, s->dt, nd, shape, s->data, FSDP_MEM_OTHER, &e->t);
+        if (rc < 0) break;
+        e->name = strdup(s->name);
+        e->ndim = s->ndim;
+        memcpy(e->shape, s->shape, sizeof e->shape);
+        e->offset = s->offset;
+        e->replicated = s->replicated;
+        out->n++;
+        if (!e->name) rc = FSDP_ENOMEM;
+    }
+    return rc;
+}

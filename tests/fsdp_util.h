@@ -127,6 +127,34 @@ void fu_run(const char *prefix, int world, fsdp_sharding_strategy_t s, bool orig
 /* Appends to a diagnostic, separated by "; " (what no longer fits is dropped). */
 void fu_add_why(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* ---- host copies of state-dict entries ------------------------------------------------------- */
+
+/* A host copy of a state-dict entry or a piece of one (its global shape and element offset), as
+ * the state-dict tests keep what was saved beyond the sim run that made it. */
+typedef struct fu_piece {
+    char name[160];
+    fsdp_dtype_t dt;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t offset; /* of a piece in its global tensor (0 for a whole tensor) */
+    int64_t numel;  /* of the piece */
+    bool replicated;
+    void *data;
+} fu_piece_t;
+
+typedef struct fu_store {
+    size_t n, cap;
+    fu_piece_t *e;
+} fu_store_t;
+
+/* Frees the copies; the store is empty afterwards. */
+void fu_store_free(fu_store_t *st);
+/* Appends a host copy of t (with its piece geometry) to st. */
+int fu_store_add(fu_store_t *st, const char *name, const fsdp_tensor_t *t, int ndim,
+                 const int64_t *shape, int64_t offset, bool replicated);
+/* The stored pieces as a shard list on ctx (new tensors; free with fsdp_shard_list_free). */
+int fu_store_to_list(fsdp_ctx_t *ctx, const fu_store_t *st, fsdp_shard_list_t *out);
+
 /* ---- comparing values ------------------------------------------------------------------------ */
 
 /* |actual - expected| / (atol + rtol |expected|): <= 1 is close under assert_close's rule. */

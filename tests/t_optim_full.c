@@ -38,78 +38,26 @@
 
 /* ---- host copies of entries ------------------------------------------------------------------ */
 
-typedef struct ent {
-    char name[160];
-    fsdp_dtype_t dt;
-    int ndim;
-    int64_t shape[FSDP_MAX_DIMS];
-    int64_t offset; /* of a piece in its global tensor (0 for a whole tensor) */
-    int64_t numel;  /* of the piece */
-    bool replicated;
-    void *data;
-} ent_t;
-
-typedef struct store {
-    size_t n, cap;
-    ent_t *e;
-} store_t;
-
-static void store_free(store_t *st) {
-    for (size_t i = 0; i < st->n; i++)
-        free(st->e[i].data);
-    free(st->e);
-    *st = (store_t){0};
-}
-
-static int store_add(store_t *st, const char *name, const fsdp_tensor_t *t, int ndim,
-                     const int64_t *shape, int64_t offset, bool replicated) {
-    if (st->n == st->cap) {
-        size_t nc = st->cap ? 2 * st->cap : 64;
-        ent_t *ne = realloc(st->e, nc * sizeof *ne);
-        if (!ne) return FSDP_ENOMEM;
-        st->e = ne;
-        st->cap = nc;
-    }
-    ent_t *e = &st->e[st->n];
-    memset(e, 0, sizeof *e);
-    snprintf(e->name, sizeof e->name, "%s", name);
-    e->dt = fsdp_tensor_dtype(t);
-    e->ndim = ndim;
-    if (ndim > 0) memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
-    e->offset = offset;
-    e->replicated = replicated;
-    e->numel = fsdp_tensor_numel(t);
-    size_t bytes = (size_t)e->numel * fsdp_dtype_size(e->dt);
-    e->data = malloc(bytes ? bytes : 1);
-    if (!e->data) return FSDP_ENOMEM;
-    int rc = fsdp_tensor_to_host(t, e->data, bytes);
-    if (rc == 0)
-        st->n++;
-    else
-        free(e->data);
-    return rc;
-}
-
-/* A whole-tensor list (names and tensors) into st, under mu when not NULL. */
-static int store_list(store_t *st, const fsdp_named_list_t *l, pthread_mutex_t *mu) {
+/* Appends host copies of a named list's whole tensors to st (under mu when given). */
+static int store_list(fu_store_t *st, const fsdp_named_list_t *l, pthread_mutex_t *mu) {
     int rc = FSDP_OK;
     if (mu) pthread_mutex_lock(mu);
     for (size_t i = 0; i < l->n && rc == 0; i++)
-        rc = store_add(st, l->names[i], l->tensors[i], fsdp_tensor_ndim(l->tensors[i]),
-                       fsdp_tensor_shape(l->tensors[i]), 0, true);
+        rc = fu_store_add(st, l->names[i], l->tensors[i], fsdp_tensor_ndim(l->tensors[i]),
+                          fsdp_tensor_shape(l->tensors[i]), 0, true);
     if (mu) pthread_mutex_unlock(mu);
     return rc;
 }
 
 /* The stored whole tensors as a named list on ctx (owned). */
-static int store_to_named(fsdp_ctx_t *ctx, const store_t *st, fsdp_named_list_t *out) {
+static int fu_store_to_named(fsdp_ctx_t *ctx, const fu_store_t *st, fsdp_named_list_t *out) {
     *out = (fsdp_named_list_t){.owned = true};
     out->names = calloc(st->n + 1, sizeof *out->names);
     out->tensors = calloc(st->n + 1, sizeof *out->tensors);
     if (!out->names || !out->tensors) return FSDP_ENOMEM;
     int rc = FSDP_OK;
     for (size_t i = 0; i < st->n && rc == 0; i++) {
-        const ent_t *e = &st->e[i];
+        const fu_piece_t *e = &st->e[i];
         rc = fsdp_tensor_from_host(ctx, e->dt, e->ndim, e->shape, e->data, FSDP_MEM_OTHER,
                                    &out->tensors[i]);
         if (rc == 0) out->names[out->n++] = strdup(e->name);
@@ -126,9 +74,9 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
 
 /* The global tensor `name` assembled from st's pieces into *out (malloc'ed, its geometry in
  * *g): every element covered, pieces given twice (replicas) bitwise equal. */
-static bool consolidate(const store_t *st, const char *name, ent_t *g, unsigned char **out,
+static bool consolidate(const fu_store_t *st, const char *name, fu_piece_t *g, unsigned char **out,
                         char *why, size_t len) {
-    const ent_t *first = NULL;
+    const fu_piece_t *first = NULL;
     for (size_t i = 0; i < st->n && !first; i++)
         if (strcmp(st->e[i].name, name) == 0) first = &st->e[i];
     *out = NULL;
@@ -143,7 +91,7 @@ static bool consolidate(const store_t *st, const char *name, ent_t *g, unsigned 
     unsigned char *buf = calloc((size_t)g->numel + 1, es), *seen = calloc((size_t)g->numel + 1, 1);
     bool ok = buf && seen;
     for (size_t i = 0; i < st->n && ok; i++) {
-        const ent_t *e = &st->e[i];
+        const fu_piece_t *e = &st->e[i];
         if (strcmp(e->name, name) != 0) continue;
         if (e->dt != first->dt || e->offset + e->numel > g->numel) {
             snprintf(why, len, "'%s': a piece of another dtype or past the end", name);
@@ -175,7 +123,7 @@ static bool consolidate(const store_t *st, const char *name, ent_t *g, unsigned 
 }
 
 /* Whether full (whole tensors) holds exactly the tensors st's pieces consolidate to, bitwise. */
-static bool full_vs_pieces(const store_t *full, const store_t *st, char *why, size_t len) {
+static bool full_vs_pieces(const fu_store_t *full, const fu_store_t *st, char *why, size_t len) {
     size_t names = 0;
     for (size_t i = 0; i < st->n; i++) {
         bool again = false;
@@ -188,8 +136,8 @@ static bool full_vs_pieces(const store_t *full, const store_t *st, char *why, si
         return false;
     }
     for (size_t i = 0; i < full->n; i++) {
-        const ent_t *f = &full->e[i];
-        ent_t g;
+        const fu_piece_t *f = &full->e[i];
+        fu_piece_t g;
         unsigned char *want = NULL;
         if (!consolidate(st, f->name, &g, &want, why, len)) return false;
         bool ok = f->dt == g.dt && f->ndim == g.ndim && f->numel == g.numel &&
@@ -205,13 +153,13 @@ static bool full_vs_pieces(const store_t *full, const store_t *st, char *why, si
 }
 
 /* Whether a and b hold the same entries (by name, in any order), bitwise. */
-static bool same_full(const store_t *a, const store_t *b, char *why, size_t len) {
+static bool same_full(const fu_store_t *a, const fu_store_t *b, char *why, size_t len) {
     if (a->n != b->n) {
         snprintf(why, len, "%zu entries, want %zu", a->n, b->n);
         return false;
     }
     for (size_t i = 0; i < a->n; i++) {
-        const ent_t *x = &a->e[i], *y = NULL;
+        const fu_piece_t *x = &a->e[i], *y = NULL;
         for (size_t k = 0; k < b->n && !y; k++)
             if (strcmp(b->e[k].name, x->name) == 0) y = &b->e[k];
         if (!y || x->dt != y->dt || x->numel != y->numel || x->ndim != y->ndim ||
@@ -225,13 +173,13 @@ static bool same_full(const store_t *a, const store_t *b, char *why, size_t len)
 }
 
 /* The stored pieces as a shard list on ctx. */
-static int store_to_pieces(fsdp_ctx_t *ctx, const store_t *st, fsdp_shard_list_t *out) {
+static int fu_store_to_pieces(fsdp_ctx_t *ctx, const fu_store_t *st, fsdp_shard_list_t *out) {
     *out = (fsdp_shard_list_t){0};
     out->e = calloc(st->n + 1, sizeof *out->e);
     if (!out->e) return FSDP_ENOMEM;
     int rc = FSDP_OK;
     for (size_t i = 0; i < st->n && rc == 0; i++) {
-        const ent_t *s = &st->e[i];
+        const fu_piece_t *s = &st->e[i];
         fsdp_shard_entry_t *e = &out->e[out->n];
         rc = s->replicated
                  ? fsdp_tensor_from_host(ctx, s->dt, s->ndim, s->shape, s->data, FSDP_MEM_OTHER,
@@ -252,7 +200,7 @@ static int store_to_pieces(fsdp_ctx_t *ctx, const store_t *st, fsdp_shard_list_t
  * moment piece gets -0.0 and NaNs with payloads at elements chosen by their global index (so
  * replicas stay equal), and every rank loads all the pieces back into opt. */
 static int store_pieces(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, bool poke,
-                        store_t *st, pthread_mutex_t *mu) {
+                        fu_store_t *st, pthread_mutex_t *mu) {
     fsdp_shard_list_t l = {0};
     int rc = fsdp_sharded_optim_state_dict(root, opt, &l);
     for (size_t i = 0; i < l.n && rc == 0 && poke; i++) {
@@ -272,12 +220,12 @@ static int store_pieces(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, b
     }
     pthread_mutex_lock(mu);
     for (size_t i = 0; i < l.n && rc == 0; i++)
-        rc = store_add(st, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape, l.e[i].offset,
-                       l.e[i].replicated);
+        rc = fu_store_add(st, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape, l.e[i].offset,
+                          l.e[i].replicated);
     pthread_mutex_unlock(mu);
     fsdp_shard_list_free(&l);
     if (rc == 0) rc = fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL);
-    if (rc == 0 && poke) rc = store_to_pieces(ctx, st, &l);
+    if (rc == 0 && poke) rc = fu_store_to_pieces(ctx, st, &l);
     if (rc == 0 && poke) rc = fsdp_load_sharded_optim_state_dict(root, opt, &l);
     fsdp_shard_list_free(&l);
     return rc;
@@ -289,12 +237,12 @@ typedef struct of_job {
     fu_job_t j; /* first */
     int mode;   /* below */
     bool hybrid, recursive;
-    store_t *full;   /* GATHER: rank 0's dict after two steps (written); LOAD: the dict to load */
-    store_t *model;  /* rank 0's FULL model state dict after two steps */
-    store_t *after3; /* rank 0's FULL model state dict after a third step */
-    bool resume;     /* LOAD: one more step, compared with after3 */
+    fu_store_t *full;  /* GATHER: rank 0's dict after two steps (written); LOAD: the dict to load */
+    fu_store_t *model; /* rank 0's FULL model state dict after two steps */
+    fu_store_t *after3; /* rank 0's FULL model state dict after a third step */
+    bool resume;        /* LOAD: one more step, compared with after3 */
     pthread_mutex_t *mu;
-    store_t pieces[2]; /* every rank's pieces: plain, then with special values */
+    fu_store_t pieces[2]; /* every rank's pieces: plain, then with special values */
 } of_job_t;
 
 enum { GATHER, LOAD, BAD };
@@ -378,7 +326,7 @@ static void rig_free(fsdp_ctx_t *ctx, rig_t *g) {
 
 /* The full optimizer dict with options o as host copies in *st. */
 static int full_dict(fsdp_unit_t *root, fsdp_optim_t *opt, bool rank0_only, bool offload,
-                     store_t *st, bool *on_host) {
+                     fu_store_t *st, bool *on_host) {
     fsdp_full_state_dict_options_t o;
     fsdp_full_state_dict_options_init(&o);
     o.rank0_only = rank0_only;
@@ -394,7 +342,7 @@ static int full_dict(fsdp_unit_t *root, fsdp_optim_t *opt, bool rank0_only, bool
 }
 
 /* Rank 0's FULL model state dict into st (collective). */
-static int save_model(fsdp_ctx_t *ctx, fsdp_unit_t *root, store_t *st, pthread_mutex_t *mu) {
+static int save_model(fsdp_ctx_t *ctx, fsdp_unit_t *root, fu_store_t *st, pthread_mutex_t *mu) {
     fsdp_full_state_dict_options_t o;
     fsdp_full_state_dict_options_init(&o);
     o.rank0_only = true;
@@ -406,7 +354,7 @@ static int save_model(fsdp_ctx_t *ctx, fsdp_unit_t *root, store_t *st, pthread_m
 }
 
 /* The optimizer's own state as host copies (to see that a failed load changed nothing). */
-static int snapshot(fsdp_optim_t *opt, store_t *st) {
+static int snapshot(fsdp_optim_t *opt, fu_store_t *st) {
     fsdp_named_list_t l = {0};
     int rc = fsdp_optim_state_dict(opt, &l);
     if (rc == 0) rc = store_list(st, &l, NULL);
@@ -419,7 +367,7 @@ static int snapshot(fsdp_optim_t *opt, store_t *st) {
 static void gather_checks(fu_res_t *r, fsdp_ctx_t *ctx, of_job_t *oj, rig_t *g) {
     int rc, rank = fsdp_ctx_rank(ctx);
     char why[400] = "";
-    store_t a = {0}, b = {0}, c = {0};
+    fu_store_t a = {0}, b = {0}, c = {0};
     bool host = false;
     FU_TRY(done, "sharded pieces",
            store_pieces(ctx, g->root, g->opt, false, &oj->pieces[0], oj->mu));
@@ -444,18 +392,18 @@ static void gather_checks(fu_res_t *r, fsdp_ctx_t *ctx, of_job_t *oj, rig_t *g) 
           "offload_to_cpu: host tensors with the same bits", "on the host: %d; %s", host, why);
     if (rank == 0 && oj->full) { /* the saved dict, for the load jobs */
         *oj->full = a;
-        a = (store_t){0};
+        a = (fu_store_t){0};
     }
 done:
-    store_free(&a);
-    store_free(&b);
-    store_free(&c);
+    fu_store_free(&a);
+    fu_store_free(&b);
+    fu_store_free(&c);
 }
 
 /* One bad load: FSDP_EINVAL naming `what`, and the optimizer's state bitwise unchanged. */
 static void bad_load(fu_res_t *r, fsdp_ctx_t *ctx, fsdp_optim_t *opt, fsdp_unit_t *root,
                      const fsdp_named_list_t *l, const char *what, const char *name) {
-    store_t before = {0}, after = {0};
+    fu_store_t before = {0}, after = {0};
     char why[300] = "";
     int rc = snapshot(opt, &before);
     if (rc == 0) rc = fsdp_load_full_optim_state_dict(root, opt, l);
@@ -463,8 +411,8 @@ static void bad_load(fu_res_t *r, fsdp_ctx_t *ctx, fsdp_optim_t *opt, fsdp_unit_
     rc = snapshot(opt, &after);
     fu_ck(r, rc == 0 && same_full(&after, &before, why, sizeof why),
           "... and the optimizer's state is bitwise unchanged", "%s", why);
-    store_free(&before);
-    store_free(&after);
+    fu_store_free(&before);
+    fu_store_free(&after);
 }
 
 /* The bad inputs, each a change of a borrowed copy of the good dict l. */
@@ -530,7 +478,7 @@ static void bad_inputs(fu_res_t *r, fsdp_ctx_t *ctx, rig_t *g, const fsdp_named_
     v.names[st] = l->names[st];
     /* and the untouched dict loads, giving back the full dict it came from (a rank's local
      * state may gain empty states for parameters it holds no part of) */
-    store_t before = {0}, after = {0};
+    fu_store_t before = {0}, after = {0};
     char why[300] = "";
     int rc = full_dict(g->root, g->opt, false, false, &before, NULL);
     if (rc == 0) rc = fsdp_load_full_optim_state_dict(g->root, g->opt, &v);
@@ -538,8 +486,8 @@ static void bad_inputs(fu_res_t *r, fsdp_ctx_t *ctx, rig_t *g, const fsdp_named_
     fu_ck(r, rc == 0 && same_full(&after, &before, why, sizeof why),
           "the untouched dict loads and gives the full dict it came from, bitwise", "%s: %s %s",
           fsdp_err_name(rc), fsdp_ctx_last_error(ctx), why);
-    store_free(&before);
-    store_free(&after);
+    fu_store_free(&before);
+    fu_store_free(&after);
 out:
     free(v.names);
     free(v.tensors);
@@ -550,7 +498,7 @@ static int of_rank(fsdp_ctx_t *ctx, void *arg) {
     fu_res_t *r = fu_res_of(&oj->j, ctx);
     rig_t g = {0};
     char why[400] = "";
-    store_t a = {0}, b = {0};
+    fu_store_t a = {0}, b = {0};
     fsdp_named_list_t l = {0};
     int rank = fsdp_ctx_rank(ctx), rc;
     FU_TRY(done, "setting up", setup(ctx, oj, &g));
@@ -570,10 +518,10 @@ static int of_rank(fsdp_ctx_t *ctx, void *arg) {
               why);
         break;
     case LOAD:
-        FU_TRY(done, "the model's dict", store_to_named(ctx, oj->model, &l));
+        FU_TRY(done, "the model's dict", fu_store_to_named(ctx, oj->model, &l));
         FU_TRY(done, "loading the model", fsdp_load_full_state_dict(g.root, &l, true));
         fsdp_named_list_free(&l);
-        FU_TRY(done, "the optimizer's dict", store_to_named(ctx, oj->full, &l));
+        FU_TRY(done, "the optimizer's dict", fu_store_to_named(ctx, oj->full, &l));
         FU_TRY(done, "loading the dict saved at world 2",
                fsdp_load_full_optim_state_dict(g.root, g.opt, &l));
         FU_TRY(done, "full dict", full_dict(g.root, g.opt, false, false, &a, NULL));
@@ -588,14 +536,14 @@ static int of_rank(fsdp_ctx_t *ctx, void *arg) {
     case BAD:
         FU_TRY(done, "training", train(ctx, &g, 2));
         FU_TRY(done, "full dict", full_dict(g.root, g.opt, false, false, &a, NULL));
-        FU_TRY(done, "the dict", store_to_named(ctx, &a, &l));
+        FU_TRY(done, "the dict", fu_store_to_named(ctx, &a, &l));
         bad_inputs(r, ctx, &g, &l);
         break;
     }
 done:
     fsdp_named_list_free(&l);
-    store_free(&a);
-    store_free(&b);
+    fu_store_free(&a);
+    fu_store_free(&b);
     rig_free(ctx, &g);
     return rc;
 }
@@ -604,7 +552,8 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* One job; returns it for the caller's stores (free()). */
 static void run(int mode, const char *what, int world, fsdp_sharding_strategy_t s, bool orig,
-                bool recursive, store_t *full, store_t *model, store_t *after3, bool resume) {
+                bool recursive, fu_store_t *full, fu_store_t *model, fu_store_t *after3,
+                bool resume) {
     of_job_t *oj = calloc(1, sizeof *oj);
     if (!oj) tap_bail("out of memory");
     char prefix[160];
@@ -621,8 +570,8 @@ static void run(int mode, const char *what, int world, fsdp_sharding_strategy_t 
     oj->resume = resume;
     oj->mu = &mu;
     fu_run_job(&oj->j, of_rank);
-    store_free(&oj->pieces[0]);
-    store_free(&oj->pieces[1]);
+    fu_store_free(&oj->pieces[0]);
+    fu_store_free(&oj->pieces[1]);
     free(oj);
 }
 
@@ -630,7 +579,7 @@ static void run(int mode, const char *what, int world, fsdp_sharding_strategy_t 
 
 typedef struct w8 {
     bool orig;
-    store_t pieces;
+    fu_store_t pieces;
     bool ok[8], empty[8];
     char why[8][300];
 } w8_t;
@@ -642,7 +591,7 @@ static int w8_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_named_list_t params = {0};
-    store_t a = {0};
+    fu_store_t a = {0};
     fsdp_options_t o;
     fsdp_options_init(&o);
     o.use_orig_params = w->orig;
@@ -683,7 +632,7 @@ static int w8_rank(fsdp_ctx_t *ctx, void *arg) {
     } else {
         snprintf(w->why[rank], 300, "%s: %s", fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
     }
-    store_free(&a);
+    fu_store_free(&a);
     fsdp_named_list_free(&params);
     fsdp_tape_clear(ctx);
     fsdp_optim_destroy(opt);
@@ -712,7 +661,7 @@ static void run8(bool orig) {
            "world 8, FULL_SHARD, use_orig_params %s, 2 x Linear(3, 3): ranks that hold no part of "
            "a parameter (some: %s); rank 0's rank0_only full dict is bitwise the consolidation",
            orig ? "on" : "off", empty ? "yes" : "no");
-    store_free(&w->pieces);
+    fu_store_free(&w->pieces);
     free(w);
 }
 
@@ -735,13 +684,13 @@ int main(void) {
     for (int si = 0; si < 3; si++)
         for (int orig = 0; orig < 2; orig++) {
             fsdp_sharding_strategy_t s = all[si];
-            store_t full = {0}, model = {0}, after3 = {0};
+            fu_store_t full = {0}, model = {0}, after3 = {0};
             run(GATHER, "full dict after two AdamW steps:", 2, s, orig, true, &full, &model,
                 &after3, false);
             if (si == 2) {
-                store_free(&full);
-                store_free(&model);
-                store_free(&after3);
+                fu_store_free(&full);
+                fu_store_free(&model);
+                fu_store_free(&after3);
                 continue;
             }
             static const char what[] = "the dict saved at world 2 loaded:";
@@ -751,9 +700,9 @@ int main(void) {
             run(LOAD, what, 4, all[1 - si], !orig, true, &full, &model, NULL, false);
             run(LOAD, what, 3, s, true, false, &full, &model, NULL, false);
             run(LOAD, what, 4, FSDP_HYBRID_SHARD, orig, true, &full, &model, NULL, false);
-            store_free(&full);
-            store_free(&model);
-            store_free(&after3);
+            fu_store_free(&full);
+            fu_store_free(&model);
+            fu_store_free(&after3);
         }
     run(BAD, "bad dicts:", 2, FSDP_FULL_SHARD, true, true, NULL, NULL, NULL, false);
     run8(false);

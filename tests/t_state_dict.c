@@ -32,99 +32,23 @@
 #include "models/models.h"
 #include "tap.h"
 
-/* ---- host copies of pieces and full state dicts ---------------------------------------------- */
-
-typedef struct saved {
-    char name[160];
-    fsdp_dtype_t dt;
-    int ndim;
-    int64_t shape[FSDP_MAX_DIMS];
-    int64_t offset;
-    bool replicated;
-    int64_t numel; /* of the piece */
-    void *data;
-} saved_t;
-
-typedef struct store {
-    size_t n, cap;
-    saved_t *s;
-} store_t;
-
-static void store_free(store_t *st) {
-    for (size_t i = 0; i < st->n; i++)
-        free(st->s[i].data);
-    free(st->s);
-    *st = (store_t){0};
-}
-
-/* Appends a host copy of t (with its piece geometry) to st. */
-static int store_add(store_t *st, const char *name, const fsdp_tensor_t *t, int ndim,
-                     const int64_t *shape, int64_t offset, bool replicated) {
-    if (st->n == st->cap) {
-        size_t nc = st->cap ? 2 * st->cap : 64;
-        saved_t *ns = realloc(st->s, nc * sizeof *ns);
-        if (!ns) return FSDP_ENOMEM;
-        st->s = ns;
-        st->cap = nc;
-    }
-    saved_t *s = &st->s[st->n];
-    memset(s, 0, sizeof *s);
-    snprintf(s->name, sizeof s->name, "%s", name);
-    s->dt = fsdp_tensor_dtype(t);
-    s->ndim = ndim;
-    memcpy(s->shape, shape, (size_t)ndim * sizeof *shape);
-    s->offset = offset;
-    s->replicated = replicated;
-    s->numel = fsdp_tensor_numel(t);
-    size_t bytes = (size_t)s->numel * fsdp_dtype_size(s->dt);
-    s->data = malloc(bytes ? bytes : 1);
-    if (!s->data) return FSDP_ENOMEM;
-    int rc = fsdp_tensor_to_host(t, s->data, bytes);
-    if (rc == 0)
-        st->n++;
-    else
-        free(s->data);
-    return rc;
-}
+/* ---- host copies of pieces and full state dicts (fu_store_t, fsdp_util.h) ------------------ */
 
 /* Whether st holds an entry named `name` already. */
-static bool stored(const store_t *st, const char *name) {
+static bool stored(const fu_store_t *st, const char *name) {
     for (size_t i = 0; i < st->n; i++)
-        if (strcmp(st->s[i].name, name) == 0) return true;
+        if (strcmp(st->e[i].name, name) == 0) return true;
     return false;
-}
-
-/* The stored pieces as a shard list on ctx. */
-static int store_to_list(fsdp_ctx_t *ctx, const store_t *st, fsdp_shard_list_t *out) {
-    *out = (fsdp_shard_list_t){0};
-    out->e = calloc(st->n + 1, sizeof *out->e);
-    if (!out->e) return FSDP_ENOMEM;
-    int rc = FSDP_OK;
-    for (size_t i = 0; i < st->n && rc == 0; i++) {
-        const saved_t *s = &st->s[i];
-        fsdp_shard_entry_t *e = &out->e[out->n];
-        int nd = s->replicated ? s->ndim : 1;
-        const int64_t *shape = s->replicated ? s->shape : &s->numel;
-        rc = fsdp_tensor_from_host(ctx, s->dt, nd, shape, s->data, FSDP_MEM_OTHER, &e->t);
-        if (rc < 0) break;
-        e->name = strdup(s->name);
-        e->ndim = s->ndim;
-        memcpy(e->shape, s->shape, sizeof e->shape);
-        e->offset = s->offset;
-        e->replicated = s->replicated;
-        out->n++;
-    }
-    return rc;
 }
 
 /* ---- the jobs -------------------------------------------------------------------------------- */
 
 typedef struct sd_job {
-    fu_job_t j;      /* first */
-    bool recursive;  /* RECURSIVE wrapping (5 units), else the root alone */
-    int mode;        /* what the rank function does: below */
-    store_t *pieces; /* SHARDED or LOCAL pieces: appended (save) or read (load) */
-    store_t *full;   /* the consolidated FULL state dict: written by rank 0 (save) or compared */
+    fu_job_t j;         /* first */
+    bool recursive;     /* RECURSIVE wrapping (5 units), else the root alone */
+    int mode;           /* what the rank function does: below */
+    fu_store_t *pieces; /* SHARDED or LOCAL pieces: appended (save) or read (load) */
+    fu_store_t *full;   /* the consolidated FULL state dict: written by rank 0 (save) or compared */
     pthread_mutex_t *mu;
 } sd_job_t;
 
@@ -190,14 +114,14 @@ done:
 }
 
 /* Whether root's FULL state dict is bitwise the stored one (rank 0's); collective. */
-static int full_matches(fsdp_ctx_t *ctx, fsdp_unit_t *root, const store_t *full, bool *same,
+static int full_matches(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fu_store_t *full, bool *same,
                         char *why, size_t len) {
     fsdp_named_list_t sd = {0};
     int rc = fsdp_full_state_dict(root, NULL, &sd);
     *same = rc == 0 && sd.n == full->n;
     if (rc == 0 && !*same) snprintf(why, len, "%zu entries, saved %zu", sd.n, full->n);
     for (size_t i = 0; *same && i < sd.n; i++) {
-        const saved_t *s = &full->s[i];
+        const fu_piece_t *s = &full->e[i];
         size_t bytes = (size_t)s->numel * fsdp_dtype_size(s->dt);
         void *h = malloc(bytes ? bytes : 1);
         *same = h && strcmp(sd.names[i], s->name) == 0 &&
@@ -213,21 +137,21 @@ static int full_matches(fsdp_ctx_t *ctx, fsdp_unit_t *root, const store_t *full,
 }
 
 /* A snapshot of this rank's shards (to check that a failed load changed nothing). */
-static int snapshot(fsdp_unit_t *root, store_t *st) {
+static int snapshot(fsdp_unit_t *root, fu_store_t *st) {
     fsdp_shard_list_t l = {0};
     int rc = fsdp_local_state_dict(root, &l);
     for (size_t i = 0; i < l.n && rc == 0; i++)
-        rc = store_add(st, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape, l.e[i].offset,
-                       l.e[i].replicated);
+        rc = fu_store_add(st, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape, l.e[i].offset,
+                          l.e[i].replicated);
     fsdp_shard_list_free(&l);
     return rc;
 }
 
-static bool same_store(const store_t *a, const store_t *b) {
+static bool same_store(const fu_store_t *a, const fu_store_t *b) {
     if (a->n != b->n) return false;
     for (size_t i = 0; i < a->n; i++)
-        if (a->s[i].numel != b->s[i].numel || a->s[i].dt != b->s[i].dt ||
-            memcmp(a->s[i].data, b->s[i].data, (size_t)a->s[i].numel * fsdp_dtype_size(a->s[i].dt)))
+        if (a->e[i].numel != b->e[i].numel || a->e[i].dt != b->e[i].dt ||
+            memcmp(a->e[i].data, b->e[i].data, (size_t)a->e[i].numel * fsdp_dtype_size(a->e[i].dt)))
             return false;
     return true;
 }
@@ -235,14 +159,14 @@ static bool same_store(const store_t *a, const store_t *b) {
 /* One bad load: rc must be FSDP_EINVAL naming `what`, and the shards unchanged. */
 static void bad_load(fu_res_t *r, fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_shard_list_t *l,
                      const char *what, const char *name) {
-    store_t before = {0}, after = {0};
+    fu_store_t before = {0}, after = {0};
     snapshot(root, &before);
     int rc = fsdp_load_sharded_state_dict(root, l);
     snapshot(root, &after);
     fu_ck_einval(r, ctx, rc, what, NULL, name);
     fu_ck(r, same_store(&before, &after), name, "the shards changed");
-    store_free(&before);
-    store_free(&after);
+    fu_store_free(&before);
+    fu_store_free(&after);
 }
 
 static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
@@ -272,9 +196,9 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         if (rank == 0 && sj->full) {
             pthread_mutex_lock(sj->mu);
             for (size_t i = 0; i < full.n && rc == 0; i++)
-                rc = store_add(sj->full, full.names[i], full.tensors[i],
-                               fsdp_tensor_ndim(full.tensors[i]),
-                               fsdp_tensor_shape(full.tensors[i]), 0, true);
+                rc = fu_store_add(sj->full, full.names[i], full.tensors[i],
+                                  fsdp_tensor_ndim(full.tensors[i]),
+                                  fsdp_tensor_shape(full.tensors[i]), 0, true);
             pthread_mutex_unlock(sj->mu);
             FU_TRY(done, "storing", rc);
         }
@@ -287,19 +211,19 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         /* load (LOAD_OPT), then every rank's pieces of the optimizer state into the store:
          * the saved ones (SAVE_OPT: pieces) or the reloaded ones (LOAD_OPT: full) */
         if (sj->mode == LOAD_OPT) {
-            FU_TRY(done, "state dict", store_to_list(ctx, sj->pieces, &l));
+            FU_TRY(done, "state dict", fu_store_to_list(ctx, sj->pieces, &l));
             FU_TRY(done, "loading", fsdp_load_sharded_optim_state_dict(root, adamw, &l));
             fsdp_shard_list_free(&l);
         }
-        store_t *dst = sj->mode == SAVE_OPT ? sj->pieces : sj->full;
+        fu_store_t *dst = sj->mode == SAVE_OPT ? sj->pieces : sj->full;
         FU_TRY(done, "optimizer state dict", fsdp_sharded_optim_state_dict(root, adamw, &l));
         pthread_mutex_lock(sj->mu);
         for (size_t i = 0; i < l.n && rc == 0; i++)
             /* a replicated entry once, from whichever rank has it (a parameter a rank holds
              * nothing of has no optimizer state there) */
             if (!l.e[i].replicated || !stored(dst, l.e[i].name))
-                rc = store_add(dst, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape, l.e[i].offset,
-                               l.e[i].replicated);
+                rc = fu_store_add(dst, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape,
+                                  l.e[i].offset, l.e[i].replicated);
         pthread_mutex_unlock(sj->mu);
         FU_TRY(done, "storing", rc);
         break;
@@ -313,14 +237,14 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         for (size_t i = 0; i < l.n && rc == 0; i++)
             /* replicated entries once (rank 0's) */
             if (!l.e[i].replicated || rank == 0)
-                rc = store_add(sj->pieces, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape,
-                               l.e[i].offset, l.e[i].replicated);
+                rc = fu_store_add(sj->pieces, l.e[i].name, l.e[i].t, l.e[i].ndim, l.e[i].shape,
+                                  l.e[i].offset, l.e[i].replicated);
         pthread_mutex_unlock(sj->mu);
         FU_TRY(done, "storing", rc);
         break;
     case LOAD_SHARDED: {
         bool same = false;
-        FU_TRY(done, "state dict", store_to_list(ctx, sj->pieces, &l));
+        FU_TRY(done, "state dict", fu_store_to_list(ctx, sj->pieces, &l));
         FU_TRY(done, "loading", fsdp_load_sharded_state_dict(root, &l));
         FU_TRY(done, "FULL state dict", full_matches(ctx, root, sj->full, &same, why, sizeof why));
         fu_ck(r, same, "SHARDED: the loaded model's FULL state dict is bitwise the saved model's",
@@ -328,7 +252,7 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         break;
     }
     case LOAD_LOCAL: {
-        FU_TRY(done, "state dict", store_to_list(ctx, sj->pieces, &l));
+        FU_TRY(done, "state dict", fu_store_to_list(ctx, sj->pieces, &l));
         rc = fsdp_load_local_state_dict(root, &l);
         fu_ck_einval(r, ctx, rc, "LOCAL state dict loads only", NULL,
                      "LOCAL: a load at another world size is FSDP_EINVAL saying why");
@@ -339,7 +263,7 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         /* FULL: every rank's copy loads back into a zeroed model; LOCAL round trip too */
         bool same = false;
         fsdp_named_list_t every = {0};
-        store_t loc = {0}, loc2 = {0};
+        fu_store_t loc = {0}, loc2 = {0};
         FU_TRY(done, "FULL state dict", fsdp_full_state_dict(root, NULL, &every));
         rc = snapshot(root, &loc);
         if (rc == 0) rc = fsdp_local_state_dict(root, &l);
@@ -355,7 +279,7 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         if (rc == 0) rc = fsdp_load_full_state_dict(root, &every, true);
         fsdp_named_list_free(&every);
         if (rc == 0) {
-            store_t *saved_full = sj->full;
+            fu_store_t *saved_full = sj->full;
             rc = full_matches(ctx, root, saved_full, &same, why, sizeof why);
         }
         fu_ck(r, rc == 0 && same,
@@ -373,8 +297,8 @@ static int sd_rank(fsdp_ctx_t *ctx, void *arg) {
         fu_ck(r, rc == 0 && same_store(&loc, &loc2),
               "LOCAL: the flat shards round-trip bitwise at the same world size", "%s: %s",
               fsdp_err_name(rc), fsdp_ctx_last_error(ctx));
-        store_free(&loc);
-        store_free(&loc2);
+        fu_store_free(&loc);
+        fu_store_free(&loc2);
         break;
     }
     case BAD_PIECES: {
@@ -447,11 +371,11 @@ done:
 
 /* Whether the pieces of a and b consolidate to the same global tensors, bitwise (every global
  * tensor covered exactly by each); else the first difference in why. */
-static bool same_consolidated(const store_t *a, const store_t *b, char *why, size_t len) {
-    const store_t *st[2] = {a, b};
+static bool same_consolidated(const fu_store_t *a, const fu_store_t *b, char *why, size_t len) {
+    const fu_store_t *st[2] = {a, b};
     for (int side = 0; side < 2; side++)
         for (size_t i = 0; i < st[side]->n; i++) {
-            const saved_t *s = &st[side]->s[i];
+            const fu_piece_t *s = &st[side]->e[i];
             int64_t total = 1;
             for (int d = 0; d < s->ndim; d++)
                 total *= s->shape[d];
@@ -461,7 +385,7 @@ static bool same_consolidated(const store_t *a, const store_t *b, char *why, siz
             bool ok = g[0] && g[1];
             for (int k = 0; k < 2 && ok; k++)
                 for (size_t j = 0; j < st[k]->n; j++) {
-                    const saved_t *x = &st[k]->s[j];
+                    const fu_piece_t *x = &st[k]->e[j];
                     if (strcmp(x->name, s->name) != 0) continue;
                     if (x->dt != s->dt || x->offset + x->numel > total) {
                         ok = false;
@@ -485,7 +409,7 @@ static bool same_consolidated(const store_t *a, const store_t *b, char *why, siz
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void run(int mode, const char *what, int world, fsdp_sharding_strategy_t s, bool orig,
-                bool recursive, store_t *pieces, store_t *full) {
+                bool recursive, fu_store_t *pieces, fu_store_t *full) {
     sd_job_t *sj = calloc(1, sizeof *sj);
     if (!sj) tap_bail("out of memory");
     char prefix[160];
@@ -507,7 +431,7 @@ int main(void) {
     for (int si = 0; si < 3; si++)
         for (int orig = 0; orig < 2; orig++) {
             fsdp_sharding_strategy_t s = fu_strategies[si];
-            store_t pieces = {0}, full = {0};
+            fu_store_t pieces = {0}, full = {0};
             run(SAVE_SHARDED, "SHARDED save at world 2:", 2, s, orig, true, &pieces, &full);
             for (int w = 1; w <= 4; w++)
                 for (int rec = 0; rec < 2; rec++) {
@@ -515,23 +439,23 @@ int main(void) {
                     snprintf(what, sizeof what, "SHARDED from world 2 loaded at world %d:", w);
                     run(LOAD_SHARDED, what, w, s, orig, rec, &pieces, &full);
                 }
-            store_free(&pieces);
-            store_free(&full);
+            fu_store_free(&pieces);
+            fu_store_free(&full);
         }
     {
-        store_t pieces = {0}, full = {0};
+        fu_store_t pieces = {0}, full = {0};
         run(SAVE_LOCAL, "LOCAL save at world 2:", 2, FSDP_FULL_SHARD, true, true, &pieces, &full);
         run(LOAD_LOCAL, "LOCAL from world 2 at world 4:", 4, FSDP_FULL_SHARD, true, true, &pieces,
             &full);
-        store_free(&pieces);
-        store_free(&full);
+        fu_store_free(&pieces);
+        fu_store_free(&full);
     }
     for (int w = 1; w <= 2; w++)
         for (int si = 0; si < 3; si++) {
-            store_t full = {0};
+            fu_store_t full = {0};
             run(FULL_ROUND_TRIP, "FULL and LOCAL round trips:", w, fu_strategies[si], true, true,
                 NULL, &full);
-            store_free(&full);
+            fu_store_free(&full);
         }
     run(BAD_PIECES, "bad pieces:", 2, FSDP_FULL_SHARD, false, true, NULL, NULL);
     /* the optimizer: AdamW's state after two steps at world 2, loaded at 1, 3 and 4 under the
@@ -540,10 +464,10 @@ int main(void) {
     for (int si = 0; si < 3; si++)
         for (int orig = 0; orig < 2; orig++) {
             fsdp_sharding_strategy_t s = fu_strategies[si];
-            store_t saved = {0};
+            fu_store_t saved = {0};
             run(SAVE_OPT, "optimizer SHARDED save at world 2:", 2, s, orig, true, &saved, NULL);
             for (int w = 1; w <= 4; w += w == 1 ? 2 : 1) {
-                store_t again = {0};
+                fu_store_t again = {0};
                 char what[96], why[300] = "";
                 snprintf(what, sizeof what,
                          "optimizer SHARDED from world 2 loaded at world %d:", w);
@@ -554,9 +478,9 @@ int main(void) {
                        "bitwise%s%s",
                        fsdp_sharding_strategy_name(s), orig ? "on" : "off", !orig ? "on" : "off", w,
                        why[0] ? ": " : "", why);
-                store_free(&again);
+                fu_store_free(&again);
             }
-            store_free(&saved);
+            fu_store_free(&saved);
         }
     return tap_done();
 }

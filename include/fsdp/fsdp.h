@@ -442,9 +442,50 @@ FSDP_EXTERN int fsdp_sharded_optim_state_dict(fsdp_unit_t *root, const fsdp_opti
  * and the result goes through fsdp_optim_load_state_dict, so nothing changes unless everything
  * checks out (errors name the parameter and the state). Entries of parameters opt does not hold
  * are ignored, so a model with two optimizers loads each from one list. Not collective.
+ * With flat parameters (use_orig_params off) a state must have an entry, possibly an empty
+ * piece, for every parameter the flat parameter covers, also those this rank holds nothing of:
+ * pass every rank's pieces (a checkpoint directory gives them), not this rank's alone.
  */
 FSDP_EXTERN int fsdp_load_sharded_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
                                                    const fsdp_shard_list_t *sd);
+
+/* ---- the state-dict type of a model ------------------------------------------------------------ */
+
+/* PyTorch's StateDictType. */
+typedef enum fsdp_state_dict_type {
+    FSDP_STATE_DICT_FULL = 0, /* the default */
+    FSDP_STATE_DICT_SHARDED,
+    FSDP_STATE_DICT_LOCAL
+} fsdp_state_dict_type_t;
+
+/*
+ * PyTorch's FSDP.set_state_dict_type: the type fsdp_unit_state_dict and the loads below use for
+ * root's tree from now on, and, for FULL, its options (o may be NULL: defaults). Not collective;
+ * every rank should set the same. FSDP_EINVAL for a unit that is not a root or an unknown type.
+ */
+FSDP_EXTERN int fsdp_set_state_dict_type(fsdp_unit_t *root, fsdp_state_dict_type_t type,
+                                         const fsdp_full_state_dict_options_t *o);
+/* The type set on root's tree (FULL for a NULL or non-root unit). */
+FSDP_EXTERN fsdp_state_dict_type_t fsdp_get_state_dict_type(const fsdp_unit_t *root);
+/*
+ * The model's state dict of the type set: FULL gives every entry whole, as a replicated piece
+ * (under rank0_only, the other ranks an empty list); SHARDED and LOCAL as
+ * fsdp_sharded_state_dict and fsdp_local_state_dict. Collective for FULL.
+ */
+FSDP_EXTERN int fsdp_unit_state_dict(fsdp_unit_t *root, fsdp_shard_list_t *out);
+/* Loads a state dict of the type set (FULL: every rank passes whole entries; strict applies
+ * to FULL only, the other types always check every entry). */
+FSDP_EXTERN int fsdp_unit_load_state_dict(fsdp_unit_t *root, const fsdp_shard_list_t *sd,
+                                          bool strict);
+/* The optimizer's state dict keyed by parameter name, of the type set: FULL gathered as
+ * fsdp_full_optim_state_dict (whole entries, replicated pieces), SHARDED and LOCAL as
+ * fsdp_sharded_optim_state_dict (PyTorch's LOCAL optimizer state is the sharded one).
+ * Collective for FULL. */
+FSDP_EXTERN int fsdp_unit_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
+                                           fsdp_shard_list_t *out);
+/* Loads such an optimizer state dict into opt (any wrapping, strategy or world size). */
+FSDP_EXTERN int fsdp_unit_load_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t *opt,
+                                                const fsdp_shard_list_t *sd);
 
 /* ---- checkpoints that reshard ------------------------------------------------------------------ */
 

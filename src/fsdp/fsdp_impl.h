@@ -107,8 +107,10 @@ struct fsdp_unit {
     fsdp_pg_t *replicate_pg; /* hybrid strategies: borrowed; else NULL */
     fsdp_device_t *dev;      /* compute device (borrowed) */
     int rank, world;
-    struct fsdp_unit *parent;    /* NULL for the root */
-    struct fsdp_unit **children; /* direct child units, in pre-order */
+    fsdp_state_dict_type_t sd_type;         /* root: fsdp_set_state_dict_type's (FULL) */
+    fsdp_full_state_dict_options_t sd_full; /* root: the FULL type's options */
+    struct fsdp_unit *parent;               /* NULL for the root */
+    struct fsdp_unit **children;            /* direct child units, in pre-order */
     size_t nchildren, capchildren;
     int hook_handles[4];     /* forward pre, forward, backward pre, backward */
     fsdp_module_t **ignored; /* ignored modules (borrowed: inside the tree) */
