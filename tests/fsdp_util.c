@@ -729,3 +729,17 @@ int fu_store_to_list(fsdp_ctx_t *ctx, const fu_store_t *st, fsdp_shard_list_t *o
     }
     return rc;
 }
+
+int fu_transformer_step(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_optim_t *opt) {
+    fsdp_tensor_t *out = NULL, *tgt = NULL, *loss = NULL;
+    int rc = fsdp_optim_zero_grad(opt, true);
+    if (rc == 0) rc = fu_transformer_forward(ctx, m, &out, &tgt);
+    if (rc == 0) rc = tm_transformer_loss(tgt, out, &loss);
+    if (rc == 0) rc = fsdp_backward(loss, NULL);
+    if (rc == 0) rc = fsdp_optim_step(opt);
+    fsdp_tensor_release(out);
+    fsdp_tensor_release(tgt);
+    fsdp_tensor_release(loss);
+    fsdp_tape_clear(ctx);
+    return rc;
+}

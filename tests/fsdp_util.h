@@ -244,6 +244,11 @@ int fu_transformer_setup(fu_res_t *r, fsdp_ctx_t *ctx, const fu_job_t *j, bool d
                          fsdp_module_t **m, fsdp_unit_t **root, fsdp_unit_t ***u, size_t *n,
                          fsdp_optim_t **opt);
 
+/* One training step of a TransformerWithSharedParams model on the usual input
+ * (fu_transformer_forward), from no gradients: zero_grad (set to none), forward, loss, backward,
+ * opt's step; the tape is cleared afterwards. */
+int fu_transformer_step(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_optim_t *opt);
+
 /* Releases what fu_transformer_setup() (or a setup like it) built: clears the tape (a recorded
  * graph holds references into the units), then frees the unit list and destroys the optimizer,
  * the root unit and the module. Any argument but ctx may be NULL. */

@@ -276,7 +276,6 @@ static int ck_rank(fsdp_ctx_t *ctx, void *arg) {
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_named_list_t params = {0}, sd = {0};
-    fsdp_tensor_t *out = NULL, *tgt = NULL, *loss = NULL;
     fsdp_pg_t *shard = NULL, *repl = NULL;
     fsdp_ckpt_t *ck = NULL;
     int rc, rank = fsdp_ctx_rank(ctx);
@@ -297,17 +296,8 @@ static int ck_rank(fsdp_ctx_t *ctx, void *arg) {
            fsdp_optim_add_group(opt, params.n, params.tensors, (const char *const *)params.names,
                                 NULL, NULL));
     if (cj->save) {
-        for (int step = 0; step < 2; step++) {
-            FU_TRY(done, "training", fu_transformer_forward(ctx, m, &out, &tgt));
-            FU_TRY(done, "training", tm_transformer_loss(tgt, out, &loss));
-            FU_TRY(done, "training", fsdp_backward(loss, NULL));
-            FU_TRY(done, "training", fsdp_optim_step(opt));
-            fsdp_tensor_release(out);
-            fsdp_tensor_release(tgt);
-            fsdp_tensor_release(loss);
-            out = tgt = loss = NULL;
-            fsdp_tape_clear(ctx);
-        }
+        for (int step = 0; step < 2; step++)
+            FU_TRY(done, "training", fu_transformer_step(ctx, m, opt));
         fsdp_safetensors_kv_t meta[] = {{"step", "2"}};
         FU_TRY(done, "saving", fsdp_checkpoint_save(root, opt, cj->dir, meta, 1));
         FU_TRY(done, "FULL state dict", fsdp_full_state_dict(root, NULL, &sd));
@@ -328,9 +318,6 @@ static int ck_rank(fsdp_ctx_t *ctx, void *arg) {
     FU_TRY(done, "saving again", fsdp_checkpoint_save(root, opt, cj->dir2, NULL, 0));
 done:
     fsdp_ckpt_close(ck);
-    fsdp_tensor_release(out);
-    fsdp_tensor_release(tgt);
-    fsdp_tensor_release(loss);
     fsdp_tape_clear(ctx);
     fsdp_named_list_free(&params);
     fsdp_named_list_free(&sd);

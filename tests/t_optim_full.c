@@ -172,30 +172,6 @@ static bool same_full(const fu_store_t *a, const fu_store_t *b, char *why, size_
     return true;
 }
 
-/* The stored pieces as a shard list on ctx. */
-static int fu_store_to_pieces(fsdp_ctx_t *ctx, const fu_store_t *st, fsdp_shard_list_t *out) {
-    *out = (fsdp_shard_list_t){0};
-    out->e = calloc(st->n + 1, sizeof *out->e);
-    if (!out->e) return FSDP_ENOMEM;
-    int rc = FSDP_OK;
-    for (size_t i = 0; i < st->n && rc == 0; i++) {
-        const fu_piece_t *s = &st->e[i];
-        fsdp_shard_entry_t *e = &out->e[out->n];
-        rc = s->replicated
-                 ? fsdp_tensor_from_host(ctx, s->dt, s->ndim, s->shape, s->data, FSDP_MEM_OTHER,
-                                         &e->t)
-                 : fsdp_tensor_from_host(ctx, s->dt, 1, &s->numel, s->data, FSDP_MEM_OTHER, &e->t);
-        if (rc < 0) break;
-        e->name = strdup(s->name);
-        e->ndim = s->ndim;
-        memcpy(e->shape, s->shape, sizeof e->shape);
-        e->offset = s->offset;
-        e->replicated = s->replicated;
-        out->n++;
-    }
-    return rc;
-}
-
 /* Every rank's SHARDED pieces of opt's state into st (under mu); collective. poke: every f32
  * moment piece gets -0.0 and NaNs with payloads at elements chosen by their global index (so
  * replicas stay equal), and every rank loads all the pieces back into opt. */
@@ -225,7 +201,7 @@ static int store_pieces(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, b
     pthread_mutex_unlock(mu);
     fsdp_shard_list_free(&l);
     if (rc == 0) rc = fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL);
-    if (rc == 0 && poke) rc = fu_store_to_pieces(ctx, st, &l);
+    if (rc == 0 && poke) rc = fu_store_to_list(ctx, st, &l);
     if (rc == 0 && poke) rc = fsdp_load_sharded_optim_state_dict(root, opt, &l);
     fsdp_shard_list_free(&l);
     return rc;

@@ -406,21 +406,6 @@ typedef struct rs_job {
                        * after the load) */
 } rs_job_t;
 
-/* One training step on the usual input, from no gradients. */
-static int train_step(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_optim_t *opt) {
-    fsdp_tensor_t *out = NULL, *tgt = NULL, *loss = NULL;
-    int rc = fsdp_optim_zero_grad(opt, true);
-    if (rc == 0) rc = fu_transformer_forward(ctx, m, &out, &tgt);
-    if (rc == 0) rc = tm_transformer_loss(tgt, out, &loss);
-    if (rc == 0) rc = fsdp_backward(loss, NULL);
-    if (rc == 0) rc = fsdp_optim_step(opt);
-    fsdp_tensor_release(out);
-    fsdp_tensor_release(tgt);
-    fsdp_tensor_release(loss);
-    fsdp_tape_clear(ctx);
-    return rc;
-}
-
 /* Rank 0's FULL state dict into *dst (every rank calls: collective). */
 static int full_to(fsdp_ctx_t *ctx, fsdp_unit_t *root, wlist_t *dst) {
     fsdp_full_state_dict_options_t fo;
@@ -462,14 +447,14 @@ static int rs_rank(fsdp_ctx_t *ctx, void *arg) {
                                 NULL, NULL));
     if (rj->save) {
         for (int s = 0; s < 2; s++)
-            FU_TRY(done, "training two steps", train_step(ctx, m, adamw));
+            FU_TRY(done, "training two steps", fu_transformer_step(ctx, m, adamw));
         FU_TRY(done, "save_all", save_all(ctx, root, adamw, rj->ck));
     } else {
         FU_TRY(done, "load_from", load_from(rj->ck, ctx, root, adamw));
         FU_TRY(done, "FULL state dict after the load", full_to(ctx, root, rj->full));
         FU_TRY(done, "saving the loaded state again", save_all(ctx, root, adamw, rj->again));
     }
-    FU_TRY(done, "the step", train_step(ctx, m, adamw));
+    FU_TRY(done, "the step", fu_transformer_step(ctx, m, adamw));
     FU_TRY(done, "FULL state dict after the step", full_to(ctx, root, rj->stepped));
 done:
     fsdp_named_list_free(&params);

@@ -79,7 +79,6 @@ static int build(fu_res_t *r, fsdp_ctx_t *ctx, const fu_job_t *j, uint64_t seed,
                  fsdp_module_t **m, fsdp_unit_t **root, fsdp_optim_t **opt) {
     fsdp_options_t o;
     fsdp_named_list_t params = {0};
-    fsdp_tensor_t *out = NULL, *tgt = NULL, *loss = NULL;
     int rc;
     fu_job_options(j, &o);
     o.check_exec_order = false;
@@ -91,38 +90,10 @@ static int build(fu_res_t *r, fsdp_ctx_t *ctx, const fu_job_t *j, uint64_t seed,
     FU_TRY(done, "AdamW",
            fsdp_optim_add_group(*opt, params.n, params.tensors, (const char *const *)params.names,
                                 NULL, NULL));
-    for (int s = 0; s < steps; s++) {
-        FU_TRY(done, "training", fsdp_optim_zero_grad(*opt, true));
-        FU_TRY(done, "training", fu_transformer_forward(ctx, *m, &out, &tgt));
-        FU_TRY(done, "training", tm_transformer_loss(tgt, out, &loss));
-        FU_TRY(done, "training", fsdp_backward(loss, NULL));
-        FU_TRY(done, "training", fsdp_optim_step(*opt));
-        fsdp_tensor_release(out);
-        fsdp_tensor_release(tgt);
-        fsdp_tensor_release(loss);
-        out = tgt = loss = NULL;
-        fsdp_tape_clear(ctx);
-    }
+    for (int s = 0; s < steps; s++)
+        FU_TRY(done, "training", fu_transformer_step(ctx, *m, *opt));
 done:
-    fsdp_tensor_release(out);
-    fsdp_tensor_release(tgt);
-    fsdp_tensor_release(loss);
-    fsdp_tape_clear(ctx);
     fsdp_named_list_free(&params);
-    return rc;
-}
-
-static int step_once(fsdp_ctx_t *ctx, fsdp_module_t *m, fsdp_optim_t *opt) {
-    fsdp_tensor_t *out = NULL, *tgt = NULL, *loss = NULL;
-    int rc = fsdp_optim_zero_grad(opt, true);
-    if (rc == 0) rc = fu_transformer_forward(ctx, m, &out, &tgt);
-    if (rc == 0) rc = tm_transformer_loss(tgt, out, &loss);
-    if (rc == 0) rc = fsdp_backward(loss, NULL);
-    if (rc == 0) rc = fsdp_optim_step(opt);
-    fsdp_tensor_release(out);
-    fsdp_tensor_release(tgt);
-    fsdp_tensor_release(loss);
-    fsdp_tape_clear(ctx);
     return rc;
 }
 
@@ -190,8 +161,8 @@ static int type_rank(fsdp_ctx_t *ctx, void *arg) {
             FU_TRY(done, "barrier", fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL));
         }
         FU_TRY(done, "loading", fsdp_unit_load_state_dict(root2, &got, true));
-        FU_TRY(done, "one more step", step_once(ctx, m, opt));
-        FU_TRY(done, "one more step", step_once(ctx, m2, opt2));
+        FU_TRY(done, "one more step", fu_transformer_step(ctx, m, opt));
+        FU_TRY(done, "one more step", fu_transformer_step(ctx, m2, opt2));
         FU_TRY(done, "FULL", fsdp_full_state_dict(root, NULL, &a));
         FU_TRY(done, "FULL", fsdp_full_state_dict(root2, NULL, &b));
         same = a.n == b.n && a.n > 0;
