@@ -151,11 +151,11 @@ int fsdp_checkpoint_save(fsdp_unit_t *root, const fsdp_optim_t *opt, const char 
     return agree(ctx, rc, fn, "writing the index and publishing the directory");
 }
 
-/* The entry of the model template called fqn (prefixed), or NULL. */
+/* The entry of the model template called fqn (its first len bytes), or NULL. */
 static const fsdp_shard_entry_t *template_of(const fsdp_shard_list_t *tmpl, const char *fqn,
                                              size_t len) {
     for (size_t i = 0; i < tmpl->n; i++) {
-        const char *nm = tmpl->e[i].name + sizeof MODEL_PREFIX - 1;
+        const char *nm = tmpl->e[i].name;
         if (strncmp(nm, fqn, len) == 0 && nm[len] == 0) return &tmpl->e[i];
     }
     return NULL;
@@ -232,10 +232,6 @@ int fsdp_checkpoint_load(fsdp_unit_t *root, fsdp_optim_t *opt, fsdp_ckpt_t *ck) 
     /* the template: views of this rank's shards (and copies of the replicated entries), so the
      * model's pieces are read where they lie and the load below finds them in place */
     FSDP_TRY(rc, out, fsdp__sharded_state_dict_views(root, &tmpl));
-    if ((rc = prefix_names(&tmpl, MODEL_PREFIX)) < 0) {
-        rc = fsdp__ctx_err(ctx, rc, "%s: out of memory", fn);
-        goto out;
-    }
     if (opt) {
         /* the optimizer first: its load checks everything before it changes anything */
         FSDP_TRY(rc, out, optim_want(ctx, ck, &tmpl, &o, fn));
@@ -246,14 +242,10 @@ int fsdp_checkpoint_load(fsdp_unit_t *root, fsdp_optim_t *opt, fsdp_ckpt_t *ck) 
         FSDP_TRY(rc, out, fsdp_load_sharded_optim_state_dict(root, opt, &o));
     }
     /* then the model: every piece is checked against the checkpoint before any is read */
-    if ((rc = fsdp_ckpt_read_pieces(ck, NULL, &tmpl)) < 0) {
+    if ((rc = fsdp_ckpt_read_pieces(ck, MODEL_PREFIX, &tmpl)) < 0) {
         rc = fsdp__ctx_err(ctx, rc, "%s: %s", fn, fsdp_ckpt_last_error(ck));
         goto out;
     }
-    /* the template's names back to the model's */
-    for (size_t i = 0; i < tmpl.n; i++)
-        memmove(tmpl.e[i].name, tmpl.e[i].name + sizeof MODEL_PREFIX - 1,
-                strlen(tmpl.e[i].name) - (sizeof MODEL_PREFIX - 1) + 1);
     rc = fsdp_load_sharded_state_dict(root, &tmpl);
 out:
     fsdp_shard_list_free(&o);

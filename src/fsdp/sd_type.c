@@ -12,13 +12,19 @@
 #include "fsdp/fsdp_impl.h"
 #include "tensor/tensor_impl.h"
 
-int fsdp_set_state_dict_type(fsdp_unit_t *root, fsdp_state_dict_type_t type,
-                             const fsdp_full_state_dict_options_t *o) {
-    static const char fn[] = "fsdp_set_state_dict_type";
+static int check_root(fsdp_unit_t *root, const char *fn) {
     if (!root) return fsdp__ctx_err(NULL, FSDP_EINVAL, "%s: root is NULL", fn);
     if (root->parent)
         return fsdp__unit_err(root, FSDP_EINVAL, "%s: '%s' is not a root unit", fn,
                               fsdp__unit_label(root));
+    return FSDP_OK;
+}
+
+int fsdp_set_state_dict_type(fsdp_unit_t *root, fsdp_state_dict_type_t type,
+                             const fsdp_full_state_dict_options_t *o) {
+    static const char fn[] = "fsdp_set_state_dict_type";
+    int rc = check_root(root, fn);
+    if (rc < 0) return rc;
     if ((int)type < 0 || type > FSDP_STATE_DICT_LOCAL)
         return fsdp__unit_err(root, FSDP_EINVAL,
                               "%s: type %d is not FSDP_STATE_DICT_FULL, _SHARDED or _LOCAL", fn,
@@ -84,14 +90,6 @@ static int whole_list(fsdp_unit_t *root, const fsdp_shard_list_t *sd, fsdp_named
         nl->tensors[i] = sd->e[i].t;
     }
     nl->n = sd->n;
-    return FSDP_OK;
-}
-
-static int check_root(fsdp_unit_t *root, const char *fn) {
-    if (!root) return fsdp__ctx_err(NULL, FSDP_EINVAL, "%s: root is NULL", fn);
-    if (root->parent)
-        return fsdp__unit_err(root, FSDP_EINVAL, "%s: '%s' is not a root unit", fn,
-                              fsdp__unit_label(root));
     return FSDP_OK;
 }
 
