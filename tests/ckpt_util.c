@@ -161,3 +161,15 @@ void ckpt_util_rm_dir(const char *path) {
     if (d) closedir(d);
     rmdir(path);
 }
+
+int64_t ckpt_util_file_size(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (int64_t)sb.st_size : -1;
+}
+
+unsigned char *ckpt_util_find(unsigned char *p, size_t n, const char *s) {
+    size_t k = strlen(s);
+    for (size_t i = 0; i + k <= n; i++)
+        if (memcmp(p + i, s, k) == 0) return p + i;
+    return NULL;
+}

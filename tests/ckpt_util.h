@@ -56,5 +56,9 @@ int ckpt_util_write_file(const char *path, const void *p, size_t n);
 int ckpt_util_copy_dir(const char *src, const char *dst);
 /* Removes directory path and the files in it (one level); missing is fine. */
 void ckpt_util_rm_dir(const char *path);
+/* The size of the file at path, or -1 when stat fails. */
+int64_t ckpt_util_file_size(const char *path);
+/* The first occurrence of string s in the n bytes at p, or NULL. */
+unsigned char *ckpt_util_find(unsigned char *p, size_t n, const char *s);
 
 #endif /* FSDP_TESTS_CKPT_UTIL_H */

@@ -18,7 +18,6 @@
  * values must be the ones written. SIGALRM turns a hang into a failure.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,8 +141,7 @@ static struct jtensor *jt(struct jindex *x, const char *name) {
     return NULL;
 }
 
-/* ---- helpers ----------------------------------------------------------------------------------
- */
+/* ---- helpers --------------------------------------------------------------------------------- */
 
 /* work: a fresh copy of the valid checkpoint. */
 static void fresh(void) {
@@ -178,9 +176,9 @@ static void resize(const char *name, off_t size) {
 }
 
 static int64_t file_size(const char *name) {
-    struct stat sb;
-    if (stat(ckpt_util_path(work, name), &sb) != 0) tap_bail("stat %s failed", name);
-    return (int64_t)sb.st_size;
+    int64_t sz = ckpt_util_file_size(ckpt_util_path(work, name));
+    if (sz < 0) tap_bail("stat %s failed", name);
+    return sz;
 }
 
 /* Reads every tensor of ck that has the shape written, raw and as f64; returns how many reads
@@ -206,14 +204,6 @@ static int wrong_reads(fsdp_ckpt_t *ck) {
             }
     }
     return wrong;
-}
-
-static void report(bool pass, const char *detail, const char *fmt, ...) FSDP_PRINTF(3, 4);
-static void report(bool pass, const char *detail, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    tap_report(pass, detail, fmt, ap);
-    va_end(ap);
 }
 
 static bool has(const char *msg, const char *s) {
@@ -260,7 +250,7 @@ static void expect(enum when when, int want, const char *s1, const char *s2, con
     char detail[ERR_LEN + 200];
     snprintf(detail, sizeof detail, "rc %d (want %d), %d wrong reads\nmessage: %s\nwant: %s / %s",
              rc, want, wrong, msg, s1 ? s1 : "-", s2 ? s2 : "-");
-    report(ok && wrong == 0, detail, "%s", what);
+    tap_ok_why(ok && wrong == 0, detail, "%s", what);
 }
 
 /* An index case: a fresh copy with the model x as its index; refused at open. */
@@ -406,8 +396,8 @@ static void test_index_text(void) {
         }
         fsdp_ckpt_close(ck);
     }
-    report(bad == 0, first_bad, "[index] truncated at each of its %d bytes: refused, naming it",
-           cuts);
+    tap_ok_why(bad == 0, first_bad, "[index] truncated at each of its %d bytes: refused, naming it",
+               cuts);
     free(text);
 }
 
@@ -487,8 +477,8 @@ static void test_index_fields(void) {
         fsdp_ckpt_close(ck);
     }
     (void)n;
-    report(at && bad == 0, first_bad,
-           "[index] a file size of 10^20, 1e400, 2.5, -0.5, a string, null, true: refused");
+    tap_ok_why(at && bad == 0, first_bad,
+               "[index] a file size of 10^20, 1e400, 2.5, -0.5, a string, null, true: refused");
 
     /* consistent in itself, but not with the rank files: refused at the first read */
     x = model;
@@ -557,18 +547,10 @@ static void test_index_many_files(void) {
 #define R1 "rank-1-of-3.safetensors"
 #define R2 "rank-2-of-3.safetensors"
 
-/* The first occurrence of s in the n bytes at p, or NULL. */
-static unsigned char *find(unsigned char *p, size_t n, const char *s) {
-    size_t k = strlen(s);
-    for (size_t i = 0; i + k <= n; i++)
-        if (memcmp(p + i, s, k) == 0) return p + i;
-    return NULL;
-}
-
 /* Rewrites rank 0's file with its first occurrence of `from` replaced by `to` (same length). */
 static void edit_r0(const char *from, const char *to) {
     size_t n;
-    unsigned char *p = get(R0, &n), *at = find(p, n, from);
+    unsigned char *p = get(R0, &n), *at = ckpt_util_find(p, n, from);
     if (!at || strlen(from) != strlen(to)) tap_bail("edit_r0: no '%s' in rank 0's file", from);
     memcpy(at, to, strlen(to));
     put(R0, p, n);

@@ -97,6 +97,15 @@ static inline int tap_ok(int pass, const char *fmt, ...) {
     return r;
 }
 
+/* tap_ok with a detail (may be NULL) printed as a comment when it failed. */
+static inline int tap_ok_why(int pass, const char *detail, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int r = tap_report(pass, detail, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
 static inline int tap_is_int(int64_t got, int64_t want, const char *fmt, ...) {
     char d[256];
     snprintf(d, sizeof d, "got:  %" PRId64 "\nwant: %" PRId64, got, want);
