@@ -12,6 +12,8 @@
 #   - --backend gloo under fsdprun -n 2 gives the sim run's losses (skipped without Gloo);
 #   - --grad-accum under no_sync gives the losses of reducing every micro-batch with half the
 #     reduce-scatter traffic;
+#   - --activation-checkpointing (DYN-MP-10 through the tool): with dropout, the losses of the
+#     run without it bit for bit, and a lower peak of memory;
 #   - --sharding hybrid with shard groups of 1, 2 and 4 ranks at world size 4 matches world 1;
 #   - a checkpoint directory consolidated by fsdp-ckpt initialises a run at another world size;
 #   - a save killed mid-write (SIGXFSZ from a file-size limit, while a rank file is half
@@ -58,7 +60,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..42"
+echo "1..44"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -177,6 +179,24 @@ field "$tmp/acc_every.jsonl" train loss > "$tmp/acc_every.loss"
 [ "$st1" -eq 0 ] && [ "$st2" -eq 0 ] && close "$tmp/acc.loss" "$tmp/acc_every.loss" > "$tmp/cacc" 2>&1
 ok $? "--grad-accum 2 under no_sync matches reducing every micro-batch (exit $st1, $st2)" \
   "$tmp/acc.out" "$tmp/acc_every.out" "$tmp/cacc"
+# --- activation checkpointing: the same losses bit for bit, less memory at the peak ---------------
+ac="--steps 3 --warmup 2 --val-every 0 --val-steps 1 --sample-tokens 0 --quiet --world-size 2 --dropout 0.1"
+# shellcheck disable=SC2086
+"$train" $ac --metrics "$tmp/ac0.jsonl" > "$tmp/ac0.out" 2>&1
+st1=$?
+# shellcheck disable=SC2086
+"$train" $ac --activation-checkpointing --metrics "$tmp/ac1.jsonl" > "$tmp/ac1.out" 2>&1
+st2=$?
+field "$tmp/ac0.jsonl" train loss > "$tmp/ac0.loss"
+field "$tmp/ac1.jsonl" train loss > "$tmp/ac1.loss"
+[ "$st1" -eq 0 ] && [ "$st2" -eq 0 ] && [ "$(wc -l < "$tmp/ac1.loss")" -eq 3 ] &&
+  cmp -s "$tmp/ac0.loss" "$tmp/ac1.loss"
+ok $? "DYN-MP-10 --activation-checkpointing: the 3 losses of the run without it, bit for bit (exit $st1, $st2)" \
+  "$tmp/ac0.out" "$tmp/ac1.out" "$tmp/ac0.loss" "$tmp/ac1.loss"
+p0=$(field "$tmp/ac0.jsonl" train peak_total | tail -1)
+p1=$(field "$tmp/ac1.jsonl" train peak_total | tail -1)
+[ -n "$p0" ] && [ -n "$p1" ] && [ "$p1" -lt "$p0" ]
+ok $? "--activation-checkpointing lowers rank 0's memory peak ($p0 -> $p1 bytes)"
 rs() { grep '"type":"train"' "$1" | head -1 | sed -e 's/.*"reduce_scatter":\([0-9]*\).*/\1/'; }
 a=$(rs "$tmp/acc.jsonl")
 b=$(rs "$tmp/acc_every.jsonl")

@@ -78,6 +78,7 @@ typedef struct train_opts {
     bool cpu_offload;
     fsdp_backward_prefetch_t backward_prefetch;
     bool forward_prefetch;
+    bool activation_checkpointing; /* every GPTBlock recomputed in backward */
     int limit_all_gathers;
     train_precision_t precision;
     /* evaluation and output */

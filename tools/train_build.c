@@ -85,6 +85,10 @@ int train_build(rank_t *k) {
     }
     if ((rc = fsdp_gpt_recipe_wrap(k->model, &fo, &k->root)) < 0)
         return train_fail(k, "fsdp_wrap", rc);
+    /* After the wrap, so that each block's FSDP hooks run inside its recomputed call. */
+    if (o->activation_checkpointing &&
+        (rc = fsdp_apply_activation_checkpointing(k->model, "GPTBlock", NULL, NULL, NULL)) < 0)
+        return train_fail(k, "fsdp_apply_activation_checkpointing", rc);
 
     /* AdamW: group 0 decays, group 1 does not. */
     fsdp_adam_options_t a;

@@ -61,6 +61,9 @@ static const char usage_text[] =
     "  --cpu-offload           keep shards, gradients and optimizer state on the host device\n"
     "  --backward-prefetch P   pre | post | none (pre)\n"
     "  --forward-prefetch\n"
+    "  --activation-checkpointing\n"
+    "                          recompute each GPTBlock's activations in backward instead of\n"
+    "                          keeping them: less memory for about one more forward\n"
     "  --limit-all-gathers N   all-gathers in flight; 0 = no limit (2)\n"
     "  --precision P           f32 | bf16 | f16 | bf16-reduce-f32 (f32): FSDP mixed precision\n"
     "                          with f32 master weights and optimizer state; bf16 and f16\n"
@@ -382,7 +385,8 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
         name[len] = '\0';
         bool is_bool = strcmp(name, "--shuffle") == 0 || strcmp(name, "--cpu-offload") == 0 ||
                        strcmp(name, "--forward-prefetch") == 0 || strcmp(name, "--quiet") == 0 ||
-                       strcmp(name, "--reduce-every-micro-batch") == 0;
+                       strcmp(name, "--reduce-every-micro-batch") == 0 ||
+                       strcmp(name, "--activation-checkpointing") == 0;
         if (is_bool) {
             if (eq) return bad("%s takes no value", name);
             if (strcmp(name, "--shuffle") == 0)
@@ -393,6 +397,8 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
                 o->forward_prefetch = true;
             else if (strcmp(name, "--reduce-every-micro-batch") == 0)
                 o->reduce_every_micro = true;
+            else if (strcmp(name, "--activation-checkpointing") == 0)
+                o->activation_checkpointing = true;
             else
                 o->quiet = true;
             continue;

@@ -156,6 +156,38 @@ FSDP_EXTERN int fsdp_module_add_backward_hook(fsdp_module_t *m, fsdp_backward_ho
                                               void *arg, int *handle);
 FSDP_EXTERN int fsdp_module_remove_hook(fsdp_module_t *m, int handle);
 
+/* ---- activation checkpointing ---------------------------------------------------------------- */
+/*
+ * A module with activation checkpointing on (PyTorch's checkpoint_wrapper, non-reentrant) runs
+ * each call under grad mode as one recompute region (fsdp_checkpoint in fsdp/autograd.h): the
+ * whole call, its forward hooks and its children's included, runs once with recording off and
+ * keeps only the call's inputs; when backward reaches it the call runs again, recording (the
+ * random stream rewound, so dropout draws the same masks), and is differentiated there. Outputs
+ * and gradients are bitwise those of a plain run; what a call saved for backward is held only
+ * while its backward runs. The module's hooks (FSDP's among them) run on both runs, as they do
+ * inside PyTorch's wrapper. Nothing is added to the tree: parameter names, state dicts and wrap
+ * policies see the module as it was.
+ *
+ * A call keeps at most 8 inputs (more is FSDP_EINVAL naming the module). With grad mode off a
+ * call runs as usual. Turning it on or off takes effect at the next call.
+ */
+FSDP_EXTERN int fsdp_module_set_activation_checkpointing(fsdp_module_t *m, bool on);
+FSDP_EXTERN bool fsdp_module_activation_checkpointing(const fsdp_module_t *m);
+
+/* Selects modules for fsdp_apply_activation_checkpointing: true checkpoints m. */
+typedef bool (*fsdp_module_check_fn)(fsdp_module_t *m, const char *fqn, void *arg);
+/*
+ * PyTorch's apply_activation_checkpointing: turns activation checkpointing on for every module
+ * below root (root itself excluded) whose type is `type` (NULL: any) and for which check (NULL:
+ * none) returns true; typically one call per transformer block: type "GPTBlock". *count (may be
+ * NULL) receives how many modules were turned on that were off. Errors: FSDP_EINVAL for a NULL
+ * root, or for type and check both NULL (that would checkpoint every module inside every
+ * other).
+ */
+FSDP_EXTERN int fsdp_apply_activation_checkpointing(fsdp_module_t *root, const char *type,
+                                                    fsdp_module_check_fn check, void *arg,
+                                                    size_t *count);
+
 /* ---- state dict ------------------------------------------------------------------------------ */
 
 /* Fully qualified name -> tensor: parameters then persistent buffers, each tree order, every

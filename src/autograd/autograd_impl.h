@@ -71,6 +71,17 @@ int fsdp__record(const struct fsdp__op_def *def, int nin, fsdp_tensor_t *const *
 /* Keeps a reference to t for the backward (t may be NULL: saved as NULL). */
 int fsdp__node_save(struct fsdp__node *node, fsdp_tensor_t *t);
 
+/* Whether the current tape is in the first, unrecorded run of a recompute region: grad mode is
+ * off there, but a backward will run the same code again (FSDP keeps parameters it would free
+ * after a forward without grad). */
+bool fsdp__in_region_first_run(const fsdp_ctx_t *ctx);
+
+/* fsdp_checkpoint that takes arg: arg_free(arg) (may be NULL) runs when the tape drops the
+ * region's node, or before returning when no node was recorded (grad mode off, an error). */
+int fsdp__checkpoint_owned(fsdp_ctx_t *ctx, fsdp_region_fn fn, void *arg,
+                           void (*arg_free)(void *arg), int nin, fsdp_tensor_t *const *in,
+                           int nout, fsdp_tensor_t **out);
+
 /* Whether any of the n tensors (NULL allowed) would make an operation record: grad mode on and
  * one of them requires grad. Operations use it to skip saving work in inference. */
 bool fsdp__needs_grad(fsdp_ctx_t *ctx, int n, fsdp_tensor_t *const *ts);

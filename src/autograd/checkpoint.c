@@ -16,8 +16,9 @@
 struct region {
     fsdp_region_fn fn;
     void *arg;
-    int nin;             /* the region's inputs (the node may carry one more: an anchor) */
-    uint64_t rng_offset; /* the random stream's position when the region first ran */
+    void (*arg_free)(void *arg); /* may be NULL; called on arg when the node is dropped */
+    int nin;                     /* the region's inputs (the node may carry one more: an anchor) */
+    uint64_t rng_offset;         /* the random stream's position when the region first ran */
 };
 
 static int region_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
@@ -43,10 +44,13 @@ static int region_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
         if (node->needs[i]) FSDP_TRY(rc, out, fsdp_tensor_set_requires_grad(ins[i], true));
     }
     ctx->tape = sub;
-    fsdp__sync_tensor_cat(ctx);
+    /* The re-run's tensors are activations again (the parent's backward would count them as
+     * gradients), so the activations peak shows what recomputation holds at once. */
+    atomic_store(&ctx->tensor_mem_cat, (int)FSDP_MEM_ACTIVATIONS);
     ctx->rng.offset = r->rng_offset;
     rc = r->fn(ctx, r->arg, nin, ins, nout, outs);
     ctx->rng.offset = offset_now;
+    fsdp__sync_tensor_cat(ctx);
     if (rc < 0) goto restore;
     int nroots = 0;
     for (int o = 0; o < nout; o++) {
@@ -79,26 +83,50 @@ out:
  * no input requires one. */
 static const struct fsdp__op_def def_region = {"checkpoint", region_backward};
 
+bool fsdp__in_region_first_run(const fsdp_ctx_t *ctx) {
+    return ctx && ctx->tape && ctx->tape->region_depth > 0;
+}
+
+static void region_free(void *p) {
+    struct region *r = p;
+    if (r->arg_free) r->arg_free(r->arg);
+    free(r);
+}
+
 int fsdp_checkpoint(fsdp_ctx_t *ctx, fsdp_region_fn fn, void *arg, int nin,
                     fsdp_tensor_t *const *in, int nout, fsdp_tensor_t **out) {
-    if (!ctx || !fn || nin < 0 || nout <= 0 || !out || (nin > 0 && !in))
-        return fsdp__ctx_err(ctx, FSDP_EINVAL,
-                             "fsdp_checkpoint: fn, out and nout > 0 are required");
-    if (nin > FSDP__NODE_SAVED)
-        return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_checkpoint: at most %d inputs (got %d)",
-                             FSDP__NODE_SAVED, nin);
+    return fsdp__checkpoint_owned(ctx, fn, arg, NULL, nin, in, nout, out);
+}
+
+int fsdp__checkpoint_owned(fsdp_ctx_t *ctx, fsdp_region_fn fn, void *arg,
+                           void (*arg_free)(void *arg), int nin, fsdp_tensor_t *const *in, int nout,
+                           fsdp_tensor_t **out) {
+    bool owned = false; /* whether the tape's node has taken arg */
+    int rc = FSDP_OK;
+    if (!ctx || !fn || nin < 0 || nout <= 0 || !out || (nin > 0 && !in)) {
+        rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_checkpoint: fn, out and nout > 0 are required");
+        goto out;
+    }
+    if (nin > FSDP__NODE_SAVED) {
+        rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_checkpoint: at most %d inputs (got %d)",
+                           FSDP__NODE_SAVED, nin);
+        goto out;
+    }
     for (int o = 0; o < nout; o++)
         out[o] = NULL;
     uint64_t offset = ctx->rng.offset;
     bool was = fsdp_set_grad_enabled(ctx, false);
-    int rc = fn(ctx, arg, nin, in, nout, out);
+    struct fsdp_tape *first = was ? ctx->tape : NULL; /* the run a backward will repeat */
+    if (first) first->region_depth++;
+    rc = fn(ctx, arg, nin, in, nout, out);
+    if (first) first->region_depth--;
     fsdp_set_grad_enabled(ctx, was);
     for (int o = 0; o < nout && rc == 0; o++)
         if (!out[o])
             rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_checkpoint: the region left output %d NULL",
                                o);
     if (rc < 0) goto fail;
-    if (!was) return FSDP_OK;
+    if (!was) goto out; /* nothing to differentiate: the region ran once, as plain code */
 
     struct fsdp_tape *tape = fsdp__get_tape(ctx);
     struct region *r = malloc(sizeof *r);
@@ -109,6 +137,7 @@ int fsdp_checkpoint(fsdp_ctx_t *ctx, fsdp_region_fn fn, void *arg, int nin,
     }
     r->fn = fn;
     r->arg = arg;
+    r->arg_free = NULL; /* set once the node owns r */
     r->nin = nin;
     r->rng_offset = offset;
     struct fsdp__node *node = NULL;
@@ -135,7 +164,9 @@ int fsdp_checkpoint(fsdp_ctx_t *ctx, fsdp_region_fn fn, void *arg, int nin,
         goto fail;
     }
     node->extra = r;
-    node->extra_free = free;
+    node->extra_free = region_free;
+    r->arg_free = arg_free;
+    owned = true;
     for (int i = 0; i < nin && rc == 0; i++)
         rc = fsdp__node_save(node, in[i]);
     if (rc < 0) goto fail; /* the node stays on the tape and is freed with it */
@@ -145,5 +176,7 @@ fail:
         fsdp_tensor_release(out[o]);
         out[o] = NULL;
     }
+out:
+    if (!owned && arg_free) arg_free(arg);
     return rc;
 }

@@ -56,6 +56,7 @@ struct fsdp_tape {
     uint64_t gen;   /* this tape's generation, new at every reset */
     bool grad_enabled;
     bool in_backward;
+    int region_depth;     /* recompute regions whose first (unrecorded) run is under way */
     struct callback *cbs; /* final callbacks (root tape only) */
     size_t ncbs, capcbs;
 };

@@ -13,15 +13,23 @@
  * and the execution-order check that forward prefetch relies on. What the hooks do to the
  * parameters is in unshard.c, to the gradients in grads.c, to dtypes in precision.c.
  *
- * Invariants: a module slot holds a compute view exactly while its unit is in forward (or
- * summoned); the root's fwd_order is the first iteration's order of pre-forwards, post_order
- * this iteration's order of forwards (the backward prefetch follows it in reverse); the final
- * callback is queued once per backward (cb_queued) and leaves every unit idle.
+ * Activation checkpointing: a unit called inside a recompute region runs twice. The first run
+ * (grad mode off) keeps its parameters as a forward with grad would; the re-run during
+ * backward unshards the unit again and counts as its forward (recompute_pre_forward), so the
+ * backward hooks recorded on the region's tape find it ready.
+ *
+ * Invariants: a module slot holds a compute view exactly while its unit is in forward, in its
+ * backward (from the backward pre-hook to the reshard, so that a region re-run inside the unit
+ * computes with the full parameters), or summoned; the root's fwd_order is the first iteration's
+ * order of pre-forwards, post_order this iteration's order of forwards (the backward prefetch
+ * follows it in reverse); the final callback is queued once per backward (cb_queued) and leaves
+ * every unit idle.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/autograd_impl.h"
 #include "fsdp/fsdp_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
@@ -208,14 +216,44 @@ static fsdp_unit_t *next_in_forward_order(fsdp_unit_t *root, fsdp_unit_t *u) {
 /* ---- forward ----------------------------------------------------------------------------------
  */
 
+/* A unit whose call is the recomputation of a region (activation checkpointing around the unit
+ * or around a module holding it): the first run kept nothing for backward, so the unit is
+ * unsharded again (an all-gather if it was resharded), runs with its compute views, and counts
+ * as an invocation whose backward comes next, on the region's tape. It stays unsharded after
+ * the call: its backward pre-hook follows at once. The execution order, prefetch and writeback
+ * belong to the first run. */
+static int recompute_pre_forward(fsdp_unit_t *u, int nin, fsdp_tensor_t **in) {
+    int rc;
+    if (u->state == FSDP_STATE_SUMMON)
+        return fsdp__unit_err(u, FSDP_EINVAL,
+                              "recomputing a checkpointed region while the unit is unsharded by "
+                              "fsdp_summon_begin or fsdp_unit_unshard");
+    if (u->state == FSDP_STATE_BACKWARD_POST) u->fwd_invocations = 0; /* a second region */
+    u->state = FSDP_STATE_FORWARD;
+    if ((rc = fsdp__mp_cast_forward_inputs(u, u == fsdp__root_of(u), nin, in)) < 0) return rc;
+    if ((rc = fsdp__unshard(u)) < 0) return rc;
+    fsdp__swap_slots(u, true);
+    u->fwd_invocations++;
+    u->needs_pre_backward = true;
+    if (u->fwd_invocations == 1) {
+        u->stats.n_pre_bwd_registered++;
+        if (fsdp__any_requires_grad(u)) u->stats.n_post_bwd_registered++;
+    }
+    return FSDP_OK;
+}
+
 int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t **in) {
     (void)m;
     fsdp_unit_t *u = arg;
     fsdp_unit_t *root = fsdp__root_of(u);
     int rc;
-    if (u == root && (rc = root_pre_forward(root)) < 0) return rc;
+    bool recompute = fsdp_in_backward(u->ctx); /* a recompute region re-running the module */
+    if (u == root && !recompute && (rc = root_pre_forward(root)) < 0) return rc;
     if (u->cast_io && (rc = fsdp__mp_cast_io_inputs(u, nin, in)) < 0) return rc;
-    if (fsdp_in_backward(u->ctx)) return FSDP_OK; /* a recompute region re-running the module */
+    /* Re-run inside the unit's own backward (a region within the unit): the backward pre-hook
+     * has unsharded it and put the compute views in place already. */
+    if (recompute && u->state == FSDP_STATE_BACKWARD_PRE) return FSDP_OK;
+    if (recompute) return recompute_pre_forward(u, nin, in);
     if (u->state == FSDP_STATE_SUMMON)
         return fsdp__unit_err(u, FSDP_EINVAL,
                               "forward while the unit is unsharded by "
@@ -269,12 +307,20 @@ int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *cons
     fsdp_unit_t *root = fsdp__root_of(u);
     int rc = FSDP_OK;
     if ((rc = fsdp__mp_cast_io_outputs(u, nout, out)) < 0) return rc;
-    if (fsdp_in_backward(u->ctx)) return FSDP_OK;
+    if (fsdp_in_backward(u->ctx)) {
+        if (u->state == FSDP_STATE_FORWARD) { /* the end of recompute_pre_forward's call */
+            fsdp__swap_slots(u, false);
+            u->state = FSDP_STATE_IDLE;
+        }
+        return FSDP_OK;
+    }
     fsdp__swap_slots(u, false);
     if (u == root) root->fwd_order_done = true;
     if (fsdp__push_unit(&root->post_order, &root->npost, &root->cappost, u) < 0)
         return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
-    bool grad = fsdp_is_grad_enabled(u->ctx);
+    /* Without grad no backward will free the parameters, so they go now; but the first run of
+     * a recompute region will be differentiated (its backward re-runs it). */
+    bool grad = fsdp_is_grad_enabled(u->ctx) || fsdp__in_region_first_run(u->ctx);
     if (!grad || (u != root && reshard_after_forward(u->opt.strategy))) rc = fsdp__reshard(u);
     u->state = FSDP_STATE_IDLE;
     return rc;
@@ -325,6 +371,9 @@ int fsdp__backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad) {
         u->stats.pre_backward_hooks++;
     }
     if ((rc = fsdp__unshard(u)) < 0) return rc;
+    /* The compute views stand in the module's slots until the unit's backward ends, so that a
+     * recompute region inside the unit computes with the unsharded parameters. */
+    fsdp__swap_slots(u, true);
     if (u->opt.backward_prefetch == FSDP_BACKWARD_PRE && (rc = prefetch_backward(u)) < 0) return rc;
     return fsdp__prepare_grads(u);
 }
@@ -333,6 +382,7 @@ static int post_backward(fsdp_unit_t *u) {
     u->state = FSDP_STATE_BACKWARD_POST;
     u->needs_pre_backward = false;
     u->bwd_pending = 0;
+    fsdp__swap_slots(u, false);
     int rc = FSDP_OK;
     if (fsdp__separate_full(u)) rc = fsdp__reshard(u);
     if (rc == 0 && u->opt.backward_prefetch == FSDP_BACKWARD_POST) rc = prefetch_backward(u);
@@ -397,6 +447,7 @@ static int final_callback(fsdp_ctx_t *ctx, void *arg) {
     }
     for (size_t i = 0; i < root->nall; i++) {
         fsdp_unit_t *u = root->all[i];
+        fsdp__swap_slots(u, false);
         u->state = FSDP_STATE_IDLE;
         u->fwd_invocations = 0;
         u->bwd_pending = 0;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/autograd_impl.h"
 #include "nn/nn_impl.h"
 
 /* ---- hooks ------------------------------------------------------------------------------- */
@@ -131,18 +132,9 @@ static void mark_release(void *arg) {
 
 /* ---- forward ---------------------------------------------------------------------------- */
 
-int fsdp_module_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
-                        fsdp_tensor_t **out) {
-    if (!m || nin < 0 || nout < 0 || (nin > 0 && !in) || (nout > 0 && !out)) {
-        if (out && nout > 0)
-            for (int i = 0; i < nout; i++)
-                out[i] = NULL;
-        if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_module_forward: module is NULL");
-        return fsdp__module_err(m, FSDP_EINVAL,
-                                "fsdp_module_forward: bad arguments (nin %d, in %s, nout %d, "
-                                "out %s)",
-                                nin, in ? "set" : "NULL", nout, out ? "set" : "NULL");
-    }
+/* One call of m: pre-hooks, entry mark, forward, exit mark, post-hooks (arguments checked). */
+static int run_module(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                      fsdp_tensor_t **out) {
     int rc = FSDP_OK;
     struct fsdp__hook *hs = NULL;
     size_t nh = 0;
@@ -235,6 +227,101 @@ fail:
     free(ins);
     free(outs);
     fsdp_module_release(m);
+    return rc;
+}
+
+/* ---- activation checkpointing -----------------------------------------------------------------
+ */
+
+static int region_run_module(fsdp_ctx_t *ctx, void *arg, int nin, fsdp_tensor_t *const *in,
+                             int nout, fsdp_tensor_t **out) {
+    (void)ctx;
+    return run_module(arg, nin, in, nout, out);
+}
+
+static void region_release_module(void *arg) {
+    fsdp_module_release(arg);
+}
+
+int fsdp_module_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                        fsdp_tensor_t **out) {
+    if (!m || nin < 0 || nout < 0 || (nin > 0 && !in) || (nout > 0 && !out)) {
+        if (out && nout > 0)
+            for (int i = 0; i < nout; i++)
+                out[i] = NULL;
+        if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_module_forward: module is NULL");
+        return fsdp__module_err(m, FSDP_EINVAL,
+                                "fsdp_module_forward: bad arguments (nin %d, in %s, nout %d, "
+                                "out %s)",
+                                nin, in ? "set" : "NULL", nout, out ? "set" : "NULL");
+    }
+    if (!m->checkpointed || !fsdp_is_grad_enabled(m->ctx) || nout == 0)
+        return run_module(m, nin, in, nout, out);
+    /* The whole call, hooks included, is one recompute region (PyTorch's checkpoint_wrapper
+     * around the module). The region clears out[] first, so in[] is copied (they may be the
+     * same array). */
+    if (nin > FSDP__NODE_SAVED) {
+        for (int o = 0; o < nout; o++)
+            out[o] = NULL;
+        return fsdp__module_err(m, FSDP_EINVAL,
+                                "activation checkpointing keeps at most %d inputs of a module; "
+                                "this call has %d",
+                                FSDP__NODE_SAVED, nin);
+    }
+    fsdp_tensor_t *ins[FSDP__NODE_SAVED + 1];
+    for (int i = 0; i < nin; i++)
+        ins[i] = fsdp_tensor_retain(in[i]);
+    int rc = fsdp__checkpoint_owned(m->ctx, region_run_module, fsdp_module_retain(m),
+                                    region_release_module, nin, ins, nout, out);
+    for (int i = 0; i < nin; i++)
+        fsdp_tensor_release(ins[i]);
+    return rc;
+}
+
+int fsdp_module_set_activation_checkpointing(fsdp_module_t *m, bool on) {
+    if (!m)
+        return fsdp__ctx_err(NULL, FSDP_EINVAL,
+                             "fsdp_module_set_activation_checkpointing: module is NULL");
+    m->checkpointed = on;
+    return FSDP_OK;
+}
+
+bool fsdp_module_activation_checkpointing(const fsdp_module_t *m) {
+    return m && m->checkpointed;
+}
+
+struct apply_ac {
+    const fsdp_module_t *root;
+    const char *type;
+    fsdp_module_check_fn check;
+    void *arg;
+    size_t n;
+};
+
+static int apply_ac_visit(fsdp_module_t *m, const char *fqn, void *arg) {
+    struct apply_ac *a = arg;
+    if (m == a->root) return 0;
+    if (a->type && strcmp(fsdp_module_type(m), a->type) != 0) return 0;
+    if (a->check && !a->check(m, fqn, a->arg)) return 0;
+    if (!m->checkpointed) a->n++;
+    m->checkpointed = true;
+    return 0;
+}
+
+int fsdp_apply_activation_checkpointing(fsdp_module_t *root, const char *type,
+                                        fsdp_module_check_fn check, void *arg, size_t *count) {
+    if (count) *count = 0;
+    if (!root)
+        return fsdp__ctx_err(NULL, FSDP_EINVAL,
+                             "fsdp_apply_activation_checkpointing: root is NULL");
+    if (!type && !check)
+        return fsdp__module_err(root, FSDP_EINVAL,
+                                "fsdp_apply_activation_checkpointing: give a module type, a check "
+                                "function or both (selecting every module would nest a region "
+                                "in each of its children)");
+    struct apply_ac a = {root, type, check, arg, 0};
+    int rc = fsdp_module_visit(root, apply_ac_visit, &a);
+    if (count) *count = a.n;
     return rc;
 }
 

@@ -79,6 +79,7 @@ struct fsdp_module {
     size_t nhooks, caphooks;
     int nhooks_kind[FSDP__HOOK_NKINDS];
     int next_handle;              /* last handle given out */
+    bool checkpointed;            /* activation checkpointing: each call is a recompute region */
 };
 
 /* A module of a built-in type with a zeroed impl of impl_size bytes (0: impl NULL), freed by
