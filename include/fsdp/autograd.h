@@ -83,6 +83,37 @@ typedef int (*fsdp_region_fn)(fsdp_ctx_t *ctx, void *arg, int nin, fsdp_tensor_t
 FSDP_EXTERN int fsdp_checkpoint(fsdp_ctx_t *ctx, fsdp_region_fn fn, void *arg, int nin,
                                 fsdp_tensor_t *const *in, int nout, fsdp_tensor_t **out);
 
+/*
+ * Operations of the caller's with their own backward (PyTorch's torch.autograd.Function).
+ * forward maps nin inputs to nout outputs (it must create each output) and runs with recording
+ * off. backward receives the forward's inputs (kept by the tape until then), which of them want
+ * a gradient (needs[i]) and the gradients of the outputs (gout[o]; zeros for an output that got
+ * none), and stores a new reference in gin[i] for each input that wants one (NULL: no
+ * gradient). It runs with recording off and may use every public operation. A gradient must
+ * have its input's shape (anything else fails the backward with FSDP_EINVAL naming the input);
+ * one given for an input that wants none is dropped. Both return 0 or a negative FSDP_E* code,
+ * which stops the forward or the backward with that status.
+ */
+typedef struct fsdp_function {
+    const char *name; /* for messages */
+    int (*forward)(fsdp_ctx_t *ctx, void *arg, int nin, fsdp_tensor_t *const *in, int nout,
+                   fsdp_tensor_t **out);
+    int (*backward)(fsdp_ctx_t *ctx, void *arg, int nin, fsdp_tensor_t *const *in,
+                    const bool *needs, int nout, fsdp_tensor_t *const *gout, fsdp_tensor_t **gin);
+} fsdp_function_t;
+
+/*
+ * Applies fn to nin (1..8) inputs, giving nout (>= 1) outputs in out[] (new references). When
+ * grad mode is on and an input requires a gradient, the outputs require one and backward runs
+ * fn->backward. fn must stay valid until then; arg is the function's and arg_free(arg) (may be
+ * NULL) runs once it is no longer needed: when the tape drops the operation, or before returning
+ * when nothing was recorded or the call failed. Errors: FSDP_EINVAL for a NULL or incomplete
+ * fn, a NULL input, nin or nout out of range, an output left NULL; forward's status.
+ */
+FSDP_EXTERN int fsdp_function_apply(fsdp_ctx_t *ctx, const fsdp_function_t *fn, void *arg,
+                                    void (*arg_free)(void *arg), int nin, fsdp_tensor_t *const *in,
+                                    int nout, fsdp_tensor_t **out);
+
 FSDP_END_DECLS
 
 #endif /* FSDP_AUTOGRAD_H */
