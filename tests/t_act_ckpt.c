@@ -13,7 +13,9 @@
  *     and blocks under a single root unit;
  *   - the API's refusals and counts.
  * Seed behaviours: DYN-MP-06 (DDP with activation checkpointing), DYN-MP-10 (FSDP with
- * activation checkpointing), DYN-SP-14's underlying parity (a checkpointed region under DDP).
+ * activation checkpointing), DYN-SP-14 (checkpointed regions under DDP with small buckets: each
+ * bucket is launched once its gradients, recomputed ones included, are ready, and the results
+ * are those of the plain run).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,7 @@ typedef struct ac_case {
     fsdp_sharding_strategy_t strategy;
     bool per_block;      /* FSDP: one unit per GPTBlock under the root (else the root only) */
     const char *ac_type; /* the module type checkpointed */
+    size_t bucket_cap;   /* DDP: bytes per bucket (0: the default) */
 } ac_case_t;
 
 /* What one run of the model gives on one rank. */
@@ -52,6 +55,9 @@ typedef struct run_out {
      * re-run (during backward) in the first step. */
     uint64_t ag_first, ag_rerun;
     int hook_calls, hook_reruns;
+    /* DDP: buckets, and those launched from grad hooks while backward still ran (last step). */
+    size_t buckets;
+    uint64_t early;
 } run_out_t;
 
 typedef struct rank_res {
@@ -144,7 +150,10 @@ static int run_model(fsdp_ctx_t *ctx, const ac_case_t *c, bool ac, rank_res_t *r
             TRY(fsdp_wrap(m, &fo, &root), "wrap");
         }
     } else if (c->wrap == WRAP_DDP) {
-        TRY(fsdp_ddp_create(m, pg, NULL, &ddp), "DDP");
+        fsdp_ddp_options_t dop;
+        fsdp_ddp_options_init(&dop);
+        if (c->bucket_cap) dop.bucket_cap_bytes = c->bucket_cap;
+        TRY(fsdp_ddp_create(m, pg, &dop, &ddp), "DDP");
     }
     /* After wrapping, as PyTorch's recipes do: FSDP's hooks are part of each checkpointed call. */
     if (ac) TRY(fsdp_apply_activation_checkpointing(m, c->ac_type, NULL, NULL, &o->nac), "apply");
@@ -196,6 +205,12 @@ static int run_model(fsdp_ctx_t *ctx, const ac_case_t *c, bool ac, rank_res_t *r
     }
     TRY(root ? fsdp_named_params(root, &l) : fsdp_module_named_params(m, false, &l), "params");
     TRY(append_values(&l, false, &o->params, &o->nparams), "params");
+    if (ddp) {
+        fsdp_ddp_stats_t st;
+        TRY(fsdp_ddp_get_stats(ddp, &st), "stats");
+        o->buckets = st.num_buckets;
+        o->early = st.last_early_launches;
+    }
 out:
     fsdp_named_list_free(&l);
     fsdp_tensor_release(tok), fsdp_tensor_release(tgt), fsdp_tensor_release(logits);
@@ -262,6 +277,12 @@ static void run_case(const ac_case_t *c, double min_drop) {
                "%s rank %d: h.1's forward pre-hook runs once a step, and again in backward only "
                "when h.1 itself is checkpointed (plain %d+%d, checkpointed %d+%d)",
                c->name, r, p->hook_calls, p->hook_reruns, a->hook_calls, a->hook_reruns);
+        if (c->wrap == WRAP_DDP && c->bucket_cap)
+            tap_ok(a->buckets > 2 && a->buckets == p->buckets && a->early > 0,
+                   "%s rank %d: %zu buckets of at most %zu bytes, %llu of them launched from "
+                   "gradient hooks while the recomputing backward ran (plain: %llu)",
+                   c->name, r, a->buckets, c->bucket_cap, (unsigned long long)a->early,
+                   (unsigned long long)p->early);
         if (c->wrap != WRAP_FSDP) continue;
         tap_ok(memcmp(p->ag, a->ag, sizeof p->ag) == 0,
                "%s rank %d: all-gathers per step unchanged (%llu %llu %llu, plain %llu %llu %llu)",
@@ -345,18 +366,20 @@ int main(void) {
     tap_plan_lazy();
     test_api();
     static const ac_case_t cases[] = {
-        {"no wrapper", 1, WRAP_NONE, FSDP_FULL_SHARD, false, "GPTBlock"},
-        {"DYN-MP-06 DDP W=2", 2, WRAP_DDP, FSDP_FULL_SHARD, false, "GPTBlock"},
+        {"no wrapper", 1, WRAP_NONE, FSDP_FULL_SHARD, false, "GPTBlock", 0},
+        {"DYN-MP-06 DDP W=2", 2, WRAP_DDP, FSDP_FULL_SHARD, false, "GPTBlock", 0},
+        {"DYN-SP-14 DDP with small buckets W=2", 2, WRAP_DDP, FSDP_FULL_SHARD, false, "GPTBlock",
+         16384},
         {"DYN-MP-10 FSDP FULL_SHARD unit per block W=2", 2, WRAP_FSDP, FSDP_FULL_SHARD, true,
-         "GPTBlock"},
+         "GPTBlock", 0},
         {"DYN-MP-10 FSDP SHARD_GRAD_OP unit per block W=2", 2, WRAP_FSDP, FSDP_SHARD_GRAD_OP, true,
-         "GPTBlock"},
+         "GPTBlock", 0},
         {"FSDP FULL_SHARD, the MLP inside each unit W=2", 2, WRAP_FSDP, FSDP_FULL_SHARD, true,
-         "MLP"},
-        {"FSDP root unit only W=4", 4, WRAP_FSDP, FSDP_FULL_SHARD, false, "GPTBlock"},
+         "MLP", 0},
+        {"FSDP root unit only W=4", 4, WRAP_FSDP, FSDP_FULL_SHARD, false, "GPTBlock", 0},
     };
     /* A checkpointed block keeps its input only; checkpointed MLPs keep less. */
-    static const double drops[] = {0.4, 0.4, 0.4, 0.4, 0.15, 0.4};
+    static const double drops[] = {0.4, 0.4, 0.4, 0.4, 0.4, 0.15, 0.4};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], drops[i]);
     return tap_done();

@@ -13,6 +13,11 @@
  *     exactly, and the state dict lists it under both names;
  *   - DYN-MP-08: a forward that sets a module attribute: the change persists under FSDP, the
  *     output is 2 * net(x), and the root stays the root (lazy init once);
+ *   - DYN-MP-07, DYN-MP-09: the dynamo ToyModel (hidden 501, so every shard is padded) under
+ *     FSDP as one root unit and as a unit per Linear at world sizes 1, 2 and 4: the output
+ *     equals the unwrapped model's;
+ *   - DYN-SP-08: DDP and FSDP wrappers called with batch sizes 100, 200 and 300 in turn give
+ *     the local output each time;
  *   - DYN-FK-03: a module without parameters (randn(3) * randn(3)) under DDP and FSDP: no
  *     bucket, no flat parameter, no collective after creation, the local output.
  */
@@ -24,6 +29,7 @@
 #include <fsdp.h>
 
 #include "fsdp_util.h"
+#include "models/models.h"
 #include "tap.h"
 
 #define W 2
@@ -674,6 +680,158 @@ out:
     return rc;
 }
 
+/* ---- DYN-MP-07 / DYN-MP-09: ToyModel forward parity, root only and a unit per Linear ----------
+ */
+
+typedef struct toy_job {
+    fu_job_t j; /* first */
+    bool per_linear;
+} toy_job_t;
+
+/* hidden 501: a flat parameter whose size no world size here divides, so shards are padded. */
+#define TOY_HIDDEN 501
+
+static int toy_rank(fsdp_ctx_t *ctx, void *arg) {
+    toy_job_t *tj = arg;
+    fu_res_t *r = fu_res_of(&tj->j, ctx);
+    int rc = FSDP_OK;
+    fsdp_module_t *local = NULL, *m = NULL;
+    fsdp_unit_t *root = NULL;
+    fsdp_tensor_t *x = NULL, *yl = NULL, *y = NULL;
+    FU_TRY(out, "models", tm_toy_create(ctx, TM_TOY_IN, TOY_HIDDEN, TM_TOY_OUT, &local));
+    FU_TRY(out, "models", tm_toy_create(ctx, TM_TOY_IN, TOY_HIDDEN, TM_TOY_OUT, &m));
+    fsdp_options_t o;
+    fu_job_options(&tj->j, &o);
+    if (tj->per_linear)
+        FU_TRY(out, "wrap", fu_wrap_types(m, &o, (const char *const[]){"Linear", NULL}, &root));
+    else
+        FU_TRY(out, "wrap", fsdp_wrap(m, &o, &root));
+    size_t nunits = 0;
+    fsdp_unit_t **units = NULL;
+    FU_TRY(out, "units", fsdp_units(root, &units, &nunits));
+    free(units);
+    fu_ck(r, nunits == (tj->per_linear ? 5u : 1u), "the units", "%zu", nunits);
+    fsdp_rng_init(fsdp_ctx_rng(ctx), 20, 0);
+    FU_TRY(out, "input",
+           fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, (const int64_t[]){20, TM_TOY_IN},
+                             FSDP_MEM_OTHER, &x));
+    FU_TRY(out, "input", fsdp_tensor_normal_(x, 0, 1));
+    int same = 0;
+    for (int k = 0; k < 2; k++) {
+        FU_TRY(out, "local", fsdp_module_forward1(local, x, &yl));
+        FU_TRY(out, "FSDP", fsdp_module_forward1(m, x, &y));
+        same += fu_same_bits(y, yl) == 1;
+        fsdp_tensor_release(yl), fsdp_tensor_release(y);
+        yl = y = NULL;
+        fsdp_tape_clear(ctx);
+    }
+    fu_ck(r, same == 2, "the output equals the unwrapped model's bitwise, twice", "%d of 2", same);
+out:
+    fsdp_tensor_release(x), fsdp_tensor_release(yl), fsdp_tensor_release(y);
+    fsdp_unit_destroy(root);
+    fsdp_module_release(m), fsdp_module_release(local);
+    return rc;
+}
+
+static void test_toy(void) {
+    static const int worlds[] = {1, 2, 4};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < sizeof worlds / sizeof worlds[0]; i++) {
+            toy_job_t tj;
+            fu_job_init(&tj.j,
+                        k ? "DYN-MP-07 DYN-MP-09 ToyModel, a unit per Linear"
+                          : "DYN-MP-07 DYN-MP-09 ToyModel, one root unit",
+                        worlds[i], FSDP_FULL_SHARD, true);
+            tj.per_linear = k == 1;
+            fu_run_job(&tj.j, toy_rank);
+        }
+}
+
+/* ---- DYN-SP-08: batch sizes that change from call to call -------------------------------------
+ */
+
+#define FOO_N 30
+#define FOO_D 50
+#define FOO_K 70
+#define FOO_OUT 64
+
+/* Foo: linear1(flatten(linear0(x^T))) for x (B, N, D): linear0 N -> K on (B, D, N), then
+ * (B, D * K) -> FOO_OUT. */
+static int foo_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                       fsdp_tensor_t **out) {
+    (void)nin, (void)nout;
+    fsdp_tensor_t *t = NULL, *a = NULL, *f = NULL;
+    int64_t b = fsdp_tensor_shape(in[0])[0];
+    int rc = fsdp_transpose(in[0], 1, 2, &t);
+    if (rc == 0) rc = fsdp_module_forward1(fsdp_module_child(m, "linear0"), t, &a);
+    if (rc == 0) rc = fsdp_reshape(a, 2, (const int64_t[]){b, FOO_D * FOO_K}, &f);
+    if (rc == 0) rc = fsdp_module_forward1(fsdp_module_child(m, "linear1"), f, &out[0]);
+    fsdp_tensor_release(t), fsdp_tensor_release(a), fsdp_tensor_release(f);
+    return rc;
+}
+
+static const fsdp_module_ops_t foo_ops = {"Foo", foo_forward, NULL};
+
+static int foo_create(fsdp_ctx_t *ctx, fsdp_module_t **out) {
+    fsdp_rng_init(fsdp_ctx_rng(ctx), 8, 0);
+    fsdp_module_t *m = NULL, *l0 = NULL, *l1 = NULL;
+    int rc = fsdp_linear_create(ctx, FOO_N, FOO_K, true, &l0);
+    if (rc == 0) rc = fsdp_linear_create(ctx, FOO_D * FOO_K, FOO_OUT, true, &l1);
+    if (rc == 0) rc = fsdp_module_create(ctx, &foo_ops, NULL, &m);
+    if (rc == 0) rc = fsdp_module_add_child(m, "linear0", l0);
+    if (rc == 0) rc = fsdp_module_add_child(m, "linear1", l1);
+    fsdp_module_release(l0), fsdp_module_release(l1);
+    if (rc < 0) {
+        fsdp_module_release(m);
+        return rc;
+    }
+    *out = m;
+    return FSDP_OK;
+}
+
+static int sp08_rank(fsdp_ctx_t *ctx, void *arg) {
+    fu_res_t *r = fu_res_of(arg, ctx);
+    int rc = FSDP_OK;
+    fsdp_module_t *local = NULL, *md = NULL, *mf = NULL;
+    fsdp_ddp_t *ddp = NULL;
+    fsdp_unit_t *root = NULL;
+    fsdp_tensor_t *x = NULL, *yl = NULL, *yd = NULL, *yf = NULL;
+    FU_TRY(out, "models", foo_create(ctx, &local));
+    FU_TRY(out, "models", foo_create(ctx, &md));
+    FU_TRY(out, "models", foo_create(ctx, &mf));
+    FU_TRY(out, "DDP", fsdp_ddp_create(md, fsdp_ctx_pg(ctx), NULL, &ddp));
+    fsdp_options_t o;
+    fu_job_options(arg, &o);
+    FU_TRY(out, "wrap", fu_wrap_types(mf, &o, (const char *const[]){"Linear", NULL}, &root));
+    static const int64_t sizes[] = {100, 200, 300};
+    for (int k = 0; k < 3; k++) {
+        fsdp_rng_init(fsdp_ctx_rng(ctx), 30, (uint64_t)k);
+        FU_TRY(out, "input",
+               fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 3, (const int64_t[]){sizes[k], FOO_N, FOO_D},
+                                 FSDP_MEM_OTHER, &x));
+        FU_TRY(out, "input", fsdp_tensor_normal_(x, 0, 1));
+        FU_TRY(out, "local", fsdp_module_forward1(local, x, &yl));
+        FU_TRY(out, "DDP", fsdp_ddp_forward1(ddp, x, &yd));
+        FU_TRY(out, "FSDP", fsdp_module_forward1(mf, x, &yf));
+        fu_ck(r, fu_same_bits(yd, yl) == 1 && fu_same_bits(yf, yl) == 1,
+              sizes[k] == 100   ? "batch 100: DDP and FSDP give the local output bitwise"
+              : sizes[k] == 200 ? "batch 200 on the same wrappers: the local output bitwise"
+                                : "batch 300 on the same wrappers: the local output bitwise",
+              "differs");
+        fsdp_tensor_release(x), fsdp_tensor_release(yl), fsdp_tensor_release(yd);
+        fsdp_tensor_release(yf);
+        x = yl = yd = yf = NULL;
+        fsdp_tape_clear(ctx);
+    }
+out:
+    fsdp_tensor_release(x), fsdp_tensor_release(yl), fsdp_tensor_release(yd);
+    fsdp_tensor_release(yf);
+    fsdp_ddp_destroy(ddp);
+    fsdp_unit_destroy(root);
+    fsdp_module_release(local), fsdp_module_release(md), fsdp_module_release(mf);
+    return rc;
+}
+
 int main(void) {
     tap_plan_lazy();
     test_function_api();
@@ -682,5 +840,7 @@ int main(void) {
     fu_run("DYN-SP-19 FSDP", W, FSDP_FULL_SHARD, true, sp19_rank);
     fu_run("DYN-MP-08 FSDP", W, FSDP_FULL_SHARD, true, mp08_rank);
     fu_run("DYN-FK-03", W, FSDP_FULL_SHARD, true, fk03_rank);
+    test_toy();
+    fu_run("DYN-SP-08 DDP and FSDP", W, FSDP_FULL_SHARD, true, sp08_rank);
     return tap_done();
 }
