@@ -64,6 +64,7 @@
 static const fsdp_mem_cat_t mem_cats[] = {FSDP_MEM_PARAMS,      FSDP_MEM_GRADS, FSDP_MEM_OPTIM,
                                           FSDP_MEM_ACTIVATIONS, FSDP_MEM_COMM,  FSDP_MEM_OFFLOAD};
 #define NMEMCATS ((int)(sizeof mem_cats / sizeof mem_cats[0]))
+#define ACT 3 /* mem_cats[ACT] is FSDP_MEM_ACTIVATIONS */
 
 typedef struct options {
     bench_common_t c; /* the shape's batch is per rank */
@@ -73,16 +74,17 @@ typedef struct options {
     unsigned sections; /* SECTION_* */
 } options_t;
 
-enum { SECTION_MAIN = 1, SECTION_PREFETCH = 2 };
+enum { SECTION_MAIN = 1, SECTION_PREFETCH = 2, SECTION_AC = 4 };
 
 /* One configuration of the benchmark. */
 typedef struct config {
     const char *name;
-    bool ddp;                         /* DDP; otherwise FSDP with the fields below */
+    bool ddp; /* DDP; otherwise FSDP with the fields below */
     fsdp_sharding_strategy_t strategy;
     fsdp_backward_prefetch_t bp;
     bool fwd_prefetch;
-    int64_t latency_us;               /* the sim backend's simulated latency */
+    int64_t latency_us; /* the sim backend's simulated latency */
+    bool ac;            /* activation checkpointing of every GPTBlock */
 } config_t;
 
 /* A configuration's run: shared by its rank threads, each writing its own slots. */
@@ -90,11 +92,11 @@ typedef struct job {
     const options_t *o;
     const bench_gpt_shape_t *m;
     config_t cfg;
-    int nsteps;                   /* warm-up + timed */
-    double *t;                    /* [world][nsteps][PH_COUNT] seconds */
-    double *loss;                 /* [world][nsteps] */
+    int nsteps;   /* warm-up + timed */
+    double *t;    /* [world][nsteps][PH_COUNT] seconds */
+    double *loss; /* [world][nsteps] */
     fsdp_mem_stats_t mem[MAX_WORLD];
-    size_t pgo_end[MAX_WORLD];    /* params + grads + optim bytes after the last step */
+    size_t pgo_end[MAX_WORLD]; /* params + grads + optim bytes after the last step */
     int64_t nparams;
     size_t nunits[MAX_WORLD];
     char err[MAX_WORLD][sizeof(((bench_rank_t *)0)->err)];
@@ -104,7 +106,7 @@ typedef struct job {
 typedef struct summary {
     double med[PH_COUNT]; /* medians over the timed steps of the slowest rank's phase, s */
     double step_min, step_max;
-    double loss_first, loss_last; /* mean over the ranks */
+    double loss_first, loss_last;               /* mean over the ranks */
     size_t peak[NMEMCATS], total_peak, pgo_end; /* max over the ranks, bytes */
 } summary_t;
 
@@ -124,21 +126,22 @@ static int threads_per_rank(int world) {
     return per > 1 ? (int)per : 1;
 }
 
-static double mib(size_t bytes) { return (double)bytes / 1048576.0; }
+static double mib(size_t bytes) {
+    return (double)bytes / 1048576.0;
+}
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: " PROG " [options]\n"
-            BENCH_COMMON_USAGE
-            "  --world N       ranks of the sim world (default 2)\n"
-            "  --rounds N      runs of every configuration, in alternating order; the timed\n"
-            "                  steps of all rounds are pooled (default 2, at most 16)\n"
-            "  --latency-us N  simulated latency of every collective in the prefetch section\n"
-            "                  (default 5000; 0 for none)\n"
-            "  --only S        run one section only: main (DDP and the strategies) or\n"
-            "                  prefetch (prefetching under latency)\n"
-            "  --help          this text\n"
-            "Compute threads per rank: FSDP_NUM_THREADS, else the online cores / world size.\n");
+    fprintf(f, "usage: " PROG " [options]\n" BENCH_COMMON_USAGE
+               "  --world N       ranks of the sim world (default 2)\n"
+               "  --rounds N      runs of every configuration, in alternating order; the timed\n"
+               "                  steps of all rounds are pooled (default 2, at most 16)\n"
+               "  --latency-us N  simulated latency of every collective in the prefetch section\n"
+               "                  (default 5000; 0 for none)\n"
+               "  --only S        run one section only: main (DDP and the strategies),\n"
+               "                  prefetch (prefetching under latency) or ac (activation\n"
+               "                  checkpointing at 1, 2, 4 and 8 sequences per rank)\n"
+               "  --help          this text\n"
+               "Compute threads per rank: FSDP_NUM_THREADS, else the online cores / world size.\n");
 }
 
 /* bench_fsdp_step's own options (a bench_extra_fn); each takes a value. */
@@ -158,8 +161,10 @@ static int own_option(void *arg, const char *prog, const char *opt, const char *
         o->sections = SECTION_MAIN;
     } else if (strcmp(opt, "--only") == 0 && val && strcmp(val, "prefetch") == 0) {
         o->sections = SECTION_PREFETCH;
+    } else if (strcmp(opt, "--only") == 0 && val && strcmp(val, "ac") == 0) {
+        o->sections = SECTION_AC;
     } else if (strcmp(opt, "--only") == 0) {
-        fprintf(stderr, PROG ": --only needs main or prefetch, got '%s'\n", val ? val : "");
+        fprintf(stderr, PROG ": --only needs main, prefetch or ac, got '%s'\n", val ? val : "");
         return -1;
     } else {
         return strcmp(opt, "--quick") == 0 ? 2 : 0;
@@ -173,7 +178,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
                      .world = 2,
                      .rounds = 2,
                      .latency_us = 5000,
-                     .sections = SECTION_MAIN | SECTION_PREFETCH};
+                     .sections = SECTION_MAIN | SECTION_PREFETCH | SECTION_AC};
     return bench_parse_args(PROG, argc, argv, INT64_MAX - MAX_WORLD, &o->c, own_option, o, usage);
 }
 
@@ -213,6 +218,9 @@ static int setup(job_t *j, rank_state_t *s) {
         rc = bench_rank_wrap(&s->b, m, &fo);
         j->nunits[r] = s->b.nunits;
         if (rc < 0) return keep_err(j, s, rc);
+        if (j->cfg.ac && (rc = fsdp_apply_activation_checkpointing(s->b.model, "GPTBlock", NULL,
+                                                                   NULL, NULL)) < 0)
+            return rank_fail(j, s, "fsdp_apply_activation_checkpointing", rc);
         rc = bench_rank_train_setup(&s->b, m, &o->c.adamw, o->c.seed);
         return rc < 0 ? keep_err(j, s, rc) : FSDP_OK;
     }
@@ -321,8 +329,7 @@ static job_t *run_config(const options_t *o, const bench_gpt_shape_t *m, const c
             lsum += j->loss[(size_t)r * (size_t)j->nsteps + (size_t)k];
         }
         printf("step %3d%s loss %.6f  ms %.1f\n", k + 1,
-               k >= o->c.warmup ? "        " : " (warmup)",
-               lsum / o->world, tmax * 1e3);
+               k >= o->c.warmup ? "        " : " (warmup)", lsum / o->world, tmax * 1e3);
     }
     fflush(stdout);
     for (int r = 0; r < o->world; r++)
@@ -349,8 +356,8 @@ static void summarise(job_t *const *js, int nr, summary_t *sm) {
             for (int k = 0; k < steps; k++) {
                 double tmax = 0;
                 for (int r = 0; r < o->world; r++) {
-                    size_t i = ((size_t)r * (size_t)j->nsteps + (size_t)(o->c.warmup + k)) *
-                               PH_COUNT;
+                    size_t i =
+                        ((size_t)r * (size_t)j->nsteps + (size_t)(o->c.warmup + k)) * PH_COUNT;
                     if (j->t[i + (size_t)p] > tmax) tmax = j->t[i + (size_t)p];
                 }
                 v[q * steps + k] = tmax;
@@ -387,8 +394,8 @@ static void summarise(job_t *const *js, int nr, summary_t *sm) {
  * configuration), and summarises each over its rounds into sm[i]. jobs[q * n + i] is round q
  * of configuration i. Returns 0, or -1 when a run failed.
  */
-static int run_rounds(const options_t *o, const bench_gpt_shape_t *m, const config_t *cfgs,
-                      int n, job_t **jobs, summary_t *sm) {
+static int run_rounds(const options_t *o, const bench_gpt_shape_t *m, const config_t *cfgs, int n,
+                      job_t **jobs, summary_t *sm) {
     for (int q = 0; q < o->rounds; q++)
         for (int k = 0; k < n; k++) {
             int i = q % 2 ? n - 1 - k : k;
@@ -396,7 +403,8 @@ static int run_rounds(const options_t *o, const bench_gpt_shape_t *m, const conf
         }
     job_t *mine[MAX_ROUNDS];
     for (int i = 0; i < n; i++) {
-        for (int q = 0; q < o->rounds; q++) mine[q] = jobs[q * n + i];
+        for (int q = 0; q < o->rounds; q++)
+            mine[q] = jobs[q * n + i];
         summarise(mine, o->rounds, &sm[i]);
     }
     return 0;
@@ -426,11 +434,13 @@ static void print_time_table(const config_t *cfgs, const summary_t *sm, int n) {
 
 static void print_mem_table(const config_t *cfgs, const summary_t *sm, int n) {
     printf("%-28s", "peak MiB per rank");
-    for (int c = 0; c < NMEMCATS; c++) printf(" %11s", fsdp_mem_cat_name(mem_cats[c]));
+    for (int c = 0; c < NMEMCATS; c++)
+        printf(" %11s", fsdp_mem_cat_name(mem_cats[c]));
     printf(" %9s %13s\n", "total", "p+g+o at end");
     for (int i = 0; i < n; i++) {
         printf("%-28s", cfgs[i].name);
-        for (int c = 0; c < NMEMCATS; c++) printf(" %11.2f", mib(sm[i].peak[c]));
+        for (int c = 0; c < NMEMCATS; c++)
+            printf(" %11.2f", mib(sm[i].peak[c]));
         printf(" %9.2f %13.2f\n", mib(sm[i].total_peak), mib(sm[i].pgo_end));
     }
 }
@@ -510,14 +520,18 @@ static int prefetch_section(const options_t *o) {
     const config_t cfgs[NPF] = {
         {.name = "no prefetch", .bp = FSDP_BACKWARD_PREFETCH_NONE, .latency_us = lat},
         {.name = "BACKWARD_PRE", .bp = FSDP_BACKWARD_PRE, .latency_us = lat},
-        {.name = "forward_prefetch", .bp = FSDP_BACKWARD_PREFETCH_NONE, .fwd_prefetch = true,
+        {.name = "forward_prefetch",
+         .bp = FSDP_BACKWARD_PREFETCH_NONE,
+         .fwd_prefetch = true,
          .latency_us = lat},
-        {.name = "BACKWARD_PRE + forward", .bp = FSDP_BACKWARD_PRE, .fwd_prefetch = true,
+        {.name = "BACKWARD_PRE + forward",
+         .bp = FSDP_BACKWARD_PRE,
+         .fwd_prefetch = true,
          .latency_us = lat},
         {.name = "both, no latency (ref.)", .bp = FSDP_BACKWARD_PRE, .fwd_prefetch = true},
     };
-    bench_gpt_shape_t pm = {.layers = 4, .d = 256, .heads = 4, .seq = 64, .batch = 4,
-                            .vocab = o->c.m.vocab};
+    bench_gpt_shape_t pm = {
+        .layers = 4, .d = 256, .heads = 4, .seq = 64, .batch = 4, .vocab = o->c.m.vocab};
     if (o->c.m.layers * o->c.m.d * o->c.m.d * o->c.m.seq * o->c.m.batch <=
         pm.layers * pm.d * pm.d * pm.seq * pm.batch)
         pm = o->c.m;
@@ -558,6 +572,72 @@ out:
     return status;
 }
 
+/*
+ * The activation-checkpointing section: FULL_SHARD with and without activation checkpointing
+ * of every GPTBlock, on the options' model at 1, 2, 4 and 8 sequences per rank (the largest
+ * the options' batch when it is larger). For each batch: the median step times, the forward
+ * and backward times, the peaks of the activations category and of all memory, and their
+ * ratios (checkpointed / plain). The cost should be near one more forward of the blocks. The
+ * losses must agree bitwise (the recomputation is exact); returns 1 when they do not or a run
+ * failed.
+ */
+static int ac_section(const options_t *o) {
+    static const int64_t batches[] = {1, 2, 4, 8};
+    const config_t cfgs[2] = {
+        {.name = "FULL_SHARD", .strategy = FSDP_FULL_SHARD, .bp = FSDP_BACKWARD_PRE},
+        {.name = "FULL_SHARD + act. ckpt",
+         .strategy = FSDP_FULL_SHARD,
+         .bp = FSDP_BACKWARD_PRE,
+         .ac = true},
+    };
+    enum { NB = (int)(sizeof batches / sizeof batches[0]) };
+    summary_t sm[NB][2];
+    int status = 0;
+    printf("\n# activation checkpointing: FSDP FULL_SHARD, every GPTBlock recomputed in "
+           "backward; GPT %lld layers, d %lld, seq %lld\n",
+           (long long)o->c.m.layers, (long long)o->c.m.d, (long long)o->c.m.seq);
+    for (int b = 0; b < NB; b++) {
+        bench_gpt_shape_t m = o->c.m;
+        m.batch = b == NB - 1 && o->c.m.batch > batches[b] ? o->c.m.batch : batches[b];
+        job_t *jobs[MAX_ROUNDS * 2] = {NULL};
+        printf("## batch %lld per rank\n", (long long)m.batch);
+        fflush(stdout);
+        if (run_rounds(o, &m, cfgs, 2, jobs, sm[b]) < 0) {
+            status = 1;
+        } else {
+            for (int k = 0; k < jobs[0]->nsteps; k++)
+                for (int r = 0; r < o->world; r++)
+                    if (jobs[0]->loss[(size_t)r * (size_t)jobs[0]->nsteps + (size_t)k] !=
+                        jobs[1]->loss[(size_t)r * (size_t)jobs[1]->nsteps + (size_t)k])
+                        status = 1;
+        }
+        for (int i = 0; i < MAX_ROUNDS * 2; i++)
+            if (jobs[i]) job_free(jobs[i]);
+        if (status) break;
+    }
+    if (status) {
+        fprintf(stderr, PROG ": activation checkpointing: a run failed or a loss differs\n");
+        return status;
+    }
+    printf("\n%-6s %9s %9s %7s %9s %9s %9s %9s %8s %9s %9s %7s\n", "batch", "step ms", "ckpt ms",
+           "ratio", "fwd ms", "ckpt fwd", "bwd ms", "ckpt bwd", "act MiB", "ckpt act", "ratio",
+           "total");
+    for (int b = 0; b < NB; b++) {
+        const summary_t *p = &sm[b][0], *a = &sm[b][1];
+        int64_t batch = b == NB - 1 && o->c.m.batch > batches[b] ? o->c.m.batch : batches[b];
+        printf("%-6lld %9.1f %9.1f %7.3f %9.1f %9.1f %9.1f %9.1f %8.2f %9.2f %7.3f %7.3f\n",
+               (long long)batch, p->med[PH_STEP] * 1e3, a->med[PH_STEP] * 1e3,
+               a->med[PH_STEP] / p->med[PH_STEP], p->med[PH_FWD] * 1e3, a->med[PH_FWD] * 1e3,
+               p->med[PH_BWD] * 1e3, a->med[PH_BWD] * 1e3, mib(p->peak[ACT]), mib(a->peak[ACT]),
+               (double)a->peak[ACT] / (double)p->peak[ACT],
+               (double)a->total_peak / (double)p->total_peak);
+    }
+    printf("(ratios: checkpointed / plain; act: peak of the activations category, total: of all "
+           "memory, the largest rank's; losses equal bitwise at every step)\n");
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     options_t o;
     int prc = parse_options(argc, argv, &o);
@@ -577,6 +657,7 @@ int main(int argc, char **argv) {
     int status = 0;
     if (o.sections & SECTION_MAIN) status |= main_section(&o);
     if (o.sections & SECTION_PREFETCH) status |= prefetch_section(&o);
+    if (o.sections & SECTION_AC) status |= ac_section(&o);
     printf("total %.1f s\n", bench_now_s() - t0);
     if (status) fprintf(stderr, PROG ": a configuration failed or the losses disagree\n");
     return status;
