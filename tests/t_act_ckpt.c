@@ -9,8 +9,9 @@
  *     anyway, so the per-step count is unchanged), and kept when it was not (SHARD_GRAD_OP:
  *     no extra all-gather); a forward pre-hook on a block sees the unit's all-gather count at
  *     both runs of its call;
- *   - checkpointing a module inside a unit (the recomputation runs inside the unit's backward)
- *     and blocks under a single root unit;
+ *   - checkpointing a module inside a unit (the recomputation runs inside the unit's backward),
+ *     blocks under a single root unit, and units under bf16 mixed precision (the re-run casts
+ *     its inputs again);
  *   - the API's refusals and counts.
  * Seed behaviours: DYN-MP-06 (DDP with activation checkpointing), DYN-MP-10 (FSDP with
  * activation checkpointing), DYN-SP-14 (checkpointed regions under DDP with small buckets: each
@@ -39,6 +40,7 @@ typedef struct ac_case {
     bool per_block;      /* FSDP: one unit per GPTBlock under the root (else the root only) */
     const char *ac_type; /* the module type checkpointed */
     size_t bucket_cap;   /* DDP: bytes per bucket (0: the default) */
+    bool bf16;           /* FSDP: mixed precision, bf16 parameters, f32 reduction */
 } ac_case_t;
 
 /* What one run of the model gives on one rank. */
@@ -143,6 +145,13 @@ static int run_model(fsdp_ctx_t *ctx, const ac_case_t *c, bool ac, rank_res_t *r
         fsdp_options_init(&fo);
         fo.strategy = c->strategy;
         fo.check_exec_order = true;
+        if (c->bf16) {
+            fo.mixed_precision.enabled = true;
+            fo.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
+            fo.mixed_precision.reduce_dtype = FSDP_DTYPE_F32;
+            fo.mixed_precision.buffer_dtype = FSDP_DTYPE_BF16;
+            fo.mixed_precision.cast_forward_inputs = true;
+        }
         if (c->per_block) {
             TRY(fsdp_gpt_recipe_wrap(m, &fo, &root), "wrap");
         } else {
@@ -366,20 +375,22 @@ int main(void) {
     tap_plan_lazy();
     test_api();
     static const ac_case_t cases[] = {
-        {"no wrapper", 1, WRAP_NONE, FSDP_FULL_SHARD, false, "GPTBlock", 0},
-        {"DYN-MP-06 DDP W=2", 2, WRAP_DDP, FSDP_FULL_SHARD, false, "GPTBlock", 0},
+        {"no wrapper", 1, WRAP_NONE, FSDP_FULL_SHARD, false, "GPTBlock", 0, false},
+        {"DYN-MP-06 DDP W=2", 2, WRAP_DDP, FSDP_FULL_SHARD, false, "GPTBlock", 0, false},
         {"DYN-SP-14 DDP with small buckets W=2", 2, WRAP_DDP, FSDP_FULL_SHARD, false, "GPTBlock",
-         16384},
+         16384, false},
         {"DYN-MP-10 FSDP FULL_SHARD unit per block W=2", 2, WRAP_FSDP, FSDP_FULL_SHARD, true,
-         "GPTBlock", 0},
+         "GPTBlock", 0, false},
         {"DYN-MP-10 FSDP SHARD_GRAD_OP unit per block W=2", 2, WRAP_FSDP, FSDP_SHARD_GRAD_OP, true,
-         "GPTBlock", 0},
+         "GPTBlock", 0, false},
         {"FSDP FULL_SHARD, the MLP inside each unit W=2", 2, WRAP_FSDP, FSDP_FULL_SHARD, true,
-         "MLP", 0},
-        {"FSDP root unit only W=4", 4, WRAP_FSDP, FSDP_FULL_SHARD, false, "GPTBlock", 0},
+         "MLP", 0, false},
+        {"FSDP root unit only W=4", 4, WRAP_FSDP, FSDP_FULL_SHARD, false, "GPTBlock", 0, false},
+        {"DYN-MP-10 FSDP FULL_SHARD bf16 mixed precision W=2", 2, WRAP_FSDP, FSDP_FULL_SHARD, true,
+         "GPTBlock", 0, true},
     };
     /* A checkpointed block keeps its input only; checkpointed MLPs keep less. */
-    static const double drops[] = {0.4, 0.4, 0.4, 0.4, 0.4, 0.15, 0.4};
+    static const double drops[] = {0.4, 0.4, 0.4, 0.4, 0.4, 0.15, 0.4, 0.4};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], drops[i]);
     return tap_done();

@@ -27,7 +27,7 @@ static bool same_shape(const fsdp_tensor_t *t, int ndim, const int64_t *shape) {
 /* Adds g into leaf->grad (creating it), then runs the leaf's hooks. Takes g's reference. */
 static int accumulate_leaf(fsdp_tensor_t *leaf, fsdp_tensor_t *g) {
     int rc = FSDP_OK;
-    if (g->dt != leaf->dt) {
+    if (g->dt != leaf->dt && !leaf->grad_native) {
         fsdp_tensor_t *c = NULL;
         rc = fsdp_to_dtype(g, leaf->dt, &c);
         fsdp_tensor_release(g);

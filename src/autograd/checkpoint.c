@@ -42,6 +42,10 @@ static int region_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
         if (!node->saved[i]) continue;
         FSDP_TRY(rc, out, fsdp_detach(node->saved[i], &ins[i]));
         if (node->needs[i]) FSDP_TRY(rc, out, fsdp_tensor_set_requires_grad(ins[i], true));
+        /* Their gradients go back into the parent's graph in the dtype the region's operations
+         * gave them, as a run without the region would pass them on (a bf16 activation may
+         * carry an f32 gradient), not cast to the input's dtype as a leaf's .grad is. */
+        ins[i]->grad_native = true;
     }
     ctx->tape = sub;
     /* The re-run's tensors are activations again (the parent's backward would count them as

@@ -47,6 +47,8 @@ struct fsdp_tensor {
     int64_t stride[FSDP_MAX_DIMS]; /* elements */
     /* autograd */
     bool requires_grad;
+    bool grad_native;              /* leaf: backward leaves its gradient in the dtype the graph
+                                    * gave it (a recompute region's inputs), not the leaf's */
     int64_t slot;                  /* gradient slot on the tape, -1 for leaves and constants */
     uint64_t tape_gen;             /* generation of the tape that gave the slot */
     fsdp_tensor_t *grad;           /* accumulated gradient of a leaf (owned reference) */
