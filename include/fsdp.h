@@ -23,6 +23,7 @@
 #include <fsdp/autograd.h>
 #include <fsdp/nn.h>
 #include <fsdp/transformer.h>
+#include <fsdp/bert.h>
 #include <fsdp/optim.h>
 #include <fsdp/safetensors.h>
 #include <fsdp/checkpoint.h>
