@@ -102,12 +102,23 @@ typedef struct fsdp_ddp fsdp_ddp_t;
 
 /* PyTorch's bucket_cap_mb = 25. */
 #define FSDP_DDP_DEFAULT_BUCKET_CAP_BYTES ((size_t)25 * 1024 * 1024)
+/* PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES. */
+#define FSDP_DDP_DEFAULT_FIRST_BUCKET_BYTES ((size_t)1024 * 1024)
 
 typedef struct fsdp_ddp_options {
     size_t bucket_cap_bytes; /* > 0; default FSDP_DDP_DEFAULT_BUCKET_CAP_BYTES */
     bool broadcast_buffers;  /* default true: rank 0's buffers broadcast before a forward */
     bool sync_module_states; /* default true: rank 0's parameters and buffers at creation */
     bool dummy;              /* default false; true: DummyDDP, no communication at all */
+    /* > 0; default FSDP_DDP_DEFAULT_FIRST_BUCKET_BYTES: the first bucket of each dtype closes
+     * at min(first_bucket_bytes, bucket_cap_bytes) (see "Buckets" above). */
+    size_t first_bucket_bytes;
+    /* PyTorch's parameters_to_ignore: fully qualified names of parameters and buffers that DDP
+     * leaves alone (see "Ignored parameters and buffers" above); num_parameters_to_ignore of
+     * them, read (copied) by fsdp_ddp_create only. Default none. */
+    const char *const *parameters_to_ignore;
+    size_t num_parameters_to_ignore;
+    bool static_graph; /* default false; PyTorch's static_graph=True (see "static_graph") */
 } fsdp_ddp_options_t;
 
 /* Fills o with the defaults above. */
@@ -160,12 +171,16 @@ typedef struct fsdp_ddp_stats {
     size_t num_params;         /* trainable parameters in buckets */
     size_t num_buckets;        /* 0 for a dummy wrapper */
     size_t bucket_bytes;       /* sum of the buckets' sizes */
-    uint64_t synced_backwards; /* synced backwards completed so far */
+    uint64_t synced_backwards; /* synced backwards whose collectives completed so far */
     /* The last synced backward: */
-    uint64_t last_allreduce_calls; /* all-reduces issued: buckets + the used flags (0 at W 1) */
+    /* All-reduces issued: buckets + the used flags; buckets alone under static_graph after the
+     * first synced backward; 0 at world size 1. */
+    uint64_t last_allreduce_calls;
     uint64_t last_allreduce_bytes; /* their bytes */
     uint64_t last_early_launches;  /* buckets launched from grad hooks, before the callback */
     size_t last_unused_params;     /* parameters used on no rank (their .grad left alone) */
+    size_t num_ignored_params;     /* parameters left out by parameters_to_ignore */
+    size_t num_ignored_buffers;    /* buffers left out by parameters_to_ignore */
 } fsdp_ddp_stats_t;
 /* Fills *out; FSDP_EINVAL for NULL arguments. */
 FSDP_EXTERN int fsdp_ddp_get_stats(const fsdp_ddp_t *d, fsdp_ddp_stats_t *out);
@@ -176,6 +191,25 @@ FSDP_EXTERN int fsdp_ddp_get_stats(const fsdp_ddp_t *d, fsdp_ddp_stats_t *out);
 FSDP_EXTERN size_t fsdp_ddp_bucket_num_params(const fsdp_ddp_t *d, size_t b);
 FSDP_EXTERN fsdp_tensor_t *fsdp_ddp_bucket_param(const fsdp_ddp_t *d, size_t b, size_t i,
                                                  const char **name);
+/* Bytes of bucket b (its flat buffer's size at world size > 1); 0 for a bad b. */
+FSDP_EXTERN size_t fsdp_ddp_bucket_bytes(const fsdp_ddp_t *d, size_t b);
+
+/*
+ * PyTorch's dist._compute_bucket_assignment_by_size as the wrapper applies it (see "Buckets"
+ * above), from sizes alone: the n tensors, of nbytes[i] bytes and dtype dtypes[i] (dtypes NULL:
+ * all one dtype), are taken in the order given (the wrapper gives its parameters in reverse
+ * registration order). Each joins the open bucket of its dtype, opening one when there is none,
+ * and that bucket closes as soon as its bytes reach its limit: min(first_bucket_bytes,
+ * bucket_cap_bytes) for the first bucket of each dtype, bucket_cap_bytes for the later ones.
+ * Buckets are numbered in the order they were opened. bucket_of[i] receives tensor i's bucket
+ * and *nbuckets the number of buckets. Pure; ctx (may be NULL) receives the error message.
+ * Errors: FSDP_EINVAL for NULL nbuckets, NULL nbytes or bucket_of with n > 0, a zero limit, or a
+ * dtype out of range.
+ */
+FSDP_EXTERN int fsdp_ddp_assign_buckets(fsdp_ctx_t *ctx, size_t n, const size_t *nbytes,
+                                        const fsdp_dtype_t *dtypes, size_t first_bucket_bytes,
+                                        size_t bucket_cap_bytes, size_t *bucket_of,
+                                        size_t *nbuckets);
 
 FSDP_END_DECLS
 
