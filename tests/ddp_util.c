@@ -1,5 +1,5 @@
 /*
- * ddp_util.c: the helpers t_ddp.c and t_ddp_errors.c share (see ddp_util.h).
+ * ddp_util.c: the helpers t_ddp.c, t_ddp_errors.c and t_ddp_dyn.c share (see ddp_util.h).
  */
 #include <math.h>
 
