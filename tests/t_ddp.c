@@ -227,7 +227,7 @@ static void test_parity(void) {
                "F50 W=%d: %d SGD-momentum steps: every loss matches the reference (worst %.3g)", w,
                STEPS, lw);
         tap_ok(params,
-               "F50 W=%d: parameters match the single-process reference after each step "
+               "F50 DYN-MP-01 W=%d: parameters match the single-process reference after each step "
                "(worst %.3g)",
                w, pw);
         tap_ok(same, "F50 W=%d: every rank's parameters are bitwise rank 0's (replicas stay equal)",

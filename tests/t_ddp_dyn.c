@@ -1006,8 +1006,9 @@ static void test_world_one(void) {
     tap_is_uint(t.calls, 0,
                 "DYN-SP-12: two wrappers, created and run 3 steps, issue no collective at all");
     tap_ok(t.bitwise[0] && t.bitwise[1],
-           "DYN-SP-12: 3 accumulated backwards give bitwise the plain module's gradients, "
-           "without and with parameters_to_ignore + static_graph");
+           "DYN-SP-12 DYN-SP-01 DYN-SP-02 DYN-SP-10: 3 accumulated backwards through 4 buckets "
+           "give bitwise the plain module's gradients, without and with parameters_to_ignore + "
+           "static_graph");
     for (int k = 0; k < 2; k++)
         tap_ok(t.st[k].synced_backwards == 3 && t.st[k].last_allreduce_calls == 0 &&
                    t.st[k].last_allreduce_bytes == 0 && t.st[k].num_buckets == 4 &&
