@@ -590,6 +590,27 @@ static void test_footprint(void) {
     fsdp__bcache_destroy(a);
     fake_fini(&f);
 
+    /* A slack floor: 10% of the 8 MiB peak is under 1 MiB, but bound_slack_min 6 MiB lets the
+     * 14 MiB held stay (8 + 6): neither the segment nor a page goes back. */
+    const fsdp_bcache_opts_t sm = {.zeroed_segments = true,
+                                   .bound_to_peak = true,
+                                   .bound_slack_pct = 10,
+                                   .bound_slack_min = 6 * MiB};
+    a = mk_opts(&f, &zero_ops, &sm);
+    x = get(a, 4 * MiB, NULL);
+    y = get(a, 4 * MiB, NULL);
+    fsdp__bcache_free(a, x);
+    fsdp__bcache_free(a, y);
+    get(a, 2 * MiB, NULL);
+    get(a, 6 * MiB, NULL);
+    s = stats(a);
+    tap_ok(s.reserved_total == 14 * MiB && s.bound_frees == 0 && s.decommits == 0,
+           "bound_slack_min 6 MiB over a 10%% slack: 14 MiB held within 8 + 6, nothing given back "
+           "(reserved %zu MiB)",
+           s.reserved_total / MiB);
+    fsdp__bcache_destroy(a);
+    fake_fini(&f);
+
     /* max_cached: more than 3 MiB held and not allocated goes back, whole segments at a time. */
     const fsdp_bcache_opts_t mc = {.max_cached = 3 * MiB};
     a = mk_opts(&f, &zero_nodecommit_ops, &mc);

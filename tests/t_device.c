@@ -1028,40 +1028,42 @@ static void test_cache_bound(void) {
     tap_ok(fsdp__cpu_cache_stats(d, &st) && st.reserved_total == 0, "cache bound: on, and empty");
     fsdp_bcache_stats_t st0;
     void *e = NULL, *f = NULL, *g = NULL, *x = NULL, *y = NULL;
-    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 8 * M, &e);
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 80 * M, &e);
     fsdp_device_free(d, e);
     fsdp__cpu_cache_stats(d, &st0);
-    /* Two 3 MiB blocks out of the freed 8 MiB one: no new mapping. */
-    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 3 * M, &f);
-    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 3 * M, &g);
+    /* Two 30 MiB blocks out of the freed 80 MiB one: no new mapping. (Sizes well above the
+     * slack's 16 MiB floor, so that the bound can be seen at work.) */
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 30 * M, &f);
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 30 * M, &g);
     fsdp__cpu_cache_stats(d, &st);
-    char *lo = e, *hi = (char *)e + 8 * M;
-    tap_ok(st.seg_allocs == st0.seg_allocs && (char *)f >= lo && (char *)f + 3 * M <= hi &&
-               (char *)g >= lo && (char *)g + 3 * M <= hi && f != g,
-           "cache bound: a freed 8 MiB block serves two 3 MiB requests (%zu segments mapped)",
+    char *lo = e, *hi = (char *)e + 80 * M;
+    tap_ok(st.seg_allocs == st0.seg_allocs && (char *)f >= lo && (char *)f + 30 * M <= hi &&
+               (char *)g >= lo && (char *)g + 30 * M <= hi && f != g,
+           "cache bound: a freed 80 MiB block serves two 30 MiB requests (%zu segments mapped)",
            st.seg_allocs - st0.seg_allocs);
-    tap_ok(f && g && touch(f, 3 * M, 0x11) && touch(g, 3 * M, 0x22) &&
-               ((unsigned char *)f)[3 * M - 1] == 0x11,
+    tap_ok(f && g && touch(f, 30 * M, 0x11) && touch(g, 30 * M, 0x22) &&
+               ((unsigned char *)f)[30 * M - 1] == 0x11,
            "cache bound: the two blocks are usable and do not overlap");
     fsdp_device_free(d, f);
     fsdp_device_free(d, g);
-    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 8 * M, &x);
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 80 * M, &x);
     fsdp__cpu_cache_stats(d, &st);
     tap_ok(x == e && st.seg_allocs == st0.seg_allocs,
-           "cache bound: freed, they merge back into the 8 MiB block");
+           "cache bound: freed, they merge back into the 80 MiB block");
     fsdp_device_free(d, x);
-    /* 10 MiB: more than the peak (8), so the wholly free 8 MiB segment goes back first. */
-    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 10 * M, &y);
+    /* 100 MiB: with the freed 80 MiB segment, more than the new peak plus its slack (125 MiB),
+     * so the wholly free segment goes back first. */
+    fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 100 * M, &y);
     fsdp__cpu_cache_stats(d, &st);
-    tap_ok(st.reserved_total == 10 * M && st.allocated_peak_total == 10 * M &&
+    tap_ok(st.reserved_total == 100 * M && st.allocated_peak_total == 100 * M &&
                st.bound_frees == st0.bound_frees + 1,
            "cache bound: a new peak gives back what would exceed it (reserved %zu MiB, peak %zu "
            "MiB)",
            st.reserved_total / M, st.allocated_peak_total / M);
-    tap_ok(y && touch(y, 10 * M, 0x5a), "cache bound: the new block is usable");
+    tap_ok(y && touch(y, 100 * M, 0x5a), "cache bound: the new block is usable");
     fsdp_device_free(d, y);
     fsdp__cpu_cache_stats(d, &st);
-    tap_ok(st.allocated_total == 0 && st.reserved_total == 10 * M,
+    tap_ok(st.allocated_total == 0 && st.reserved_total == 100 * M,
            "cache bound: freed, it stays cached under the limit (reserved %zu MiB)",
            st.reserved_total / M);
 #endif

@@ -521,7 +521,9 @@ static size_t cold_bytes(const fsdp_bcache_t *a) {
  */
 static void keep_to_peak(fsdp_bcache_t *a) {
     size_t peak = a->st.allocated_peak_total;
-    size_t bound = peak + peak / 100 * a->opts.bound_slack_pct;
+    size_t slack = peak / 100 * a->opts.bound_slack_pct;
+    if (slack < a->opts.bound_slack_min) slack = a->opts.bound_slack_min;
+    size_t bound = peak + slack;
     size_t cold = cold_bytes(a);
     while (a->st.reserved_total - cold > bound) {
         struct seg *oldest = oldest_free_seg(a);

@@ -110,6 +110,7 @@ typedef struct fsdp_bcache_opts {
     size_t max_cached;        /* 0: no limit; else wholly free segments past this go back */
     unsigned bound_slack_pct; /* bound_to_peak with decommit: resident may exceed the peak by
                                * this percentage of it before free pages are given back */
+    size_t bound_slack_min;   /* ... or by this many bytes, whichever is more */
     size_t large_split_min;   /* the least rest split off a large block; 0: more than 1 MiB */
 } fsdp_bcache_opts_t;
 

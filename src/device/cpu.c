@@ -116,7 +116,9 @@ int fsdp__cpu_default_threads(int world_size) {
  * phase of a step stay resident while the next phase maps others. Without the slack, the few
  * percent of the peak that the step's mix of sizes leaves fragmented are given back and faulted
  * in again every step (in bench_gpt_gloo's model: 12% of the peak, 70 MiB a step with 6% slack,
- * none once the warm-up is over with 12%).
+ * none once the warm-up is over with 12%). Activation checkpointing lowers the peak and
+ * fragments more, and needs 25% (docs/design.md, "The slack"); the slack is also at least
+ * SLACK_MIN, a few small-pool segments, which a small model's percentage would not reach.
  *
  * New segments are zero, and the cache says which blocks are still untouched (or were given
  * back), so fsdp__cpu_alloc_zeroed clears only memory that was used before.
@@ -143,7 +145,8 @@ int fsdp__cpu_default_threads(int world_size) {
  * a tail kept unsplit is memory nobody else can use until the block is freed. */
 #define SPLIT_MIN ((size_t)64 << 10)
 /* How far above the peak of bytes allocated the cache's resident memory may go (see above). */
-#define SLACK_PCT 12u
+#define SLACK_PCT 25u
+#define SLACK_MIN ((size_t)16 << 20)
 
 static size_t cache_limit_from_env(void) {
     const char *env = getenv("FSDP_CPU_CACHE_MB");
@@ -224,6 +227,7 @@ int fsdp__cpu_init(fsdp_device_t *dev) {
                                          .bound_to_peak = true,
                                          .max_cached = limit,
                                          .bound_slack_pct = SLACK_PCT,
+                                         .bound_slack_min = SLACK_MIN,
                                          .large_split_min = SPLIT_MIN};
         pthread_once(&page_size_once, read_page_size);
         fsdp_bcache_t *cache = NULL;
