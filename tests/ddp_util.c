@@ -99,3 +99,13 @@ int run_sim(int world, fsdp_sim_fn fn, void *arg, const fsdp_sim_fault_t *faults
     o.nfaults = nfaults;
     return fsdp_sim_run(&o, fn, arg, status);
 }
+
+int lin_plus_scale_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                           fsdp_tensor_t **out) {
+    fsdp_tensor_t *y = NULL;
+    if (nin != 1 || nout != 1) return FSDP_EINVAL;
+    int rc = fsdp_module_forward1(fsdp_module_child(m, "lin"), in[0], &y);
+    if (rc == 0) rc = fsdp_add(y, fsdp_module_buffer(m, "scale"), &out[0]);
+    fsdp_tensor_release(y);
+    return rc;
+}

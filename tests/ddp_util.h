@@ -31,6 +31,11 @@
         if ((rc) < 0) goto label;                                                                  \
     } while (0)
 
+/* The forward of the small buffered modules of the tests: lin(x) + scale, for a module with a
+ * child "lin" and a buffer "scale" (one input, one output; FSDP_EINVAL otherwise). */
+int lin_plus_scale_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
+                           fsdp_tensor_t **out);
+
 /* A new f32 (4, 8) tensor of uniform [0, 1) values drawn after tm_manual_seed(ctx, seed). */
 int input_seeded(fsdp_ctx_t *ctx, uint64_t seed, fsdp_tensor_t **x);
 

@@ -454,16 +454,7 @@ static void test_ignore_custom(void) {
 /* "Extra": lin = Linear(8, 4) drawn from a per-rank seed; parameter extra f32 [1 + rank] and
  * buffer stat f32 [2 + rank] (shapes differ across ranks), buffer scale f32 [4];
  * y = lin(x) + scale. */
-static int extra_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
-                         fsdp_tensor_t **out) {
-    fsdp_tensor_t *y = NULL;
-    if (nin != 1 || nout != 1) return FSDP_EINVAL;
-    int rc = fsdp_module_forward1(fsdp_module_child(m, "lin"), in[0], &y);
-    if (rc == 0) rc = fsdp_add(y, fsdp_module_buffer(m, "scale"), &out[0]);
-    fsdp_tensor_release(y);
-    return rc;
-}
-static const fsdp_module_ops_t extra_ops = {"Extra", extra_forward, NULL};
+static const fsdp_module_ops_t extra_ops = {"Extra", lin_plus_scale_forward, NULL};
 
 static int extra_create(fsdp_ctx_t *ctx, int rank, fsdp_module_t **out) {
     fsdp_module_t *m = NULL, *l = NULL;

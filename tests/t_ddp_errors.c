@@ -20,17 +20,7 @@
 
 /* "Buffered": lin = Linear(8, 4) drawn from a per-rank seed; buffers scale (f32 [4], persistent)
  * and count (i64 [2], not persistent); y = lin(x) + scale. */
-static int buffered_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int nout,
-                            fsdp_tensor_t **out) {
-    fsdp_tensor_t *y = NULL;
-    if (nin != 1 || nout != 1) return FSDP_EINVAL;
-    int rc = fsdp_module_forward1(fsdp_module_child(m, "lin"), in[0], &y);
-    if (rc == 0) rc = fsdp_add(y, fsdp_module_buffer(m, "scale"), &out[0]);
-    fsdp_tensor_release(y);
-    return rc;
-}
-
-static const fsdp_module_ops_t buffered_ops = {"Buffered", buffered_forward, NULL};
+static const fsdp_module_ops_t buffered_ops = {"Buffered", lin_plus_scale_forward, NULL};
 
 static int buffered_create(fsdp_ctx_t *ctx, uint64_t seed, fsdp_module_t **out) {
     fsdp_module_t *m = NULL, *l = NULL;

@@ -70,6 +70,13 @@ int fsdp__record(const struct fsdp__op_def *def, int nin, fsdp_tensor_t *const *
                  fsdp_tensor_t *const *out, struct fsdp__node **node);
 /* Keeps a reference to t for the backward (t may be NULL: saved as NULL). */
 int fsdp__node_save(struct fsdp__node *node, fsdp_tensor_t *t);
+/* For operations that carry their own state (recompute regions, caller-defined functions): the
+ * node takes extra (extra_free runs when the tape drops the node) and keeps the first n inputs
+ * for the backward. On failure the node, with extra, stays on the tape and is freed with it. */
+int fsdp__node_adopt(struct fsdp__node *node, void *extra, void (*extra_free)(void *extra), int n,
+                     fsdp_tensor_t *const *in);
+/* Releases out[0..n) and sets them to NULL (a failed operation's outputs). */
+void fsdp__drop_outputs(int n, fsdp_tensor_t **out);
 
 /* Whether the current tape is in the first, unrecorded run of a recompute region: grad mode is
  * off there, but a backward will run the same code again (FSDP keeps parameters it would free

@@ -167,19 +167,12 @@ int fsdp__checkpoint_owned(fsdp_ctx_t *ctx, fsdp_region_fn fn, void *arg,
         if (rc == 0) rc = fsdp__ctx_err(ctx, FSDP_EINTERNAL, "fsdp_checkpoint: not recorded");
         goto fail;
     }
-    node->extra = r;
-    node->extra_free = region_free;
     r->arg_free = arg_free;
     owned = true;
-    for (int i = 0; i < nin && rc == 0; i++)
-        rc = fsdp__node_save(node, in[i]);
-    if (rc < 0) goto fail; /* the node stays on the tape and is freed with it */
+    if ((rc = fsdp__node_adopt(node, r, region_free, nin, in)) < 0) goto fail;
     return FSDP_OK;
 fail:
-    for (int o = 0; o < nout; o++) {
-        fsdp_tensor_release(out[o]);
-        out[o] = NULL;
-    }
+    fsdp__drop_outputs(nout, out);
 out:
     if (!owned && arg_free) arg_free(arg);
     return rc;

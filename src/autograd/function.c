@@ -123,18 +123,11 @@ int fsdp_function_apply(fsdp_ctx_t *ctx, const fsdp_function_t *fn, void *arg,
         goto fail; /* the node stays on the tape and is freed with it */
     }
     *f = (struct function_node){fn, arg, arg_free};
-    node->extra = f;
-    node->extra_free = function_free;
     owned = true;
-    for (int i = 0; i < nin && rc == 0; i++)
-        rc = fsdp__node_save(node, in[i]);
-    if (rc < 0) goto fail;
+    if ((rc = fsdp__node_adopt(node, f, function_free, nin, in)) < 0) goto fail;
     return FSDP_OK;
 fail:
-    for (int o = 0; o < nout; o++) {
-        fsdp_tensor_release(out[o]);
-        out[o] = NULL;
-    }
+    fsdp__drop_outputs(nout, out);
 out:
     if (!owned && arg_free) arg_free(arg);
     return rc;

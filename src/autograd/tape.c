@@ -231,6 +231,23 @@ int fsdp__node_save(struct fsdp__node *node, fsdp_tensor_t *t) {
     return FSDP_OK;
 }
 
+int fsdp__node_adopt(struct fsdp__node *node, void *extra, void (*extra_free)(void *extra), int n,
+                     fsdp_tensor_t *const *in) {
+    node->extra = extra;
+    node->extra_free = extra_free;
+    int rc = FSDP_OK;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = fsdp__node_save(node, in[i]);
+    return rc;
+}
+
+void fsdp__drop_outputs(int n, fsdp_tensor_t **out) {
+    for (int o = 0; o < n; o++) {
+        fsdp_tensor_release(out[o]);
+        out[o] = NULL;
+    }
+}
+
 /* ---- marks and callbacks ---------------------------------------------------------------- */
 
 int fsdp_tape_mark(fsdp_ctx_t *ctx, const char *label, int n, fsdp_tensor_t *const *tensors,
