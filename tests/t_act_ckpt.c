@@ -57,6 +57,7 @@ typedef struct run_out {
      * re-run (during backward) in the first step. */
     uint64_t ag_first, ag_rerun;
     int hook_calls, hook_reruns;
+    uint64_t prefetches; /* FSDP: all-gathers issued as prefetch, over every unit and step */
     /* DDP: buckets, and those launched from grad hooks while backward still ran (last step). */
     size_t buckets;
     uint64_t early;
@@ -214,6 +215,17 @@ static int run_model(fsdp_ctx_t *ctx, const ac_case_t *c, bool ac, rank_res_t *r
     }
     TRY(root ? fsdp_named_params(root, &l) : fsdp_module_named_params(m, false, &l), "params");
     TRY(append_values(&l, false, &o->params, &o->nparams), "params");
+    if (root) {
+        fsdp_unit_t **units = NULL;
+        size_t nu = 0;
+        TRY(fsdp_units(root, &units, &nu), "units");
+        for (size_t i = 0; i < nu; i++) {
+            fsdp_unit_stats_t us;
+            fsdp_unit_get_stats(units[i], &us);
+            o->prefetches += us.prefetches;
+        }
+        free(units);
+    }
     if (ddp) {
         fsdp_ddp_stats_t st;
         TRY(fsdp_ddp_get_stats(ddp, &st), "stats");
@@ -298,6 +310,12 @@ static void run_case(const ac_case_t *c, double min_drop) {
                c->name, r, (unsigned long long)a->ag[0], (unsigned long long)a->ag[1],
                (unsigned long long)a->ag[2], (unsigned long long)p->ag[0],
                (unsigned long long)p->ag[1], (unsigned long long)p->ag[2]);
+        if (c->per_block && c->strategy == FSDP_FULL_SHARD)
+            tap_ok(a->prefetches == p->prefetches && p->prefetches > 0,
+                   "%s rank %d: backward prefetch reaches the units a region re-runs (%llu "
+                   "prefetches, plain %llu)",
+                   c->name, r, (unsigned long long)a->prefetches,
+                   (unsigned long long)p->prefetches);
         if (!c->per_block || strcmp(c->ac_type, "GPTBlock") != 0) continue;
         uint64_t want = c->strategy == FSDP_FULL_SHARD ? 1 : 0;
         tap_ok(

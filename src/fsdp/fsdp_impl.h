@@ -166,6 +166,7 @@ struct fsdp_unit {
     int fwd_invocations;     /* forward invocations recorded on the tape this iteration */
     int bwd_pending;         /* entry marks still to come in this backward */
     bool needs_pre_backward; /* ran forward with grad; pre-backward not yet done */
+    bool needs_recompute;    /* ran in a recompute region's first run; not re-run yet */
     bool post_backward_done;
     fsdp_summon_options_t summon; /* of the summon in progress */
     bool was_unsharded;           /* before the summon */

@@ -114,6 +114,7 @@ static int root_pre_forward(fsdp_unit_t *root) {
         if (fresh) {
             u->fwd_invocations = 0;
             u->needs_pre_backward = false;
+            u->needs_recompute = false;
             u->bwd_pending = 0;
         }
         if (u->state != FSDP_STATE_IDLE && !fsdp_in_backward(u->ctx)) {
@@ -229,6 +230,7 @@ static int recompute_pre_forward(fsdp_unit_t *u, int nin, fsdp_tensor_t **in) {
                               "recomputing a checkpointed region while the unit is unsharded by "
                               "fsdp_summon_begin or fsdp_unit_unshard");
     if (u->state == FSDP_STATE_BACKWARD_POST) u->fwd_invocations = 0; /* a second region */
+    u->needs_recompute = false;
     u->state = FSDP_STATE_FORWARD;
     if ((rc = fsdp__mp_cast_forward_inputs(u, u == fsdp__root_of(u), nin, in)) < 0) return rc;
     if ((rc = fsdp__unshard(u)) < 0) return rc;
@@ -320,7 +322,9 @@ int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *cons
         return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
     /* Without grad no backward will free the parameters, so they go now; but the first run of
      * a recompute region will be differentiated (its backward re-runs it). */
-    bool grad = fsdp_is_grad_enabled(u->ctx) || fsdp__in_region_first_run(u->ctx);
+    bool in_region = fsdp__in_region_first_run(u->ctx);
+    bool grad = fsdp_is_grad_enabled(u->ctx) || in_region;
+    if (in_region) u->needs_recompute = true;
     if (!grad || (u != root && reshard_after_forward(u->opt.strategy))) rc = fsdp__reshard(u);
     u->state = FSDP_STATE_IDLE;
     return rc;
@@ -337,7 +341,9 @@ static fsdp_unit_t *backward_prefetch_target(fsdp_unit_t *root, fsdp_unit_t *u) 
         if (root->post_order[i] == u) {
             for (size_t j = i; j-- > 0;) {
                 fsdp_unit_t *t = root->post_order[j];
-                if (t != u && t->needs_pre_backward && t->bwd_pending == 0) return t;
+                /* A unit whose region has not been re-run yet gathers for that re-run. */
+                if (t != u && (t->needs_pre_backward || t->needs_recompute) && t->bwd_pending == 0)
+                    return t;
             }
             return NULL;
         }
@@ -452,6 +458,7 @@ static int final_callback(fsdp_ctx_t *ctx, void *arg) {
         u->fwd_invocations = 0;
         u->bwd_pending = 0;
         u->needs_pre_backward = false;
+        u->needs_recompute = false;
         fsdp__drop_cv_grads(u);
         fsdp_tensor_release(u->full_grad);
         u->full_grad = NULL;
