@@ -60,10 +60,10 @@
  * Errors. Every fallible function returns FSDP_OK or FSDP_EINVAL (FSDP_ENOTSUP for an algorithm
  * a collective does not have, FSDP_ENOMEM from fsdp_net_group_from_ranks(), and what a device
  * call or the sim run returns from fsdp_cluster_calibrate_cpu()) and never aborts. The message,
- * which names the bad field and its value ("net.nic_bw is 0 (must be > 0 B/s)",
- * "group.ranks_per_node 3 does not divide group.size 8", "unknown cluster preset \"x\"; known:
- * ..."), goes to ctx's last error, or is logged at error level when ctx is NULL. Outputs are left
- * untouched on failure.
+ * which names the calling function, the bad field and its value ("fsdp_net_coll_time:
+ * net.nic_bw is 0 (must be > 0 B/s and finite)", "group.ranks_per_node 3 does not divide
+ * group.size 8", "unknown cluster preset \"x\"; known: ..."), goes to ctx's last error, or is
+ * logged at error level when ctx is NULL. Outputs are left untouched on failure.
  */
 #ifndef FSDP_CLUSTER_H
 #define FSDP_CLUSTER_H
