@@ -34,5 +34,6 @@
 #include <fsdp/gpt_recipe.h>
 #include <fsdp/launch.h>
 #include <fsdp/data.h>
+#include <fsdp/cluster.h>
 
 #endif /* FSDP_H */
