@@ -300,6 +300,22 @@ static int64_t covered(const ival_t *v, size_t n, int64_t a, int64_t b) {
 }
 
 double tj_overlap_fraction(const tj_trace_t *t, int pid, int64_t *comm_ns) {
+    return tj_overlap_fraction_of(t, pid, NULL, false, comm_ns);
+}
+
+/* Whether a backward pass of pid's compute track contains time ts. */
+static bool in_pass(const tj_trace_t *t, int pid, int64_t ts) {
+    for (size_t i = 0; i < t->nspans; i++) {
+        const tj_span_t *s = &t->spans[i];
+        if (s->pid == pid && s->tid == 1 && strcmp(s->cat, "autograd") == 0 && s->ts <= ts &&
+            ts < s->ts + s->dur)
+            return true;
+    }
+    return false;
+}
+
+double tj_overlap_fraction_of(const tj_trace_t *t, int pid, const char *name, bool in_backward,
+                              int64_t *comm_ns) {
     size_t n = t->nspans ? t->nspans : 1;
     ival_t *busy = malloc(n * sizeof *busy), *wait = malloc(n * sizeof *wait);
     size_t nb = 0, nw = 0;
@@ -319,6 +335,8 @@ double tj_overlap_fraction(const tj_trace_t *t, int pid, int64_t *comm_ns) {
     for (size_t i = 0; i < t->nspans; i++) {
         const tj_span_t *s = &t->spans[i];
         if (s->pid != pid || s->tid != 2) continue;
+        if (name && strcmp(s->name, name) != 0) continue;
+        if (in_backward && !in_pass(t, pid, s->ts)) continue;
         int64_t a = s->ts, b = s->ts + s->dur;
         total += b - a;
         /* Busy and not waiting: covered by busy minus what the waits cover inside busy. */

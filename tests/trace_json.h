@@ -64,4 +64,9 @@ size_t tj_count(const tj_trace_t *t, int pid, int tid, const char *cat, const ch
  * total communication time. 0 when there is none. */
 double tj_overlap_fraction(const tj_trace_t *t, int pid, int64_t *comm_ns);
 
+/* The same over the collectives named `name` (NULL: all) that start inside a backward pass (a
+ * compute span of category "autograd") when in_backward. */
+double tj_overlap_fraction_of(const tj_trace_t *t, int pid, const char *name, bool in_backward,
+                              int64_t *comm_ns);
+
 #endif /* FSDP_TEST_TRACE_JSON_H */
