@@ -50,7 +50,7 @@ typedef struct fsdp_trace fsdp_trace_t;
 typedef struct fsdp_trace_options {
     /* Events kept per rank (spans, collectives and memory samples together); later events are
      * dropped and counted (otherData.dropped_events in the file). 0 means the default, 1 << 20
-     * (about 48 MiB per rank at most). */
+     * (88 bytes an event: about 90 MiB per rank at most). */
     size_t max_events;
     /* Record the memory counter (default true). */
     bool memory;
