@@ -13,6 +13,7 @@
 #include <fsdp/mem.h>
 #include <fsdp/redop.h>
 #include <fsdp/context.h>
+#include <fsdp/trace.h>
 #include <fsdp/store.h>
 #include <fsdp/pg.h>
 #include <fsdp/sim.h>

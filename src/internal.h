@@ -99,6 +99,12 @@ struct fsdp_ctx {
     void (*tape_destroy)(struct fsdp_tape *tape);
     struct fsdp__rank *fsdp;         /* FSDP units of this rank (src/fsdp) */
     void (*fsdp_destroy)(struct fsdp__rank *state);
+    /* Trace recording (src/core/trace.c): the lane of a recorder this rank records into, NULL
+     * while tracing is off (the one pointer every recording point tests, see core/trace.h), and
+     * the lock that fsdp_trace_start/stop and every recording hold, so that a lane is never
+     * used after its rank stopped (the rank's communication thread records too). */
+    struct fsdp__trace_lane *_Atomic trace;
+    pthread_mutex_t trace_mu;
     char err[FSDP_ERR_LEN];
 };
 

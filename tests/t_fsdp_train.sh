@@ -14,6 +14,10 @@
 #     reduce-scatter traffic;
 #   - --activation-checkpointing (DYN-MP-10 through the tool): with dropout, the losses of the
 #     run without it bit for bit, and a lower peak of memory;
+#   - --trace: the checkpointed run traced has the same losses; its file (tests/trace_check) is
+#     valid and nested, with every rank's steps, optimizer steps, units' backward and recompute
+#     spans, collectives and memory; a file that cannot be created exits 2 before the run; under
+#     fsdprun --backend gloo each rank writes its own file, with the sim run's bytes;
 #   - --sharding hybrid with shard groups of 1, 2 and 4 ranks at world size 4 matches world 1;
 #   - a checkpoint directory consolidated by fsdp-ckpt initialises a run at another world size;
 #   - a save killed mid-write (SIGXFSZ from a file-size limit, while a rank file is half
@@ -60,7 +64,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..44"
+echo "1..49"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -197,6 +201,64 @@ p0=$(field "$tmp/ac0.jsonl" train peak_total | tail -1)
 p1=$(field "$tmp/ac1.jsonl" train peak_total | tail -1)
 [ -n "$p0" ] && [ -n "$p1" ] && [ "$p1" -lt "$p0" ]
 ok $? "--activation-checkpointing lowers rank 0's memory peak ($p0 -> $p1 bytes)"
+# --- --trace: a timeline of every rank (tests/trace_check reads it back) ---------------------------
+# The checkpointed run above again, traced: the same losses bit for bit; the file is valid JSON
+# whose spans nest on every track; on each of the 2 ranks: the 3 step spans and 2 validations of
+# fsdp-train, one optimizer span and one backward pass per step, every block unit with 3 backward
+# and 3 recompute spans and the root with 3 backward spans and none recomputed, collectives with
+# their bytes, and memory counters.
+check="$top_builddir/tests/trace_check"
+# shellcheck disable=SC2086
+"$train" $ac --activation-checkpointing --trace "$tmp/run.json" --metrics "$tmp/tr.jsonl" \
+  > "$tmp/tr.out" 2>&1
+st=$?
+field "$tmp/tr.jsonl" train loss > "$tmp/tr.loss"
+[ "$st" -eq 0 ] && [ "$(wc -l < "$tmp/tr.loss")" -eq 3 ] && cmp -s "$tmp/ac1.loss" "$tmp/tr.loss"
+ok $? "--trace changes no loss: the checkpointed run's 3 losses bit for bit (exit $st)" \
+  "$tmp/tr.out" "$tmp/tr.loss"
+# trace_check's lines: "rank R user U forward F backward B recompute C optimizer O autograd A
+# checkpoint K wait W comm N bytes Y" and "unit R NAME F B C".
+trace_ok() {
+  awk -v want_ranks="$2" -v recompute="$3" '
+    $1 == "ranks" { ranks = $2 }
+    $1 == "memory" { mem = $2 }
+    $1 == "rank" { nr++; if ($4 != 5 || $12 != 3 || $14 != 3 || $20 == 0 || $22 == 0) {
+                     bad++; print "#   " $0 } }
+    $1 == "unit" { units[$2]++; want = ($3 == "<root>" || !recompute) ? 0 : 3
+                   if ($5 != 3 || $6 != want) { bad++; print "#   " $0 } }
+    END { for (r in units) if (units[r] != 5) { bad++; print "#   rank " r ": " units[r] " units" }
+          exit ranks != want_ranks || nr != want_ranks || mem < 2 * nr || bad > 0 }' "$1"
+}
+"$check" "$tmp/run.json" > "$tmp/run.chk" 2>&1 && trace_ok "$tmp/run.chk" 2 1
+ok $? "--trace on 2 sim ranks: one valid file; per rank the steps, optimizer, backward passes, every unit's backward and recompute spans, collectives and memory" \
+  "$tmp/run.chk"
+"$train" --steps 1 --trace /nonexistent-dir/t.json > "$tmp/tbad.out" 2> "$tmp/tbad.err"
+st=$?
+[ "$st" -eq 2 ] && [ "$(wc -l < "$tmp/tbad.err")" -eq 1 ] && [ ! -s "$tmp/tbad.out" ] &&
+  grep -q -- "--trace: cannot open /nonexistent-dir/t.json" "$tmp/tbad.err"
+ok $? "--trace into a missing directory exits 2 before the run with one line naming the file (exit $st)" \
+  "$tmp/tbad.err"
+if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
+  > /dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $ac --activation-checkpointing \
+    --trace "$tmp/g.json" > "$tmp/g.out" 2>&1
+  st=$?
+  "$check" "$tmp/g.json" > "$tmp/g0.chk" 2>&1 && trace_ok "$tmp/g0.chk" 1 1 &&
+    "$check" "$tmp/g.rank1.json" > "$tmp/g1.chk" 2>&1 && trace_ok "$tmp/g1.chk" 1 1 &&
+    grep -q '^rank 0 ' "$tmp/g0.chk" && grep -q '^rank 1 ' "$tmp/g1.chk"
+  ok $? "--trace under fsdprun -n 2 --backend gloo: g.json holds rank 0 and g.rank1.json rank 1, each complete (exit $st)" \
+    "$tmp/g.out" "$tmp/g0.chk" "$tmp/g1.chk"
+  b_sim=$(awk '$1 == "rank" && $2 == 0 { print $22 }' "$tmp/run.chk")
+  b_gloo=$(awk '$1 == "rank" && $2 == 0 { print $22 }' "$tmp/g0.chk")
+  [ -n "$b_sim" ] && [ "$b_sim" = "$b_gloo" ]
+  ok $? "and rank 0's collectives carry the bytes of the sim run's rank 0 ($b_gloo vs $b_sim)"
+else
+  n=$((n + 1))
+  echo "ok $n # SKIP libfsdp was built without Gloo"
+  n=$((n + 1))
+  echo "ok $n # SKIP libfsdp was built without Gloo"
+fi
 rs() { grep '"type":"train"' "$1" | head -1 | sed -e 's/.*"reduce_scatter":\([0-9]*\).*/\1/'; }
 a=$(rs "$tmp/acc.jsonl")
 b=$(rs "$tmp/acc_every.jsonl")

@@ -23,6 +23,7 @@
  * optimizer and loaders, train_sample.c the sample, train_ckpt.c the checkpoints and export,
  * train_flags.c the command line.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -51,7 +52,7 @@ static double lr_at(const train_opts_t *o, int64_t s) {
 }
 
 /* The mean loss over the first val_steps validation batches, the same on every rank. */
-static int validate(rank_t *k, double *out) {
+static int validate_loss(rank_t *k, double *out) {
     const train_opts_t *o = k->j->o;
     bool was = fsdp_set_grad_enabled(k->ctx, false);
     fsdp_module_train(k->model, false);
@@ -73,6 +74,14 @@ static int validate(rank_t *k, double *out) {
     if ((rc = fsdp_pg_all_reduce(k->pg, &mean, out, 1, FSDP_DTYPE_F64, FSDP_REDOP_AVG, NULL)) < 0)
         return train_fail(k, "all-reducing the validation loss", rc);
     return 0;
+}
+
+/* The same, a span of the trace. */
+static int validate(rank_t *k, double *out) {
+    fsdp_trace_begin(k->ctx, "validation");
+    int rc = validate_loss(k, out);
+    fsdp_trace_end(k->ctx, "validation");
+    return rc;
 }
 
 typedef struct step_result {
@@ -269,6 +278,11 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
                 .world = fsdp_ctx_world_size(ctx)};
     int rc = 0;
     double v0 = NAN, v1 = NAN, first = NAN, last = NAN;
+    /* The whole rank, from building the model and its units to the sample and the export. */
+    if (j->trace && (rc = fsdp_trace_start(ctx, j->trace)) < 0) {
+        rc = train_fail(&k, "starting the trace", rc);
+        goto out;
+    }
     if (!(k.mem_all = calloc((size_t)k.world, sizeof *k.mem_all))) {
         rc = train_fail(&k, "allocating", FSDP_ENOMEM);
         goto out;
@@ -310,7 +324,12 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     double v = v0;
     for (int64_t s = start; s < o->steps; s++) {
         step_result_t res;
-        if ((rc = train_step(&k, s, &res)) < 0) goto out;
+        char span[32];
+        snprintf(span, sizeof span, "step %lld", (long long)s + 1);
+        fsdp_trace_begin(ctx, span);
+        rc = train_step(&k, s, &res);
+        fsdp_trace_end(ctx, span);
+        if (rc < 0) goto out;
         if (!isfinite(res.loss)) {
             if (k.r == 0)
                 fprintf(stderr, "\n%s: the loss is not finite at step %lld\n", TRAIN_PROG,
@@ -362,6 +381,7 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     if (o->export_path && (rc = export_weights(&k, o->steps)) < 0) goto out;
 out:
     train_teardown(&k);
+    fsdp_trace_stop(ctx);
     return rc;
 }
 
@@ -498,6 +518,7 @@ int main(int argc, char **argv) {
     job_t j = {.o = &o, .tty = isatty(STDOUT_FILENO) == 1};
     fsdp_dataset_t *train = NULL, *val = NULL;
     fsdp_ctx_t *ctx = NULL;
+    char *trace_path = NULL;
     status = 2;
     if (open_data(&o, &train, &val) != 0) goto out;
     j.train = train;
@@ -533,6 +554,21 @@ int main(int argc, char **argv) {
         status = usage_error("--metrics: cannot open %s", o.metrics);
         goto out;
     }
+    if (o.trace) {
+        /* This process's file, opened now so that a bad path fails before the run rather than
+         * after it; written when the ranks are done. */
+        FILE *f = NULL;
+        if (!(trace_path = train_trace_path(o.trace, ctx ? fsdp_ctx_rank(ctx) : 0)) ||
+            fsdp_trace_create(NULL, &j.trace) < 0) {
+            status = usage_error("--trace: out of memory");
+            goto out;
+        }
+        if (!(f = fopen(trace_path, "w"))) {
+            status = usage_error("--trace: cannot open %s: %s", trace_path, strerror(errno));
+            goto out;
+        }
+        fclose(f);
+    }
     status = 1;
     int rc;
     if (ctx) {
@@ -545,12 +581,26 @@ int main(int argc, char **argv) {
         rc = fsdp_sim_run(&so, rank_main, &j, NULL);
     }
     if (rc == 0) status = 0;
+    /* The timeline is written whether the run succeeded or not: a failed run's is the one to
+     * look at. */
+    if (j.trace) {
+        if (fsdp_trace_write(j.trace, trace_path) < 0) {
+            fprintf(stderr, TRAIN_PROG ": --trace: %s\n", fsdp_trace_last_error(j.trace));
+            status = 1;
+        } else if (rank0 && !o.quiet) {
+            printf("wrote the trace of %s to %s (%zu events%s)\n", ctx ? "rank 0" : "every rank",
+                   trace_path, fsdp_trace_num_events(j.trace),
+                   ctx && j.world > 1 ? "; the other ranks' files are named with .rank<R>" : "");
+        }
+    }
 out:
     if (j.metrics && fclose(j.metrics) != 0 && status == 0) {
         fprintf(stderr, TRAIN_PROG ": --metrics: writing %s failed\n", o.metrics);
         status = 1;
     }
     fsdp_ctx_destroy(ctx);
+    fsdp_trace_destroy(j.trace);
+    free(trace_path);
     fsdp_dataset_destroy(train);
     fsdp_dataset_destroy(val);
     return status;

@@ -89,6 +89,7 @@ typedef struct train_opts {
     int64_t top_k;         /* 0: the whole vocabulary */
     const char *prompt;
     const char *metrics; /* JSON lines, one per step; NULL: none */
+    const char *trace;   /* --trace: the timeline's file (rank 0's); NULL: no tracing */
     int64_t log_every;   /* plain-output progress lines; 0: automatic */
     bool quiet;
     /* checkpoints */
@@ -144,6 +145,7 @@ typedef struct job {
     bool tty;      /* stdout is a terminal: one updating progress line */
     FILE *metrics; /* rank 0's */
     int world;
+    fsdp_trace_t *trace; /* --trace: the recorder every rank of this process records into */
 } job_t;
 
 /* One rank's state. */
@@ -164,6 +166,11 @@ typedef struct rank {
     fsdp_tensor_t *in, *tg, *vin, *vtg; /* (rows, T) int64 */
     double *mem_all;                    /* world entries, peak MiB per rank */
 } rank_t;
+
+/* The file --trace writes for `rank` of a run with a process per rank: path itself for rank 0,
+ * else path with a final ".json" replaced by ".rank<R>.json" (or ".rank<R>" appended). malloc'ed;
+ * NULL when out of memory. */
+char *train_trace_path(const char *path, int rank);
 
 /* Reports a failure of rank k on stderr (a peer's failure seen as FSDP_EREMOTE is left to the
  * rank that caused it) and returns rc (FSDP_EINTERNAL when rc is not an error). */

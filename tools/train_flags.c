@@ -78,6 +78,11 @@ static const char usage_text[] =
     "  --top-k K               sample among the K likeliest tokens; 0 = all (40)\n"
     "  --prompt TEXT           start of the sample (\"The \")\n"
     "  --metrics FILE          one JSON record per step (JSON lines)\n"
+    "  --trace FILE            a timeline of the run for ui.perfetto.dev or chrome://tracing:\n"
+    "                          every rank's unit forward/backward/recompute spans, optimizer\n"
+    "                          steps, collectives with their bytes and memory by category\n"
+    "                          (sim: all ranks in FILE; gloo and nccl: rank 0 in FILE, rank R\n"
+    "                          in FILE with .json replaced by .rankR.json, else FILE.rankR)\n"
     "  --log-every N           progress lines when stdout is not a terminal (auto)\n"
     "  --quiet                 only the summary lines\n"
     "checkpoints:\n"
@@ -113,6 +118,19 @@ int train_check_world(const train_opts_t *o, int world) {
                    o->shard_group_size ? "--shard-group-size" : "half the world, ", (long long)g,
                    world, o->shard_group_size ? "" : " (give --shard-group-size)");
     return 0;
+}
+
+char *train_trace_path(const char *path, int rank) {
+    size_t n = strlen(path);
+    char *out = malloc(n + 32);
+    if (!out) return NULL;
+    if (rank == 0)
+        memcpy(out, path, n + 1);
+    else if (n > 5 && strcmp(path + n - 5, ".json") == 0)
+        snprintf(out, n + 32, "%.*s.rank%d.json", (int)(n - 5), path, rank);
+    else
+        snprintf(out, n + 32, "%s.rank%d", path, rank);
+    return out;
 }
 
 static const char *const precision_names[TRAIN_PRECISION_COUNT] = {
@@ -229,6 +247,7 @@ static const char *const valued[] = {"--lr",
                                      "--top-k",
                                      "--prompt",
                                      "--metrics",
+                                     "--trace",
                                      "--log-every",
                                      "--export",
                                      "--init",
@@ -354,6 +373,9 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
         o->prompt = v;
     } else if (strcmp(f, "--metrics") == 0) {
         o->metrics = v;
+    } else if (strcmp(f, "--trace") == 0) {
+        if (!*v) return bad("--trace: the file name is empty");
+        o->trace = v;
     } else if (strcmp(f, "--export") == 0) {
         o->export_path = v;
     } else if (strcmp(f, "--init") == 0) {

@@ -3,7 +3,7 @@
  *
  * A context owns every piece of a rank's mutable state: its rank and world size, its world
  * process group, its rendezvous store, its random stream, its memory accounting, its logging
- * level and sink, and its last-error text. Two ranks never share a context, so N ranks can run
+ * level and sink, the trace it records into (fsdp/trace.h), and its last-error text. Two ranks never share a context, so N ranks can run
  * as N threads of one process (the sim backend) with exactly the code they run as N processes.
  * A context is used by its rank's threads only; its statistics and logging are thread-safe, the
  * rest is not.

@@ -18,6 +18,7 @@
 
 #include "autograd/autograd_impl.h"
 #include "autograd/tape_impl.h"
+#include "core/trace.h"
 #include "tensor/tensor_impl.h"
 
 static bool same_shape(const fsdp_tensor_t *t, int ndim, const int64_t *shape) {
@@ -354,6 +355,10 @@ int fsdp_backward_multi(int n, fsdp_tensor_t *const *outputs, fsdp_tensor_t *con
     }
     int rc = FSDP_OK;
     struct bw bw = {tape, NULL, NULL, 0, 0};
+    /* The pass of a loss, final callbacks included; a recompute region's inner pass is part of
+     * its parent's. */
+    bool traced = !tape->parent && fsdp__tracing(ctx);
+    if (traced) fsdp__trace_begin(ctx, FSDP__TRACE_AUTOGRAD, "backward");
     bool was_enabled = tape->grad_enabled;
     tape->grad_enabled = false;
     tape->in_backward = true;
@@ -392,6 +397,7 @@ out:
     fsdp__sync_tensor_cat(ctx);
     tape->grad_enabled = was_enabled;
     fsdp__tape_reset(tape);
+    if (traced) fsdp__trace_end(ctx, FSDP__TRACE_AUTOGRAD, "backward");
     return rc;
 }
 

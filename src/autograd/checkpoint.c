@@ -11,6 +11,7 @@
 
 #include "autograd/autograd_impl.h"
 #include "autograd/tape_impl.h"
+#include "core/trace.h"
 #include "tensor/tensor_impl.h"
 
 struct region {
@@ -52,7 +53,10 @@ static int region_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
      * gradients), so the activations peak shows what recomputation holds at once. */
     atomic_store(&ctx->tensor_mem_cat, (int)FSDP_MEM_ACTIVATIONS);
     ctx->rng.offset = r->rng_offset;
+    bool traced = fsdp__tracing(ctx);
+    if (traced) fsdp__trace_begin(ctx, FSDP__TRACE_CHECKPOINT, "recompute");
     rc = r->fn(ctx, r->arg, nin, ins, nout, outs);
+    if (traced) fsdp__trace_end(ctx, FSDP__TRACE_CHECKPOINT, "recompute");
     ctx->rng.offset = offset_now;
     fsdp__sync_tensor_cat(ctx);
     if (rc < 0) goto restore;

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fsdp/trace.h>
+
 #include "internal.h"
 
 void fsdp_ctx_options_init(fsdp_ctx_options_t *opts) {
@@ -54,6 +56,8 @@ int fsdp_ctx_create(const fsdp_ctx_options_t *opts, fsdp_ctx_t **out) {
                 opts->log_level < 0 ? (int)fsdp_log_level_from_env() : opts->log_level);
     pthread_mutex_init(&ctx->log_mu, NULL);
     pthread_mutex_init(&ctx->children_mu, NULL);
+    pthread_mutex_init(&ctx->trace_mu, NULL);
+    atomic_init(&ctx->trace, NULL);
     atomic_init(&ctx->tensor_mem_cat, FSDP_MEM_ACTIVATIONS);
     for (int c = 0; c < FSDP_MEM_NCAT; c++) {
         atomic_init(&ctx->mem_current[c], 0);
@@ -83,6 +87,8 @@ void fsdp__ctx_destroy_children(fsdp_ctx_t *ctx, const char *why) {
 void fsdp_ctx_destroy(fsdp_ctx_t *ctx) {
     if (!ctx) return;
     fsdp__ctx_destroy_children(ctx, "context destroyed");
+    /* After the groups: their last collectives completed into the trace. */
+    fsdp_trace_stop(ctx);
     if (ctx->store_owned && ctx->store_destroy) ctx->store_destroy(ctx->store_owned);
     ctx->store = ctx->store_owned = NULL;
     /* The tape holds tensors, which hold device memory: it goes before the device. */
@@ -92,6 +98,7 @@ void fsdp_ctx_destroy(fsdp_ctx_t *ctx) {
     if (ctx->dev_owned && ctx->dev_destroy) ctx->dev_destroy(ctx->dev_owned);
     ctx->dev = ctx->dev_owned = NULL;
     pthread_mutex_destroy(&ctx->log_mu);
+    pthread_mutex_destroy(&ctx->trace_mu);
     /* Every shared state was released by the children that held it. */
     pthread_mutex_destroy(&ctx->children_mu);
     free(ctx);

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "autograd/autograd_impl.h"
+#include "core/trace.h"
 #include "fsdp/fsdp_impl.h"
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
@@ -250,6 +251,9 @@ int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *
     fsdp_unit_t *root = fsdp__root_of(u);
     int rc;
     bool recompute = fsdp_in_backward(u->ctx); /* a recompute region re-running the module */
+    if (fsdp__tracing(u->ctx))
+        fsdp__trace_begin(u->ctx, recompute ? FSDP__TRACE_RECOMPUTE : FSDP__TRACE_FORWARD,
+                          fsdp__unit_label(u));
     if (u == root && !recompute && (rc = root_pre_forward(root)) < 0) return rc;
     if (u->cast_io && (rc = fsdp__mp_cast_io_inputs(u, nin, in)) < 0) return rc;
     /* Re-run inside the unit's own backward (a region within the unit): the backward pre-hook
@@ -302,10 +306,7 @@ int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *
     return FSDP_OK;
 }
 
-int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *const *in, int nout,
-                       fsdp_tensor_t **out) {
-    (void)m, (void)nin, (void)in, (void)nout, (void)out;
-    fsdp_unit_t *u = arg;
+static int forward_hook(fsdp_unit_t *u, int nout, fsdp_tensor_t **out) {
     fsdp_unit_t *root = fsdp__root_of(u);
     int rc = FSDP_OK;
     if ((rc = fsdp__mp_cast_io_outputs(u, nout, out)) < 0) return rc;
@@ -327,6 +328,18 @@ int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *cons
     if (in_region) u->needs_recompute = true;
     if (!grad || (u != root && reshard_after_forward(u->opt.strategy))) rc = fsdp__reshard(u);
     u->state = FSDP_STATE_IDLE;
+    return rc;
+}
+
+int fsdp__forward_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *const *in, int nout,
+                       fsdp_tensor_t **out) {
+    (void)m, (void)nin, (void)in;
+    fsdp_unit_t *u = arg;
+    int rc = forward_hook(u, nout, out);
+    if (fsdp__tracing(u->ctx))
+        fsdp__trace_end(u->ctx,
+                        fsdp_in_backward(u->ctx) ? FSDP__TRACE_RECOMPUTE : FSDP__TRACE_FORWARD,
+                        fsdp__unit_label(u));
     return rc;
 }
 
@@ -367,6 +380,9 @@ int fsdp__backward_pre_hook(fsdp_module_t *m, void *arg, bool has_grad) {
     }
     if (!has_grad || !u->needs_pre_backward) return FSDP_OK;
     if (u->state != FSDP_STATE_BACKWARD_PRE) {
+        /* The unit's backward span runs from here to the end of post_backward. */
+        if (fsdp__tracing(u->ctx))
+            fsdp__trace_begin(u->ctx, FSDP__TRACE_BACKWARD, fsdp__unit_label(u));
         /* Gradients the user cleared or replaced since the forward (a zero_grad between forward
          * and backward) are written back before this backward adds to the sharded gradient;
          * a changed parameter is refused where the forward's parameters are kept. */
@@ -402,6 +418,7 @@ static int post_backward(fsdp_unit_t *u) {
         if (rc == 0) rc = fsdp__track_reduction(u);
     }
     u->stats.post_backward_hooks++;
+    if (fsdp__tracing(u->ctx)) fsdp__trace_end(u->ctx, FSDP__TRACE_BACKWARD, fsdp__unit_label(u));
     return rc;
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/trace.h"
 #include "internal.h"
 #include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
@@ -578,6 +579,8 @@ int fsdp_optim_step(fsdp_optim_t *opt) {
     if (!opt) return FSDP_EINVAL;
     int rc = FSDP_OK;
     bool was = true;
+    bool traced = fsdp__tracing(opt->ctx);
+    if (traced) fsdp__trace_begin(opt->ctx, FSDP__TRACE_OPTIM, "step");
     /* Every parameter is checked before any is touched. */
     for (size_t i = 0; i < opt->nparams; i++)
         if (opt->params[i].t->grad) FSDP_TRY(rc, out, check_step_param(opt, &opt->params[i]));
@@ -588,10 +591,11 @@ int fsdp_optim_step(fsdp_optim_t *opt) {
         if (opt->params[i].t->grad) rc = update_param(opt, &opt->params[i]);
     fsdp_set_grad_enabled(opt->ctx, was);
     if (rc < 0) goto fail;
-    return FSDP_OK;
+    goto out;
 fail:
     drop_fresh(opt);
 out:
+    if (traced) fsdp__trace_end(opt->ctx, FSDP__TRACE_OPTIM, "step");
     return rc;
 }
 

@@ -12,6 +12,7 @@
 
 #include "core/reduce.h"
 #include "core/timeutil.h"
+#include "core/trace.h"
 #include "pg/pg_impl.h"
 
 static const char *const coll_names[FSDP_COLL_COUNT] = {
@@ -46,6 +47,16 @@ void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap) {
 }
 
 static int late_report(fsdp_pg_t *pg, const fsdp_work_t *skip);
+
+/* The size of a collective as the counters count it (nccl-tests' sizes, fsdp_pg_counters_t). */
+static size_t coll_bytes(const fsdp_coll_t *c, int size) {
+    if (c->kind == FSDP_COLL_BARRIER) return 0;
+    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
+    if (c->kind == FSDP_COLL_ALL_GATHER || c->kind == FSDP_COLL_REDUCE_SCATTER ||
+        c->kind == FSDP_COLL_ALL_TO_ALL)
+        bytes *= (size_t)size;
+    return bytes;
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Group base */
@@ -356,6 +367,9 @@ static int late_report(fsdp_pg_t *pg, const fsdp_work_t *skip) {
 
 void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) {
     fsdp_pg_t *pg = w->pg;
+    if (w->trace_issued && fsdp__tracing(pg->ctx))
+        fsdp__trace_coll(pg->ctx, fsdp_coll_name(w->coll.kind), pg->name, w->coll.seq,
+                         coll_bytes(&w->coll, pg->size), w->trace_issued);
     if (status < 0 && fmt) {
         va_list ap;
         va_start(ap, fmt);
@@ -371,6 +385,8 @@ void fsdp__work_complete(fsdp_work_t *w, int status, const char *fmt, ...) {
     pthread_mutex_unlock(&pg->mu);
 }
 
+static int work_wait(fsdp_work_t *w, int64_t timeout_ms, bool span);
+
 int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
     /* A collective that failed after a stream wait fails this one: the group is broken. */
     int late = late_report(pg, NULL);
@@ -382,7 +398,11 @@ int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
     w->coll.timeout_ms = pg->timeout_ms;
     w->refs = 2;
     w->sync = work == NULL;
+    bool traced = fsdp__tracing(pg->ctx);
+    /* A blocking call keeps the caller waiting from here to its completion. */
+    if (traced && !work) fsdp__trace_begin(pg->ctx, FSDP__TRACE_WAIT, fsdp_coll_name(c->kind));
     pthread_mutex_lock(&pg->issue_mu);
+    if (traced) w->trace_issued = fsdp__now_ns();
     w->coll.seq = pg->seq;
     pthread_mutex_lock(&pg->mu);
     pg->pending++;
@@ -394,14 +414,11 @@ int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
         pg->pending--;
         pthread_mutex_unlock(&pg->mu);
         free(w);
+        if (traced && !work) fsdp__trace_end(pg->ctx, FSDP__TRACE_WAIT, fsdp_coll_name(c->kind));
         return rc;
     }
     pg->seq++;
-    size_t bytes = c->count * fsdp_dtype_size(c->dtype);
-    if (c->kind == FSDP_COLL_ALL_GATHER || c->kind == FSDP_COLL_REDUCE_SCATTER ||
-        c->kind == FSDP_COLL_ALL_TO_ALL)
-        bytes *= (size_t)pg->size;
-    if (c->kind == FSDP_COLL_BARRIER) bytes = 0;
+    size_t bytes = coll_bytes(c, pg->size);
     pthread_mutex_lock(&pg->mu);
     pg->counters.calls[c->kind]++;
     pg->counters.bytes[c->kind] += bytes;
@@ -411,8 +428,9 @@ int fsdp__pg_issue(fsdp_pg_t *pg, const fsdp_coll_t *c, fsdp_work_t **work) {
         *work = w;
         return FSDP_OK;
     }
-    rc = fsdp_work_wait(w, -1);
+    rc = work_wait(w, -1, false);
     fsdp_work_release(w);
+    if (traced) fsdp__trace_end(pg->ctx, FSDP__TRACE_WAIT, fsdp_coll_name(c->kind));
     return rc;
 }
 
@@ -424,16 +442,25 @@ static int issue(fsdp_pg_t *pg, fsdp_coll_t *c, fsdp_work_t **work) {
     return fsdp__pg_issue(pg, c, work);
 }
 
-int fsdp_work_wait(fsdp_work_t *w, int64_t timeout_ms) {
-    if (!w) return FSDP_EINVAL;
+/* fsdp_work_wait; `span`: a wait that blocks is a span of the caller's compute track when its
+ * rank records a trace (the blocking form of a collective records its own, around the issue). */
+static int work_wait(fsdp_work_t *w, int64_t timeout_ms, bool span) {
     fsdp_pg_t *pg = w->pg;
     struct timespec deadline = fsdp__deadline_ms(timeout_ms);
     pthread_mutex_lock(&pg->mu);
+    const char *traced = NULL;
+    if (span && !w->done && fsdp__tracing(pg->ctx)) {
+        traced = fsdp_coll_name(w->coll.kind);
+        pthread_mutex_unlock(&pg->mu);
+        fsdp__trace_begin(pg->ctx, FSDP__TRACE_WAIT, traced);
+        pthread_mutex_lock(&pg->mu);
+    }
     while (!w->done) {
         if (timeout_ms < 0) {
             pthread_cond_wait(&pg->cv, &pg->mu);
         } else if (pthread_cond_timedwait(&pg->cv, &pg->mu, &deadline) != 0 && !w->done) {
             pthread_mutex_unlock(&pg->mu);
+            if (traced) fsdp__trace_end(pg->ctx, FSDP__TRACE_WAIT, traced);
             char desc[160];
             fsdp__coll_describe(&w->coll, desc, sizeof desc);
             return fsdp__pg_err(
@@ -453,12 +480,18 @@ int fsdp_work_wait(fsdp_work_t *w, int64_t timeout_ms) {
     }
     if ((unsigned)w->coll.kind < FSDP_COLL_COUNT) pg->counters.host_waits[w->coll.kind]++;
     pthread_mutex_unlock(&pg->mu);
+    if (traced) fsdp__trace_end(pg->ctx, FSDP__TRACE_WAIT, traced);
     if (status < 0) {
         memcpy(pg->err, w->err, sizeof pg->err);
         fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "%s: %s", fsdp_err_name(status), w->err);
         return status;
     }
     return late_report(pg, w);
+}
+
+int fsdp_work_wait(fsdp_work_t *w, int64_t timeout_ms) {
+    if (!w) return FSDP_EINVAL;
+    return work_wait(w, timeout_ms, true);
 }
 
 int fsdp_work_wait_stream(fsdp_work_t *w, void *stream) {

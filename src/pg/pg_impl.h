@@ -46,6 +46,9 @@ struct fsdp_work {
      * on pg's late list, which holds a reference. Both guarded by pg->mu. */
     int late;
     fsdp_work_t *late_next;
+    /* When it was issued (CLOCK_MONOTONIC ns) if its rank recorded a trace then, else 0: its
+     * completion is then recorded on the rank's communication track. */
+    int64_t trace_issued;
     char err[FSDP_ERR_LEN];
 };
 
