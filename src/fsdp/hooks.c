@@ -218,6 +218,17 @@ static fsdp_unit_t *next_in_forward_order(fsdp_unit_t *root, fsdp_unit_t *u) {
 /* ---- forward ----------------------------------------------------------------------------------
  */
 
+/* A forward whose backward will come: one more invocation for the backward hooks to wait for
+ * (the hooks count as registered at the first of an iteration). */
+static void count_invocation(fsdp_unit_t *u) {
+    u->fwd_invocations++;
+    u->needs_pre_backward = true;
+    if (u->fwd_invocations == 1) {
+        u->stats.n_pre_bwd_registered++;
+        if (fsdp__any_requires_grad(u)) u->stats.n_post_bwd_registered++;
+    }
+}
+
 /* A unit whose call is the recomputation of a region (activation checkpointing around the unit
  * or around a module holding it): the first run kept nothing for backward, so the unit is
  * unsharded again (an all-gather if it was resharded), runs with its compute views, and counts
@@ -236,12 +247,7 @@ static int recompute_pre_forward(fsdp_unit_t *u, int nin, fsdp_tensor_t **in) {
     if ((rc = fsdp__mp_cast_forward_inputs(u, u == fsdp__root_of(u), nin, in)) < 0) return rc;
     if ((rc = fsdp__unshard(u)) < 0) return rc;
     fsdp__swap_slots(u, true);
-    u->fwd_invocations++;
-    u->needs_pre_backward = true;
-    if (u->fwd_invocations == 1) {
-        u->stats.n_pre_bwd_registered++;
-        if (fsdp__any_requires_grad(u)) u->stats.n_post_bwd_registered++;
-    }
+    count_invocation(u);
     return FSDP_OK;
 }
 
@@ -295,14 +301,7 @@ int fsdp__forward_pre_hook(fsdp_module_t *m, void *arg, int nin, fsdp_tensor_t *
         fsdp_unit_t *next = next_in_forward_order(root, u);
         if (next && !next->unsharded && (rc = fsdp__unshard_issue(next, true)) < 0) return rc;
     }
-    if (fsdp_is_grad_enabled(u->ctx) && u->nparams >= 0) {
-        u->fwd_invocations++;
-        u->needs_pre_backward = true;
-        if (u->fwd_invocations == 1) {
-            u->stats.n_pre_bwd_registered++;
-            if (fsdp__any_requires_grad(u)) u->stats.n_post_bwd_registered++;
-        }
-    }
+    if (fsdp_is_grad_enabled(u->ctx) && u->nparams >= 0) count_invocation(u);
     return FSDP_OK;
 }
 
