@@ -1,7 +1,8 @@
 /*
  * ddp_util.h: helpers shared by the DDP tests (t_ddp.c: parity, buckets, no_sync, unused
  * parameters; t_ddp_errors.c: states, small cases and error paths; t_ddp_dyn.c: seed 004's
- * bucket arithmetic, parameters_to_ignore, launch order, static_graph, a world of one).
+ * bucket arithmetic and parameters_to_ignore; t_ddp_static.c: launch order, static_graph, a
+ * world of one).
  *
  * Every multi-rank case runs over sim ranks (threads) through run_sim(). Ranks store what they
  * saw in per-rank slots of a result struct (at most MAXW ranks); the main thread reports after
