@@ -167,6 +167,21 @@ static int rec_get(recorder_t *r, const int *field) {
     return v;
 }
 
+/* Waits (up to WAIT_MS) until the worker has nothing queued and its slot is free: a work's
+ * "done" flag is set inside its execution, a moment before the worker's thread lets go of the
+ * slot. */
+static int worker_idle(fsdp__pg_worker_t *wk) {
+    int64_t deadline = fsdp__now_ns() + (int64_t)WAIT_MS * 1000000;
+    for (;;) {
+        pthread_mutex_lock(&wk->mu);
+        int idle = !wk->busy && !wk->head;
+        pthread_mutex_unlock(&wk->mu);
+        if (idle) return 1;
+        if (fsdp__now_ns() >= deadline) return 0;
+        fsdp__sleep_ms(1);
+    }
+}
+
 static int ran_on_thread(recorder_t *r, fake_work_t *fw, pthread_t t) {
     pthread_mutex_lock(&r->mu);
     int same = fw->started && pthread_equal(fw->thread, t);
@@ -244,8 +259,9 @@ static void test_inline_and_queued(void) {
     fw_init(&f, 1, 1, 1, NULL);
     poster_t p = {&wk, &d, -1};
     pthread_t t;
+    int idle = worker_idle(&wk);
     pthread_create(&t, NULL, post_main, &p);
-    tap_ok(rec_wait(&rec, &d.started) && ran_on_thread(&rec, &d, t) && d.on_caller == 1,
+    tap_ok(idle && rec_wait(&rec, &d.started) && ran_on_thread(&rec, &d, t) && d.on_caller == 1,
            "a blocking work posted by another thread on an idle worker runs inline there");
     fsdp__pg_worker_post(&wk, &e.base);
     fsdp__pg_worker_post(&wk, &f.base);
