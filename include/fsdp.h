@@ -36,5 +36,6 @@
 #include <fsdp/launch.h>
 #include <fsdp/data.h>
 #include <fsdp/cluster.h>
+#include <fsdp/vsim.h>
 
 #endif /* FSDP_H */

@@ -36,6 +36,9 @@ typedef struct fsdp_event fsdp_event_t;
 typedef enum fsdp_device_kind {
     FSDP_DEVICE_CPU = 0,
     FSDP_DEVICE_CUDA,
+    /* Shape-only tensors: allocations are counted, not backed, and kernels compute nothing
+     * (fsdp/vsim.h). Copies to the host give zeros. */
+    FSDP_DEVICE_META,
     FSDP_DEVICE_KIND_COUNT
 } fsdp_device_kind_t;
 
@@ -78,7 +81,7 @@ FSDP_EXTERN fsdp_device_t *fsdp_ctx_device(fsdp_ctx_t *ctx);
 FSDP_EXTERN int fsdp_ctx_set_device(fsdp_ctx_t *ctx, fsdp_device_t *dev);
 
 FSDP_EXTERN fsdp_device_kind_t fsdp_device_kind(const fsdp_device_t *dev);
-FSDP_EXTERN const char *fsdp_device_name(const fsdp_device_t *dev); /* "cpu", "cuda:0" */
+FSDP_EXTERN const char *fsdp_device_name(const fsdp_device_t *dev); /* "cpu", "cuda:0", "meta" */
 FSDP_EXTERN fsdp_ctx_t *fsdp_device_ctx(const fsdp_device_t *dev);
 /* Compute threads the device uses (the BLAS thread count on the CPU). */
 FSDP_EXTERN int fsdp_device_num_threads(const fsdp_device_t *dev);

@@ -23,7 +23,7 @@
 
 #include "device/device_impl.h"
 
-static const char *const kind_names[FSDP_DEVICE_KIND_COUNT] = {"cpu", "cuda"};
+static const char *const kind_names[FSDP_DEVICE_KIND_COUNT] = {"cpu", "cuda", "meta"};
 
 int fsdp__gemm_check(fsdp_device_t *dev, const char *who, bool trans_a, bool trans_b, int64_t m,
                      int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch) {
@@ -168,7 +168,7 @@ int fsdp__device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const struct f
         return fsdp__ctx_err(ctx, FSDP_ENOTSUP,
                              "fsdp_device_create: the %s device is not built into this libfsdp",
                              kind_names[kind]);
-    if (opts->ordinal < 0 || (kind == FSDP_DEVICE_CPU && opts->ordinal != 0))
+    if (opts->ordinal < 0 || (kind != FSDP_DEVICE_CUDA && opts->ordinal != 0))
         return fsdp__ctx_err(ctx, FSDP_EINVAL,
                              "fsdp_device_create: opts->ordinal %d is not a %s device",
                              opts->ordinal, kind_names[kind]);
@@ -190,7 +190,7 @@ int fsdp__device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const struct f
     /* <= 0 asks the backend's init for its default. */
     dev->num_threads = opts->num_threads > 0 ? opts->num_threads : 0;
     atomic_init(&dev->live_allocs, 0);
-    if (kind == FSDP_DEVICE_CPU)
+    if (kind != FSDP_DEVICE_CUDA)
         snprintf(dev->name, sizeof dev->name, "%s", ops->name);
     else
         snprintf(dev->name, sizeof dev->name, "%s:%d", ops->name, opts->ordinal);

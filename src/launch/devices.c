@@ -2,8 +2,8 @@
  * devices.c: fsdp_device_create, the device backends by kind.
  *
  * The device layer (src/device/) builds a device over whichever vtable it is given
- * (fsdp__device_create); this table says which vtable serves each kind: the CPU device, linked
- * in, and the CUDA device, from the CUDA plugin (launch/plugin.h) opened on its first creation.
+ * (fsdp__device_create); this table says which vtable serves each kind: the CPU device and the
+ * shape-only device (backends/vsim/), linked in, and the CUDA device, from the CUDA plugin (launch/plugin.h) opened on its first creation.
  * A kind without an entry, or CUDA in a build without it, is FSDP_ENOTSUP. Adding a device
  * adds an entry here and touches no lower layer.
  */
@@ -13,6 +13,7 @@
 
 #include <fsdp/device.h>
 
+#include "backends/vsim/vsim_impl.h"
 #include "device/device_impl.h"
 #include "internal.h"
 #ifdef FSDP_HAVE_CUDA
@@ -29,6 +30,12 @@ static int resolve_cpu(fsdp_ctx_t *ctx, const struct fsdp_dev_ops **ops) {
     return FSDP_OK;
 }
 
+static int resolve_meta(fsdp_ctx_t *ctx, const struct fsdp_dev_ops **ops) {
+    (void)ctx;
+    *ops = &fsdp__meta_dev_ops;
+    return FSDP_OK;
+}
+
 #ifdef FSDP_HAVE_CUDA
 static int resolve_cuda(fsdp_ctx_t *ctx, const struct fsdp_dev_ops **ops) {
     const struct fsdp_plugin *plugin = NULL;
@@ -41,6 +48,7 @@ static int resolve_cuda(fsdp_ctx_t *ctx, const struct fsdp_dev_ops **ops) {
 
 static const resolve_fn resolvers[FSDP_DEVICE_KIND_COUNT] = {
     [FSDP_DEVICE_CPU] = resolve_cpu,
+    [FSDP_DEVICE_META] = resolve_meta,
 #ifdef FSDP_HAVE_CUDA
     [FSDP_DEVICE_CUDA] = resolve_cuda,
 #endif

@@ -486,6 +486,7 @@ static int work_wait(fsdp_work_t *w, int64_t timeout_ms, bool span) {
         fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "%s: %s", fsdp_err_name(status), w->err);
         return status;
     }
+    if (pg->ops->host_waited) pg->ops->host_waited(pg, w);
     return late_report(pg, w);
 }
 

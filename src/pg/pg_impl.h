@@ -49,6 +49,7 @@ struct fsdp_work {
     /* When it was issued (CLOCK_MONOTONIC ns) if its rank recorded a trace then, else 0: its
      * completion is then recorded on the rank's communication track. */
     int64_t trace_issued;
+    double vtime; /* free for a virtual-time backend: the simulated completion time */
     char err[FSDP_ERR_LEN];
 };
 
@@ -79,6 +80,10 @@ struct fsdp_pg_ops {
      * (the core then waits on the host too, so the caller's buffers are never released early).
      * NULL for a backend without device streams: the core waits on the host. */
     int (*wait_stream)(fsdp_pg_t *pg, fsdp_work_t *w, void *stream);
+    /* Optional. Called on the waiting thread when a host wait (fsdp_work_wait, or a blocking
+     * collective) has seen w complete successfully: a virtual-time backend moves its rank's
+     * host clock to the collective's simulated end. NULL for the real backends. */
+    void (*host_waited)(fsdp_pg_t *pg, fsdp_work_t *w);
     /* Frees the backend's group after the core has waited for every outstanding work; must call
      * fsdp__pg_fini(). */
     void (*destroy)(fsdp_pg_t *pg);

@@ -197,6 +197,12 @@ static int random_fill(fsdp_tensor_t *t, const char *op, bool normal, double a, 
         return fsdp__op_err(t, FSDP_EINVAL, op, "dtype %s is not f32 or f64",
                             fsdp_dtype_name(t->dt));
     int64_t n = fsdp_tensor_numel(t);
+    /* A shape-only tensor has no values: the stream moves on as if they had been drawn, so
+     * what is drawn afterwards is the same as on a real device. */
+    if (t->dev->kind == FSDP_DEVICE_META) {
+        t->ctx->rng.offset += ((uint64_t)n + 3) / 4; /* 4 words a block, as both draws use */
+        return FSDP_OK;
+    }
     float *tmp = malloc((size_t)(n > 0 ? n : 1) * sizeof *tmp);
     if (!tmp) return fsdp__op_err(t, FSDP_ENOMEM, op, "out of host memory");
     if (normal)
