@@ -1,0 +1,309 @@
+/*
+ * fsdp-sim.c: how fast and how big an FSDP training step is on a GPU cluster, simulated here.
+ *
+ * For every world size (--gpus 8,64,512) and sharding strategy (--strategy full,hybrid) asked
+ * for, sim_run.c runs one representative rank of the real runtime on a simulator (fsdp/vsim.h)
+ * and this file prints a table, JSON lines (--json) and, through gnuplot, scaling curves and a
+ * memory breakdown (--plot). docs/simulation.md explains the model, the presets and the
+ * validation against published figures.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/sim.h"
+
+#define MAX_POINTS 64
+
+typedef struct opts {
+    sim_config_t base;
+    int gpus[MAX_POINTS];
+    int ngpus;
+    fsdp_sharding_strategy_t strategies[8];
+    int nstrategies;
+    bool json;
+    const char *plot;
+} opts_t;
+
+static void usage(FILE *f) {
+    fprintf(
+        f,
+        "usage: fsdp-sim [options]\n"
+        "Simulates FSDP training steps of a GPT preset on a GPU cluster and prints the step\n"
+        "time, TFLOPS per GPU, MFU, communication and peak memory per rank.\n"
+        "  --model NAME            model preset (default gpt2; --list shows them)\n"
+        "  --cluster NAME          cluster preset (default dgx-a100-80gb)\n"
+        "  --gpus N[,N...]         world sizes to simulate (default 8)\n"
+        "  --gpus-per-node N       GPUs per node (default 8)\n"
+        "  --rank R                the simulated rank (default 0)\n"
+        "  --batch N               sequences per GPU (default 1)\n"
+        "  --strategy S[,S...]     full, grad-op, no-shard, hybrid, hybrid-zero2 (default full)\n"
+        "  --shard-group N         hybrid: ranks per shard group (default: one node)\n"
+        "  --prefetch P            backward prefetch: pre, post or none (default pre)\n"
+        "  --forward-prefetch      prefetch the next unit in the forward too\n"
+        "  --limit N               all-gathers in flight at most (default 2; 0: no limit)\n"
+        "  --precision P           fp32, bf16 or fp16 (default bf16)\n"
+        "  --activation-checkpointing  recompute each block in the backward\n"
+        "  --json                  one JSON object per line instead of the table\n"
+        "  --plot FILE.svg         TFLOPS per GPU against GPUs per strategy, and peak memory\n"
+        "                          per category (needs gnuplot)\n"
+        "  --list                  the model and cluster presets\n"
+        "  --version, --help\n");
+}
+
+static int bad(const char *opt, const char *val, const char *why) {
+    fprintf(stderr, "fsdp-sim: %s %s: %s\n", opt, val ? val : "(missing)", why);
+    return 2;
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_strategy(const char *s, fsdp_sharding_strategy_t *out) {
+    static const struct {
+        const char *name;
+        fsdp_sharding_strategy_t s;
+    } names[] = {{"full", FSDP_FULL_SHARD},
+                 {"grad-op", FSDP_SHARD_GRAD_OP},
+                 {"no-shard", FSDP_NO_SHARD},
+                 {"hybrid", FSDP_HYBRID_SHARD},
+                 {"hybrid-zero2", FSDP_HYBRID_SHARD_ZERO2}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].s;
+            return 0;
+        }
+    return -1;
+}
+
+static void list_presets(void) {
+    printf("models:\n");
+    for (size_t i = 0; i < sim_model_count(); i++) {
+        const sim_model_t *m = sim_model_at(i);
+        printf("  %-13s %6.2fB params, %3lld layers, d_model %5lld, seq %4lld: %s\n", m->name,
+               sim_model_params(m) / 1e9, (long long)m->n_layer, (long long)m->d_model,
+               (long long)m->seq, m->summary);
+    }
+    printf("clusters:\n");
+    for (size_t i = 0; i < fsdp_cluster_preset_count(); i++)
+        printf("  %-15s %s\n", fsdp_cluster_preset_name(i), fsdp_cluster_preset_summary(i));
+}
+
+static int parse(int argc, char **argv, opts_t *o) {
+    memset(o, 0, sizeof *o);
+    sim_config_t *c = &o->base;
+    c->model = sim_model_find("gpt2");
+    c->cluster = "dgx-a100-80gb";
+    c->gpus_per_node = 8;
+    c->batch = 1;
+    c->prefetch = FSDP_BACKWARD_PRE;
+    c->limit = 2;
+    c->dtype = FSDP_DTYPE_BF16;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int n;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--version")) {
+            printf("fsdp-sim (libfsdp) %s\n", fsdp_version_string());
+            exit(0);
+        } else if (!strcmp(a, "--list")) {
+            list_presets();
+            exit(0);
+        } else if (!strcmp(a, "--model")) {
+            if (!v || !(c->model = sim_model_find(v)))
+                return bad(a, v, "unknown model (fsdp-sim --list shows them)");
+            i++;
+        } else if (!strcmp(a, "--cluster")) {
+            if (!v) return bad(a, v, "needs a preset name");
+            c->cluster = argv[++i];
+        } else if (!strcmp(a, "--gpus")) {
+            if (!v) return bad(a, v, "needs a list of world sizes");
+            char *dup = strdup(v), *save = NULL;
+            if (!dup) return bad(a, v, "out of memory");
+            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o->ngpus == MAX_POINTS || parse_int(t, 1, 1 << 20, &n) < 0) {
+                    free(dup);
+                    return bad(a, v, "needs up to 64 world sizes >= 1, separated by commas");
+                }
+                o->gpus[o->ngpus++] = n;
+            }
+            free(dup);
+            i++;
+        } else if (!strcmp(a, "--gpus-per-node")) {
+            if (parse_int(v, 1, 1024, &c->gpus_per_node) < 0) return bad(a, v, "needs 1..1024");
+            i++;
+        } else if (!strcmp(a, "--rank")) {
+            if (parse_int(v, 0, INT_MAX, &c->rank) < 0) return bad(a, v, "needs a rank >= 0");
+            i++;
+        } else if (!strcmp(a, "--batch")) {
+            if (parse_int(v, 1, 1 << 20, &n) < 0) return bad(a, v, "needs a batch >= 1");
+            c->batch = n;
+            i++;
+        } else if (!strcmp(a, "--strategy")) {
+            if (!v) return bad(a, v, "needs a strategy");
+            char *dup = strdup(v), *save = NULL;
+            if (!dup) return bad(a, v, "out of memory");
+            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o->nstrategies == 8 ||
+                    parse_strategy(t, &o->strategies[o->nstrategies++]) < 0) {
+                    free(dup);
+                    return bad(a, v,
+                               "strategies are full, grad-op, no-shard, hybrid, "
+                               "hybrid-zero2");
+                }
+            }
+            free(dup);
+            i++;
+        } else if (!strcmp(a, "--shard-group")) {
+            if (parse_int(v, 1, 1 << 20, &c->shard_group) < 0) return bad(a, v, "needs >= 1");
+            i++;
+        } else if (!strcmp(a, "--prefetch")) {
+            if (v && !strcmp(v, "pre"))
+                c->prefetch = FSDP_BACKWARD_PRE;
+            else if (v && !strcmp(v, "post"))
+                c->prefetch = FSDP_BACKWARD_POST;
+            else if (v && !strcmp(v, "none"))
+                c->prefetch = FSDP_BACKWARD_PREFETCH_NONE;
+            else
+                return bad(a, v, "is pre, post or none");
+            i++;
+        } else if (!strcmp(a, "--forward-prefetch")) {
+            c->forward_prefetch = true;
+        } else if (!strcmp(a, "--limit")) {
+            if (parse_int(v, 0, 1 << 20, &c->limit) < 0) return bad(a, v, "needs >= 0");
+            i++;
+        } else if (!strcmp(a, "--precision")) {
+            if (v && !strcmp(v, "fp32"))
+                c->dtype = FSDP_DTYPE_F32;
+            else if (v && !strcmp(v, "bf16"))
+                c->dtype = FSDP_DTYPE_BF16;
+            else if (v && !strcmp(v, "fp16"))
+                c->dtype = FSDP_DTYPE_F16;
+            else
+                return bad(a, v, "is fp32, bf16 or fp16");
+            i++;
+        } else if (!strcmp(a, "--activation-checkpointing")) {
+            c->act_ckpt = true;
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!strcmp(a, "--plot")) {
+            if (!v) return bad(a, v, "needs a file name");
+            o->plot = argv[++i];
+        } else {
+            fprintf(stderr, "fsdp-sim: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!o->ngpus) o->gpus[o->ngpus++] = 8;
+    if (!o->nstrategies) o->strategies[o->nstrategies++] = FSDP_FULL_SHARD;
+    return 0;
+}
+
+static double gib(size_t b) {
+    return (double)b / 1073741824.0;
+}
+
+static void print_header(const opts_t *o) {
+    const sim_config_t *c = &o->base;
+    printf("fsdp-sim: %s (%.2fB parameters, seq %lld), %lld sequence%s per GPU, %s, cluster %s "
+           "(%d GPUs a node), backward prefetch %s%s, limit %d%s\n",
+           c->model->name, sim_model_params(c->model) / 1e9, (long long)c->model->seq,
+           (long long)c->batch, c->batch == 1 ? "" : "s", fsdp_dtype_name(c->dtype), c->cluster,
+           c->gpus_per_node, fsdp_backward_prefetch_name(c->prefetch),
+           c->forward_prefetch ? " + forward" : "", c->limit,
+           c->act_ckpt ? ", activation checkpointing" : "");
+    printf("%6s %-14s %9s %7s %7s %6s %8s %8s %8s | %-42s %7s\n", "GPUs", "strategy", "step s",
+           "TFLOPS", "hw TF", "MFU", "comm s", "exposed", "compute",
+           "peak GiB: total params grads optim act comm", "sim s");
+}
+
+static void print_row(const sim_config_t *c, const sim_result_t *r) {
+    const size_t *p = r->mem.peak;
+    printf("%6d %-14s %9.4f %7.1f %7.1f %5.1f%% %8.4f %8.4f %8.4f | %6.2f %6.2f %6.2f %6.2f %6.2f "
+           "%6.2f %7.2f%s\n",
+           c->gpus, fsdp_sharding_strategy_name(c->strategy), r->step, r->tflops, r->hw_tflops,
+           100 * r->mfu, r->comm, r->exposed, r->compute, gib(r->mem.total_peak),
+           gib(p[FSDP_MEM_PARAMS]), gib(p[FSDP_MEM_GRADS]), gib(p[FSDP_MEM_OPTIM]),
+           gib(p[FSDP_MEM_ACTIVATIONS]), gib(p[FSDP_MEM_COMM]), r->wall,
+           r->mem.total_peak > r->mem_capacity ? "  (over the GPU's memory)" : "");
+}
+
+static void print_json(const sim_config_t *c, const sim_result_t *r) {
+    printf("{\"model\":\"%s\",\"params\":%.0f,\"cluster\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,"
+           "\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"strategy\":\"%s\","
+           "\"backward_prefetch\":\"%s\",\"forward_prefetch\":%s,\"limit_all_gathers\":%d,"
+           "\"activation_checkpointing\":%s,\"step_s\":%.6g,\"tflops_per_gpu\":%.6g,"
+           "\"hw_tflops_per_gpu\":%.6g,\"mfu\":%.6g,\"compute_s\":%.6g,\"comm_s\":%.6g,"
+           "\"exposed_comm_s\":%.6g,\"model_flops\":%.6g,\"hw_flops\":%.6g,\"peak_bytes\":{",
+           c->model->name, r->params, c->cluster, c->gpus, c->gpus_per_node, (long long)c->batch,
+           (long long)c->model->seq, fsdp_dtype_name(c->dtype),
+           fsdp_sharding_strategy_name(c->strategy), fsdp_backward_prefetch_name(c->prefetch),
+           c->forward_prefetch ? "true" : "false", c->limit, c->act_ckpt ? "true" : "false",
+           r->step, r->tflops, r->hw_tflops, r->mfu, r->compute, r->comm, r->exposed,
+           r->model_flops, r->hw_flops);
+    for (int k = 0; k < FSDP_MEM_NCAT; k++)
+        printf("\"%s\":%zu,", fsdp_mem_cat_name((fsdp_mem_cat_t)k), r->mem.peak[k]);
+    printf("\"total\":%zu},\"coll\":{", r->mem.total_peak);
+    for (int k = 0; k < FSDP_COLL_COUNT; k++)
+        printf("%s\"%s\":{\"bytes\":%.0f,\"s\":%.6g}", k ? "," : "",
+               fsdp_coll_name((fsdp_coll_kind_t)k), r->coll_bytes[k], r->coll_time[k]);
+    printf("},\"kernels\":%llu,\"kernel_s\":{", (unsigned long long)r->kernels);
+    for (int k = 0; k < FSDP_KERNEL_CLASS_COUNT; k++)
+        printf("%s\"%s\":%.6g", k ? "," : "", fsdp_kernel_class_name((fsdp_kernel_class_t)k),
+               r->class_time[k]);
+    printf("},\"sim_wall_s\":%.4g}\n", r->wall);
+}
+
+int main(int argc, char **argv) {
+    opts_t o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    int n = o.ngpus * o.nstrategies;
+    sim_config_t *cfgs = calloc((size_t)n, sizeof *cfgs);
+    sim_result_t *res = calloc((size_t)n, sizeof *res);
+    if (!cfgs || !res) {
+        fprintf(stderr, "fsdp-sim: out of memory\n");
+        return 1;
+    }
+    if (!o.json) print_header(&o);
+    int failed = 0, k = 0;
+    for (int s = 0; s < o.nstrategies; s++)
+        for (int g = 0; g < o.ngpus; g++, k++) {
+            cfgs[k] = o.base;
+            cfgs[k].gpus = o.gpus[g];
+            cfgs[k].strategy = o.strategies[s];
+            if (cfgs[k].rank >= cfgs[k].gpus) cfgs[k].rank = cfgs[k].gpus - 1;
+            if (sim_run(&cfgs[k], &res[k]) < 0) {
+                fprintf(stderr, "fsdp-sim: %d GPUs, %s: %s\n", cfgs[k].gpus,
+                        fsdp_sharding_strategy_name(cfgs[k].strategy), res[k].error);
+                failed++;
+                continue;
+            }
+            if (o.json)
+                print_json(&cfgs[k], &res[k]);
+            else
+                print_row(&cfgs[k], &res[k]);
+            fflush(stdout);
+        }
+    if (!failed && o.plot) {
+        char title[160];
+        snprintf(title, sizeof title, "%s, %lld seq/GPU, %s, %s", o.base.model->name,
+                 (long long)o.base.batch, fsdp_dtype_name(o.base.dtype), o.base.cluster);
+        if (sim_plot(o.plot, title, cfgs, res, n) < 0) failed++;
+    }
+    free(cfgs);
+    free(res);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,69 @@
+/*
+ * sim.h: what fsdp-sim's files share: the model presets, one configuration and its result.
+ */
+#ifndef FSDP_TOOLS_SIM_H
+#define FSDP_TOOLS_SIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp.h>
+
+typedef struct sim_model {
+    const char *name;
+    int64_t n_layer, d_model, n_head, d_ff, vocab, seq;
+    const char *summary;
+} sim_model_t;
+
+size_t sim_model_count(void);
+const sim_model_t *sim_model_at(size_t i);
+const sim_model_t *sim_model_find(const char *name); /* NULL: unknown */
+double sim_model_params(const sim_model_t *m);
+double sim_model_flops(const sim_model_t *m, double tokens);
+
+typedef struct sim_config {
+    const sim_model_t *model;
+    const char *cluster; /* a preset of fsdp/cluster.h */
+    int gpus;            /* world size */
+    int gpus_per_node;
+    int rank;      /* the simulated rank */
+    int64_t batch; /* sequences per GPU */
+    fsdp_sharding_strategy_t strategy;
+    int shard_group; /* hybrid: ranks per shard group (0: a node) */
+    fsdp_backward_prefetch_t prefetch;
+    bool forward_prefetch;
+    int limit;          /* limit_all_gathers */
+    fsdp_dtype_t dtype; /* compute dtype: f32, or bf16/f16 mixed precision */
+    bool act_ckpt;
+} sim_config_t;
+
+typedef struct sim_result {
+    double step;        /* s of the measured step */
+    double compute;     /* s the compute stream ran kernels */
+    double comm;        /* s the network ran collectives */
+    double exposed;     /* s the compute stream waited */
+    double model_flops; /* per GPU per step */
+    double hw_flops;
+    double params;
+    double peak_flops;
+    double tflops, hw_tflops, mfu;
+    fsdp_mem_stats_t mem;
+    size_t mem_capacity;
+    double coll_bytes[FSDP_COLL_COUNT], coll_time[FSDP_COLL_COUNT];
+    double class_time[FSDP_KERNEL_CLASS_COUNT];
+    uint64_t kernels;
+    double wall; /* s of this machine's time for the whole simulation */
+    char error[512];
+} sim_result_t;
+
+/* Simulates c (two steps, the second measured) into *r. Returns 0, or a negative FSDP_E* code
+ * with r->error saying what failed. */
+int sim_run(const sim_config_t *c, sim_result_t *r);
+
+/* Draws the n results into the SVG `path` through gnuplot (sim_plot.c); -1 with a message on
+ * stderr when the name is not .svg or gnuplot is missing or fails. */
+int sim_plot(const char *path, const char *title, const sim_config_t *cfgs, const sim_result_t *res,
+             int n);
+
+#endif /* FSDP_TOOLS_SIM_H */

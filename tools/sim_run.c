@@ -1,0 +1,231 @@
+/*
+ * sim_run.c: fsdp-sim's model presets and one simulated configuration.
+ *
+ * For each world size asked for, one representative rank runs real training steps of a GPT
+ * preset (fsdp/gpt_recipe.h's model, wrap and AdamW; the options of fsdp-train) on a simulator
+ * (fsdp/vsim.h): the library's own FSDP runtime on a shape-only device, with kernels and
+ * collectives charged by the cluster's cost models. The first step warms up (lazy
+ * initialisation, optimizer state); the next is measured: step time, model and hardware TFLOPS
+ * per GPU, MFU, communication time and how much of it the compute stream waited for, and the
+ * rank's peak memory by category, exact from the accounting. fsdp-sim.c prints them.
+ *
+ * Model FLOPs are those of one training step without recomputation: 6 per parameter of the
+ * blocks and the head per token, plus the attention products (12 n_layer d_model seq per token,
+ * halved for the causal mask as the kernels charge it); hardware FLOPs are every FLOP the
+ * simulated kernels ran, recomputation included. MFU is model FLOPs over the step time and the
+ * GPU's peak matrix rate of the compute dtype.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <fsdp.h>
+
+#include "tools/sim.h"
+
+/* ---- model presets -------------------------------------------------------------------------- */
+
+static const sim_model_t models[] = {
+    /* name,        layers, d_model, heads, d_ff, vocab, seq, summary */
+    {"gpt2", 12, 768, 12, 0, 50257, 1024, "GPT-2 small, 124M"},
+    {"gpt2-medium", 24, 1024, 16, 0, 50257, 1024, "GPT-2 medium, 355M"},
+    {"gpt2-large", 36, 1280, 20, 0, 50257, 1024, "GPT-2 large, 774M"},
+    {"gpt2-xl", 48, 1600, 25, 0, 50257, 1024, "GPT-2 XL, 1.6B"},
+    {"gpt3-1.3b", 24, 2048, 16, 0, 50257, 2048, "GPT-3 XL, 1.3B"},
+    {"gpt3-2.7b", 32, 2560, 32, 0, 50257, 2048, "GPT-3 2.7B"},
+    {"gpt3-6.7b", 32, 4096, 32, 0, 50257, 2048, "GPT-3 6.7B"},
+    {"gpt3-13b", 40, 5120, 40, 0, 50257, 2048, "GPT-3 13B"},
+    {"gpt3-175b", 96, 12288, 96, 0, 50257, 2048, "GPT-3 175B"},
+    /* T5-11B's width and depth (24 encoder and 24 decoder blocks of d_model 1024, 128 heads of
+     * 128) as 48 GPT blocks: heads of 128 over d_model 1024 give 8 heads, so the attention
+     * projections are 16 times smaller than T5's, and d_ff grows from 65536 to 106496 to keep
+     * the parameters (11B) and the FLOPs per token. docs/simulation.md says what this keeps. */
+    {"t5-11b-proxy", 48, 1024, 8, 106496, 32128, 512, "T5-11B's size and depth, as GPT blocks"},
+};
+
+size_t sim_model_count(void) {
+    return sizeof models / sizeof models[0];
+}
+
+const sim_model_t *sim_model_at(size_t i) {
+    return i < sim_model_count() ? &models[i] : NULL;
+}
+
+const sim_model_t *sim_model_find(const char *name) {
+    for (size_t i = 0; i < sim_model_count(); i++)
+        if (strcmp(models[i].name, name) == 0) return &models[i];
+    return NULL;
+}
+
+/* Parameters of the preset: the GPT's, counted from its shapes (fsdp/transformer.h). */
+double sim_model_params(const sim_model_t *m) {
+    double d = (double)m->d_model, f = m->d_ff ? (double)m->d_ff : 4.0 * d;
+    double block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (f * d + f) + (d * f + d);
+    return (double)m->vocab * d + (double)m->seq * d + (double)m->n_layer * block + 2 * d;
+}
+
+/* Model FLOPs of one training step of `tokens` tokens (see the top of the file). */
+double sim_model_flops(const sim_model_t *m, double tokens) {
+    double d = (double)m->d_model;
+    double dense = sim_model_params(m) - (double)m->seq * d;     /* positions are looked up */
+    double attn = 6.0 * (double)m->n_layer * d * (double)m->seq; /* QK^T and PV, causal half */
+    return tokens * (6.0 * dense + attn);
+}
+
+/* ---- one simulated configuration ------------------------------------------------------------ */
+
+static int fail(sim_result_t *r, fsdp_ctx_t *ctx, const char *what, int rc) {
+    snprintf(r->error, sizeof r->error, "%s: %s (%s)", what,
+             ctx ? fsdp_ctx_last_error(ctx) : "out of memory", fsdp_err_name(rc));
+    return rc;
+}
+
+static void fill_mp(const sim_config_t *c, fsdp_mixed_precision_t *mp) {
+    fsdp_mixed_precision_init(mp);
+    if (c->dtype == FSDP_DTYPE_F32) return;
+    mp->enabled = true;
+    mp->param_dtype = c->dtype;
+    mp->reduce_dtype = c->dtype;
+    mp->buffer_dtype = c->dtype;
+}
+
+int sim_run(const sim_config_t *c, sim_result_t *r) {
+    memset(r, 0, sizeof *r);
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.rank = c->rank;
+    co.world_size = c->gpus;
+    co.log_level = FSDP_LOG_ERROR;
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_vsim_t *vs = NULL;
+    fsdp_module_t *model = NULL;
+    fsdp_unit_t *root = NULL;
+    fsdp_optim_t *opt = NULL;
+    fsdp_tensor_t *in = NULL, *tg = NULL;
+    fsdp_cluster_t cl;
+    int rc;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if ((rc = fsdp_ctx_create(&co, &ctx)) < 0) return fail(r, NULL, "fsdp_ctx_create", rc);
+    int nodes = (c->gpus + c->gpus_per_node - 1) / c->gpus_per_node;
+    if ((rc = fsdp_cluster_preset(ctx, c->cluster, nodes, &cl)) < 0) {
+        fail(r, ctx, "--cluster", rc);
+        goto out;
+    }
+    cl.net.gpus_per_node = c->gpus_per_node;
+    if ((rc = fsdp_vsim_create(ctx, &cl, &vs)) < 0) {
+        fail(r, ctx, "fsdp_vsim_create", rc);
+        goto out;
+    }
+    fsdp_device_t *dev = fsdp_vsim_device(vs);
+    fsdp_ctx_set_device(ctx, dev);
+
+    const sim_model_t *m = c->model;
+    fsdp_gpt_config_t cfg;
+    fsdp_gpt_config_init(&cfg);
+    cfg.vocab = m->vocab;
+    cfg.max_seq = m->seq;
+    cfg.n_layer = m->n_layer;
+    cfg.n_head = m->n_head;
+    cfg.d_model = m->d_model;
+    cfg.d_ff = m->d_ff;
+    if ((rc = fsdp_gpt_recipe_create_model(ctx, &cfg, 1, &model)) < 0) {
+        fail(r, ctx, "creating the model", rc);
+        goto out;
+    }
+    fsdp_options_t fo;
+    fsdp_options_init(&fo);
+    fo.strategy = c->strategy;
+    fo.backward_prefetch = c->prefetch;
+    fo.forward_prefetch = c->forward_prefetch;
+    fo.limit_all_gathers = c->limit;
+    fill_mp(c, &fo.mixed_precision);
+    if (c->strategy == FSDP_HYBRID_SHARD || c->strategy == FSDP_HYBRID_SHARD_ZERO2) {
+        int g = c->shard_group > 0 ? c->shard_group : c->gpus_per_node;
+        if (g > c->gpus) g = c->gpus;
+        if ((rc = fsdp_vsim_group(vs, g, 1, &fo.pg)) < 0 ||
+            (rc = fsdp_vsim_group(vs, c->gpus / g, g, &fo.replicate_pg)) < 0) {
+            fail(r, ctx, "the hybrid groups", rc);
+            goto out;
+        }
+    }
+    if ((rc = fsdp_gpt_recipe_wrap(model, &fo, &root)) < 0) {
+        fail(r, ctx, "fsdp_wrap", rc);
+        goto out;
+    }
+    if (c->act_ckpt &&
+        (rc = fsdp_apply_activation_checkpointing(model, "GPTBlock", NULL, NULL, NULL)) < 0) {
+        fail(r, ctx, "activation checkpointing", rc);
+        goto out;
+    }
+    if ((rc = fsdp_gpt_recipe_create_adamw(model, NULL, &opt)) < 0) {
+        fail(r, ctx, "AdamW", rc);
+        goto out;
+    }
+    int64_t shape[2] = {c->batch, m->seq};
+    if ((rc = fsdp_tensor_zeros(ctx, FSDP_DTYPE_I64, 2, shape, FSDP_MEM_OTHER, &in)) < 0 ||
+        (rc = fsdp_tensor_zeros(ctx, FSDP_DTYPE_I64, 2, shape, FSDP_MEM_OTHER, &tg)) < 0) {
+        fail(r, ctx, "the batch", rc);
+        goto out;
+    }
+    for (int s = 0; s < 2; s++) {
+        /* The measured step starts with the warm-up's memory released and its peak forgotten. */
+        if (s == 1) {
+            fsdp_vsim_reset_stats(vs);
+            fsdp_mem_reset_peaks(ctx);
+        }
+        fsdp_tensor_t *loss = NULL;
+        if ((rc = fsdp_optim_zero_grad(opt, true)) < 0 ||
+            (rc = fsdp_gpt_forward_loss(model, in, tg, &loss, NULL)) < 0 ||
+            (rc = fsdp_backward(loss, NULL)) < 0) {
+            fsdp_tensor_release(loss);
+            fail(r, ctx, "the step", rc);
+            goto out;
+        }
+        fsdp_tensor_release(loss);
+        if ((rc = fsdp_optim_step(opt)) < 0) {
+            fail(r, ctx, "the optimizer step", rc);
+            goto out;
+        }
+        fsdp_vsim_sync(vs);
+    }
+    fsdp_vsim_stats_t st;
+    fsdp_vsim_stats(vs, &st);
+    fsdp_mem_stats_t ms;
+    fsdp_mem_get_stats(ctx, &ms);
+    r->step = st.now - st.start;
+    r->compute = st.compute_busy;
+    r->comm = st.comm_busy;
+    r->exposed = st.compute_idle;
+    r->hw_flops = st.flops;
+    r->model_flops = sim_model_flops(m, (double)c->batch * (double)m->seq);
+    r->params = sim_model_params(m);
+    double peak = cl.compute.matmul_flops[c->dtype];
+    if (c->dtype == FSDP_DTYPE_F32 && cl.compute.allow_tf32) peak = cl.compute.tf32_flops;
+    r->peak_flops = peak;
+    r->tflops = r->model_flops / r->step / 1e12;
+    r->hw_tflops = r->hw_flops / r->step / 1e12;
+    r->mfu = peak > 0 ? r->model_flops / r->step / peak : 0;
+    r->mem = ms;
+    r->mem_capacity = cl.compute.mem_bytes;
+    for (int k = 0; k < FSDP_KERNEL_CLASS_COUNT; k++)
+        r->class_time[k] = st.class_time[k];
+    r->kernels = st.kernels;
+    for (int k = 0; k < FSDP_COLL_COUNT; k++)
+        r->coll_bytes[k] = st.coll_bytes[k], r->coll_time[k] = st.coll_time[k];
+out:
+    fsdp_tensor_release(in);
+    fsdp_tensor_release(tg);
+    fsdp_optim_destroy(opt);
+    fsdp_unit_destroy(root);
+    fsdp_module_release(model);
+    fsdp_ctx_set_device(ctx, NULL);
+    fsdp_vsim_destroy(vs);
+    fsdp_ctx_destroy(ctx);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    r->wall = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return rc < 0 ? rc : 0;
+}
