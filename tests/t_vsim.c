@@ -232,6 +232,47 @@ static void test_device(void) {
     fsdp_ctx_destroy(ctx);
 }
 
+/* ---- native half kernels -------------------------------------------------------------------- */
+
+/* A bf16 relu's kernels and bytes on a simulator whose kernels are (or are not) native. */
+static void relu_cost(bool native, uint64_t *kernels, double *seconds) {
+    fsdp_ctx_t *ctx = mkctx(0, 1);
+    fsdp_cluster_t cl = toy(1);
+    cl.compute.lowp_kernels = native;
+    fsdp_vsim_t *vs = NULL;
+    fsdp_vsim_create(ctx, &cl, &vs);
+    fsdp_ctx_set_device(ctx, fsdp_vsim_device(vs));
+    fsdp_tensor_t *x = NULL, *y = NULL;
+    int64_t shape[1] = {1 << 24};
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_BF16, 1, shape, FSDP_MEM_OTHER, &x);
+    fsdp_vsim_reset_stats(vs);
+    int rc = fsdp_relu(x, &y);
+    fsdp_vsim_stats_t s = stats(vs);
+    *kernels = rc == 0 ? s.kernels : 0;
+    *seconds = s.now - s.start;
+    tap_ok(rc == 0 && y && fsdp_tensor_dtype(y) == FSDP_DTYPE_BF16,
+           "%s kernels: a bf16 relu gives a bf16 tensor", native ? "native" : "libfsdp");
+    fsdp_tensor_release(x);
+    fsdp_tensor_release(y);
+    fsdp_ctx_set_device(ctx, NULL);
+    fsdp_vsim_destroy(vs);
+    fsdp_ctx_destroy(ctx);
+}
+
+static void test_native_half(void) {
+    uint64_t kw = 0, kn = 0;
+    double tw = 0, tn = 0;
+    relu_cost(false, &kw, &tw);
+    relu_cost(true, &kn, &tn);
+    fsdp_cluster_t cl = toy(1);
+    fsdp_kernel_cost_t k;
+    fsdp_kernel_elementwise(NULL, 1 << 24, 1, 1, 1, FSDP_DTYPE_BF16, &k);
+    tap_is_uint(kn, 1, "native: one kernel, no casts");
+    tap_is_near(tn, kernel_time(&cl, &k), 1e-12, 0, "native: charged at bf16 bytes (%g s)", tn);
+    tap_is_uint(kw, 3, "libfsdp: widen, relu in f32, round (3 kernels)");
+    tap_ok(tw > 2.5 * tn, "libfsdp's widened relu costs %g s, over 2.5 times the native one", tw);
+}
+
 /* ---- groups and host buffers ---------------------------------------------------------------- */
 
 static void test_groups(void) {
@@ -315,6 +356,7 @@ typedef struct acct {
 typedef struct fsdp_case {
     int rank;
     fsdp_backward_prefetch_t prefetch;
+    bool bf16; /* mixed precision in bf16 */
     acct_t got;
     double step, compute, comm, idle;
 } fsdp_case_t;
@@ -340,6 +382,11 @@ static int gpt_step(fsdp_ctx_t *ctx, fsdp_case_t *c, fsdp_vsim_t *vs) {
     fsdp_options_t fo;
     fsdp_options_init(&fo);
     fo.backward_prefetch = c->prefetch;
+    if (c->bf16) {
+        fo.mixed_precision.enabled = true;
+        fo.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
+        fo.mixed_precision.reduce_dtype = FSDP_DTYPE_BF16;
+    }
     if (rc == 0) rc = fsdp_gpt_recipe_wrap(model, &fo, &root);
     fsdp_mem_stats_t m;
     fsdp_mem_get_stats(ctx, &m);
@@ -439,11 +486,25 @@ static void test_fsdp(void) {
            "prefetch exposes less communication (%g < %g s) and shortens the step (%g < %g s)",
            pre.idle, none.idle, pre.step, none.step);
     tap_is_near(pre.comm, none.comm, 1e-12, 0, "for the same communication time");
+
+    /* bf16 mixed precision: with native half kernels the products' f32 gradients meet half ones
+     * in the engine (the tied embedding), which widens the half one; the step is shorter. */
+    fsdp_case_t wide = {.rank = 1, .prefetch = FSDP_BACKWARD_PRE, .bf16 = true};
+    fsdp_case_t nat = wide;
+    fsdp_cluster_t cn = toy(1);
+    tap_is_int(simulated(&cn, 4, &wide), FSDP_OK, "a bf16 step, libfsdp's kernels");
+    cn.compute.lowp_kernels = true;
+    tap_is_int(simulated(&cn, 4, &nat), FSDP_OK, "a bf16 step, native half kernels");
+    tap_ok(nat.compute < wide.compute, "native half kernels compute for less (%g < %g s)",
+           nat.compute, wide.compute);
+    tap_is_size(nat.got.stepped[FSDP_MEM_OPTIM], wide.got.stepped[FSDP_MEM_OPTIM],
+                "with the same optimizer state");
 }
 
 int main(void) {
     tap_plan_lazy();
     test_device();
+    test_native_half();
     test_groups();
     test_fsdp();
     return tap_done();

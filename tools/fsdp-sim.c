@@ -195,6 +195,14 @@ static int parse(int argc, char **argv, opts_t *o) {
             i++;
         } else if (!strcmp(a, "--activation-checkpointing")) {
             c->act_ckpt = true;
+        } else if (!strcmp(a, "--kernels")) {
+            if (v && !strcmp(v, "libfsdp"))
+                c->lowp_kernels = false;
+            else if (v && !strcmp(v, "native"))
+                c->lowp_kernels = true;
+            else
+                return bad(a, v, "is libfsdp or native");
+            i++;
         } else if (!strcmp(a, "--json")) {
             o->json = true;
         } else if (!strcmp(a, "--plot")) {
@@ -218,12 +226,12 @@ static double gib(size_t b) {
 static void print_header(const opts_t *o) {
     const sim_config_t *c = &o->base;
     printf("fsdp-sim: %s (%.2fB parameters, seq %lld), %lld sequence%s per GPU, %s, cluster %s "
-           "(%d GPUs a node), backward prefetch %s%s, limit %d%s\n",
+           "(%d GPUs a node), %s kernels, backward prefetch %s%s, limit %d%s\n",
            c->model->name, sim_model_params(c->model) / 1e9, (long long)c->model->seq,
            (long long)c->batch, c->batch == 1 ? "" : "s", fsdp_dtype_name(c->dtype), c->cluster,
-           c->gpus_per_node, fsdp_backward_prefetch_name(c->prefetch),
-           c->forward_prefetch ? " + forward" : "", c->limit,
-           c->act_ckpt ? ", activation checkpointing" : "");
+           c->gpus_per_node, c->lowp_kernels ? "native" : "libfsdp",
+           fsdp_backward_prefetch_name(c->prefetch), c->forward_prefetch ? " + forward" : "",
+           c->limit, c->act_ckpt ? ", activation checkpointing" : "");
     printf("%6s %-14s %9s %7s %7s %6s %8s %8s %8s | %-42s %7s\n", "GPUs", "strategy", "step s",
            "TFLOPS", "hw TF", "MFU", "comm s", "exposed", "compute",
            "peak GiB: total params grads optim act comm", "sim s");
@@ -244,15 +252,16 @@ static void print_json(const sim_config_t *c, const sim_result_t *r) {
     printf("{\"model\":\"%s\",\"params\":%.0f,\"cluster\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,"
            "\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"strategy\":\"%s\","
            "\"backward_prefetch\":\"%s\",\"forward_prefetch\":%s,\"limit_all_gathers\":%d,"
-           "\"activation_checkpointing\":%s,\"step_s\":%.6g,\"tflops_per_gpu\":%.6g,"
+           "\"activation_checkpointing\":%s,\"kernels\":\"%s\",\"step_s\":%.6g,\"tflops_per_gpu\":%"
+           ".6g,"
            "\"hw_tflops_per_gpu\":%.6g,\"mfu\":%.6g,\"compute_s\":%.6g,\"comm_s\":%.6g,"
            "\"exposed_comm_s\":%.6g,\"model_flops\":%.6g,\"hw_flops\":%.6g,\"peak_bytes\":{",
            c->model->name, r->params, c->cluster, c->gpus, c->gpus_per_node, (long long)c->batch,
            (long long)c->model->seq, fsdp_dtype_name(c->dtype),
            fsdp_sharding_strategy_name(c->strategy), fsdp_backward_prefetch_name(c->prefetch),
            c->forward_prefetch ? "true" : "false", c->limit, c->act_ckpt ? "true" : "false",
-           r->step, r->tflops, r->hw_tflops, r->mfu, r->compute, r->comm, r->exposed,
-           r->model_flops, r->hw_flops);
+           c->lowp_kernels ? "native" : "libfsdp", r->step, r->tflops, r->hw_tflops, r->mfu,
+           r->compute, r->comm, r->exposed, r->model_flops, r->hw_flops);
     for (int k = 0; k < FSDP_MEM_NCAT; k++)
         printf("\"%s\":%zu,", fsdp_mem_cat_name((fsdp_mem_cat_t)k), r->mem.peak[k]);
     printf("\"total\":%zu},\"coll\":{", r->mem.total_peak);

@@ -36,6 +36,7 @@ typedef struct sim_config {
     int limit;          /* limit_all_gathers */
     fsdp_dtype_t dtype; /* compute dtype: f32, or bf16/f16 mixed precision */
     bool act_ckpt;
+    bool lowp_kernels; /* the compute model's lowp_kernels: half kernels as PyTorch's */
 } sim_config_t;
 
 typedef struct sim_result {

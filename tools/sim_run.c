@@ -116,6 +116,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
         goto out;
     }
     cl.net.gpus_per_node = c->gpus_per_node;
+    cl.compute.lowp_kernels = c->lowp_kernels;
     if ((rc = fsdp_vsim_create(ctx, &cl, &vs)) < 0) {
         fail(r, ctx, "fsdp_vsim_create", rc);
         goto out;

@@ -236,6 +236,8 @@ int fsdp_vsim_create(fsdp_ctx_t *ctx, const fsdp_cluster_t *cl, fsdp_vsim_t **ou
     if (rc == FSDP_OK) {
         vs->clock = fsdp__vdev_clock(vs->dev);
         vs->clock->model = &vs->cl.compute;
+        if (cl->compute.lowp_kernels)
+            vs->dev->lp_native = FSDP__DT_BIT(FSDP_DTYPE_BF16) | FSDP__DT_BIT(FSDP_DTYPE_F16);
         rc = vpg_new(vs, rank, world_size, NULL, &layout, "vsim", &vs->world);
     }
     if (rc == FSDP_OK && !ctx->pg) fsdp__ctx_attach(ctx, &vs->world->base, NULL);

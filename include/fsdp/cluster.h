@@ -123,6 +123,12 @@ typedef struct fsdp_compute_model {
     size_t mem_bytes;    /* device memory capacity in bytes (for an out-of-memory check) */
     double launch;       /* s per kernel launch, >= 0 */
     double eff[FSDP_KERNEL_CLASS_COUNT]; /* (0, 1] per class, on both roofline terms */
+    /* The kernel library's element-wise, row, reduction and loss kernels read and write f16 and
+     * bf16 as stored, accumulating in f32 inside the kernel (PyTorch's CUDA kernels). false:
+     * libfsdp's CPU and CUDA devices, which widen such tensors to f32 around each of those
+     * kernels (two casts and f32 traffic). A simulator's shape-only device follows it
+     * (fsdp/vsim.h). The presets set false. */
+    bool lowp_kernels;
 } fsdp_compute_model_t;
 
 /* A whole cluster: what a preset fills. */

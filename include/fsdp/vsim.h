@@ -16,7 +16,9 @@
  * memory: a pointer of it is a unique address that must never be dereferenced. Kernels do no
  * arithmetic. Copies to the host write zeros, so a loss, a norm or a flag read back is 0 (a
  * found-inf flag says "finite", a clipped norm is never scaled). Random initialisation draws
- * nothing. fsdp_device_create(ctx, FSDP_DEVICE_META, ...) gives one that charges no time; a
+ * nothing. With the compute model's lowp_kernels, f16 and bf16 tensors reach the element-wise,
+ * row and loss kernels as stored (as on a device with native half kernels) instead of widened
+ * to f32. fsdp_device_create(ctx, FSDP_DEVICE_META, ...) gives one that charges no time; a
  * simulator's charges its clock. It has a compute stream, so FSDP orders collectives on streams
  * as on CUDA.
  *

@@ -80,6 +80,26 @@ static bool add_in_place(const fsdp_tensor_t *acc, const fsdp_tensor_t *g) {
  * reference. */
 static int accumulate_into(fsdp_tensor_t **acc, fsdp_tensor_t *g) {
     int rc;
+    /* Contributions in two dtypes (a half gradient from a device with native half kernels, an
+     * f32 one from a product): the half one is widened, so the sum is never rounded twice. On
+     * devices that widen every half kernel (lp_native 0) all contributions are f32 and this
+     * never runs. */
+    if ((*acc)->dt != g->dt) {
+        fsdp_tensor_t *wide = NULL;
+        bool acc_narrow = fsdp_dtype_size((*acc)->dt) < fsdp_dtype_size(g->dt);
+        rc = fsdp_to_dtype(acc_narrow ? *acc : g, acc_narrow ? g->dt : (*acc)->dt, &wide);
+        if (rc < 0) {
+            fsdp_tensor_release(g);
+            return rc;
+        }
+        if (acc_narrow) {
+            fsdp_tensor_release(*acc);
+            *acc = wide;
+        } else {
+            fsdp_tensor_release(g);
+            g = wide;
+        }
+    }
     if (add_in_place(*acc, g)) {
         size_t n = (size_t)fsdp_tensor_numel(g);
         rc = n == 0 ? FSDP_OK

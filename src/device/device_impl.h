@@ -260,6 +260,13 @@ struct fsdp_device {
     char name[32];
     void *impl; /* backend state */
     _Atomic size_t live_allocs;
+    /* The low-precision dtypes (FSDP__DT_BIT mask of bf16 and f16) whose element-wise, row,
+     * reduction and loss kernels this device computes as stored, accumulating in f32 inside the
+     * kernel: the tensor layer hands such tensors to those kernels without widening them to f32
+     * (fsdp__kernel_dtype). 0 (every such tensor is widened) on the CPU and CUDA devices; the
+     * shape-only device sets it when its compute model says its kernels are native (a kernel
+     * library like PyTorch's). Set at creation and not changed while tensors exist. */
+    uint32_t lp_native;
     /* Host devices only: where FSDP_MEM_OFFLOAD allocations come from (a compute device's
      * host_alloc/host_free table, set by fsdp__device_pin_offload); NULL: the device's own
      * alloc. Each allocation remembers the table that made it, so changing this is safe. */

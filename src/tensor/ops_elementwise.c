@@ -2,8 +2,9 @@
  * ops_elementwise.c: element-wise operations (broadcasting arithmetic, activations, where and
  * masked fill, dtype conversion, the causal mask, the mean squared error) and their gradients.
  *
- * Every operation computes in fsdp__compute_dtype() of its input (f32 for f16/bf16, so the
- * half types get one rounding, at the end) and returns a new contiguous tensor. The binary
+ * Every operation computes in fsdp__kernel_dtype() of its input (f32 for f16/bf16, so the
+ * half types get one rounding, at the end; the type itself on a device whose kernels take it
+ * natively) and returns a new contiguous tensor. The binary
  * kernel reads its operands through strides, so broadcast and transposed operands are never
  * copied in f32/f64; the unary and where kernels need contiguous operands, made with
  * fsdp__as_contig(). An operation records its node only after its output is final, so a failure
@@ -87,7 +88,7 @@ static int binary_forward(fsdp_tensor_t *a, fsdp_tensor_t *b, fsdp_binary_op_t b
         goto fail;
     }
     FSDP_TRY(rc, fail, fsdp__broadcast_shape(a, b, op, &nd, shape));
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(a->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(a->dev, a->dt);
     /* f32/f64 operands are read in place through their strides; half types are widened. */
     if (a->dt == cdt) {
         ac = fsdp_tensor_retain(a);
@@ -239,7 +240,7 @@ static int unary_forward(fsdp_tensor_t *x, fsdp_unary_op_t uop, double alpha, co
     int rc;
     *out = NULL;
     FSDP_TRY(rc, fail, check_float(x, op, "x"));
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(x->dev, x->dt);
     FSDP_TRY(rc, fail, fsdp__as_contig(x, cdt, &xc));
     FSDP_TRY(rc, fail, new_like(x, cdt, x->ndim, x->shape, &y));
     int64_t n = fsdp_tensor_numel(x);
@@ -261,7 +262,7 @@ static int unary_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
                           fsdp_tensor_t **gin) {
     fsdp_tensor_t *x = node->saved[0], *xc = NULL, *yc = NULL, *gc = NULL, *gx = NULL;
     int rc;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(x->dev, x->dt);
     FSDP_TRY(rc, out, fsdp__as_contig(x, cdt, &xc));
     FSDP_TRY(rc, out, fsdp__as_contig(node->saved[1], cdt, &yc));
     FSDP_TRY(rc, out, fsdp__as_contig(gout[0], cdt, &gc));
@@ -434,7 +435,7 @@ static int where_kernel(const fsdp_tensor_t *like, fsdp_tensor_t *m, fsdp_tensor
     fsdp_tensor_t *ac = NULL, *bc = NULL, *y = NULL;
     int rc;
     *out = NULL;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(like->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(like->dev, like->dt);
     if (a) FSDP_TRY(rc, fail, fsdp__as_contig(a, cdt, &ac));
     if (b) FSDP_TRY(rc, fail, fsdp__as_contig(b, cdt, &bc));
     FSDP_TRY(rc, fail, new_like(like, cdt, like->ndim, like->shape, &y));
@@ -654,7 +655,7 @@ int fsdp_mse_loss(fsdp_tensor_t *a, fsdp_tensor_t *b, fsdp_reduction_t reduction
                           (int)reduction);
         goto fail;
     }
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(a->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(a->dev, a->dt);
     int64_t n = fsdp_tensor_numel(a);
     FSDP_TRY(rc, fail, fsdp__as_contig(a, cdt, &ac));
     FSDP_TRY(rc, fail, fsdp__as_contig(b, cdt, &bc));

@@ -91,7 +91,7 @@ static int softmax_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
                             fsdp_tensor_t **gin) {
     fsdp_tensor_t *y = node->saved[0], *yc = NULL, *gy = NULL, *gx = NULL;
     fsdp_ctx_t *ctx = y->ctx;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(y->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(y->dev, y->dt);
     int d = (int)node->i[0];
     bool log = node->i[1] != 0;
     int64_t outer = 1, n = 1, inner = 1;
@@ -146,7 +146,7 @@ static int softmax_impl(fsdp_tensor_t *x, int dim, bool log, fsdp_tensor_t **out
         FSDP_TRY(rc, fail, fsdp__norm_dim(x, dim, x->ndim, op, &d));
         split_dim(x, d, &outer, &n, &inner);
     }
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(x->dev, x->dt);
     fsdp_device_t *dev = x->dev;
     bool last = inner == 1 || n == 1;
     if (last) {
@@ -207,7 +207,7 @@ static int embedding_backward(struct fsdp__node *node, fsdp_tensor_t *const *gou
     fsdp_tensor_t *idx = node->saved[0], *gy = NULL;
     fsdp_ctx_t *ctx = idx->ctx;
     fsdp_device_t *dev = idx->dev;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(node->in_dt[0]);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(dev, node->in_dt[0]);
     const int64_t *wshape = node->in_shape[0];
     int64_t n = fsdp_tensor_numel(idx), dim = wshape[1];
     int rc = 0;
@@ -270,7 +270,7 @@ int fsdp_embedding(fsdp_tensor_t *idx, fsdp_tensor_t *w, int64_t padding_idx, fs
     }
     fsdp_mem_free(w->ctx, hbuf);
     hbuf = NULL;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(w->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(w->dev, w->dt);
     int64_t shape[FSDP_MAX_DIMS];
     for (int i = 0; i < idx->ndim; i++)
         shape[i] = idx->shape[i];
@@ -305,7 +305,7 @@ static int dropout_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
     fsdp_tensor_t *mask = node->saved[0], *gy = NULL;
     fsdp_ctx_t *ctx = mask->ctx;
     fsdp_device_t *dev = mask->dev;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(node->in_dt[0]);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(dev, node->in_dt[0]);
     double p = node->f[0];
     size_t n = (size_t)fsdp_tensor_numel(mask);
     int rc = 0;
@@ -349,7 +349,7 @@ int fsdp_dropout(fsdp_tensor_t *x, double p, bool train, fsdp_tensor_t **out) {
     }
     fsdp_ctx_t *ctx = x->ctx;
     fsdp_device_t *dev = x->dev;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(dev, x->dt);
     fsdp_mem_cat_t cat = fsdp__op_cat(ctx);
     size_t n = (size_t)fsdp_tensor_numel(x);
     FSDP_TRY(rc, fail, fsdp__as_contig(x, cdt, &xc));
@@ -484,7 +484,7 @@ int fsdp_cross_entropy(fsdp_tensor_t *logits, fsdp_tensor_t *target, int64_t ign
     hbuf = NULL;
     fsdp_ctx_t *ctx = logits->ctx;
     fsdp_device_t *dev = logits->dev;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(logits->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(dev, logits->dt);
     fsdp_mem_cat_t cat = fsdp__op_cat(ctx);
     FSDP_TRY(rc, fail, fsdp__as_contig(logits, cdt, &lc));
     FSDP_TRY(rc, fail, fsdp__tensor_new(ctx, dev, cdt, batched ? 1 : 0, &rows, cat, &loss));

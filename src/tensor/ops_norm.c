@@ -76,7 +76,7 @@ static int norm_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout, fs
     fsdp_tensor_t *xc = NULL, *wc = NULL, *gy = NULL;
     fsdp_ctx_t *ctx = x->ctx;
     fsdp_device_t *dev = x->dev;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(dev, x->dt);
     fsdp_mem_cat_t cat = fsdp__op_cat(ctx);
     int rc = 0;
     FSDP_TRY(rc, fail, fsdp__as_contig(x, cdt, &xc));
@@ -169,7 +169,7 @@ int fsdp_layer_norm(fsdp_tensor_t *x, int norm_ndim, fsdp_tensor_t *w, fsdp_tens
     if (!(eps >= 0)) return fsdp__op_err(x, FSDP_EINVAL, "layer_norm", "eps %g must be >= 0", eps);
     FSDP_TRY(rc, fail, check_norm_shape(x, w, norm_ndim, "w"));
     FSDP_TRY(rc, fail, check_norm_shape(x, b, norm_ndim, "b"));
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(x->dev, x->dt);
     fsdp_device_t *dev = x->dev;
     fsdp_mem_cat_t cat = fsdp__op_cat(x->ctx);
     int64_t n = fsdp__shape_numel(norm_ndim, x->shape + x->ndim - norm_ndim);
@@ -258,7 +258,7 @@ int fsdp_batch_norm(fsdp_tensor_t *x, fsdp_tensor_t *w, fsdp_tensor_t *b,
     if (!(eps >= 0) || !(momentum >= 0 && momentum <= 1))
         return fsdp__op_err(x, FSDP_EINVAL, "batch_norm",
                             "eps %g must be >= 0 and momentum %g in [0, 1]", eps, momentum);
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(x->dev, x->dt);
     fsdp_device_t *dev = x->dev;
     fsdp_mem_cat_t cat = fsdp__op_cat(x->ctx);
     FSDP_TRY(rc, fail, fsdp__as_contig(x, cdt, &xc));

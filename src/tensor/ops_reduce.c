@@ -43,7 +43,7 @@ static int reduce_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
     int nd = node->in_ndim[0], rc;
     const int64_t *shape = node->in_shape[0];
     int64_t kshape[FSDP_MAX_DIMS], stride[FSDP_MAX_DIMS], ks[FSDP_MAX_DIMS];
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(node->in_dt[0]);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(g->dev, node->in_dt[0]);
     for (int d = 0; d < nd; d++)
         kshape[d] = (node->i[0] >> d) & 1 ? 1 : shape[d];
     fsdp__contiguous_strides(nd, kshape, stride);
@@ -123,7 +123,7 @@ static int reduce_op(fsdp_tensor_t *x, int ndims, const int *dims, bool keepdim,
     }
     /* The mean of no elements is NaN, as in PyTorch: 0 * inf from the kernel. */
     double alpha = mean ? 1.0 / (double)count : 1.0;
-    fsdp_dtype_t cdt = (fsdp_dtype_t)fsdp__compute_dtype(x->dt);
+    fsdp_dtype_t cdt = fsdp__kernel_dtype(x->dev, x->dt);
     FSDP_TRY(rc, fail, fsdp__as_contig(x, cdt, &cur));
     /* Runs of adjacent reduced dimensions, each one kernel pass. */
     int rs[FSDP_MAX_DIMS], re[FSDP_MAX_DIMS], nruns = 0;

@@ -88,6 +88,13 @@ int fsdp__check_same_device(const fsdp_tensor_t *a, const fsdp_tensor_t *b, cons
     return FSDP_OK;
 }
 
+fsdp_dtype_t fsdp__kernel_dtype(const fsdp_device_t *dev, fsdp_dtype_t dt) {
+    if ((dt == FSDP_DTYPE_BF16 || dt == FSDP_DTYPE_F16) && dev &&
+        (dev->lp_native & FSDP__DT_BIT(dt)))
+        return dt;
+    return (fsdp_dtype_t)fsdp__compute_dtype(dt);
+}
+
 int fsdp__compute_dtype(fsdp_dtype_t dt) {
     switch (dt) {
     case FSDP_DTYPE_F32:
