@@ -105,6 +105,10 @@ struct fsdp_ctx {
      * used after its rank stopped (the rank's communication thread records too). */
     struct fsdp__trace_lane *_Atomic trace;
     pthread_mutex_t trace_mu;
+    /* The trace's clock for this rank: NULL for CLOCK_MONOTONIC, or a simulator's (its rank's
+     * simulated time in ns, fsdp__ctx_set_trace_clock). Set while the rank records nothing. */
+    int64_t (*trace_clock)(void *arg);
+    void *trace_clock_arg;
     char err[FSDP_ERR_LEN];
 };
 
@@ -141,6 +145,9 @@ void fsdp__swap_le(void *buf, size_t n, size_t es);
 
 /* Attaches the borrowed world group and store of a rank (sim runner, init-from-env). */
 void fsdp__ctx_attach(fsdp_ctx_t *ctx, fsdp_pg_t *pg, fsdp_store_t *store);
+/* Makes fn(arg) the clock of ctx's trace (NULL: CLOCK_MONOTONIC again). For a simulator, whose
+ * spans are in simulated time; call it while ctx records no trace. */
+void fsdp__ctx_set_trace_clock(fsdp_ctx_t *ctx, int64_t (*fn)(void *arg), void *arg);
 
 /* Registration of children on their context (process groups: pg.c calls these). Removing the
  * world group's child also detaches the world group. */

@@ -5,13 +5,14 @@
 #   - GPT-3 175B on 512 GPUs simulates, with activation checkpointing under the GPU's memory;
 #   - backward prefetch shortens the step, fully sharding cuts the parameters' memory;
 #   - --plot writes a well-formed SVG (skipped without gnuplot);
+#   - --trace writes the measured step's trace in simulated time (tests/trace_check reads it);
 #   - bad options exit 2 and impossible worlds exit 1, each with a message naming the problem.
 top_builddir=${top_builddir:-.}
 sim="$top_builddir/tools/fsdp-sim"
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/tap.sh"
-echo "1..14"
+echo "1..16"
 
 "$sim" --list > "$tmp/list" 2>&1
 st=$?
@@ -94,6 +95,23 @@ else
   n=$((n + 1))
   echo "ok $n # SKIP gnuplot is not installed"
 fi
+
+# --trace: the measured step in simulated time, read back by tests/trace_check.
+check="$top_builddir/tests/trace_check"
+"$sim" --model gpt2-medium --gpus 16 --batch 2 --prefetch none --trace "$tmp/t.json" --json \
+  > "$tmp/t.out" 2>&1
+st=$?
+"$check" "$tmp/t.json" > "$tmp/t.check" 2>&1
+cst=$?
+# 24 blocks and the root: 25 forward and 25 backward spans; the waits are the exposed comm.
+[ "$st" -eq 0 ] && [ "$cst" -eq 0 ] && grep -q '^rank 0 .*forward 25 backward 25 ' "$tmp/t.check" &&
+  grep -q '^rank 0 .* optimizer 1 ' "$tmp/t.check" && grep -q '^rank 0 .* comm [1-9]' "$tmp/t.check"
+ok $? "--trace writes a valid trace of the step: a span per unit and phase, the collectives" \
+  "$tmp/t.out" "$tmp/t.check"
+"$sim" --model gpt2 --gpus 8,16 --trace "$tmp/t2.json" > "$tmp/t2.out" 2> "$tmp/t2.err"
+st=$?
+[ "$st" -eq 2 ] && grep -q "one configuration" "$tmp/t2.err" && [ ! -e "$tmp/t2.json" ]
+ok $? "--trace with two configurations exits 2 (exit $st)" "$tmp/t2.err"
 
 # Errors: a message naming the problem, the exit status of its kind.
 err() {

@@ -11,10 +11,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <fsdp.h>
 
 #include "tap.h"
+#include "trace_json.h"
 
 #define US 1e-6
 
@@ -356,7 +358,8 @@ typedef struct acct {
 typedef struct fsdp_case {
     int rank;
     fsdp_backward_prefetch_t prefetch;
-    bool bf16; /* mixed precision in bf16 */
+    bool bf16;         /* mixed precision in bf16 */
+    const char *trace; /* record the measured step's trace there (simulated runs) */
     acct_t got;
     double step, compute, comm, idle;
 } fsdp_case_t;
@@ -378,6 +381,7 @@ static int gpt_step(fsdp_ctx_t *ctx, fsdp_case_t *c, fsdp_vsim_t *vs) {
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_tensor_t *in = NULL, *loss = NULL;
+    fsdp_trace_t *trace = NULL;
     int rc = fsdp_gpt_recipe_create_model(ctx, &cfg, 3, &model);
     fsdp_options_t fo;
     fsdp_options_init(&fo);
@@ -395,7 +399,11 @@ static int gpt_step(fsdp_ctx_t *ctx, fsdp_case_t *c, fsdp_vsim_t *vs) {
     int64_t shape[2] = {2, 16};
     if (rc == 0) rc = fsdp_tensor_zeros(ctx, FSDP_DTYPE_I64, 2, shape, FSDP_MEM_OTHER, &in);
     for (int s = 0; s < 2 && rc == 0; s++) {
-        if (vs && s == 1) fsdp_vsim_reset_stats(vs);
+        if (vs && s == 1) {
+            fsdp_vsim_reset_stats(vs);
+            if (c->trace && (rc = fsdp_trace_create(NULL, &trace)) == 0)
+                rc = fsdp_trace_start(ctx, trace);
+        }
         rc = fsdp_optim_zero_grad(opt, true);
         if (rc == 0) rc = fsdp_gpt_forward_loss(model, in, in, &loss, NULL);
         if (rc == 0) rc = fsdp_backward(loss, NULL);
@@ -404,6 +412,11 @@ static int gpt_step(fsdp_ctx_t *ctx, fsdp_case_t *c, fsdp_vsim_t *vs) {
         if (rc == 0) rc = fsdp_optim_step(opt);
     }
     if (vs) fsdp_vsim_sync(vs);
+    if (trace) {
+        fsdp_trace_stop(ctx);
+        if (rc == 0) rc = fsdp_trace_write(trace, c->trace);
+        fsdp_trace_destroy(trace);
+    }
     fsdp_mem_get_stats(ctx, &m);
     memcpy(c->got.stepped, m.current, sizeof m.current);
     if (vs) {
@@ -486,6 +499,43 @@ static void test_fsdp(void) {
            "prefetch exposes less communication (%g < %g s) and shortens the step (%g < %g s)",
            pre.idle, none.idle, pre.step, none.step);
     tap_is_near(pre.comm, none.comm, 1e-12, 0, "for the same communication time");
+
+    /* The trace of a simulated step is in simulated time: its collectives' spans add up to the
+     * network's busy time, and with prefetch more of them overlap compute spans. */
+    char tpre[64], tnone[64];
+    snprintf(tpre, sizeof tpre, "t_vsim_pre_%d.json", (int)getpid());
+    snprintf(tnone, sizeof tnone, "t_vsim_none_%d.json", (int)getpid());
+    fsdp_case_t tp = pre, tn = none;
+    tp.trace = tpre;
+    tn.trace = tnone;
+    tap_is_int(simulated(&slow, 16, &tp), FSDP_OK, "the prefetching step, traced");
+    tap_is_int(simulated(&slow, 16, &tn), FSDP_OK, "the step without prefetch, traced");
+    tap_ok(tp.step == pre.step, "tracing does not change the simulated step (%g s)", tp.step);
+    tj_trace_t a, b;
+    char err[1024] = "";
+    int la = tj_load(tpre, &a), lb = tj_load(tnone, &b);
+    tap_ok(la == 0 && lb == 0 && tj_check_nesting(&a, err, sizeof err) == 0,
+           "both traces are valid and nest (%s%s)", la ? a.err : "", err);
+    if (la == 0 && lb == 0) {
+        int64_t comm_ns = 0, comm_none = 0;
+        double fa = tj_overlap_fraction(&a, 9, &comm_ns);
+        double fb = tj_overlap_fraction(&b, 9, &comm_none);
+        tap_is_near((double)comm_ns * 1e-9, tp.comm, 1e-6, 1e-8,
+                    "the communication spans add up to the network's busy time");
+        tap_is_uint(tj_count(&a, 9, 1, "forward", NULL), 4, "4 forward spans (3 blocks, root)");
+        tap_is_uint(tj_count(&a, 9, 1, "backward", NULL), 4, "and 4 backward spans");
+        tap_ok(fa > fb, "prefetch overlaps more communication with compute (%.2f > %.2f)", fa, fb);
+        int64_t last_end = 0;
+        for (size_t i = 0; i < a.nspans; i++)
+            if (a.spans[i].ts + a.spans[i].dur > last_end)
+                last_end = a.spans[i].ts + a.spans[i].dur;
+        tap_ok(last_end <= (int64_t)(1e9 * (tp.step + 10)) && last_end > (int64_t)(1e9 * tp.step),
+               "the spans lie in simulated time (last end %.6f s)", (double)last_end * 1e-9);
+    }
+    tj_free(&a);
+    tj_free(&b);
+    remove(tpre);
+    remove(tnone);
 
     /* bf16 mixed precision: with native half kernels the products' f32 gradients meet half ones
      * in the engine (the tied embedding), which widens the half one; the step is shorter. */

@@ -205,6 +205,9 @@ static int parse(int argc, char **argv, opts_t *o) {
             i++;
         } else if (!strcmp(a, "--json")) {
             o->json = true;
+        } else if (!strcmp(a, "--trace")) {
+            if (!v) return bad(a, v, "needs a file name");
+            c->trace = argv[++i];
         } else if (!strcmp(a, "--plot")) {
             if (!v) return bad(a, v, "needs a file name");
             o->plot = argv[++i];
@@ -216,6 +219,8 @@ static int parse(int argc, char **argv, opts_t *o) {
     }
     if (!o->ngpus) o->gpus[o->ngpus++] = 8;
     if (!o->nstrategies) o->strategies[o->nstrategies++] = FSDP_FULL_SHARD;
+    if (c->trace && o->ngpus * o->nstrategies != 1)
+        return bad("--trace", c->trace, "traces one configuration: give one --gpus and strategy");
     return 0;
 }
 

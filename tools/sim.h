@@ -37,6 +37,7 @@ typedef struct sim_config {
     fsdp_dtype_t dtype; /* compute dtype: f32, or bf16/f16 mixed precision */
     bool act_ckpt;
     bool lowp_kernels; /* the compute model's lowp_kernels: half kernels as PyTorch's */
+    const char *trace; /* write the measured step's trace (simulated time) there; NULL: none */
 } sim_config_t;
 
 typedef struct sim_result {

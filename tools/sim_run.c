@@ -105,6 +105,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
     fsdp_tensor_t *in = NULL, *tg = NULL;
+    fsdp_trace_t *trace = NULL;
     fsdp_cluster_t cl;
     int rc;
     struct timespec t0, t1;
@@ -177,6 +178,11 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
         if (s == 1) {
             fsdp_vsim_reset_stats(vs);
             fsdp_mem_reset_peaks(ctx);
+            if (c->trace && ((rc = fsdp_trace_create(NULL, &trace)) < 0 ||
+                             (rc = fsdp_trace_start(ctx, trace)) < 0)) {
+                fail(r, ctx, "--trace", rc);
+                goto out;
+            }
         }
         fsdp_tensor_t *loss = NULL;
         if ((rc = fsdp_optim_zero_grad(opt, true)) < 0 ||
@@ -192,6 +198,14 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
             goto out;
         }
         fsdp_vsim_sync(vs);
+    }
+    if (trace) {
+        fsdp_trace_stop(ctx);
+        if ((rc = fsdp_trace_write(trace, c->trace)) < 0) {
+            snprintf(r->error, sizeof r->error, "--trace %s: %s", c->trace,
+                     fsdp_trace_last_error(trace));
+            goto out;
+        }
     }
     fsdp_vsim_stats_t st;
     fsdp_vsim_stats(vs, &st);
@@ -218,6 +232,8 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     for (int k = 0; k < FSDP_COLL_COUNT; k++)
         r->coll_bytes[k] = st.coll_bytes[k], r->coll_time[k] = st.coll_time[k];
 out:
+    if (trace) fsdp_trace_stop(ctx);
+    fsdp_trace_destroy(trace);
     fsdp_tensor_release(in);
     fsdp_tensor_release(tg);
     fsdp_optim_destroy(opt);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "backends/vsim/vsim_impl.h"
+#include "core/trace.h"
 #include "pg/pg_impl.h"
 
 typedef struct vpg {
@@ -127,6 +128,11 @@ static int vpg_post(fsdp_pg_t *pg, fsdp_work_t *w) {
     fsdp__vclock_stream_wait(c, s, end);
     fsdp__vclock_reach(c, end);
     w->vtime = end;
+    /* The trace gets the simulated span; the core's record at completion (real time) is off. */
+    if (w->trace_issued && fsdp__tracing(pg->ctx))
+        fsdp__trace_coll_at(pg->ctx, fsdp_coll_name(co->kind), pg->name, co->seq, bytes,
+                            (int64_t)(start * 1e9), (int64_t)(end * 1e9));
+    w->trace_issued = 0;
     c->stats.collectives++;
     c->stats.comm_busy += e.seconds;
     c->stats.coll_bytes[co->kind] += (double)bytes;
@@ -138,7 +144,13 @@ static int vpg_post(fsdp_pg_t *pg, fsdp_work_t *w) {
 static int vpg_wait_stream(fsdp_pg_t *pg, fsdp_work_t *w, void *stream) {
     vpg_t *g = (vpg_t *)pg;
     struct fsdp__vclock *c = g->vs->clock;
-    fsdp__vclock_stream_wait(c, stream ? (struct fsdp__vstream *)stream : &c->compute, w->vtime);
+    struct fsdp__vstream *s = stream ? (struct fsdp__vstream *)stream : &c->compute;
+    /* Where the compute stream stands waiting, the trace shows the exposed communication. */
+    double from = s->t > c->host ? s->t : c->host;
+    if (s == &c->compute && w->vtime > from && fsdp__tracing(pg->ctx))
+        fsdp__trace_span_at(pg->ctx, FSDP__TRACE_WAIT, fsdp_coll_name(w->coll.kind),
+                            (int64_t)(from * 1e9), (int64_t)(w->vtime * 1e9));
+    fsdp__vclock_stream_wait(c, s, w->vtime);
     return FSDP_OK;
 }
 
@@ -208,6 +220,14 @@ static int vpg_new(fsdp_vsim_t *vs, int rank, int size, const int *world_ranks,
 
 /* ---- the simulator -------------------------------------------------------------------------- */
 
+/* The trace's clock: the compute stream's time, when the work queued so far ends, so that a span
+ * opened and closed around some kernels covers their simulated execution. */
+static int64_t trace_clock(void *arg) {
+    const struct fsdp__vclock *c = arg;
+    double t = c->compute.t > c->host ? c->compute.t : c->host;
+    return (int64_t)(t * 1e9);
+}
+
 int fsdp_vsim_create(fsdp_ctx_t *ctx, const fsdp_cluster_t *cl, fsdp_vsim_t **out) {
     static const char who[] = "fsdp_vsim_create";
     if (!out) return fsdp__ctx_err(ctx, FSDP_EINVAL, "%s: out is NULL", who);
@@ -241,6 +261,7 @@ int fsdp_vsim_create(fsdp_ctx_t *ctx, const fsdp_cluster_t *cl, fsdp_vsim_t **ou
         rc = vpg_new(vs, rank, world_size, NULL, &layout, "vsim", &vs->world);
     }
     if (rc == FSDP_OK && !ctx->pg) fsdp__ctx_attach(ctx, &vs->world->base, NULL);
+    if (rc == FSDP_OK) fsdp__ctx_set_trace_clock(ctx, trace_clock, vs->clock);
     if (rc < 0) {
         fsdp_vsim_destroy(vs);
         return rc;
@@ -251,6 +272,7 @@ int fsdp_vsim_create(fsdp_ctx_t *ctx, const fsdp_cluster_t *cl, fsdp_vsim_t **ou
 
 void fsdp_vsim_destroy(fsdp_vsim_t *vs) {
     if (!vs) return;
+    if (vs->ctx->trace_clock == trace_clock) fsdp__ctx_set_trace_clock(vs->ctx, NULL, NULL);
     while (vs->groups)
         fsdp_pg_destroy(&vs->groups->base); /* unlinks itself */
     fsdp_device_destroy(vs->dev);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "backends/vsim/vsim_impl.h"
+#include "core/trace.h"
 
 #if UINTPTR_MAX > 0xffffffffu
 #define VADDR_BASE ((uintptr_t)0xfff0000000000000ull)
@@ -51,14 +52,22 @@ static struct fsdp__vstream *stream_of(struct fsdp__vclock *c, void *stream) {
 }
 
 /* Queues work of `seconds` on stream s: it starts when the stream and the host are there. */
-static double queue(struct fsdp__vclock *c, struct fsdp__vstream *s, double seconds) {
+static double queue(fsdp_device_t *dev, struct fsdp__vclock *c, struct fsdp__vstream *s,
+                    double seconds) {
     bool compute = s == &c->compute;
     /* A full launch queue holds the host until the oldest queued operation has finished. */
     if (compute && c->queued >= FSDP__VQUEUE)
         fsdp__vclock_host_wait(c, c->ends[c->queued % FSDP__VQUEUE]);
     double start = s->t > c->host ? s->t : c->host;
     if (compute) {
-        if (c->started && start > s->t) c->stats.compute_idle += start - s->t;
+        if (c->started && start > s->t) {
+            c->stats.compute_idle += start - s->t;
+            /* The compute stream stood idle while the host waited (for a collective, an event):
+             * a wait span of the trace, as a blocked host is in a real run's. */
+            if (fsdp__tracing(dev->ctx))
+                fsdp__trace_span_at(dev->ctx, FSDP__TRACE_WAIT, "idle", (int64_t)(s->t * 1e9),
+                                    (int64_t)(start * 1e9));
+        }
         c->started = true;
     }
     s->t = start + seconds;
@@ -74,7 +83,7 @@ static int charge(fsdp_device_t *dev, const fsdp_kernel_cost_t *k) {
     fsdp_kernel_estimate_t e;
     int rc = fsdp_compute_kernel_time(dev->ctx, c->model, k, &e);
     if (rc < 0) return rc;
-    queue(c, &c->compute, e.seconds);
+    queue(dev, c, &c->compute, e.seconds);
     c->stats.compute_busy += e.seconds;
     if ((unsigned)k->cls < FSDP_KERNEL_CLASS_COUNT) c->stats.class_time[k->cls] += e.seconds;
     c->stats.flops += k->flops;
@@ -108,7 +117,7 @@ static int charge_copy(fsdp_device_t *dev, void *stream, double bytes, bool sync
     int rc = fsdp_compute_kernel_time(dev->ctx, c->model, &k, &e);
     if (rc < 0) return rc;
     struct fsdp__vstream *s = stream_of(c, stream);
-    double end = queue(c, s, e.seconds);
+    double end = queue(dev, c, s, e.seconds);
     c->stats.copy_busy += e.seconds;
     if (s == &c->compute) c->stats.compute_busy += e.seconds;
     if (sync) fsdp__vclock_host_wait(c, end);

@@ -180,6 +180,11 @@ void fsdp__ctx_attach(fsdp_ctx_t *ctx, fsdp_pg_t *pg, fsdp_store_t *store) {
     ctx->store = store;
 }
 
+void fsdp__ctx_set_trace_clock(fsdp_ctx_t *ctx, int64_t (*fn)(void *arg), void *arg) {
+    ctx->trace_clock = fn;
+    ctx->trace_clock_arg = arg;
+}
+
 void fsdp__ctx_add_child(fsdp_ctx_t *ctx, struct fsdp__ctx_child *c) {
     pthread_mutex_lock(&ctx->children_mu);
     c->next = ctx->children;

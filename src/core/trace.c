@@ -240,11 +240,15 @@ static void unlock_lane(fsdp_ctx_t *ctx, struct fsdp__trace_lane *l) {
 
 /* ---- recording points (core/trace.h) -------------------------------------------------------- */
 
+int64_t fsdp__trace_now(const fsdp_ctx_t *ctx) {
+    return ctx && ctx->trace_clock ? ctx->trace_clock(ctx->trace_clock_arg) : fsdp__now_ns();
+}
+
 void fsdp__trace_begin(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name) {
-    int64_t now = fsdp__now_ns();
     if (!ctx || !name || (int)cat < 0 || cat >= FSDP__TRACE_NCAT) return;
     struct fsdp__trace_lane *l = lock_lane(ctx, true);
     if (!l) return;
+    int64_t now = fsdp__trace_now(ctx);
     fsdp_trace_t *t = l->trace;
     sample_memory(t, l, ctx, now);
     uint32_t id = intern(l, name);
@@ -256,10 +260,10 @@ void fsdp__trace_begin(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name)
 }
 
 void fsdp__trace_end(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name) {
-    int64_t now = fsdp__now_ns();
     if (!ctx || !name) return;
     struct fsdp__trace_lane *l = lock_lane(ctx, true);
     if (!l) return;
+    int64_t now = fsdp__trace_now(ctx);
     fsdp_trace_t *t = l->trace;
     uint32_t id = intern(l, name);
     for (int d = l->depth; d-- > 0;) {
@@ -271,15 +275,10 @@ void fsdp__trace_end(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name) {
     unlock_lane(ctx, l);
 }
 
-void fsdp__trace_coll(fsdp_ctx_t *ctx, const char *kind, const char *group, uint64_t seq,
-                      uint64_t bytes, int64_t issued_ns) {
-    if (!ctx || !kind || !group) return;
-    struct fsdp__trace_lane *l = lock_lane(ctx, false);
-    if (!l) return;
+/* Appends a collective's span [start, end] to l (locked). */
+static void coll_span(struct fsdp__trace_lane *l, const char *kind, const char *group,
+                      uint64_t seq, uint64_t bytes, int64_t issued, int64_t start, int64_t end) {
     fsdp_trace_t *t = l->trace;
-    int64_t now = fsdp__now_ns();
-    int64_t start = issued_ns > l->coll_end ? issued_ns : l->coll_end;
-    if (start > now) start = now;
     uint32_t k = intern(l, kind), g = intern(l, group);
     struct ev *e = k != UINT32_MAX && g != UINT32_MAX ? append(t, l) : NULL;
     if (e) {
@@ -287,14 +286,54 @@ void fsdp__trace_coll(fsdp_ctx_t *ctx, const char *kind, const char *group, uint
         e->name = k;
         e->group = g;
         e->ts = start;
-        e->dur = now - start;
+        e->dur = end - start;
         e->u.coll.bytes = bytes;
         e->u.coll.seq = seq;
-        e->u.coll.issued = issued_ns;
+        e->u.coll.issued = issued;
     } else if (k == UINT32_MAX || g == UINT32_MAX) {
         l->dropped++;
     }
+    if (end > l->coll_end) l->coll_end = end;
+}
+
+void fsdp__trace_coll(fsdp_ctx_t *ctx, const char *kind, const char *group, uint64_t seq,
+                      uint64_t bytes, int64_t issued_ns) {
+    if (!ctx || !kind || !group) return;
+    struct fsdp__trace_lane *l = lock_lane(ctx, false);
+    if (!l) return;
+    int64_t now = fsdp__now_ns();
+    int64_t start = issued_ns > l->coll_end ? issued_ns : l->coll_end;
+    if (start > now) start = now;
+    coll_span(l, kind, group, seq, bytes, issued_ns, start, now);
     l->coll_end = now;
+    unlock_lane(ctx, l);
+}
+
+void fsdp__trace_span_at(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name,
+                         int64_t start_ns, int64_t end_ns) {
+    if (!ctx || !name || (int)cat < 0 || cat >= FSDP__TRACE_NCAT || end_ns < start_ns) return;
+    struct fsdp__trace_lane *l = lock_lane(ctx, true);
+    if (!l) return;
+    uint32_t id = intern(l, name);
+    struct ev *e = id != UINT32_MAX ? append(l->trace, l) : NULL;
+    if (e) {
+        e->kind = EV_SPAN;
+        e->cat = (uint8_t)cat;
+        e->name = id;
+        e->ts = start_ns;
+        e->dur = end_ns - start_ns;
+    } else if (id == UINT32_MAX) {
+        l->dropped++;
+    }
+    unlock_lane(ctx, l);
+}
+
+void fsdp__trace_coll_at(fsdp_ctx_t *ctx, const char *kind, const char *group, uint64_t seq,
+                         uint64_t bytes, int64_t start_ns, int64_t end_ns) {
+    if (!ctx || !kind || !group || end_ns < start_ns) return;
+    struct fsdp__trace_lane *l = lock_lane(ctx, false);
+    if (!l) return;
+    coll_span(l, kind, group, seq, bytes, start_ns, start_ns, end_ns);
     unlock_lane(ctx, l);
 }
 
@@ -400,7 +439,7 @@ out:
 
 void fsdp_trace_stop(fsdp_ctx_t *ctx) {
     if (!ctx) return;
-    int64_t now = fsdp__now_ns();
+    int64_t now = fsdp__trace_now(ctx);
     pthread_mutex_lock(&ctx->trace_mu);
     struct fsdp__trace_lane *l = atomic_load_explicit(&ctx->trace, memory_order_relaxed);
     fsdp_trace_t *t = l ? l->trace : NULL;

@@ -56,4 +56,17 @@ void fsdp__trace_end(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name);
 void fsdp__trace_coll(fsdp_ctx_t *ctx, const char *kind, const char *group, uint64_t seq,
                       uint64_t bytes, int64_t issued_ns);
 
+/* The same with the collective's start and end given (in the rank's trace clock, ns): a
+ * virtual-time group records the simulated span. */
+void fsdp__trace_coll_at(fsdp_ctx_t *ctx, const char *kind, const char *group, uint64_t seq,
+                         uint64_t bytes, int64_t start_ns, int64_t end_ns);
+
+/* A whole span [start, end] (trace clock, ns) on ctx's compute track, recorded at once: a
+ * virtual-time group's "wait" span where the compute stream stood waiting for a collective. */
+void fsdp__trace_span_at(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name,
+                         int64_t start_ns, int64_t end_ns);
+
+/* The time of ctx's trace clock, ns (CLOCK_MONOTONIC unless a simulator set one). */
+int64_t fsdp__trace_now(const fsdp_ctx_t *ctx);
+
 #endif /* FSDP_CORE_TRACE_H */
