@@ -12,7 +12,7 @@ sim="$top_builddir/tools/fsdp-sim"
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/tap.sh"
-echo "1..16"
+echo "1..17"
 
 "$sim" --list > "$tmp/list" 2>&1
 st=$?
@@ -95,6 +95,14 @@ else
   n=$((n + 1))
   echo "ok $n # SKIP gnuplot is not installed"
 fi
+
+# --cluster cpu: this machine calibrated, fsdp-train's tiny model with its gradient clipping.
+"$sim" --cluster cpu --model tiny --precision fp32 --gpus 2 --batch 8 --grad-clip 1 --json \
+  > "$tmp/cpu" 2>&1
+st=$?
+[ "$st" -eq 0 ] && grep -q '"cluster":"cpu","gpus":2,' "$tmp/cpu" &&
+  grep -q '"all_reduce":{"bytes":[1-9]' "$tmp/cpu"
+ok $? "--cluster cpu calibrates this machine; clipping all-reduces the norm (exit $st)" "$tmp/cpu"
 
 # --trace: the measured step in simulated time, read back by tests/trace_check.
 check="$top_builddir/tests/trace_check"

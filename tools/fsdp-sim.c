@@ -96,6 +96,7 @@ static void list_presets(void) {
     printf("clusters:\n");
     for (size_t i = 0; i < fsdp_cluster_preset_count(); i++)
         printf("  %-15s %s\n", fsdp_cluster_preset_name(i), fsdp_cluster_preset_summary(i));
+    printf("  %-15s %s\n", "cpu", "this machine, its ranks sim threads (calibrated at start)");
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
@@ -195,6 +196,11 @@ static int parse(int argc, char **argv, opts_t *o) {
             i++;
         } else if (!strcmp(a, "--activation-checkpointing")) {
             c->act_ckpt = true;
+        } else if (!strcmp(a, "--grad-clip")) {
+            char *end = NULL;
+            c->grad_clip = v ? strtod(v, &end) : -1;
+            if (!v || *end || !(c->grad_clip >= 0)) return bad(a, v, "needs a number >= 0");
+            i++;
         } else if (!strcmp(a, "--kernels")) {
             if (v && !strcmp(v, "libfsdp"))
                 c->lowp_kernels = false;
@@ -261,7 +267,7 @@ static void print_json(const sim_config_t *c, const sim_result_t *r) {
            ".6g,"
            "\"hw_tflops_per_gpu\":%.6g,\"mfu\":%.6g,\"compute_s\":%.6g,\"comm_s\":%.6g,"
            "\"exposed_comm_s\":%.6g,\"model_flops\":%.6g,\"hw_flops\":%.6g,\"peak_bytes\":{",
-           c->model->name, r->params, c->cluster, c->gpus, c->gpus_per_node, (long long)c->batch,
+           c->model->name, r->params, c->cluster, c->gpus, r->gpus_per_node, (long long)c->batch,
            (long long)c->model->seq, fsdp_dtype_name(c->dtype),
            fsdp_sharding_strategy_name(c->strategy), fsdp_backward_prefetch_name(c->prefetch),
            c->forward_prefetch ? "true" : "false", c->limit, c->act_ckpt ? "true" : "false",

@@ -24,7 +24,7 @@ double sim_model_flops(const sim_model_t *m, double tokens);
 
 typedef struct sim_config {
     const sim_model_t *model;
-    const char *cluster; /* a preset of fsdp/cluster.h */
+    const char *cluster; /* a preset of fsdp/cluster.h, or "cpu": this machine, calibrated */
     int gpus;            /* world size */
     int gpus_per_node;
     int rank;      /* the simulated rank */
@@ -37,6 +37,7 @@ typedef struct sim_config {
     fsdp_dtype_t dtype; /* compute dtype: f32, or bf16/f16 mixed precision */
     bool act_ckpt;
     bool lowp_kernels; /* the compute model's lowp_kernels: half kernels as PyTorch's */
+    double grad_clip;  /* clip the gradient norm to it before the step (0: no clipping) */
     const char *trace; /* write the measured step's trace (simulated time) there; NULL: none */
 } sim_config_t;
 
@@ -52,6 +53,7 @@ typedef struct sim_result {
     double tflops, hw_tflops, mfu;
     fsdp_mem_stats_t mem;
     size_t mem_capacity;
+    int gpus_per_node; /* of the cluster simulated */
     double coll_bytes[FSDP_COLL_COUNT], coll_time[FSDP_COLL_COUNT];
     double class_time[FSDP_KERNEL_CLASS_COUNT];
     uint64_t kernels;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <fsdp.h>
 
@@ -30,6 +31,7 @@
 
 static const sim_model_t models[] = {
     /* name,        layers, d_model, heads, d_ff, vocab, seq, summary */
+    {"tiny", 4, 128, 4, 0, 256, 64, "fsdp-train's default model (byte vocabulary)"},
     {"gpt2", 12, 768, 12, 0, 50257, 1024, "GPT-2 small, 124M"},
     {"gpt2-medium", 24, 1024, 16, 0, 50257, 1024, "GPT-2 medium, 355M"},
     {"gpt2-large", 36, 1280, 20, 0, 50257, 1024, "GPT-2 large, 774M"},
@@ -92,6 +94,30 @@ static void fill_mp(const sim_config_t *c, fsdp_mixed_precision_t *mp) {
     mp->buffer_dtype = c->dtype;
 }
 
+/*
+ * "This CPU" as a cluster of one node of `world` ranks (sim threads, as fsdp-train runs them):
+ * fsdp_cluster_calibrate_cpu measured with the CPU device a rank of that world gets (cores /
+ * world threads). Ranks that together ask for more threads than there are cores share them, so
+ * each rank's compute rates and memory bandwidth are scaled by cores / (world * threads).
+ */
+static int cpu_cluster(fsdp_ctx_t *ctx, int world, fsdp_cluster_t *cl) {
+    fsdp_calibrate_options_t co;
+    fsdp_calibrate_options_init(&co);
+    co.ranks = world >= 2 ? world : 0;
+    int rc = fsdp_cluster_calibrate_cpu(ctx, &co, cl);
+    if (rc < 0) return rc;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = fsdp_device_num_threads(fsdp_ctx_device(ctx));
+    double share = cores > 0 && threads > 0 ? (double)cores / ((double)world * threads) : 1.0;
+    if (share < 1.0) {
+        for (int d = 0; d < FSDP_DTYPE_COUNT; d++)
+            cl->compute.matmul_flops[d] *= share;
+        cl->compute.vector_flops *= share;
+        cl->compute.mem_bw *= share;
+    }
+    return FSDP_OK;
+}
+
 int sim_run(const sim_config_t *c, sim_result_t *r) {
     memset(r, 0, sizeof *r);
     fsdp_ctx_options_t co;
@@ -112,11 +138,17 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if ((rc = fsdp_ctx_create(&co, &ctx)) < 0) return fail(r, NULL, "fsdp_ctx_create", rc);
     int nodes = (c->gpus + c->gpus_per_node - 1) / c->gpus_per_node;
-    if ((rc = fsdp_cluster_preset(ctx, c->cluster, nodes, &cl)) < 0) {
+    if (strcmp(c->cluster, "cpu") == 0) {
+        if ((rc = cpu_cluster(ctx, c->gpus, &cl)) < 0) {
+            fail(r, ctx, "calibrating --cluster cpu", rc);
+            goto out;
+        }
+    } else if ((rc = fsdp_cluster_preset(ctx, c->cluster, nodes, &cl)) < 0) {
         fail(r, ctx, "--cluster", rc);
         goto out;
+    } else {
+        cl.net.gpus_per_node = c->gpus_per_node;
     }
-    cl.net.gpus_per_node = c->gpus_per_node;
     cl.compute.lowp_kernels = c->lowp_kernels;
     if ((rc = fsdp_vsim_create(ctx, &cl, &vs)) < 0) {
         fail(r, ctx, "fsdp_vsim_create", rc);
@@ -193,6 +225,12 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
             goto out;
         }
         fsdp_tensor_release(loss);
+        double norm = 0;
+        if (c->grad_clip > 0 &&
+            (rc = fsdp_unit_clip_grad_norm(root, c->grad_clip, 2.0, &norm)) < 0) {
+            fail(r, ctx, "clip_grad_norm", rc);
+            goto out;
+        }
         if ((rc = fsdp_optim_step(opt)) < 0) {
             fail(r, ctx, "the optimizer step", rc);
             goto out;
@@ -226,6 +264,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     r->mfu = peak > 0 ? r->model_flops / r->step / peak : 0;
     r->mem = ms;
     r->mem_capacity = cl.compute.mem_bytes;
+    r->gpus_per_node = cl.net.gpus_per_node;
     for (int k = 0; k < FSDP_KERNEL_CLASS_COUNT; k++)
         r->class_time[k] = st.class_time[k];
     r->kernels = st.kernels;
