@@ -359,6 +359,12 @@ typedef struct fsdp_case {
     int rank;
     fsdp_backward_prefetch_t prefetch;
     bool bf16;         /* mixed precision in bf16 */
+    int limit;         /* limit_all_gathers: 0 for the default (2), -1 for none */
+    int layers;        /* GPT blocks: 0 for 3 */
+    int width;         /* d_model: 0 for 32 */
+    bool ckpt;         /* activation checkpointing of every block */
+    bool gpt3;         /* GPT-3 175B's blocks (d_model 12288, 96 heads, 2048 positions) */
+    size_t peak_grads; /* peak gradient bytes of the measured step */
     const char *trace; /* record the measured step's trace there (simulated runs) */
     acct_t got;
     double step, compute, comm, idle;
@@ -377,6 +383,14 @@ static void tiny_cfg(fsdp_gpt_config_t *cfg) {
 static int gpt_step(fsdp_ctx_t *ctx, fsdp_case_t *c, fsdp_vsim_t *vs) {
     fsdp_gpt_config_t cfg;
     tiny_cfg(&cfg);
+    if (c->layers) cfg.n_layer = c->layers;
+    if (c->width) cfg.d_model = c->width;
+    if (c->gpt3) {
+        cfg.d_model = 12288;
+        cfg.n_head = 96;
+        cfg.max_seq = 2048;
+        cfg.vocab = 50257;
+    }
     fsdp_module_t *model = NULL;
     fsdp_unit_t *root = NULL;
     fsdp_optim_t *opt = NULL;
@@ -386,6 +400,7 @@ static int gpt_step(fsdp_ctx_t *ctx, fsdp_case_t *c, fsdp_vsim_t *vs) {
     fsdp_options_t fo;
     fsdp_options_init(&fo);
     fo.backward_prefetch = c->prefetch;
+    fo.limit_all_gathers = c->limit < 0 ? 0 : c->limit ? c->limit : 2;
     if (c->bf16) {
         fo.mixed_precision.enabled = true;
         fo.mixed_precision.param_dtype = FSDP_DTYPE_BF16;
@@ -395,12 +410,15 @@ static int gpt_step(fsdp_ctx_t *ctx, fsdp_case_t *c, fsdp_vsim_t *vs) {
     fsdp_mem_stats_t m;
     fsdp_mem_get_stats(ctx, &m);
     memcpy(c->got.wrapped, m.current, sizeof m.current);
+    if (rc == 0 && c->ckpt)
+        rc = fsdp_apply_activation_checkpointing(model, "GPTBlock", NULL, NULL, NULL);
     if (rc == 0) rc = fsdp_gpt_recipe_create_adamw(model, NULL, &opt);
-    int64_t shape[2] = {2, 16};
+    int64_t shape[2] = {c->gpt3 ? 1 : 2, cfg.max_seq};
     if (rc == 0) rc = fsdp_tensor_zeros(ctx, FSDP_DTYPE_I64, 2, shape, FSDP_MEM_OTHER, &in);
     for (int s = 0; s < 2 && rc == 0; s++) {
         if (vs && s == 1) {
             fsdp_vsim_reset_stats(vs);
+            fsdp_mem_reset_peaks(ctx);
             if (c->trace && (rc = fsdp_trace_create(NULL, &trace)) == 0)
                 rc = fsdp_trace_start(ctx, trace);
         }
@@ -419,6 +437,7 @@ static int gpt_step(fsdp_ctx_t *ctx, fsdp_case_t *c, fsdp_vsim_t *vs) {
     }
     fsdp_mem_get_stats(ctx, &m);
     memcpy(c->got.stepped, m.current, sizeof m.current);
+    c->peak_grads = m.peak[FSDP_MEM_GRADS];
     if (vs) {
         fsdp_vsim_stats_t st;
         fsdp_vsim_stats(vs, &st);
@@ -536,6 +555,28 @@ static void test_fsdp(void) {
     tj_free(&b);
     remove(tpre);
     remove(tnone);
+
+    /* The limiter holds the host back on a device with streams: without it the host runs up to
+     * the launch queue ahead, and the gradient buffers released only once the device is past
+     * them pile up; with it the host stays two reshards ahead. */
+    fsdp_case_t lim = {.rank = 1,
+                       .prefetch = FSDP_BACKWARD_PRE,
+                       .layers = 96,
+                       .gpt3 = true,
+                       .limit = 2,
+                       .ckpt = true,
+                       .bf16 = true};
+    fsdp_case_t nolim = lim;
+    nolim.limit = -1;
+    fsdp_cluster_t cq;
+    fsdp_cluster_preset(NULL, "fsdp-paper-a100", 64, &cq);
+    cq.compute.lowp_kernels = true;
+    tap_is_int(simulated(&cq, 512, &lim), FSDP_OK,
+               "GPT-3 175B (checkpointed) on 512 ranks, limit_all_gathers 2");
+    tap_is_int(simulated(&cq, 512, &nolim), FSDP_OK, "the same without a limit");
+    tap_ok(lim.peak_grads < nolim.peak_grads,
+           "the limit bounds the gradient memory the host holds ahead (%zu < %zu bytes)",
+           lim.peak_grads, nolim.peak_grads);
 
     /* bf16 mixed precision: with native half kernels the products' f32 gradients meet half ones
      * in the engine (the tied embedding), which widens the half one; the step is shorter. */

@@ -154,7 +154,11 @@ typedef struct fsdp_options {
     fsdp_backward_prefetch_t backward_prefetch; /* default BACKWARD_PRE */
     bool forward_prefetch;                      /* default false */
     /* At most this many all-gathers issued and not yet consumed (PyTorch's limit_all_gathers
-     * with its limit of 2); 0 = no limit. Default 2. */
+     * with its limit of 2); 0 = no limit. Default 2. On a device with a compute stream (CUDA)
+     * the host also waits, before issuing an all-gather, until the device has passed the
+     * reshard this many reshards ago, as PyTorch's limiter does: the host then never runs
+     * further ahead, and the buffers released once the device is done with them do not pile
+     * up. */
     int limit_all_gathers;
     bool use_orig_params;                       /* default false */
     fsdp_mixed_precision_t mixed_precision;     /* default off */

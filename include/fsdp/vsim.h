@@ -41,6 +41,12 @@
  * reduce keep it. So fsdp_pg_split on the world puts every rank in one group: make the shard and
  * replicate groups of HYBRID_SHARD with fsdp_vsim_group() instead.
  *
+ * Traces (fsdp/trace.h). While a simulator lives, its context's trace runs on simulated time:
+ * spans on the compute track take the compute stream's time (when the work queued so far ends),
+ * so a unit's span covers its kernels' simulated execution, and collectives are spans of their
+ * simulated start and end on the communication track. Start and stop the recording with the
+ * simulator alive.
+ *
  * Thread-safety: a simulator, its device and its groups belong to one thread (a rank).
  */
 #ifndef FSDP_VSIM_H

@@ -212,6 +212,13 @@ struct fsdp_unit {
     bool no_sync;                /* between fsdp_no_sync_begin and _end */
     struct fsdp_unit **ag_queue; /* units with an outstanding all-gather, oldest first */
     size_t nag, capag;
+    /* Root only, on devices with a compute stream: an event recorded on the compute stream at
+     * each reshard of a unit of the tree, oldest first (PyTorch's free-event queue); the rate
+     * limiter makes the host wait for the oldest before issuing an all-gather beyond the limit
+     * (fsdp__unshard_issue), so the host never runs more than that many reshards ahead of the
+     * device. */
+    struct fsdp_event **free_ev;
+    size_t nfree_ev, capfree_ev;
     struct fsdp_unit **red_queue; /* units with a gradient reduction in flight, oldest first */
     size_t nred, capred;
 

@@ -206,6 +206,9 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     free(u->fwd_order);
     free(u->post_order);
     free(u->ag_queue);
+    for (size_t i = 0; i < u->nfree_ev; i++)
+        fsdp_event_destroy(u->free_ev[i]);
+    free(u->free_ev);
     free(u->red_queue);
     free(u->fqn);
     fsdp_module_release(u->module);

@@ -165,6 +165,20 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
     }
     fsdp_unit_t *root = fsdp__root_of(u);
     int limit = u->opt.limit_all_gathers;
+    /* On a device with a compute stream the waits below are stream waits and hold the host
+     * back in nothing: the limit also makes the host wait until the device has passed the
+     * reshard `limit` reshards ago, as PyTorch's limiter does, so that the host, and the
+     * buffers it releases only once the device is done with them, stay that close. */
+    while (limit > 0 && root->nfree_ev >= (size_t)limit) {
+        fsdp_event_t *ev = root->free_ev[0];
+        int rc = fsdp_event_sync(ev);
+        fsdp_event_destroy(ev);
+        root->nfree_ev--;
+        memmove(root->free_ev, root->free_ev + 1, root->nfree_ev * sizeof *root->free_ev);
+        if (rc < 0)
+            return fsdp__unit_err(u, rc, "waiting for an earlier reshard: %s",
+                                  fsdp_ctx_last_error(u->ctx));
+    }
     while (limit > 0 && root->nag >= (size_t)limit) {
         int rc = unshard_wait(root->ag_queue[0]);
         if (rc < 0) return rc;
@@ -192,8 +206,8 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
          * place there: no shard-sized buffer in the compute dtype besides full (PyTorch keeps
          * one, its _mp_shard). */
         fsdp_tensor_t *slot = NULL;
-        rc = fsdp__view1d(u->full, (int64_t)u->rank * u->layout.shard_numel,
-                          u->layout.shard_numel, &slot);
+        rc = fsdp__view1d(u->full, (int64_t)u->rank * u->layout.shard_numel, u->layout.shard_numel,
+                          &slot);
         if (rc == 0) rc = stage_shard(u, slot, u->flat);
         if (rc == 0) src = fsdp_tensor_data(slot);
         fsdp_tensor_release(slot); /* a view: full keeps the storage */
@@ -243,6 +257,27 @@ int fsdp__unshard(fsdp_unit_t *u) {
     return rc;
 }
 
+/* Records the point of u's reshard on the compute stream in its root's free-event queue. */
+static int note_free_event(fsdp_unit_t *u) {
+    fsdp_unit_t *root = fsdp__root_of(u);
+    if (root->nfree_ev == root->capfree_ev) {
+        size_t cap = root->capfree_ev ? 2 * root->capfree_ev : 4;
+        fsdp_event_t **nq = realloc(root->free_ev, cap * sizeof *nq);
+        if (!nq) return fsdp__unit_err(u, FSDP_ENOMEM, "out of memory");
+        root->free_ev = nq;
+        root->capfree_ev = cap;
+    }
+    fsdp_event_t *ev = NULL;
+    int rc = fsdp_event_create(u->dev, &ev);
+    if (rc == 0) rc = fsdp_event_record(ev, NULL);
+    if (rc < 0) {
+        fsdp_event_destroy(ev);
+        return fsdp__unit_err(u, rc, "recording the reshard: %s", fsdp_ctx_last_error(u->ctx));
+    }
+    root->free_ev[root->nfree_ev++] = ev;
+    return FSDP_OK;
+}
+
 int fsdp__reshard(fsdp_unit_t *u) {
     if (u->nparams == 0 || !u->unsharded) return FSDP_OK;
     int rc = unshard_wait(u);
@@ -250,6 +285,8 @@ int fsdp__reshard(fsdp_unit_t *u) {
         if (u->opt.delay_before_free_ms > 0) fsdp__sleep_ms(u->opt.delay_before_free_ms);
         int rc2 = fsdp_tensor_storage_resize(u->full, 0);
         if (rc == 0) rc = rc2;
+        if (rc == 0 && u->opt.limit_all_gathers > 0 && fsdp__device_compute_stream(u->dev))
+            rc = note_free_event(u);
     }
     u->unsharded = false;
     return rc;
