@@ -292,7 +292,27 @@ static void test_errors(void) {
     m = toy();
     m.launch = -1;
     is_err(fsdp_compute_model_check(ctx, &m), "compute.launch is -1", "a negative launch");
+    m = toy();
+    m.matmul_launch = -2;
+    is_err(fsdp_compute_model_check(ctx, &m), "compute.matmul_launch is -2",
+           "a negative fixed cost of a product");
     is_err(fsdp_compute_model_check(ctx, NULL), "compute is NULL", "a NULL model");
+
+    /* A product's fixed cost adds to its launch, and to no other class's. */
+    m = toy();
+    m.matmul_launch = 1e-4;
+    fsdp_kernel_cost_t mm = {FSDP_KERNEL_MATMUL, FSDP_DTYPE_F32, 1e9, 1e6};
+    fsdp_kernel_cost_t ew = {FSDP_KERNEL_ELEMENTWISE, FSDP_DTYPE_F32, 1e6, 1e6};
+    fsdp_kernel_estimate_t with, without, ew_with, ew_without;
+    fsdp_compute_kernel_time(ctx, &m, &mm, &with);
+    fsdp_compute_kernel_time(ctx, &m, &ew, &ew_with);
+    m.matmul_launch = 0;
+    fsdp_compute_kernel_time(ctx, &m, &mm, &without);
+    fsdp_compute_kernel_time(ctx, &m, &ew, &ew_without);
+    tap_is_near(with.seconds - without.seconds, 1e-4, 1e-9, 0,
+                "matmul_launch adds to a product's time");
+    tap_is_near(with.launch, m.launch + 1e-4, 1e-12, 0, "  and is reported in its launch");
+    tap_ok(ew_with.seconds == ew_without.seconds, "  but not to an element-wise kernel's");
 
     m = toy();
     memset(&e, 0x33, sizeof e);
@@ -363,9 +383,12 @@ static void test_calibrate(void) {
     double f32 = m->matmul_flops[FSDP_DTYPE_F32], f64 = m->matmul_flops[FSDP_DTYPE_F64];
     tap_ok(f32 >= 1e8 && f32 <= 1e14, "  f32 products: %.3g FLOP/s", f32);
     tap_ok(f64 >= 1e7 && f64 <= 1e14, "  f64 products: %.3g FLOP/s", f64);
-    tap_ok(m->matmul_flops[FSDP_DTYPE_BF16] == f32 && m->matmul_flops[FSDP_DTYPE_F16] == f32 &&
-               m->vector_flops == f32,
-           "  bf16, f16 and vector at the f32 rate");
+    tap_ok(m->matmul_flops[FSDP_DTYPE_BF16] == f32 && m->matmul_flops[FSDP_DTYPE_F16] == f32,
+           "  bf16 and f16 at the f32 rate");
+    tap_ok(m->vector_flops >= 1e7 && m->vector_flops <= 1e14, "  element-wise: %.3g FLOP/s",
+           m->vector_flops);
+    tap_ok(m->matmul_launch >= 0 && m->matmul_launch <= 0.1, "  fixed cost of a product: %.3g s",
+           m->matmul_launch);
     tap_ok(m->mem_bw >= 1e8 && m->mem_bw <= 1e13, "  memory: %.3g B/s", m->mem_bw);
     tap_ok(m->launch > 0 && m->launch <= 1e-3, "  launch: %.3g s", m->launch);
     tap_ok(m->mem_bytes > 0, "  memory size: %zu bytes", m->mem_bytes);

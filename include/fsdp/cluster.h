@@ -54,6 +54,7 @@
  *     peak = matmul_flops[dtype]   for FSDP_KERNEL_MATMUL and FSDP_KERNEL_ATTENTION
  *            (tf32_flops for f32 when allow_tf32 is set), vector_flops for the other classes;
  *     time = launch + max(flops / (peak * e), bytes / (mem_bw * e))
+ *            (+ matmul_launch for FSDP_KERNEL_MATMUL)
  * so a kernel is memory-bound below the ridge point, flops / bytes < peak / mem_bw, and
  * compute-bound above it.
  *
@@ -129,6 +130,10 @@ typedef struct fsdp_compute_model {
      * kernels (two casts and f32 traffic). A simulator's shape-only device follows it
      * (fsdp/vsim.h). The presets set false. */
     bool lowp_kernels;
+    /* s of fixed cost per matrix product on top of `launch`, >= 0: a CPU BLAS waking its
+     * threads and packing its panels (fsdp_cluster_calibrate_cpu measures it); 0 on the GPU
+     * presets, whose launch covers it. */
+    double matmul_launch;
 } fsdp_compute_model_t;
 
 /* A whole cluster: what a preset fills. */
@@ -173,8 +178,11 @@ FSDP_EXTERN void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts);
 /*
  * Fills *out ("cpu", one node of opts->ranks "GPUs") from measurements of this machine, in well
  * under a second: f32 and f64 matrix products through the CPU device's gemm (matmul_flops; bf16
- * and f16 get the f32 rate, since the CPU device widens them to f32; vector_flops is the f32
- * rate too), a 32 MiB device copy (mem_bw, counting read and written bytes), the time of a
+ * and f16 get the f32 rate, since the CPU device widens them to f32), the fixed cost of a
+ * product (matmul_launch: the time of a 128 x 128 x 128 product beyond its FLOPs at the large
+ * products' rate), the element-wise rate (vector_flops: the device's tanh GELU over 256 Ki f32
+ * elements that stay in cache, counted at 8 FLOPs an element, as the shape-only device charges
+ * it), a 32 MiB device copy (mem_bw, counting read and written bytes), the time of a
  * one-element fill (launch), and the sim backend's all_reduce of 4 bytes and of 4 MiB over
  * opts->ranks threads (base_latency from the first, per-hop latencies 0 since the sim group
  * is not a ring, intra_bw from the difference through the ring formula). The inter-node link

@@ -30,6 +30,7 @@
 #define GEMM_MAX_N 1024
 #define COPY_BYTES ((size_t)32 << 20)
 #define LAUNCH_CALLS 256
+#define VEC_ELEMS ((size_t)1 << 18)
 /* The sim all_reduce timed: one f32 element (latency) and 4 MiB (bandwidth). */
 #define COLL_SMALL_REPS 50
 #define COLL_LARGE_COUNT ((size_t)1 << 20)
@@ -76,6 +77,55 @@ static int time_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, double *flops) {
             return FSDP_OK;
         }
     }
+}
+
+/* The fixed cost of one product: a 128 x 128 x 128 gemm's best time beyond its FLOPs at `rate`
+ * (the large products' rate), 0 when there is none. */
+static int time_gemm_fixed(fsdp_device_t *dev, double rate, double *fixed) {
+    const int64_t n = 128;
+    size_t bytes = (size_t)(n * n) * sizeof(float);
+    void *a = NULL, *b = NULL, *c = NULL;
+    double best = 0;
+    int rc = fsdp_device_alloc(dev, FSDP_MEM_OTHER, bytes, &a);
+    if (rc == 0) rc = fsdp_device_alloc(dev, FSDP_MEM_OTHER, bytes, &b);
+    if (rc == 0) rc = fsdp_device_alloc(dev, FSDP_MEM_OTHER, bytes, &c);
+    if (rc == 0) rc = fsdp_device_fill(dev, a, FSDP_DTYPE_F32, (size_t)(n * n), 0.5, NULL);
+    if (rc == 0) rc = fsdp_device_fill(dev, b, FSDP_DTYPE_F32, (size_t)(n * n), 0.25, NULL);
+    for (int i = 0; i <= 4 * REPS && rc == 0; i++) {
+        int64_t t0 = fsdp__now_ns();
+        rc = dev->ops->gemm(dev, FSDP_DTYPE_F32, false, false, n, n, n, 1.0, a, n, 0, b, n, 0, 0.0,
+                            c, n, 0, 1);
+        double t = seconds_since(t0);
+        if (i > 0 && (best == 0 || t < best)) best = t;
+    }
+    fsdp_device_free(dev, a);
+    fsdp_device_free(dev, b);
+    fsdp_device_free(dev, c);
+    if (rc < 0) return rc;
+    double extra = best - 2.0 * (double)(n * n * n) / rate;
+    *fixed = extra > 0 ? extra : 0;
+    return FSDP_OK;
+}
+
+/* The element-wise rate: the device's tanh GELU over VEC_ELEMS f32 elements (cache-resident),
+ * at 8 FLOPs an element. */
+static int time_vector(fsdp_device_t *dev, double *flops) {
+    void *x = NULL, *y = NULL;
+    double best = 0;
+    int rc = fsdp_device_alloc(dev, FSDP_MEM_OTHER, VEC_ELEMS * sizeof(float), &x);
+    if (rc == 0) rc = fsdp_device_alloc(dev, FSDP_MEM_OTHER, VEC_ELEMS * sizeof(float), &y);
+    if (rc == 0) rc = fsdp_device_fill(dev, x, FSDP_DTYPE_F32, VEC_ELEMS, 0.5, NULL);
+    for (int i = 0; i <= REPS && rc == 0; i++) {
+        int64_t t0 = fsdp__now_ns();
+        rc = dev->ops->unary(dev, FSDP_DTYPE_F32, FSDP_UNARY_GELU_TANH, VEC_ELEMS, 0, x, y);
+        double t = seconds_since(t0);
+        if (i > 0 && (best == 0 || t < best)) best = t;
+    }
+    fsdp_device_free(dev, x);
+    fsdp_device_free(dev, y);
+    if (rc < 0) return rc;
+    *flops = 8.0 * (double)VEC_ELEMS / (best > 0 ? best : 1e-9);
+    return FSDP_OK;
 }
 
 /* Device memory bandwidth from a COPY_BYTES copy, counting read and written bytes. */
@@ -195,7 +245,9 @@ int fsdp_cluster_calibrate_cpu(fsdp_ctx_t *ctx, const fsdp_calibrate_options_t *
     /* The CPU device widens bf16 and f16 operands to f32 for its products. */
     m->matmul_flops[FSDP_DTYPE_BF16] = m->matmul_flops[FSDP_DTYPE_F32];
     m->matmul_flops[FSDP_DTYPE_F16] = m->matmul_flops[FSDP_DTYPE_F32];
-    m->vector_flops = m->matmul_flops[FSDP_DTYPE_F32];
+    if ((rc = time_gemm_fixed(dev, m->matmul_flops[FSDP_DTYPE_F32], &m->matmul_launch)) < 0)
+        goto out;
+    if ((rc = time_vector(dev, &m->vector_flops)) < 0) goto out;
     if ((rc = time_copy(dev, &m->mem_bw)) < 0) goto out;
     if ((rc = time_launch(dev, &m->launch)) < 0) goto out;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);

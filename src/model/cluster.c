@@ -94,6 +94,8 @@ int fsdp__compute_model_check(fsdp_ctx_t *ctx, const char *who, const fsdp_compu
         return rc;
     if ((rc = check_positive(ctx, who, "compute.mem_bw", m->mem_bw, "B/s")) < 0) return rc;
     if ((rc = check_nonneg(ctx, who, "compute.launch", m->launch, "s")) < 0) return rc;
+    if ((rc = check_nonneg(ctx, who, "compute.matmul_launch", m->matmul_launch, "s")) < 0)
+        return rc;
     for (int c = 0; c < FSDP_KERNEL_CLASS_COUNT; c++) {
         if (m->eff[c] > 0 && m->eff[c] <= 1) continue;
         snprintf(field, sizeof field, "compute.eff[%s]",

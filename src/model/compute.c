@@ -50,6 +50,7 @@ int fsdp_compute_kernel_time(fsdp_ctx_t *ctx, const fsdp_compute_model_t *m,
     r.compute = k->flops / (peak * e);
     r.memory = k->bytes / (m->mem_bw * e);
     r.memory_bound = r.memory > r.compute;
+    if (k->cls == FSDP_KERNEL_MATMUL) r.launch += m->matmul_launch;
     r.seconds = r.launch + (r.memory_bound ? r.memory : r.compute);
     r.peak_flops = peak;
     r.intensity = k->bytes > 0 ? k->flops / k->bytes : 0;
