@@ -21,7 +21,7 @@ typedef struct opts {
     sim_config_t base;
     int gpus[MAX_POINTS];
     int ngpus;
-    fsdp_sharding_strategy_t strategies[8];
+    int strategies[8]; /* fsdp_sharding_strategy_t */
     int nstrategies;
     bool json;
     const char *plot;
@@ -68,21 +68,54 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
     return 0;
 }
 
-static int parse_strategy(const char *s, fsdp_sharding_strategy_t *out) {
-    static const struct {
-        const char *name;
-        fsdp_sharding_strategy_t s;
-    } names[] = {{"full", FSDP_FULL_SHARD},
-                 {"grad-op", FSDP_SHARD_GRAD_OP},
-                 {"no-shard", FSDP_NO_SHARD},
-                 {"hybrid", FSDP_HYBRID_SHARD},
-                 {"hybrid-zero2", FSDP_HYBRID_SHARD_ZERO2}};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(s, names[i].name) == 0) {
-            *out = names[i].s;
+/* A word of a fixed set: the value of `name` in names (NULL-terminated), or -1. */
+typedef struct choice {
+    const char *name;
+    int value;
+} choice_t;
+
+static int choose(const char *v, const choice_t *names, int *out) {
+    for (; v && names->name; names++)
+        if (strcmp(v, names->name) == 0) {
+            *out = names->value;
             return 0;
         }
     return -1;
+}
+
+static const choice_t strategies[] = {{"full", FSDP_FULL_SHARD},
+                                      {"grad-op", FSDP_SHARD_GRAD_OP},
+                                      {"no-shard", FSDP_NO_SHARD},
+                                      {"hybrid", FSDP_HYBRID_SHARD},
+                                      {"hybrid-zero2", FSDP_HYBRID_SHARD_ZERO2},
+                                      {NULL, 0}};
+static const choice_t prefetches[] = {{"pre", FSDP_BACKWARD_PRE},
+                                      {"post", FSDP_BACKWARD_POST},
+                                      {"none", FSDP_BACKWARD_PREFETCH_NONE},
+                                      {NULL, 0}};
+static const choice_t precisions[] = {
+    {"fp32", FSDP_DTYPE_F32}, {"bf16", FSDP_DTYPE_BF16}, {"fp16", FSDP_DTYPE_F16}, {NULL, 0}};
+static const choice_t kernel_libs[] = {{"libfsdp", 0}, {"native", 1}, {NULL, 0}};
+
+/* Parses the comma-separated items of v into out[0..max) with item(); *n gets their number.
+ * -1 for an empty list, too many items or a bad one. */
+static int parse_list(const char *v, int max, int *out, int *n, int (*item)(const char *, int *)) {
+    char *dup = v ? strdup(v) : NULL, *save = NULL;
+    int rc = dup ? 0 : -1;
+    *n = 0;
+    for (char *t = dup ? strtok_r(dup, ",", &save) : NULL; t && rc == 0;
+         t = strtok_r(NULL, ",", &save))
+        rc = *n < max && item(t, &out[*n]) == 0 ? (++*n, 0) : -1;
+    free(dup);
+    return rc == 0 && *n > 0 ? 0 : -1;
+}
+
+static int world_item(const char *t, int *out) {
+    return parse_int(t, 1, 1 << 20, out);
+}
+
+static int strategy_item(const char *t, int *out) {
+    return choose(t, strategies, out);
 }
 
 static void list_presets(void) {
@@ -129,17 +162,8 @@ static int parse(int argc, char **argv, opts_t *o) {
             if (!v) return bad(a, v, "needs a preset name");
             c->cluster = argv[++i];
         } else if (!strcmp(a, "--gpus")) {
-            if (!v) return bad(a, v, "needs a list of world sizes");
-            char *dup = strdup(v), *save = NULL;
-            if (!dup) return bad(a, v, "out of memory");
-            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (o->ngpus == MAX_POINTS || parse_int(t, 1, 1 << 20, &n) < 0) {
-                    free(dup);
-                    return bad(a, v, "needs up to 64 world sizes >= 1, separated by commas");
-                }
-                o->gpus[o->ngpus++] = n;
-            }
-            free(dup);
+            if (parse_list(v, MAX_POINTS, o->gpus, &o->ngpus, world_item) < 0)
+                return bad(a, v, "needs up to 64 world sizes >= 1, separated by commas");
             i++;
         } else if (!strcmp(a, "--gpus-per-node")) {
             if (parse_int(v, 1, 1024, &c->gpus_per_node) < 0) return bad(a, v, "needs 1..1024");
@@ -152,32 +176,17 @@ static int parse(int argc, char **argv, opts_t *o) {
             c->batch = n;
             i++;
         } else if (!strcmp(a, "--strategy")) {
-            if (!v) return bad(a, v, "needs a strategy");
-            char *dup = strdup(v), *save = NULL;
-            if (!dup) return bad(a, v, "out of memory");
-            for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (o->nstrategies == 8 ||
-                    parse_strategy(t, &o->strategies[o->nstrategies++]) < 0) {
-                    free(dup);
-                    return bad(a, v,
-                               "strategies are full, grad-op, no-shard, hybrid, "
-                               "hybrid-zero2");
-                }
-            }
-            free(dup);
+            if (parse_list(v, 8, o->strategies, &o->nstrategies, strategy_item) < 0)
+                return bad(a, v,
+                           "strategies are full, grad-op, no-shard, hybrid, hybrid-zero2, up to "
+                           "8 separated by commas");
             i++;
         } else if (!strcmp(a, "--shard-group")) {
             if (parse_int(v, 1, 1 << 20, &c->shard_group) < 0) return bad(a, v, "needs >= 1");
             i++;
         } else if (!strcmp(a, "--prefetch")) {
-            if (v && !strcmp(v, "pre"))
-                c->prefetch = FSDP_BACKWARD_PRE;
-            else if (v && !strcmp(v, "post"))
-                c->prefetch = FSDP_BACKWARD_POST;
-            else if (v && !strcmp(v, "none"))
-                c->prefetch = FSDP_BACKWARD_PREFETCH_NONE;
-            else
-                return bad(a, v, "is pre, post or none");
+            if (choose(v, prefetches, &n) < 0) return bad(a, v, "is pre, post or none");
+            c->prefetch = (fsdp_backward_prefetch_t)n;
             i++;
         } else if (!strcmp(a, "--forward-prefetch")) {
             c->forward_prefetch = true;
@@ -185,14 +194,8 @@ static int parse(int argc, char **argv, opts_t *o) {
             if (parse_int(v, 0, 1 << 20, &c->limit) < 0) return bad(a, v, "needs >= 0");
             i++;
         } else if (!strcmp(a, "--precision")) {
-            if (v && !strcmp(v, "fp32"))
-                c->dtype = FSDP_DTYPE_F32;
-            else if (v && !strcmp(v, "bf16"))
-                c->dtype = FSDP_DTYPE_BF16;
-            else if (v && !strcmp(v, "fp16"))
-                c->dtype = FSDP_DTYPE_F16;
-            else
-                return bad(a, v, "is fp32, bf16 or fp16");
+            if (choose(v, precisions, &n) < 0) return bad(a, v, "is fp32, bf16 or fp16");
+            c->dtype = (fsdp_dtype_t)n;
             i++;
         } else if (!strcmp(a, "--activation-checkpointing")) {
             c->act_ckpt = true;
@@ -202,12 +205,8 @@ static int parse(int argc, char **argv, opts_t *o) {
             if (!v || *end || !(c->grad_clip >= 0)) return bad(a, v, "needs a number >= 0");
             i++;
         } else if (!strcmp(a, "--kernels")) {
-            if (v && !strcmp(v, "libfsdp"))
-                c->lowp_kernels = false;
-            else if (v && !strcmp(v, "native"))
-                c->lowp_kernels = true;
-            else
-                return bad(a, v, "is libfsdp or native");
+            if (choose(v, kernel_libs, &n) < 0) return bad(a, v, "is libfsdp or native");
+            c->lowp_kernels = n != 0;
             i++;
         } else if (!strcmp(a, "--json")) {
             o->json = true;
@@ -303,7 +302,7 @@ int main(int argc, char **argv) {
         for (int g = 0; g < o.ngpus; g++, k++) {
             cfgs[k] = o.base;
             cfgs[k].gpus = o.gpus[g];
-            cfgs[k].strategy = o.strategies[s];
+            cfgs[k].strategy = (fsdp_sharding_strategy_t)o.strategies[s];
             if (cfgs[k].rank >= cfgs[k].gpus) cfgs[k].rank = cfgs[k].gpus - 1;
             if (sim_run(&cfgs[k], &res[k]) < 0) {
                 fprintf(stderr, "fsdp-sim: %d GPUs, %s: %s\n", cfgs[k].gpus,
