@@ -16,6 +16,7 @@
 #include <fsdp.h>
 
 #include "tap.h"
+#include "tensor/tensor_impl.h" /* grad_fresh: FSDP's mark on a zeroed gradient view */
 #include "trace_json.h"
 
 #define US 1e-6
@@ -273,6 +274,66 @@ static void test_native_half(void) {
     tap_is_near(tn, kernel_time(&cl, &k), 1e-12, 0, "native: charged at bf16 bytes (%g s)", tn);
     tap_is_uint(kw, 3, "libfsdp: widen, relu in f32, round (3 kernels)");
     tap_ok(tw > 2.5 * tn, "libfsdp's widened relu costs %g s, over 2.5 times the native one", tw);
+}
+
+/* ---- a fresh gradient is written, not added ------------------------------------------------- */
+
+/* backward of sum(2 x) for a bf16 leaf x whose .grad is a zeroed tensor, marked fresh or not;
+ * on ctx's device. Returns x's gradient (retained), NULL on failure. */
+static fsdp_tensor_t *grad_of_2x(fsdp_ctx_t *ctx, bool fresh) {
+    int64_t shape[1] = {1 << 16};
+    fsdp_tensor_t *x = NULL, *g0 = NULL, *y = NULL, *l = NULL, *out = NULL;
+    fsdp_tensor_zeros(ctx, FSDP_DTYPE_BF16, 1, shape, FSDP_MEM_PARAMS, &x);
+    fsdp_tensor_zeros(ctx, FSDP_DTYPE_BF16, 1, shape, FSDP_MEM_GRADS, &g0);
+    fsdp_tensor_set_requires_grad(x, true);
+    fsdp_tensor_set_grad(x, g0);
+    x->grad_fresh = fresh;
+    int dims[1] = {0};
+    if (fsdp_scale(x, 2.0, &y) == 0 && fsdp_sum(y, 1, dims, false, &l) == 0 &&
+        fsdp_backward(l, NULL) == 0) {
+        out = fsdp_tensor_retain(fsdp_tensor_grad(x));
+        tap_ok(!x->grad_fresh, "  the mark is cleared by the first write (fresh %d)", fresh);
+    }
+    fsdp_tensor_release(l);
+    fsdp_tensor_release(y);
+    fsdp_tensor_release(g0);
+    fsdp_tensor_release(x);
+    return out;
+}
+
+static void test_fresh_grad(void) {
+    /* On the CPU: the same gradient, bit for bit. */
+    fsdp_ctx_t *ctx = mkctx(0, 1);
+    fsdp_tensor_t *a = grad_of_2x(ctx, false), *b = grad_of_2x(ctx, true);
+    double va = -1, vb = -1;
+    if (a) fsdp_tensor_item(a, 123, &va);
+    if (b) fsdp_tensor_item(b, 123, &vb);
+    tap_ok(a && b && va == 2 && vb == 2, "a fresh gradient view receives the gradient (%g, %g)", va,
+           vb);
+    fsdp_tensor_release(a);
+    fsdp_tensor_release(b);
+    fsdp_ctx_destroy(ctx);
+    /* On the simulator: written, it costs one copy; added, the widening add's kernels. */
+    ctx = mkctx(0, 1);
+    fsdp_cluster_t cl = toy(1);
+    fsdp_vsim_t *vs = NULL;
+    fsdp_vsim_create(ctx, &cl, &vs);
+    fsdp_ctx_set_device(ctx, fsdp_vsim_device(vs));
+    uint64_t k[2];
+    double t[2];
+    for (int fresh = 0; fresh < 2; fresh++) {
+        fsdp_vsim_reset_stats(vs);
+        fsdp_tensor_release(grad_of_2x(ctx, fresh));
+        fsdp_vsim_stats_t s = stats(vs);
+        k[fresh] = s.kernels;
+        t[fresh] = s.compute_busy;
+    }
+    tap_ok(k[1] + 3 <= k[0] && t[1] < t[0],
+           "written: %llu kernels, %g s; added: %llu kernels, %g s", (unsigned long long)k[1], t[1],
+           (unsigned long long)k[0], t[0]);
+    fsdp_ctx_set_device(ctx, NULL);
+    fsdp_vsim_destroy(vs);
+    fsdp_ctx_destroy(ctx);
 }
 
 /* ---- groups and host buffers ---------------------------------------------------------------- */
@@ -596,6 +657,7 @@ int main(void) {
     tap_plan_lazy();
     test_device();
     test_native_half();
+    test_fresh_grad();
     test_groups();
     test_fsdp();
     return tap_done();

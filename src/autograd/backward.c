@@ -49,6 +49,9 @@ static int accumulate_leaf(fsdp_tensor_t *leaf, fsdp_tensor_t *g) {
     } else if (!leaf->grad->st->ptr) {
         rc = fsdp__op_err(leaf, FSDP_EINVAL, "backward",
                           "the gradient of '%s' has had its storage freed", fsdp_tensor_name(leaf));
+    } else if (leaf->grad_fresh && leaf->grad->dt == g->dt) {
+        /* 0 + g is g (but for the sign of a zero gradient): written, not added. */
+        rc = fsdp_tensor_copy_(leaf->grad, g);
     } else if (fsdp_tensor_is_contiguous(leaf->grad) && fsdp_tensor_is_contiguous(g) &&
                (leaf->dt == FSDP_DTYPE_F32 || leaf->dt == FSDP_DTYPE_F64)) {
         rc = leaf->dev->ops->axpy(leaf->dev, leaf->dt, (size_t)fsdp_tensor_numel(g), 1.0,
@@ -60,6 +63,7 @@ static int accumulate_leaf(fsdp_tensor_t *leaf, fsdp_tensor_t *g) {
         fsdp_tensor_release(sum);
     }
     fsdp_tensor_release(g);
+    leaf->grad_fresh = false;
     for (struct fsdp_grad_hook *h = leaf->hooks; h && rc == 0; h = h->next)
         rc = h->fn(leaf, h->arg);
     return rc;

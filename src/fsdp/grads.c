@@ -57,6 +57,9 @@ bool fsdp__any_requires_grad(const fsdp_unit_t *u) {
 int fsdp__prepare_grads(fsdp_unit_t *u) {
     if (u->nparams == 0 || !fsdp__any_requires_grad(u) || u->full_grad) return FSDP_OK;
     int rc = FSDP_OK;
+    /* A freshly zeroed gradient (not one accumulated under no_sync): backward may write each
+     * 16-bit compute view's first gradient instead of adding it to zeros. */
+    bool fresh = !u->local_grad && u->cdt != FSDP_DTYPE_F32 && u->cdt != FSDP_DTYPE_F64;
     if (u->local_grad) {
         u->full_grad = u->local_grad;
         u->local_grad = NULL;
@@ -74,6 +77,7 @@ int fsdp__prepare_grads(fsdp_unit_t *u) {
         fsdp__contiguous_strides(p->ndim, p->shape, g->stride);
         fsdp_tensor_release(p->cv->grad);
         p->cv->grad = g;
+        p->cv->grad_fresh = fresh;
     }
     return FSDP_OK;
 }
@@ -82,6 +86,7 @@ void fsdp__drop_cv_grads(fsdp_unit_t *u) {
     for (int i = 0; i < u->nparams; i++) {
         fsdp_tensor_release(u->params[i].cv->grad);
         u->params[i].cv->grad = NULL;
+        u->params[i].cv->grad_fresh = false;
     }
 }
 

@@ -396,6 +396,7 @@ int fsdp_tensor_set_grad(fsdp_tensor_t *t, fsdp_tensor_t *grad) {
     }
     fsdp_tensor_release(t->grad);
     t->grad = grad;
+    t->grad_fresh = false; /* the caller's gradient is added to, never overwritten */
     return FSDP_OK;
 }
 
