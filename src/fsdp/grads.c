@@ -22,10 +22,13 @@
 #include "tensor/tensor_impl.h"
 
 /* t /= v in place (a contiguous float tensor), as PyTorch's div_ rounds: 16-bit floats are
- * divided in f32 and rounded once. */
+ * divided in f32 and rounded once, inside the kernel on a device with native 16-bit kernels
+ * (fsdp__kernel_dtype), else around it. On such a device the divisor reaches the kernel in t's
+ * dtype: FSDP's factors are integers, exact in bf16 up to 256 (a post-divide factor above that,
+ * from a world of twice a large prime, would be rounded). */
 static int div_inplace(fsdp_tensor_t *t, double v) {
     if (v == 1.0 || fsdp_tensor_numel(t) == 0) return FSDP_OK;
-    int cdt = fsdp__compute_dtype(t->dt);
+    int cdt = fsdp__compute_dtype(t->dt) < 0 ? -1 : (int)fsdp__kernel_dtype(t->dev, t->dt);
     if (cdt < 0)
         return fsdp__ctx_err(t->ctx, FSDP_EINVAL, "cannot divide a %s tensor",
                              fsdp_dtype_name(t->dt));
