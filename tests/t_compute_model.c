@@ -16,23 +16,12 @@
 
 #include "core/timeutil.h"
 #include "tap.h"
+#include "toy_cluster.h"
 
 static fsdp_ctx_t *ctx;
 
 static fsdp_compute_model_t toy(void) {
-    fsdp_compute_model_t m;
-    memset(&m, 0, sizeof m);
-    m.matmul_flops[FSDP_DTYPE_BF16] = 100e12;
-    m.matmul_flops[FSDP_DTYPE_F16] = 100e12;
-    m.matmul_flops[FSDP_DTYPE_F32] = 10e12;
-    m.tf32_flops = 50e12;
-    m.vector_flops = 5e12;
-    m.mem_bw = 1e12;
-    m.mem_bytes = 1 << 30;
-    m.launch = 1e-6;
-    for (int c = 0; c < FSDP_KERNEL_CLASS_COUNT; c++)
-        m.eff[c] = 1;
-    return m;
+    return toy_compute();
 }
 
 static fsdp_kernel_estimate_t kt(const fsdp_compute_model_t *m, fsdp_kernel_class_t cls,

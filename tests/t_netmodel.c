@@ -1,9 +1,9 @@
 /*
  * t_netmodel.c: the network model of fsdp/cluster.h, its groups and its presets.
  *
- * Most expectations are computed by hand on a toy network with round numbers (below), so that
- * each one can be checked with pencil and paper against the formulas of the header: 4 nodes of
- * 8 GPUs, NVLink 100 GB/s per GPU, 4 NICs of 20 GB/s per node (10 GB/s per GPU), hops of 1 us
+ * Most expectations are computed by hand on a toy network with round numbers (tests/toy_cluster.h),
+ * so that each one can be checked with pencil and paper against the formulas of the header: 4 nodes
+ * of 8 GPUs, NVLink 100 GB/s per GPU, 4 NICs of 20 GB/s per node (10 GB/s per GPU), hops of 1 us
  * inside a node and 10 us between nodes, 5 us per collective, the tree at 0.8 of the ring's
  * bandwidth, every efficiency 1. Then the presets: their figures are the documented ones
  * (docs/cluster-model.md), and two DGX A100 all-reduces are worked out. Then properties that
@@ -17,6 +17,7 @@
 #include <fsdp/cluster.h>
 
 #include "tap.h"
+#include "toy_cluster.h"
 
 #define US 1e-6
 #define GIB 1073741824.0
@@ -24,20 +25,7 @@
 static fsdp_ctx_t *ctx;
 
 static fsdp_net_model_t toy(void) {
-    fsdp_net_model_t n = {
-        .nodes = 4,
-        .gpus_per_node = 8,
-        .intra_bw = 100e9,
-        .intra_eff = 1,
-        .intra_latency = 1 * US,
-        .nics_per_node = 4,
-        .nic_bw = 20e9,
-        .inter_eff = 1,
-        .inter_latency = 10 * US,
-        .base_latency = 5 * US,
-        .tree_eff = 0.8,
-    };
-    return n;
+    return toy_net(4);
 }
 
 static fsdp_net_group_t grp(int size, int rpn, int stride) {

@@ -16,38 +16,14 @@
 #include <fsdp.h>
 
 #include "tap.h"
+#include "toy_cluster.h"
 #include "tensor/tensor_impl.h" /* grad_fresh: FSDP's mark on a zeroed gradient view */
 #include "trace_json.h"
 
 #define US 1e-6
 
 static fsdp_cluster_t toy(int nodes) {
-    fsdp_cluster_t cl;
-    memset(&cl, 0, sizeof cl);
-    snprintf(cl.name, sizeof cl.name, "toy");
-    cl.net = (fsdp_net_model_t){.nodes = nodes,
-                                .gpus_per_node = 8,
-                                .intra_bw = 100e9,
-                                .intra_eff = 1,
-                                .intra_latency = 1 * US,
-                                .nics_per_node = 4,
-                                .nic_bw = 20e9,
-                                .inter_eff = 1,
-                                .inter_latency = 10 * US,
-                                .base_latency = 5 * US,
-                                .tree_eff = 0.8};
-    fsdp_compute_model_t *m = &cl.compute;
-    m->matmul_flops[FSDP_DTYPE_F32] = 10e12;
-    m->matmul_flops[FSDP_DTYPE_F64] = 5e12;
-    m->matmul_flops[FSDP_DTYPE_BF16] = 100e12;
-    m->matmul_flops[FSDP_DTYPE_F16] = 100e12;
-    m->vector_flops = 10e12;
-    m->mem_bw = 1e12;
-    m->mem_bytes = (size_t)80 << 30;
-    m->launch = 1 * US;
-    for (int k = 0; k < FSDP_KERNEL_CLASS_COUNT; k++)
-        m->eff[k] = 1;
-    return cl;
+    return toy_cluster(nodes);
 }
 
 static fsdp_ctx_t *mkctx(int rank, int world) {

@@ -126,7 +126,6 @@ static int vpg_post(fsdp_pg_t *pg, fsdp_work_t *w) {
     double end = start + e.seconds;
     if (e.seconds > 0) c->net_free = end;
     fsdp__vclock_stream_wait(c, s, end);
-    fsdp__vclock_reach(c, end);
     w->vtime = end;
     /* The trace gets the simulated span; the core's record at completion (real time) is off. */
     if (w->trace_issued && fsdp__tracing(pg->ctx))
@@ -331,8 +330,7 @@ int fsdp_vsim_group(fsdp_vsim_t *vs, int size, int stride, fsdp_pg_t **out) {
 
 void fsdp_vsim_sync(fsdp_vsim_t *vs) {
     if (!vs) return;
-    struct fsdp__vclock *c = vs->clock;
-    if (c->net_free > c->latest) c->latest = c->net_free;
+    struct fsdp__vclock *c = vs->clock; /* latest covers the network: every end reaches it */
     fsdp__vclock_stream_wait(c, &c->compute, c->latest);
     fsdp__vclock_host_wait(c, c->latest);
 }

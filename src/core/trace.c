@@ -305,7 +305,6 @@ void fsdp__trace_coll(fsdp_ctx_t *ctx, const char *kind, const char *group, uint
     int64_t start = issued_ns > l->coll_end ? issued_ns : l->coll_end;
     if (start > now) start = now;
     coll_span(l, kind, group, seq, bytes, issued_ns, start, now);
-    l->coll_end = now;
     unlock_lane(ctx, l);
 }
 

@@ -28,7 +28,7 @@
  * from a world of twice a large prime, would be rounded). */
 static int div_inplace(fsdp_tensor_t *t, double v) {
     if (v == 1.0 || fsdp_tensor_numel(t) == 0) return FSDP_OK;
-    int cdt = fsdp__compute_dtype(t->dt) < 0 ? -1 : (int)fsdp__kernel_dtype(t->dev, t->dt);
+    int cdt = (int)fsdp__kernel_dtype(t->dev, t->dt);
     if (cdt < 0)
         return fsdp__ctx_err(t->ctx, FSDP_EINVAL, "cannot divide a %s tensor",
                              fsdp_dtype_name(t->dt));

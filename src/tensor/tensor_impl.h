@@ -86,8 +86,8 @@ fsdp_mem_cat_t fsdp__op_cat(const fsdp_ctx_t *ctx);
 /* The dtype kernels compute in for dt: f32 for f32/f16/bf16, f64 for f64, -1 otherwise. */
 int fsdp__compute_dtype(fsdp_dtype_t dt);
 /* The dtype dt's tensors reach dev's element-wise, row, reduction and loss kernels in: dt
- * itself when dev computes it natively (its lp_native mask), else fsdp__compute_dtype(dt). Only
- * for a float dt. */
+ * itself when dev computes it natively (its lp_native mask), else fsdp__compute_dtype(dt) (-1
+ * for a dtype that is not a float). */
 fsdp_dtype_t fsdp__kernel_dtype(const fsdp_device_t *dev, fsdp_dtype_t dt);
 /* A contiguous tensor with t's values in dtype dt: t itself (retained) when it already is one,
  * else a converted copy. Not recorded. */
