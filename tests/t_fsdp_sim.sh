@@ -4,6 +4,8 @@
 #   - the table has one row per world size and strategy, JSON lines carry the figures;
 #   - GPT-3 175B on 512 GPUs simulates, with activation checkpointing under the GPU's memory;
 #   - backward prefetch shortens the step, fully sharding cuts the parameters' memory;
+#   - --cluster cpu times its kernels call by call unless asked for the roofline, and
+#     --backend gloo calibrates the network from Gloo's collectives (skipped without Gloo);
 #   - --plot writes a well-formed SVG (skipped without gnuplot);
 #   - --trace writes the measured step's trace in simulated time (tests/trace_check reads it);
 #   - bad options exit 2 and impossible worlds exit 1, each with a message naming the problem.
@@ -12,7 +14,7 @@ sim="$top_builddir/tools/fsdp-sim"
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/tap.sh"
-echo "1..17"
+echo "1..22"
 
 "$sim" --list > "$tmp/list" 2>&1
 st=$?
@@ -103,6 +105,25 @@ st=$?
 [ "$st" -eq 0 ] && grep -q '"cluster":"cpu","gpus":2,' "$tmp/cpu" &&
   grep -q '"all_reduce":{"bytes":[1-9]' "$tmp/cpu"
 ok $? "--cluster cpu calibrates this machine; clipping all-reduces the norm (exit $st)" "$tmp/cpu"
+grep -q '"kernel_times":"measured","measured_calls":[1-9][0-9]*,"backend":"sim"' "$tmp/cpu"
+ok $? "  its kernels are timed on this CPU by default, call by call" "$tmp/cpu"
+"$sim" --cluster cpu --kernel-times roofline --model tiny --precision fp32 --gpus 2 --batch 8 \
+  --json > "$tmp/roof" 2>&1
+st=$?
+[ "$st" -eq 0 ] && grep -q '"kernel_times":"roofline","measured_calls":0,' "$tmp/roof"
+ok $? "  --kernel-times roofline prices them by the calibrated rates (exit $st)" "$tmp/roof"
+if "$top_builddir/tools/fsdp-train" --backend gloo --steps 0 --val-steps 1 --sample-tokens 0 \
+  --quiet > /dev/null 2>&1; then
+  "$sim" --cluster cpu --backend gloo --model tiny --precision fp32 --gpus 2 --batch 8 --json \
+    > "$tmp/gloo" 2>&1
+  st=$?
+  [ "$st" -eq 0 ] && grep -q '"backend":"gloo"' "$tmp/gloo" &&
+    grep -q '"all_gather":{"bytes":[1-9][0-9]*,"s":[0-9.e-]*[1-9]' "$tmp/gloo"
+  ok $? "--backend gloo times Gloo's collectives for the network (exit $st)" "$tmp/gloo"
+else
+  n=$((n + 1))
+  echo "ok $n # SKIP fsdp-train has no Gloo backend"
+fi
 
 # --trace: the measured step in simulated time, read back by tests/trace_check.
 check="$top_builddir/tests/trace_check"
@@ -135,5 +156,8 @@ err 2 "world sizes" "--gpus 0 exits 2" --gpus 0
 err 1 "whole nodes" "12 GPUs over nodes of 8 exit 1, as not filling whole nodes" --gpus 12
 err 1 "unknown cluster preset" "an unknown cluster exits 1, listing the known" --cluster tpu
 err 1 "must end in .svg" "--plot to a .png exits 1" --model gpt2 --plot "$tmp/x.png"
+err 2 "only with --cluster cpu" "--kernel-times measured on a GPU preset exits 2" \
+  --kernel-times measured
+err 2 "only with --cluster cpu" "--backend on a GPU preset exits 2" --backend gloo
 
 exit 0

@@ -46,6 +46,16 @@ static void usage(FILE *f) {
         "  --limit N               all-gathers in flight at most (default 2; 0: no limit)\n"
         "  --precision P           fp32, bf16 or fp16 (default bf16)\n"
         "  --activation-checkpointing  recompute each block in the backward\n"
+        "  --grad-clip X           clip the gradient norm to X before the step (default 0: off)\n"
+        "  --kernels K             libfsdp (its kernels widen f16/bf16 to f32) or native (half\n"
+        "                          kernels as PyTorch's; default libfsdp)\n"
+        "  --backend B             cluster cpu: the ranks' process group, sim (threads, the\n"
+        "                          default) or gloo (processes over loopback TCP, as fsdprun\n"
+        "                          runs them): whose collectives the calibration times\n"
+        "  --kernel-times T        cluster cpu: measured (each call timed on this CPU, the\n"
+        "                          default) or roofline (the calibrated rates)\n"
+        "  --trace FILE.json       the measured step's trace in simulated time (one "
+        "configuration)\n"
         "  --json                  one JSON object per line instead of the table\n"
         "  --plot FILE.svg         TFLOPS per GPU against GPUs per strategy, and peak memory\n"
         "                          per category (needs gnuplot)\n"
@@ -96,6 +106,7 @@ static const choice_t prefetches[] = {{"pre", FSDP_BACKWARD_PRE},
 static const choice_t precisions[] = {
     {"fp32", FSDP_DTYPE_F32}, {"bf16", FSDP_DTYPE_BF16}, {"fp16", FSDP_DTYPE_F16}, {NULL, 0}};
 static const choice_t kernel_libs[] = {{"libfsdp", 0}, {"native", 1}, {NULL, 0}};
+static const choice_t kernel_times[] = {{"roofline", 0}, {"measured", 1}, {NULL, 0}};
 
 /* Parses the comma-separated items of v into out[0..max) with item(); *n gets their number.
  * -1 for an empty list, too many items or a bad one. */
@@ -208,6 +219,14 @@ static int parse(int argc, char **argv, opts_t *o) {
             if (choose(v, kernel_libs, &n) < 0) return bad(a, v, "is libfsdp or native");
             c->lowp_kernels = n != 0;
             i++;
+        } else if (!strcmp(a, "--backend")) {
+            if (!v || (strcmp(v, "sim") != 0 && strcmp(v, "gloo") != 0))
+                return bad(a, v, "is sim or gloo");
+            c->backend = argv[++i];
+        } else if (!strcmp(a, "--kernel-times")) {
+            if (choose(v, kernel_times, &n) < 0) return bad(a, v, "is measured or roofline");
+            c->kernel_times = n ? SIM_KERNELS_MEASURED : SIM_KERNELS_ROOFLINE;
+            i++;
         } else if (!strcmp(a, "--json")) {
             o->json = true;
         } else if (!strcmp(a, "--trace")) {
@@ -224,6 +243,15 @@ static int parse(int argc, char **argv, opts_t *o) {
     }
     if (!o->ngpus) o->gpus[o->ngpus++] = 8;
     if (!o->nstrategies) o->strategies[o->nstrategies++] = FSDP_FULL_SHARD;
+    bool cpu = strcmp(c->cluster, "cpu") == 0;
+    if (c->kernel_times == SIM_KERNELS_MEASURED && !cpu)
+        return bad("--kernel-times", "measured",
+                   "times calls on this CPU: only with --cluster cpu");
+    if (c->backend && !cpu)
+        return bad("--backend", c->backend,
+                   "calibrates this CPU's collectives: only with --cluster cpu");
+    if (c->kernel_times == SIM_KERNELS_DEFAULT)
+        c->kernel_times = cpu ? SIM_KERNELS_MEASURED : SIM_KERNELS_ROOFLINE;
     if (c->trace && o->ngpus * o->nstrategies != 1)
         return bad("--trace", c->trace, "traces one configuration: give one --gpus and strategy");
     return 0;
@@ -236,10 +264,12 @@ static double gib(size_t b) {
 static void print_header(const opts_t *o) {
     const sim_config_t *c = &o->base;
     printf("fsdp-sim: %s (%.2fB parameters, seq %lld), %lld sequence%s per GPU, %s, cluster %s "
-           "(%d GPUs a node), %s kernels, backward prefetch %s%s, limit %d%s\n",
+           "(%d GPUs a node), %s kernels%s, %s%sbackward prefetch %s%s, limit %d%s\n",
            c->model->name, sim_model_params(c->model) / 1e9, (long long)c->model->seq,
            (long long)c->batch, c->batch == 1 ? "" : "s", fsdp_dtype_name(c->dtype), c->cluster,
            c->gpus_per_node, c->lowp_kernels ? "native" : "libfsdp",
+           c->kernel_times == SIM_KERNELS_MEASURED ? " (times measured on this CPU)" : "",
+           c->backend ? c->backend : "", c->backend ? " collectives, " : "",
            fsdp_backward_prefetch_name(c->prefetch), c->forward_prefetch ? " + forward" : "",
            c->limit, c->act_ckpt ? ", activation checkpointing" : "");
     printf("%6s %-14s %9s %7s %7s %6s %8s %8s %8s | %-42s %7s\n", "GPUs", "strategy", "step s",
@@ -262,7 +292,8 @@ static void print_json(const sim_config_t *c, const sim_result_t *r) {
     printf("{\"model\":\"%s\",\"params\":%.0f,\"cluster\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,"
            "\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"strategy\":\"%s\","
            "\"backward_prefetch\":\"%s\",\"forward_prefetch\":%s,\"limit_all_gathers\":%d,"
-           "\"activation_checkpointing\":%s,\"kernels\":\"%s\",\"step_s\":%.6g,\"tflops_per_gpu\":%"
+           "\"activation_checkpointing\":%s,\"kernels\":\"%s\",\"kernel_times\":\"%s\","
+           "\"measured_calls\":%zu,\"backend\":\"%s\",\"step_s\":%.6g,\"tflops_per_gpu\":%"
            ".6g,"
            "\"hw_tflops_per_gpu\":%.6g,\"mfu\":%.6g,\"compute_s\":%.6g,\"comm_s\":%.6g,"
            "\"exposed_comm_s\":%.6g,\"model_flops\":%.6g,\"hw_flops\":%.6g,\"peak_bytes\":{",
@@ -270,8 +301,10 @@ static void print_json(const sim_config_t *c, const sim_result_t *r) {
            (long long)c->model->seq, fsdp_dtype_name(c->dtype),
            fsdp_sharding_strategy_name(c->strategy), fsdp_backward_prefetch_name(c->prefetch),
            c->forward_prefetch ? "true" : "false", c->limit, c->act_ckpt ? "true" : "false",
-           c->lowp_kernels ? "native" : "libfsdp", r->step, r->tflops, r->hw_tflops, r->mfu,
-           r->compute, r->comm, r->exposed, r->model_flops, r->hw_flops);
+           c->lowp_kernels ? "native" : "libfsdp",
+           c->kernel_times == SIM_KERNELS_MEASURED ? "measured" : "roofline", r->measured_calls,
+           c->backend ? c->backend : "sim", r->step, r->tflops, r->hw_tflops, r->mfu, r->compute,
+           r->comm, r->exposed, r->model_flops, r->hw_flops);
     for (int k = 0; k < FSDP_MEM_NCAT; k++)
         printf("\"%s\":%zu,", fsdp_mem_cat_name((fsdp_mem_cat_t)k), r->mem.peak[k]);
     printf("\"total\":%zu},\"coll\":{", r->mem.total_peak);

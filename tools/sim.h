@@ -22,6 +22,14 @@ const sim_model_t *sim_model_find(const char *name); /* NULL: unknown */
 double sim_model_params(const sim_model_t *m);
 double sim_model_flops(const sim_model_t *m, double tokens);
 
+/* How kernels are priced: the roofline of the cluster's compute model, or (cluster "cpu") each
+ * call timed on this machine's CPU device (fsdp_vsim_measure_kernels). */
+typedef enum sim_kernel_times {
+    SIM_KERNELS_DEFAULT = 0, /* measured on "cpu", the roofline elsewhere */
+    SIM_KERNELS_ROOFLINE,
+    SIM_KERNELS_MEASURED,
+} sim_kernel_times_t;
+
 typedef struct sim_config {
     const sim_model_t *model;
     const char *cluster; /* a preset of fsdp/cluster.h, or "cpu": this machine, calibrated */
@@ -38,7 +46,9 @@ typedef struct sim_config {
     bool act_ckpt;
     bool lowp_kernels; /* the compute model's lowp_kernels: half kernels as PyTorch's */
     double grad_clip;  /* clip the gradient norm to it before the step (0: no clipping) */
-    const char *trace; /* write the measured step's trace (simulated time) there; NULL: none */
+    sim_kernel_times_t kernel_times;
+    const char *backend; /* cluster "cpu": the group whose collectives are calibrated (NULL: sim) */
+    const char *trace;   /* write the measured step's trace (simulated time) there; NULL: none */
 } sim_config_t;
 
 typedef struct sim_result {
@@ -57,7 +67,8 @@ typedef struct sim_result {
     double coll_bytes[FSDP_COLL_COUNT], coll_time[FSDP_COLL_COUNT];
     double class_time[FSDP_KERNEL_CLASS_COUNT];
     uint64_t kernels;
-    double wall; /* s of this machine's time for the whole simulation */
+    size_t measured_calls; /* distinct calls timed on this CPU */
+    double wall;           /* s of this machine's time for the whole simulation */
     char error[512];
 } sim_result_t;
 

@@ -63,10 +63,15 @@ const sim_model_t *sim_model_find(const char *name) {
 }
 
 /* Parameters of the preset: the GPT's, counted from its shapes (fsdp/transformer.h). */
-double sim_model_params(const sim_model_t *m) {
+/* Parameters of one GPT block: two layer norms, the attention's projections, the MLP. */
+static double block_params(const sim_model_t *m) {
     double d = (double)m->d_model, f = m->d_ff ? (double)m->d_ff : 4.0 * d;
-    double block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (f * d + f) + (d * f + d);
-    return (double)m->vocab * d + (double)m->seq * d + (double)m->n_layer * block + 2 * d;
+    return 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (f * d + f) + (d * f + d);
+}
+
+double sim_model_params(const sim_model_t *m) {
+    double d = (double)m->d_model;
+    return (double)m->vocab * d + (double)m->seq * d + (double)m->n_layer * block_params(m) + 2 * d;
 }
 
 /* Model FLOPs of one training step of `tokens` tokens (see the top of the file). */
@@ -95,20 +100,103 @@ static void fill_mp(const sim_config_t *c, fsdp_mixed_precision_t *mp) {
 }
 
 /*
+ * How much slower a rank computes when every rank of a world of sim threads computes at once
+ * than when it runs alone: ranks that together have more threads than the machine has cores
+ * share them (and their caches), and ranks that do not still share the memory system. After a
+ * barrier every rank runs MIX_ROUNDS rounds of products and element-wise maps of fsdp-train's
+ * sizes; the slowdown is the time from the first rank's start to the last rank's end over the
+ * time of the same rounds on the calling thread alone, with a device of the same thread count.
+ * (Rank by rank times would miss the sharing: the scheduler may run one rank's rounds through
+ * before the next starts.)
+ */
+#define MIX_ROUNDS 60
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int mix_rounds(fsdp_ctx_t *ctx, int rounds, double *seconds) {
+    fsdp_tensor_t *a = NULL, *b = NULL;
+    int rc = fsdp_tensor_full(ctx, FSDP_DTYPE_F32, 2, (const int64_t[]){256, 128}, 0.01,
+                              FSDP_MEM_OTHER, &a);
+    if (rc == FSDP_OK)
+        rc = fsdp_tensor_full(ctx, FSDP_DTYPE_F32, 2, (const int64_t[]){128, 512}, 0.01,
+                              FSDP_MEM_OTHER, &b);
+    double t0 = now_s();
+    for (int i = 0; i < rounds && rc == FSDP_OK; i++) {
+        fsdp_tensor_t *h = NULL, *g = NULL, *y = NULL;
+        rc = fsdp_matmul(a, b, &h);
+        if (rc == FSDP_OK) rc = fsdp_gelu(h, FSDP_GELU_TANH, &g);
+        if (rc == FSDP_OK) rc = fsdp_add(g, h, &y);
+        fsdp_tensor_release(g);
+        g = NULL;
+        if (rc == FSDP_OK) rc = fsdp_softmax(y, 1, &g);
+        fsdp_tensor_release(h);
+        fsdp_tensor_release(g);
+        fsdp_tensor_release(y);
+    }
+    *seconds = now_s() - t0;
+    fsdp_tensor_release(a);
+    fsdp_tensor_release(b);
+    return rc;
+}
+
+/* Each rank writes its start and end times at span[2 rank] and span[2 rank + 1]. */
+static int mix_rank(fsdp_ctx_t *ctx, void *arg) {
+    double *span = arg, warm, took;
+    int r = fsdp_ctx_rank(ctx);
+    int rc = mix_rounds(ctx, 4, &warm);
+    if (rc == FSDP_OK) rc = fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL);
+    span[2 * r] = now_s();
+    if (rc == FSDP_OK) rc = mix_rounds(ctx, MIX_ROUNDS, &took);
+    span[2 * r + 1] = now_s();
+    return rc;
+}
+
+static int shared_slowdown(fsdp_ctx_t *ctx, int world, double *slowdown) {
+    *slowdown = 1.0;
+    if (world < 2) return FSDP_OK;
+    double alone = 0, warm, *span = calloc(2 * (size_t)world, sizeof *span);
+    if (!span) return FSDP_ENOMEM;
+    int rc = mix_rounds(ctx, 4, &warm);
+    if (rc == FSDP_OK) rc = mix_rounds(ctx, MIX_ROUNDS, &alone);
+    fsdp_sim_options_t so;
+    fsdp_sim_options_init(&so);
+    so.world_size = world;
+    if (rc == FSDP_OK) rc = fsdp_sim_run(&so, mix_rank, span, NULL);
+    double first = span[0], last = span[1];
+    for (int r = 1; r < world; r++) {
+        if (span[2 * r] < first) first = span[2 * r];
+        if (span[2 * r + 1] > last) last = span[2 * r + 1];
+    }
+    free(span);
+    if (rc == FSDP_OK && alone > 0 && last - first > alone) *slowdown = (last - first) / alone;
+    return rc;
+}
+
+/*
  * "This CPU" as a cluster of one node of `world` ranks (sim threads, as fsdp-train runs them):
  * fsdp_cluster_calibrate_cpu measured with the CPU device a rank of that world gets (cores /
- * world threads). Ranks that together ask for more threads than there are cores share them, so
- * each rank's compute rates and memory bandwidth are scaled by cores / (world * threads).
+ * world threads), and each rank's compute rates and memory bandwidth divided by the slowdown of
+ * ranks computing at once (shared_slowdown), which *slowdown_out receives.
  */
-static int cpu_cluster(fsdp_ctx_t *ctx, int world, fsdp_cluster_t *cl) {
+static int cpu_cluster(fsdp_ctx_t *ctx, const sim_config_t *c, fsdp_cluster_t *cl,
+                       double *slowdown_out) {
+    int world = c->gpus;
     fsdp_calibrate_options_t co;
     fsdp_calibrate_options_init(&co);
     co.ranks = world >= 2 ? world : 0;
+    co.backend = c->backend;
+    /* The network is timed at the size of a block's all-gather, FSDP's usual message. */
+    co.coll_bytes = (size_t)block_params(c->model) * fsdp_dtype_size(c->dtype);
     int rc = fsdp_cluster_calibrate_cpu(ctx, &co, cl);
     if (rc < 0) return rc;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = fsdp_device_num_threads(fsdp_ctx_device(ctx));
-    double share = cores > 0 && threads > 0 ? (double)cores / ((double)world * threads) : 1.0;
+    double slowdown;
+    if ((rc = shared_slowdown(ctx, world, &slowdown)) < 0) return rc;
+    *slowdown_out = slowdown;
+    double share = 1.0 / slowdown;
     if (share < 1.0) {
         for (int d = 0; d < FSDP_DTYPE_COUNT; d++)
             cl->compute.matmul_flops[d] *= share;
@@ -125,7 +213,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     co.rank = c->rank;
     co.world_size = c->gpus;
     co.log_level = FSDP_LOG_ERROR;
-    fsdp_ctx_t *ctx = NULL;
+    fsdp_ctx_t *ctx = NULL, *mctx = NULL;
     fsdp_vsim_t *vs = NULL;
     fsdp_module_t *model = NULL;
     fsdp_unit_t *root = NULL;
@@ -138,8 +226,9 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if ((rc = fsdp_ctx_create(&co, &ctx)) < 0) return fail(r, NULL, "fsdp_ctx_create", rc);
     int nodes = (c->gpus + c->gpus_per_node - 1) / c->gpus_per_node;
+    double slowdown = 1.0;
     if (strcmp(c->cluster, "cpu") == 0) {
-        if ((rc = cpu_cluster(ctx, c->gpus, &cl)) < 0) {
+        if ((rc = cpu_cluster(ctx, c, &cl, &slowdown)) < 0) {
             fail(r, ctx, "calibrating --cluster cpu", rc);
             goto out;
         }
@@ -153,6 +242,15 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     if ((rc = fsdp_vsim_create(ctx, &cl, &vs)) < 0) {
         fail(r, ctx, "fsdp_vsim_create", rc);
         goto out;
+    }
+    if (c->kernel_times == SIM_KERNELS_MEASURED) {
+        /* A rank's CPU device (cores / world threads, as ctx's), in a context of its own so that
+         * the measurements leave nothing in ctx. */
+        if ((rc = fsdp_ctx_create(&co, &mctx)) < 0 ||
+            (rc = fsdp_vsim_measure_kernels(vs, fsdp_ctx_device(mctx), slowdown)) < 0) {
+            fail(r, ctx, "measuring kernels", rc);
+            goto out;
+        }
     }
     fsdp_device_t *dev = fsdp_vsim_device(vs);
     fsdp_ctx_set_device(ctx, dev);
@@ -268,6 +366,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     for (int k = 0; k < FSDP_KERNEL_CLASS_COUNT; k++)
         r->class_time[k] = st.class_time[k];
     r->kernels = st.kernels;
+    r->measured_calls = fsdp_vsim_measured_calls(vs);
     for (int k = 0; k < FSDP_COLL_COUNT; k++)
         r->coll_bytes[k] = st.coll_bytes[k], r->coll_time[k] = st.coll_time[k];
 out:
@@ -280,6 +379,7 @@ out:
     fsdp_module_release(model);
     fsdp_ctx_set_device(ctx, NULL);
     fsdp_vsim_destroy(vs);
+    fsdp_ctx_destroy(mctx);
     fsdp_ctx_destroy(ctx);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     r->wall = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);

@@ -17,6 +17,7 @@
  */
 #include <config.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +275,7 @@ void fsdp_vsim_destroy(fsdp_vsim_t *vs) {
     if (vs->ctx->trace_clock == trace_clock) fsdp__ctx_set_trace_clock(vs->ctx, NULL, NULL);
     while (vs->groups)
         fsdp_pg_destroy(&vs->groups->base); /* unlinks itself */
+    if (vs->clock) fsdp__vmeasure_destroy(vs->clock->measure);
     fsdp_device_destroy(vs->dev);
     free(vs);
 }
@@ -288,6 +290,28 @@ fsdp_pg_t *fsdp_vsim_world(fsdp_vsim_t *vs) {
 
 const fsdp_cluster_t *fsdp_vsim_cluster(const fsdp_vsim_t *vs) {
     return vs ? &vs->cl : NULL;
+}
+
+int fsdp_vsim_measure_kernels(fsdp_vsim_t *vs, fsdp_device_t *dev, double scale) {
+    static const char who[] = "fsdp_vsim_measure_kernels";
+    if (!vs) return FSDP_EINVAL;
+    if (dev && fsdp_device_kind(dev) != FSDP_DEVICE_CPU)
+        return fsdp__ctx_err(vs->ctx, FSDP_EINVAL,
+                             "%s: dev is \"%s\"; kernels are measured on a CPU device", who,
+                             fsdp_device_name(dev));
+    if (dev && !(isfinite(scale) && scale > 0))
+        return fsdp__ctx_err(vs->ctx, FSDP_EINVAL, "%s: scale is %g (must be > 0 and finite)", who,
+                             scale);
+    struct fsdp__vmeasure *m = NULL;
+    if (dev && fsdp__vmeasure_create(dev, scale, &m) < 0)
+        return fsdp__ctx_err(vs->ctx, FSDP_ENOMEM, "%s: out of memory", who);
+    fsdp__vmeasure_destroy(vs->clock->measure);
+    vs->clock->measure = m;
+    return FSDP_OK;
+}
+
+size_t fsdp_vsim_measured_calls(const fsdp_vsim_t *vs) {
+    return vs && vs->clock ? fsdp__vmeasure_count(vs->clock->measure) : 0;
 }
 
 int fsdp_vsim_group(fsdp_vsim_t *vs, int size, int stride, fsdp_pg_t **out) {

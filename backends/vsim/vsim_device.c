@@ -11,7 +11,10 @@
  *
  * Every kernel fills an fsdp_kernel_cost_t with the model layer's counts for its operation and
  * charges it on the compute stream (charge()); copies and fills of memory are charged on the
- * stream they were queued on. fsdp/vsim.h gives the clock's rules.
+ * stream they were queued on. fsdp/vsim.h gives the clock's rules. Each also describes its call
+ * (VCALL: the operation, its dtype, sizes and flags), so that a simulator measuring kernels
+ * (fsdp_vsim_measure_kernels, vsim_measure.c) charges that call's measured time instead of the
+ * roofline's.
  */
 #include <config.h>
 
@@ -76,16 +79,37 @@ static double queue(fsdp_device_t *dev, struct fsdp__vclock *c, struct fsdp__vst
     return s->t;
 }
 
-/* Charges kernel k on the compute stream. */
-static int charge(fsdp_device_t *dev, const fsdp_kernel_cost_t *k) {
-    struct fsdp__vclock *c = clock_of(dev);
-    if (!c->model) return FSDP_OK;
+/* A call description of operation opv with the listed values (vsim_impl.h). */
+#define VCALL(opv, ...)                                                                            \
+    (&(struct fsdp__vcall){.op = (opv),                                                            \
+                           .nv = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),        \
+                           .v = {__VA_ARGS__}})
+
+/* The seconds kernel k takes: the measured time of its call where the clock measures and has
+ * one (call may be NULL: none), else the roofline's. */
+static int kernel_seconds(fsdp_device_t *dev, struct fsdp__vclock *c, const fsdp_kernel_cost_t *k,
+                          const struct fsdp__vcall *call, double *out) {
+    if (c->measure && call && call->nv > 0) {
+        int rc = fsdp__vmeasure_time(c->measure, call, out);
+        if (rc < 0) return fsdp__ctx_err(dev->ctx, rc, "%s: out of memory measuring", dev->name);
+        if (*out >= 0) return FSDP_OK;
+    }
     fsdp_kernel_estimate_t e;
     int rc = fsdp_compute_kernel_time(dev->ctx, c->model, k, &e);
+    if (rc == FSDP_OK) *out = e.seconds;
+    return rc;
+}
+
+/* Charges kernel k, described by call (or NULL), on the compute stream. */
+static int charge(fsdp_device_t *dev, const fsdp_kernel_cost_t *k, const struct fsdp__vcall *call) {
+    struct fsdp__vclock *c = clock_of(dev);
+    if (!c->model) return FSDP_OK;
+    double seconds;
+    int rc = kernel_seconds(dev, c, k, call, &seconds);
     if (rc < 0) return rc;
-    queue(dev, c, &c->compute, e.seconds);
-    c->stats.compute_busy += e.seconds;
-    if ((unsigned)k->cls < FSDP_KERNEL_CLASS_COUNT) c->stats.class_time[k->cls] += e.seconds;
+    queue(dev, c, &c->compute, seconds);
+    c->stats.compute_busy += seconds;
+    if ((unsigned)k->cls < FSDP_KERNEL_CLASS_COUNT) c->stats.class_time[k->cls] += seconds;
     c->stats.flops += k->flops;
     if (k->cls == FSDP_KERNEL_MATMUL || k->cls == FSDP_KERNEL_ATTENTION)
         c->stats.matmul_flops += k->flops;
@@ -95,31 +119,32 @@ static int charge(fsdp_device_t *dev, const fsdp_kernel_cost_t *k) {
 
 /* A kernel of `cls` touching `bytes` with `flops` (the counts the helpers do not cover). */
 static int charge_raw(fsdp_device_t *dev, fsdp_kernel_class_t cls, fsdp_dtype_t dt, double flops,
-                      double bytes) {
+                      double bytes, const struct fsdp__vcall *call) {
     fsdp_kernel_cost_t k = {.cls = cls, .dtype = dt, .flops = flops, .bytes = bytes};
-    return charge(dev, &k);
+    return charge(dev, &k, call);
 }
 
 static int charge_elementwise(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, int in, int out,
-                              double flops_per_elem) {
+                              double flops_per_elem, const struct fsdp__vcall *call) {
     fsdp_kernel_cost_t k;
     int rc = fsdp_kernel_elementwise(dev->ctx, (int64_t)n, in, out, flops_per_elem, dt, &k);
-    return rc < 0 ? rc : charge(dev, &k);
+    return rc < 0 ? rc : charge(dev, &k, call);
 }
 
 /* A copy or fill of `bytes` moved through device memory, on `stream`; `sync`: the host waits
  * for it (a copy to or from the host on the default stream). */
-static int charge_copy(fsdp_device_t *dev, void *stream, double bytes, bool sync) {
+static int charge_copy(fsdp_device_t *dev, void *stream, double bytes, bool sync,
+                       const struct fsdp__vcall *call) {
     struct fsdp__vclock *c = clock_of(dev);
     if (!c->model) return FSDP_OK;
     fsdp_kernel_cost_t k = {.cls = FSDP_KERNEL_ELEMENTWISE, .dtype = FSDP_DTYPE_U8, .bytes = bytes};
-    fsdp_kernel_estimate_t e;
-    int rc = fsdp_compute_kernel_time(dev->ctx, c->model, &k, &e);
+    double seconds;
+    int rc = kernel_seconds(dev, c, &k, call, &seconds);
     if (rc < 0) return rc;
     struct fsdp__vstream *s = stream_of(c, stream);
-    double end = queue(dev, c, s, e.seconds);
-    c->stats.copy_busy += e.seconds;
-    if (s == &c->compute) c->stats.compute_busy += e.seconds;
+    double end = queue(dev, c, s, seconds);
+    c->stats.copy_busy += seconds;
+    if (s == &c->compute) c->stats.compute_busy += seconds;
     if (sync) fsdp__vclock_host_wait(c, end);
     return FSDP_OK;
 }
@@ -154,17 +179,19 @@ static int meta_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,
         return FSDP_OK;
     case FSDP_COPY_D2H:
         memset(dst, 0, n); /* values of a shape-only tensor read as zeros */
-        return charge_copy(dev, stream, (double)n, !stream);
+        return charge_copy(dev, stream, (double)n, !stream, NULL);
     case FSDP_COPY_H2D:
-        return charge_copy(dev, stream, (double)n, !stream);
+        return charge_copy(dev, stream, (double)n, !stream, NULL);
     default:
-        return charge_copy(dev, stream, 2.0 * (double)n, false);
+        return charge_copy(dev, stream, 2.0 * (double)n, false,
+                           VCALL(FSDP__VOP_MEMCPY, FSDP_DTYPE_U8, (int64_t)n));
     }
 }
 
 static int meta_memset(fsdp_device_t *dev, void *dst, int byte, size_t n, void *stream) {
     (void)dst, (void)byte;
-    return charge_copy(dev, stream, (double)n, false);
+    return charge_copy(dev, stream, (double)n, false,
+                       VCALL(FSDP__VOP_MEMSET, FSDP_DTYPE_U8, (int64_t)n));
 }
 
 static int meta_stream_create(fsdp_device_t *dev, void **out) {
@@ -248,14 +275,15 @@ static void meta_fini(fsdp_device_t *dev) {
 
 static int meta_fill(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double value, void *y) {
     (void)value, (void)y;
-    return charge_elementwise(dev, dt, n, 0, 1, 0);
+    return charge_elementwise(dev, dt, n, 0, 1, 0, VCALL(FSDP__VOP_FILL, dt, (int64_t)n));
 }
 
 static int meta_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt, const void *x,
                      size_t n) {
     (void)y, (void)x;
     return charge_raw(dev, FSDP_KERNEL_ELEMENTWISE, dt, (double)n,
-                      (double)n * (double)(fsdp_dtype_size(dt) + fsdp_dtype_size(xt)));
+                      (double)n * (double)(fsdp_dtype_size(dt) + fsdp_dtype_size(xt)),
+                      VCALL(FSDP__VOP_CAST, dt, xt, (int64_t)n));
 }
 
 static size_t shape_numel(int ndim, const int64_t *shape) {
@@ -265,10 +293,26 @@ static size_t shape_numel(int ndim, const int64_t *shape) {
     return n;
 }
 
+/* The description of a strided operation: `head` values, then `narr` arrays of ndim values
+ * (the shape, then the strides). Not described (nv 0) when it does not fit. */
+static void strided_call(struct fsdp__vcall *call, int op, int nhead, const int64_t *head, int ndim,
+                         int narr, const int64_t *const *arr) {
+    memset(call, 0, sizeof *call);
+    call->op = op;
+    if (ndim < 0 || nhead + narr * ndim > FSDP__VCALL_MAX) return;
+    memcpy(call->v, head, (size_t)nhead * sizeof *head);
+    for (int a = 0; a < narr; a++)
+        memcpy(call->v + nhead + a * ndim, arr[a], (size_t)ndim * sizeof *arr[a]);
+    call->nv = nhead + narr * ndim;
+}
+
 static int meta_copy_strided(fsdp_device_t *dev, fsdp_dtype_t dt, int ndim, const int64_t *shape,
                              void *y, const void *x, const int64_t *xstride) {
-    (void)y, (void)x, (void)xstride;
-    return charge_elementwise(dev, dt, shape_numel(ndim, shape), 1, 1, 0);
+    (void)y, (void)x;
+    struct fsdp__vcall call;
+    strided_call(&call, FSDP__VOP_COPY_STRIDED, 2, (const int64_t[]){dt, ndim}, ndim, 2,
+                 (const int64_t *const[]){shape, xstride});
+    return charge_elementwise(dev, dt, shape_numel(ndim, shape), 1, 1, 0, &call);
 }
 
 /* FLOPs per element of a unary map (the transcendental ones count a few). */
@@ -291,27 +335,32 @@ static double unary_flops(fsdp_unary_op_t op, bool backward) {
 static int meta_unary(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n,
                       double alpha, const void *x, void *y) {
     (void)alpha, (void)x, (void)y;
-    return charge_elementwise(dev, dt, n, 1, 1, unary_flops(op, false));
+    return charge_elementwise(dev, dt, n, 1, 1, unary_flops(op, false),
+                              VCALL(FSDP__VOP_UNARY, dt, op, (int64_t)n));
 }
 
 static int meta_unary_backward(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n,
                                double alpha, const void *x, const void *y, const void *gy,
                                void *gx) {
-    (void)alpha, (void)x, (void)y, (void)gy, (void)gx;
-    return charge_elementwise(dev, dt, n, 2, 1, unary_flops(op, true));
+    (void)alpha, (void)gy, (void)gx;
+    return charge_elementwise(dev, dt, n, 2, 1, unary_flops(op, true),
+                              VCALL(FSDP__VOP_UNARY_BWD, dt, op, (int64_t)n, x != NULL, y != NULL));
 }
 
 static int meta_binary(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_binary_op_t op, int ndim,
                        const int64_t *shape, void *y, const void *a, const int64_t *astride,
                        const void *b, const int64_t *bstride) {
-    (void)op, (void)y, (void)a, (void)astride, (void)b, (void)bstride;
-    return charge_elementwise(dev, dt, shape_numel(ndim, shape), 2, 1, 1);
+    (void)y, (void)a, (void)b;
+    struct fsdp__vcall call;
+    strided_call(&call, FSDP__VOP_BINARY, 3, (const int64_t[]){dt, op, ndim}, ndim, 3,
+                 (const int64_t *const[]){shape, astride, bstride});
+    return charge_elementwise(dev, dt, shape_numel(ndim, shape), 2, 1, 1, &call);
 }
 
 static int meta_axpy(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double alpha, const void *x,
                      void *y) {
     (void)alpha, (void)x, (void)y;
-    return charge_elementwise(dev, dt, n, 2, 1, 2);
+    return charge_elementwise(dev, dt, n, 2, 1, 2, VCALL(FSDP__VOP_AXPY, dt, (int64_t)n));
 }
 
 static int meta_where(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const uint8_t *cond,
@@ -319,33 +368,39 @@ static int meta_where(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const uint8
     (void)cond, (void)av, (void)bv, (void)y;
     double es = (double)fsdp_dtype_size(dt);
     double bytes = (double)n * (1 + es * (1 + (a != NULL) + (b != NULL)));
-    return charge_raw(dev, FSDP_KERNEL_ELEMENTWISE, dt, (double)n, bytes);
+    return charge_raw(dev, FSDP_KERNEL_ELEMENTWISE, dt, (double)n, bytes,
+                      VCALL(FSDP__VOP_WHERE, dt, (int64_t)n, a != NULL, b != NULL));
 }
 
 static int meta_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size_t r, size_t inner,
-                       double extra_out_bytes) {
+                       double extra_out_bytes, const struct fsdp__vcall *call) {
     double in = (double)outer * (double)r * (double)inner, out = (double)outer * (double)inner;
     double es = (double)fsdp_dtype_size(dt);
-    return charge_raw(dev, FSDP_KERNEL_ROWWISE, dt, in, (in + out) * es + out * extra_out_bytes);
+    return charge_raw(dev, FSDP_KERNEL_ROWWISE, dt, in, (in + out) * es + out * extra_out_bytes,
+                      call);
 }
 
 static int meta_reduce_sum(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size_t r,
                            size_t inner, double alpha, const void *x, void *y) {
     (void)alpha, (void)x, (void)y;
-    return meta_reduce(dev, dt, outer, r, inner, 0);
+    return meta_reduce(dev, dt, outer, r, inner, 0,
+                       VCALL(FSDP__VOP_REDUCE_SUM, dt, (int64_t)outer, (int64_t)r, (int64_t)inner));
 }
 
 static int meta_reduce_max(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size_t r,
                            size_t inner, const void *x, void *y, int64_t *idx) {
     (void)x, (void)y;
-    return meta_reduce(dev, dt, outer, r, inner, idx ? 8 : 0);
+    return meta_reduce(
+        dev, dt, outer, r, inner, idx ? 8 : 0,
+        VCALL(FSDP__VOP_REDUCE_MAX, dt, (int64_t)outer, (int64_t)r, (int64_t)inner, idx != NULL));
 }
 
 static int meta_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const void *x,
                             void *out) {
     (void)x, (void)out;
     return charge_raw(dev, FSDP_KERNEL_ROWWISE, dt, 2.0 * (double)n,
-                      (double)n * (double)fsdp_dtype_size(dt));
+                      (double)n * (double)fsdp_dtype_size(dt),
+                      VCALL(FSDP__VOP_SUM_SQUARES, dt, (int64_t)n));
 }
 
 static int meta_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
@@ -353,69 +408,80 @@ static int meta_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op
                             void *stream) {
     (void)op, (void)divisor, (void)outs, (void)ins;
     /* A collective's reduction runs on the collective's stream: charged like a copy there. */
-    return charge_copy(dev, stream, (double)n * (double)(nin + nout) * fsdp_dtype_size(dt), false);
-}
-
-static int meta_gemm_any(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t m, int64_t n, int64_t k,
-                         int64_t batch) {
-    fsdp_kernel_cost_t kc;
-    int rc = fsdp_kernel_matmul(dev->ctx, m, n, k, batch, dt, &kc);
-    return rc < 0 ? rc : charge(dev, &kc);
+    return charge_copy(dev, stream, (double)n * (double)(nin + nout) * fsdp_dtype_size(dt), false,
+                       NULL);
 }
 
 static int meta_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
                      int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
                      int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, double beta,
                      void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
-    (void)alpha, (void)a, (void)stride_a, (void)b, (void)stride_b, (void)beta, (void)c;
-    (void)stride_c;
+    (void)alpha, (void)a, (void)b, (void)c;
     int rc = fsdp__gemm_check(dev, "meta", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
     if (rc != 0) return rc < 0 ? rc : FSDP_OK;
-    return meta_gemm_any(dev, dt, m, n, k, batch);
+    fsdp_kernel_cost_t kc;
+    if ((rc = fsdp_kernel_matmul(dev->ctx, m, n, k, batch, dt, &kc)) < 0) return rc;
+    return charge(dev, &kc,
+                  VCALL(FSDP__VOP_GEMM, dt, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b,
+                        ldc, stride_c, batch, beta != 0));
 }
 
 static int meta_gemm_lp(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool trans_a,
                         bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
                         int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
                         double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
-    (void)ct;
-    return meta_gemm(dev, dt, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
-                     beta, c, ldc, stride_c, batch);
+    (void)ct, (void)alpha, (void)a, (void)stride_a, (void)b, (void)stride_b, (void)beta, (void)c;
+    (void)stride_c;
+    /* A device with 16-bit products: not described, as the CPU device has none to time. */
+    int rc = fsdp__gemm_check(dev, "meta", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
+    if (rc != 0) return rc < 0 ? rc : FSDP_OK;
+    fsdp_kernel_cost_t kc;
+    if ((rc = fsdp_kernel_matmul(dev->ctx, m, n, k, batch, dt, &kc)) < 0) return rc;
+    return charge(dev, &kc, NULL);
 }
 
 static int meta_softmax(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, size_t rows, size_t n,
                         const void *x, void *y) {
-    (void)log, (void)x, (void)y;
+    (void)x, (void)y;
     fsdp_kernel_cost_t k;
     int rc = fsdp_kernel_softmax(dev->ctx, (int64_t)rows, (int64_t)n, false, dt, &k);
-    return rc < 0 ? rc : charge(dev, &k);
+    return rc < 0 ? rc
+                  : charge(dev, &k, VCALL(FSDP__VOP_SOFTMAX, dt, log, (int64_t)rows, (int64_t)n));
 }
 
 static int meta_softmax_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, size_t rows,
                                  size_t n, const void *y, const void *gy, void *gx) {
-    (void)log, (void)y, (void)gy, (void)gx;
+    (void)y, (void)gy, (void)gx;
     fsdp_kernel_cost_t k;
     int rc = fsdp_kernel_softmax(dev->ctx, (int64_t)rows, (int64_t)n, true, dt, &k);
-    return rc < 0 ? rc : charge(dev, &k);
+    return rc < 0
+               ? rc
+               : charge(dev, &k, VCALL(FSDP__VOP_SOFTMAX_BWD, dt, log, (int64_t)rows, (int64_t)n));
 }
 
 static int meta_layer_norm(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n, double eps,
                            const void *x, const void *w, const void *b, void *y, void *mean,
                            void *rstd) {
-    (void)eps, (void)x, (void)w, (void)b, (void)y, (void)mean, (void)rstd;
+    (void)eps, (void)x, (void)y, (void)mean, (void)rstd;
     fsdp_kernel_cost_t k;
     int rc = fsdp_kernel_layer_norm(dev->ctx, (int64_t)rows, (int64_t)n, false, dt, &k);
-    return rc < 0 ? rc : charge(dev, &k);
+    return rc < 0 ? rc
+                  : charge(dev, &k,
+                           VCALL(FSDP__VOP_LAYER_NORM, dt, (int64_t)rows, (int64_t)n, w != NULL,
+                                 b != NULL));
 }
 
 static int meta_layer_norm_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
                                     const void *x, const void *w, const void *mean,
                                     const void *rstd, const void *gy, void *gx, void *gw,
                                     void *gb) {
-    (void)x, (void)w, (void)mean, (void)rstd, (void)gy, (void)gx, (void)gw, (void)gb;
+    (void)x, (void)mean, (void)rstd, (void)gy;
     fsdp_kernel_cost_t k;
     int rc = fsdp_kernel_layer_norm(dev->ctx, (int64_t)rows, (int64_t)n, true, dt, &k);
-    return rc < 0 ? rc : charge(dev, &k);
+    return rc < 0 ? rc
+                  : charge(dev, &k,
+                           VCALL(FSDP__VOP_LAYER_NORM_BWD, dt, (int64_t)rows, (int64_t)n, w != NULL,
+                                 gx != NULL, gw != NULL, gb != NULL));
 }
 
 static int meta_batch_norm(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size_t nb, size_t c,
@@ -426,7 +492,7 @@ static int meta_batch_norm(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size
     (void)running_var, (void)y, (void)mean, (void)rstd;
     size_t n = nb * c * l;
     return charge_raw(dev, FSDP_KERNEL_ROWWISE, dt, 8.0 * (double)n,
-                      3.0 * (double)n * (double)fsdp_dtype_size(dt));
+                      3.0 * (double)n * (double)fsdp_dtype_size(dt), NULL);
 }
 
 static int meta_batch_norm_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool train, size_t nb,
@@ -436,22 +502,24 @@ static int meta_batch_norm_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool tr
     (void)train, (void)x, (void)w, (void)mean, (void)rstd, (void)gy, (void)gx, (void)gw, (void)gb;
     size_t n = nb * c * l;
     return charge_raw(dev, FSDP_KERNEL_ROWWISE, dt, 13.0 * (double)n,
-                      4.0 * (double)n * (double)fsdp_dtype_size(dt));
+                      4.0 * (double)n * (double)fsdp_dtype_size(dt), NULL);
 }
 
 static int meta_embedding(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, size_t dim,
                           const int64_t *idx, const void *w, void *y) {
     (void)idx, (void)w, (void)y;
     return charge_raw(dev, FSDP_KERNEL_ELEMENTWISE, dt, 0,
-                      (double)n * (8.0 + 2.0 * (double)dim * (double)fsdp_dtype_size(dt)));
+                      (double)n * (8.0 + 2.0 * (double)dim * (double)fsdp_dtype_size(dt)),
+                      VCALL(FSDP__VOP_EMBEDDING, dt, (int64_t)n, (int64_t)dim));
 }
 
 static int meta_embedding_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, size_t dim,
                                    const int64_t *idx, int64_t padding_idx, const void *gy,
                                    void *gw) {
-    (void)idx, (void)padding_idx, (void)gy, (void)gw;
+    (void)idx, (void)gy, (void)gw;
     return charge_raw(dev, FSDP_KERNEL_ELEMENTWISE, dt, (double)n * (double)dim,
-                      (double)n * (8.0 + 3.0 * (double)dim * (double)fsdp_dtype_size(dt)));
+                      (double)n * (8.0 + 3.0 * (double)dim * (double)fsdp_dtype_size(dt)),
+                      VCALL(FSDP__VOP_EMBEDDING_BWD, dt, (int64_t)n, (int64_t)dim, padding_idx));
 }
 
 static int meta_cross_entropy(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
@@ -462,7 +530,8 @@ static int meta_cross_entropy(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, 
     int rc = fsdp_kernel_cross_entropy(dev->ctx, (int64_t)rows, (int64_t)n, false, dt, &k);
     if (rc < 0) return rc;
     if (logp) k.bytes += (double)rows * (double)n * (double)fsdp_dtype_size(dt);
-    return charge(dev, &k);
+    return charge(dev, &k,
+                  VCALL(FSDP__VOP_CROSS_ENTROPY, dt, (int64_t)rows, (int64_t)n, logp != NULL));
 }
 
 static int meta_cross_entropy_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
@@ -472,35 +541,39 @@ static int meta_cross_entropy_backward(fsdp_device_t *dev, fsdp_dtype_t dt, size
     (void)logp, (void)target, (void)ignore_index, (void)label_smoothing, (void)gloss, (void)gx;
     fsdp_kernel_cost_t k;
     int rc = fsdp_kernel_cross_entropy(dev->ctx, (int64_t)rows, (int64_t)n, true, dt, &k);
-    return rc < 0 ? rc : charge(dev, &k);
+    return rc < 0
+               ? rc
+               : charge(dev, &k, VCALL(FSDP__VOP_CROSS_ENTROPY_BWD, dt, (int64_t)rows, (int64_t)n));
 }
 
 static int meta_dropout(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double p, uint64_t seed,
                         uint64_t stream, uint64_t offset, const void *x, void *y, uint8_t *mask) {
-    (void)p, (void)seed, (void)stream, (void)offset, (void)x, (void)y, (void)mask;
+    (void)p, (void)seed, (void)stream, (void)offset, (void)x, (void)y;
     return charge_raw(dev, FSDP_KERNEL_ELEMENTWISE, dt, 12.0 * (double)n,
-                      (double)n * (1.0 + 2.0 * (double)fsdp_dtype_size(dt)));
+                      (double)n * (1.0 + 2.0 * (double)fsdp_dtype_size(dt)),
+                      VCALL(FSDP__VOP_DROPOUT, dt, (int64_t)n, mask != NULL));
 }
 
 static int meta_sgd_step(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, const void *g,
                          void *buf, double lr, double momentum, double dampening, double wd,
                          bool nesterov, bool first) {
-    (void)p, (void)g, (void)lr, (void)momentum, (void)dampening, (void)wd, (void)nesterov;
-    (void)first;
+    (void)p, (void)g, (void)lr, (void)momentum, (void)dampening, (void)wd;
     fsdp_kernel_cost_t k;
     int rc = fsdp_kernel_optimizer(
         dev->ctx, buf ? FSDP_KERNEL_OPTIM_SGD_MOMENTUM : FSDP_KERNEL_OPTIM_SGD, (int64_t)n, dt, &k);
-    return rc < 0 ? rc : charge(dev, &k);
+    return rc < 0 ? rc
+                  : charge(dev, &k,
+                           VCALL(FSDP__VOP_SGD, dt, (int64_t)n, buf != NULL, nesterov, first));
 }
 
 static int meta_adam_step(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, void *p, const void *g,
                           void *m, void *v, void *vmax, double lr, double beta1, double beta2,
                           double eps, double wd, bool decoupled, bool amsgrad, int64_t t) {
     (void)p, (void)g, (void)m, (void)v, (void)vmax, (void)lr, (void)beta1, (void)beta2, (void)eps;
-    (void)wd, (void)decoupled, (void)amsgrad, (void)t;
+    (void)wd, (void)t;
     fsdp_kernel_cost_t k;
     int rc = fsdp_kernel_optimizer(dev->ctx, FSDP_KERNEL_OPTIM_ADAMW, (int64_t)n, dt, &k);
-    return rc < 0 ? rc : charge(dev, &k);
+    return rc < 0 ? rc : charge(dev, &k, VCALL(FSDP__VOP_ADAM, dt, (int64_t)n, amsgrad, decoupled));
 }
 
 const struct fsdp_dev_ops fsdp__meta_dev_ops = {

@@ -38,6 +38,7 @@ struct fsdp__vevent {
 
 struct fsdp__vclock {
     const fsdp_compute_model_t *model; /* NULL: charge nothing */
+    struct fsdp__vmeasure *measure;    /* non-NULL: measured kernel times where it has them */
     double host;                       /* the host's time */
     struct fsdp__vstream compute;      /* the compute stream */
     double net_free;                   /* when the network finishes its last collective */
@@ -47,6 +48,58 @@ struct fsdp__vclock {
     uint64_t queued;                   /* operations queued on the compute stream */
     fsdp_vsim_stats_t stats;
 };
+
+/* Operations the measuring device replays (vsim_measure.c). */
+enum fsdp__vop {
+    FSDP__VOP_FILL,
+    FSDP__VOP_CAST,
+    FSDP__VOP_COPY_STRIDED,
+    FSDP__VOP_UNARY,
+    FSDP__VOP_UNARY_BWD,
+    FSDP__VOP_BINARY,
+    FSDP__VOP_AXPY,
+    FSDP__VOP_WHERE,
+    FSDP__VOP_REDUCE_SUM,
+    FSDP__VOP_REDUCE_MAX,
+    FSDP__VOP_SUM_SQUARES,
+    FSDP__VOP_GEMM,
+    FSDP__VOP_SOFTMAX,
+    FSDP__VOP_SOFTMAX_BWD,
+    FSDP__VOP_LAYER_NORM,
+    FSDP__VOP_LAYER_NORM_BWD,
+    FSDP__VOP_EMBEDDING,
+    FSDP__VOP_EMBEDDING_BWD,
+    FSDP__VOP_CROSS_ENTROPY,
+    FSDP__VOP_CROSS_ENTROPY_BWD,
+    FSDP__VOP_DROPOUT,
+    FSDP__VOP_ADAM,
+    FSDP__VOP_SGD,
+    FSDP__VOP_MEMCPY,
+    FSDP__VOP_MEMSET,
+};
+
+#define FSDP__VCALL_MAX 32
+
+/* A kernel call as far as its speed goes: the operation, then its dtype and every size and flag
+ * (which pointers are NULL, a transpose, a log-softmax), in the order vsim_measure.c reads
+ * them. Two calls with the same description take the same time. nv = 0: not described (the
+ * roofline prices it). */
+struct fsdp__vcall {
+    int op;
+    int nv;
+    int64_t v[FSDP__VCALL_MAX];
+};
+
+/* Measured kernel times: a table from call descriptions to the median time of the call on a CPU
+ * device, filled the first time each description is seen. */
+struct fsdp__vmeasure;
+int fsdp__vmeasure_create(fsdp_device_t *dev, double scale, struct fsdp__vmeasure **out);
+void fsdp__vmeasure_destroy(struct fsdp__vmeasure *m);
+/* The measured seconds of call c (times the scale), or -1 when the call is not replayed (its
+ * buffers are too large, the CPU device has no such kernel): the caller uses the roofline. */
+int fsdp__vmeasure_time(struct fsdp__vmeasure *m, const struct fsdp__vcall *c, double *seconds);
+/* Descriptions measured so far. */
+size_t fsdp__vmeasure_count(const struct fsdp__vmeasure *m);
 
 /* The device's state: its clock and the allocator of its addresses. */
 struct fsdp__vdev;

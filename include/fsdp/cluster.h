@@ -170,9 +170,18 @@ typedef struct fsdp_calibrate_options {
      * [2, 1024], or 0 to skip the collective measurement: the result then has one GPU per node,
      * links at half the copy bandwidth (a copy reads and writes) and no latency. */
     int ranks;
+    /* The process group the collectives are timed on: "sim" (NULL: the default; sim threads
+     * sharing memory) or "gloo" (each of the ranks threads a Gloo group of its own over loopback
+     * TCP, rendezvousing through an in-memory store, as fsdprun's processes on one host talk;
+     * FSDP_ENOTSUP in a build without Gloo). */
+    const char *backend;
+    /* Bytes of output of the large all_gather timed (0: 4 MiB). The network model is linear in
+     * the bytes and a real transport is not quite, so it fits best at the size the caller's
+     * collectives have (a unit's parameters, for FSDP). */
+    size_t coll_bytes;
 } fsdp_calibrate_options_t;
 
-/* Fills opts with ranks = 2. */
+/* Fills opts with ranks = 2, backend NULL (sim) and coll_bytes 0 (4 MiB). */
 FSDP_EXTERN void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts);
 
 /*
@@ -183,9 +192,12 @@ FSDP_EXTERN void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts);
  * products' rate), the element-wise rate (vector_flops: the device's tanh GELU over 256 Ki f32
  * elements that stay in cache, counted at 8 FLOPs an element, as the shape-only device charges
  * it), a 32 MiB device copy (mem_bw, counting read and written bytes), the time of a
- * one-element fill (launch), and the sim backend's all_reduce of 4 bytes and of 4 MiB over
- * opts->ranks threads (base_latency from the first, per-hop latencies 0 since the sim group
- * is not a ring, intra_bw from the difference through the ring formula). The inter-node link
+ * one-element fill (launch), and opts->backend's all_gather of one f32 element per rank and
+ * of opts->coll_bytes of output over opts->ranks threads, each call after a barrier and 1 ms
+ * of CPU time that every rank spends computing, as ranks compute between collectives in a step
+ * (the mean of several; a stall now and then is part of the cost)
+ * (base_latency from the first, per-hop latencies 0, intra_bw from the difference through the
+ * ring formula). The inter-node link
  * copies the intra-node one (nothing to measure); efficiencies are 1. mem_bytes is the
  * physical memory. Timings are the best of a few repetitions. ctx's CPU device does the work
  * when ctx's default device is the CPU; otherwise a CPU device is created for the measurement.

@@ -114,6 +114,25 @@ typedef struct fsdp_vsim_stats {
 
 FSDP_EXTERN int fsdp_vsim_stats(const fsdp_vsim_t *vs, fsdp_vsim_stats_t *out);
 
+/*
+ * Kernel times measured on this machine instead of the roofline. From this call on, each kernel,
+ * copy and fill of the simulated rank costs what the same call costs on dev, a CPU device: the
+ * first time a call of its sizes, dtypes and flags is seen, it runs on dev over zeroed scratch
+ * buffers (a warm-up, then five timed runs, each after the core's cache has been flushed of the
+ * buffers, of which the median is kept) and later calls of the
+ * same description cost the same. scale (> 0, finite) multiplies every measured time: above 1
+ * when the ranks of the simulated world have more threads together than the machine has cores.
+ * Calls the CPU device does not run as asked keep the roofline: 16-bit products (the CPU device
+ * widens their operands first), batch norm, the reductions inside collectives, copies between the
+ * host and the device, and calls whose buffers pass 256 MiB together. dev NULL returns to the
+ * roofline. dev must outlive the simulator or the next call of this function. FSDP_EINVAL when
+ * dev is not a CPU device or scale is not > 0.
+ */
+FSDP_EXTERN int fsdp_vsim_measure_kernels(fsdp_vsim_t *vs, fsdp_device_t *dev, double scale);
+
+/* Distinct calls measured so far (0 when kernels are priced by the roofline). */
+FSDP_EXTERN size_t fsdp_vsim_measured_calls(const fsdp_vsim_t *vs);
+
 /* Waits (in simulated time) for every stream and the network: the host's time becomes `now`.
  * Call it at the end of a step, as a training loop's host waits for the loss. */
 FSDP_EXTERN void fsdp_vsim_sync(fsdp_vsim_t *vs);

@@ -12,12 +12,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <fsdp/cluster.h>
 #include <fsdp/device.h>
+#include <fsdp/gloo.h>
 #include <fsdp/pg.h>
 #include <fsdp/sim.h>
+#include <fsdp/store.h>
 
 #include "core/timeutil.h"
 #include "device/device_impl.h"
@@ -31,15 +34,20 @@
 #define COPY_BYTES ((size_t)32 << 20)
 #define LAUNCH_CALLS 256
 #define VEC_ELEMS ((size_t)1 << 18)
-/* The sim all_reduce timed: one f32 element (latency) and 4 MiB (bandwidth). */
-#define COLL_SMALL_REPS 50
-#define COLL_LARGE_COUNT ((size_t)1 << 20)
-#define COLL_LARGE_REPS 5
+/* The all_gathers timed: one f32 element per rank (latency) and an output of opts->coll_bytes
+ * (bandwidth; 4 MiB by default), each call after a barrier and a pause of COLL_PAUSE_NS of
+ * CPU time spent computing. */
+#define COLL_SMALL_REPS 31
+#define COLL_LARGE_BYTES ((size_t)4 << 20)
+#define COLL_LARGE_REPS 63
+#define COLL_PAUSE_NS 1000000
 
 void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts) {
     if (!opts) return;
     memset(opts, 0, sizeof *opts);
     opts->ranks = 2;
+    opts->backend = NULL;
+    opts->coll_bytes = 0;
 }
 
 static double seconds_since(int64_t t0) {
@@ -174,35 +182,83 @@ static int time_launch(fsdp_device_t *dev, double *launch) {
 
 /* What the sim ranks measure; rank 0 writes the times, read after fsdp_sim_run has joined. */
 typedef struct coll_times {
-    double small, large; /* best seconds of an all_reduce of 1 and COLL_LARGE_COUNT f32 */
+    fsdp_store_t *store; /* non-NULL: time Gloo groups rendezvousing through clones of it */
+    size_t large_count;  /* f32 elements each rank contributes to the large all_gather */
+    double small, large; /* mean seconds of the small and the large all_gather */
 } coll_times_t;
 
-static int time_allreduce(fsdp_pg_t *pg, float *buf, size_t count, int reps, double *best) {
-    *best = 0;
-    for (int i = 0; i <= reps; i++) { /* the first call warms up and is not counted */
-        int64_t t0 = fsdp__now_ns();
-        int rc = fsdp_pg_all_reduce(pg, buf, buf, count, FSDP_DTYPE_F32, FSDP_REDOP_SUM, NULL);
-        double t = seconds_since(t0);
-        if (rc < 0) return rc;
-        if (i > 0 && (*best == 0 || t < *best)) *best = t;
+/* Spends COLL_PAUSE_NS of this thread's CPU time computing. */
+static void compute_pause(void) {
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    do
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    while ((c1.tv_sec - c0.tv_sec) * 1000000000L + (c1.tv_nsec - c0.tv_nsec) < COLL_PAUSE_NS);
+}
+
+/* Seconds from a barrier to the end of reps rounds of a compute pause, each followed by an
+ * all_gather of count f32 elements per rank when count > 0. */
+static int rounds(fsdp_pg_t *pg, float *buf, size_t count, int reps, double *seconds) {
+    char *send = (char *)buf + (size_t)fsdp_pg_rank(pg) * count * sizeof *buf;
+    int rc = fsdp_pg_barrier(pg, NULL);
+    int64_t t0 = fsdp__now_ns();
+    for (int i = 0; i < reps && rc == FSDP_OK; i++) {
+        compute_pause();
+        if (count > 0) rc = fsdp_pg_all_gather(pg, send, buf, count, FSDP_DTYPE_F32, NULL);
     }
-    return FSDP_OK;
+    *seconds = seconds_since(t0);
+    return rc;
+}
+
+/*
+ * What an all_gather of count f32 elements per rank adds to a round of computing: reps rounds
+ * of COLL_PAUSE_NS of each rank's CPU time followed by the all_gather, less the same rounds
+ * without it, per round (the mean; 0 at least). In a training step the ranks compute between
+ * collectives, and a collective timed alone, back to back or after a sleep, hides what it costs
+ * there: the transport's threads wait for cores the ranks hold, and what a rank's send has left
+ * to do after its call returned delays the peers' next call instead. On this machine a Gloo
+ * all_gather of 0.8 MB between two ranks takes 0.2 to 0.3 ms back to back and adds 3 ms or so to
+ * a round, as in fsdp-train's steps (docs/simulation.md). The pause counts CPU time, not wall
+ * time, so that ranks sharing cores end it together, as ranks sharing cores through a step do.
+ */
+static int time_all_gather(fsdp_pg_t *pg, float *buf, size_t count, int reps, double *mean) {
+    double with, without, warm;
+    int rc = rounds(pg, buf, count, 1, &warm);
+    if (rc == FSDP_OK) rc = rounds(pg, buf, 0, reps, &without);
+    if (rc == FSDP_OK) rc = rounds(pg, buf, count, reps, &with);
+    *mean = with > without ? (with - without) / reps : 0;
+    return rc;
 }
 
 static int coll_rank(fsdp_ctx_t *ctx, void *arg) {
     coll_times_t *out = arg;
-    fsdp_pg_t *pg = fsdp_ctx_pg(ctx);
+    fsdp_pg_t *pg = fsdp_ctx_pg(ctx), *gloo = NULL;
+    fsdp_store_t *store = NULL;
+    int rc = FSDP_OK;
+    if (out->store) {
+        /* A Gloo group of this thread's own, rendezvousing through a clone of the shared store;
+         * its collectives are the ones timed. */
+        if ((rc = fsdp_store_clone(out->store, "calibrate/", &store)) < 0) return rc;
+        if ((rc = fsdp_pg_create_gloo(ctx, store, NULL, &gloo)) < 0) goto out;
+        pg = gloo;
+    }
     /* Zeros sum to zeros: the values never overflow or turn into NaN. */
-    float *buf = calloc(COLL_LARGE_COUNT, sizeof *buf);
-    if (!buf) return FSDP_ENOMEM;
+    float *buf = calloc(out->large_count * (size_t)fsdp_pg_size(pg), sizeof *buf);
+    if (!buf) {
+        rc = FSDP_ENOMEM;
+        goto out;
+    }
     double small, large;
-    int rc = time_allreduce(pg, buf, 1, COLL_SMALL_REPS, &small);
-    if (rc == FSDP_OK) rc = time_allreduce(pg, buf, COLL_LARGE_COUNT, COLL_LARGE_REPS, &large);
+    rc = time_all_gather(pg, buf, 1, COLL_SMALL_REPS, &small);
+    if (rc == FSDP_OK) rc = time_all_gather(pg, buf, out->large_count, COLL_LARGE_REPS, &large);
     free(buf);
     if (rc == FSDP_OK && fsdp_ctx_rank(ctx) == 0) {
         out->small = small;
         out->large = large;
     }
+out:
+    fsdp_pg_destroy(gloo);
+    fsdp_store_destroy(store);
     return rc;
 }
 
@@ -222,6 +278,15 @@ int fsdp_cluster_calibrate_cpu(fsdp_ctx_t *ctx, const fsdp_calibrate_options_t *
         opts = &defaults;
     }
     if (!out) return fsdp__model_err(ctx, FSDP_EINVAL, "%s: out is NULL", who);
+    bool gloo = opts->backend && strcmp(opts->backend, "gloo") == 0;
+    if (opts->backend && !gloo && strcmp(opts->backend, "sim") != 0)
+        return fsdp__model_err(ctx, FSDP_EINVAL, "%s: opts.backend is \"%s\" (sim or gloo)", who,
+                               opts->backend);
+    if (gloo && !fsdp_gloo_available())
+        return fsdp__model_err(ctx, FSDP_ENOTSUP,
+                               "%s: opts.backend is gloo, and this build of "
+                               "libfsdp has no Gloo backend",
+                               who);
     if (opts->ranks != 0 && (opts->ranks < 2 || opts->ranks > 1024))
         return fsdp__model_err(ctx, FSDP_EINVAL,
                                "%s: opts.ranks is %d (must be 0, to skip the collectives, or in "
@@ -265,19 +330,33 @@ int fsdp_cluster_calibrate_cpu(fsdp_ctx_t *ctx, const fsdp_calibrate_options_t *
         fsdp_sim_options_t so;
         fsdp_sim_options_init(&so);
         so.world_size = opts->ranks;
-        coll_times_t t = {0, 0};
-        if ((rc = fsdp_sim_run(&so, coll_rank, &t, NULL)) < 0) {
-            rc = fsdp__model_err(ctx, rc, "%s: the sim run of %d ranks failed: %s", who,
-                                 opts->ranks, fsdp_strerror(rc));
+        size_t bytes = opts->coll_bytes ? opts->coll_bytes : COLL_LARGE_BYTES;
+        coll_times_t t = {NULL, 0, 0, 0};
+        t.large_count = bytes / sizeof(float) / (size_t)opts->ranks;
+        if (t.large_count == 0) t.large_count = 1;
+        if (gloo && (rc = fsdp_store_create_memory(ctx, &t.store)) < 0) goto out;
+        rc = fsdp_sim_run(&so, coll_rank, &t, NULL);
+        fsdp_store_destroy(t.store);
+        if (rc < 0) {
+            rc = fsdp__model_err(ctx, rc, "%s: the %s run of %d ranks failed: %s", who,
+                                 gloo ? "gloo" : "sim", opts->ranks, fsdp_strerror(rc));
             goto out;
         }
         /* All of the small collective is latency; the large one adds its bytes, which the
-         * ring formula moves at 2 (n - 1) / n * S / B. Noise can make the difference vanish. */
-        double S = (double)(COLL_LARGE_COUNT * sizeof(float)), n = opts->ranks;
-        double transfer = t.large > t.small ? t.large - t.small : t.large;
+         * ring formula moves at (n - 1) / n * S / B for an all_gather of S bytes of output.
+         * Where the transport's start-up costs swamp its bytes (Gloo on ranks that share
+         * cores), noise can make the large one no slower than the small one, or by less than
+         * a copy of its bytes takes: then all of it is latency, the bytes move at the copy
+         * bandwidth, and the model still gives the large all_gather the time it took. */
+        double n = opts->ranks, S = (double)(t.large_count * sizeof(float)) * n;
         net->gpus_per_node = opts->ranks;
-        net->base_latency = t.small;
-        net->intra_bw = 2 * (n - 1) / n * S / (transfer > 0 ? transfer : 1e-9);
+        if (t.large - t.small > S / m->mem_bw) { /* no faster than a copy of the bytes */
+            net->base_latency = t.small;
+            net->intra_bw = (n - 1) / n * S / (t.large - t.small);
+        } else {
+            net->base_latency = t.large;
+            net->intra_bw = m->mem_bw / 2;
+        }
     }
     net->nics_per_node = net->gpus_per_node;
     net->nic_bw = net->intra_bw;
