@@ -293,7 +293,8 @@ static void print_json(const sim_config_t *c, const sim_result_t *r) {
            "\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"strategy\":\"%s\","
            "\"backward_prefetch\":\"%s\",\"forward_prefetch\":%s,\"limit_all_gathers\":%d,"
            "\"activation_checkpointing\":%s,\"kernels\":\"%s\",\"kernel_times\":\"%s\","
-           "\"measured_calls\":%zu,\"backend\":\"%s\",\"step_s\":%.6g,\"tflops_per_gpu\":%"
+           "\"measured_calls\":%zu,\"backend\":\"%s\",\"cpu_slowdown\":%.4g,\"step_s\":%.6g,"
+           "\"tflops_per_gpu\":%"
            ".6g,"
            "\"hw_tflops_per_gpu\":%.6g,\"mfu\":%.6g,\"compute_s\":%.6g,\"comm_s\":%.6g,"
            "\"exposed_comm_s\":%.6g,\"model_flops\":%.6g,\"hw_flops\":%.6g,\"peak_bytes\":{",
@@ -303,8 +304,8 @@ static void print_json(const sim_config_t *c, const sim_result_t *r) {
            c->forward_prefetch ? "true" : "false", c->limit, c->act_ckpt ? "true" : "false",
            c->lowp_kernels ? "native" : "libfsdp",
            c->kernel_times == SIM_KERNELS_MEASURED ? "measured" : "roofline", r->measured_calls,
-           c->backend ? c->backend : "sim", r->step, r->tflops, r->hw_tflops, r->mfu, r->compute,
-           r->comm, r->exposed, r->model_flops, r->hw_flops);
+           c->backend ? c->backend : "sim", r->slowdown, r->step, r->tflops, r->hw_tflops, r->mfu,
+           r->compute, r->comm, r->exposed, r->model_flops, r->hw_flops);
     for (int k = 0; k < FSDP_MEM_NCAT; k++)
         printf("\"%s\":%zu,", fsdp_mem_cat_name((fsdp_mem_cat_t)k), r->mem.peak[k]);
     printf("\"total\":%zu},\"coll\":{", r->mem.total_peak);

@@ -68,7 +68,8 @@ typedef struct sim_result {
     double class_time[FSDP_KERNEL_CLASS_COUNT];
     uint64_t kernels;
     size_t measured_calls; /* distinct calls timed on this CPU */
-    double wall;           /* s of this machine's time for the whole simulation */
+    double slowdown; /* cluster "cpu": the world's ranks computing at once against one alone */
+    double wall;     /* s of this machine's time for the whole simulation */
     char error[512];
 } sim_result_t;
 

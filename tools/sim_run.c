@@ -109,7 +109,7 @@ static void fill_mp(const sim_config_t *c, fsdp_mixed_precision_t *mp) {
  * (Rank by rank times would miss the sharing: the scheduler may run one rank's rounds through
  * before the next starts.)
  */
-#define MIX_ROUNDS 60
+#define MIX_ROUNDS 150
 
 static double now_s(void) {
     struct timespec t;
@@ -367,6 +367,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
         r->class_time[k] = st.class_time[k];
     r->kernels = st.kernels;
     r->measured_calls = fsdp_vsim_measured_calls(vs);
+    r->slowdown = slowdown;
     for (int k = 0; k < FSDP_COLL_COUNT; k++)
         r->coll_bytes[k] = st.coll_bytes[k], r->coll_time[k] = st.coll_time[k];
 out:
