@@ -104,6 +104,7 @@ static void test_measured(void) {
            fsdp_vsim_measured_calls(vs));
 
     /* Buffers over 256 MiB together are not replayed: a fill of 512 MiB costs the roofline. */
+    calls = fsdp_vsim_measured_calls(vs);
     fsdp_vsim_stats_t s0, s1;
     fsdp_vsim_stats(vs, &s0);
     fsdp_tensor_t *big = NULL;
@@ -118,6 +119,7 @@ static void test_measured(void) {
     tap_is_near(s1.class_time[FSDP_KERNEL_ELEMENTWISE] - s0.class_time[FSDP_KERNEL_ELEMENTWISE],
                 e.seconds, 1e-15, 0, "  costs the roofline's %.3g s, as it is not replayed",
                 e.seconds);
+    tap_is_size(fsdp_vsim_measured_calls(vs), calls, "  and is not counted as measured");
     fsdp_tensor_release(big);
 
     /* A scale multiplies the measurements of a new table. */

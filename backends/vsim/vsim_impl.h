@@ -96,9 +96,10 @@ struct fsdp__vmeasure;
 int fsdp__vmeasure_create(fsdp_device_t *dev, double scale, struct fsdp__vmeasure **out);
 void fsdp__vmeasure_destroy(struct fsdp__vmeasure *m);
 /* The measured seconds of call c (times the scale), or -1 when the call is not replayed (its
- * buffers are too large, the CPU device has no such kernel): the caller uses the roofline. */
+ * buffers are too large, the CPU device fails it): the caller uses the roofline. Fails only
+ * when the table cannot grow (FSDP_ENOMEM). */
 int fsdp__vmeasure_time(struct fsdp__vmeasure *m, const struct fsdp__vcall *c, double *seconds);
-/* Descriptions measured so far. */
+/* Descriptions measured so far (not counting those left to the roofline). */
 size_t fsdp__vmeasure_count(const struct fsdp__vmeasure *m);
 
 /* The device's state: its clock and the allocator of its addresses. */

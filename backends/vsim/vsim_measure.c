@@ -9,15 +9,16 @@
  * describes the call (struct fsdp__vcall: the operation and every size, dtype and flag its speed
  * may depend on), and the first time a description is seen the same operation runs on the CPU
  * device over zeroed scratch buffers of the sizes it reads and writes: a warm-up, then
- * MEASURE_REPS timed runs, whose median is kept in a table keyed by the description. Each timed
- * run starts with the core's caches flushed of the buffers (MEASURE_EVICT_BYTES written), as in
- * a training step, where a kernel's inputs were mostly written long before, or by kernels whose
- * data passed through more than a core's cache since; timed hot, the non-matrix kernels of
- * fsdp-train's model take a third less time than in the step (docs/simulation.md). Values do
- * not matter to these kernels' speed (zeros are neither NaN nor subnormal; indices and targets of
- * 0 are valid), so the times are those of the real call up to cache state. Calls whose buffers
- * together pass MEASURE_MAX_BYTES, and operations the CPU device cannot replay as asked, keep
- * the roofline.
+ * MEASURE_REPS timed runs, whose median is kept in a table keyed by the description. Before each
+ * timed run the core's own cache is evicted (MEASURE_EVICT_BYTES written), so the inputs come
+ * from the last-level cache at best, and the outputs are flushed to memory, as in a training
+ * step, where a kernel writes into blocks the allocator recycles, long out of the cache. Timed
+ * hot, fsdp-train's kernels predicted its step 25% short; with every buffer flushed, 18% long;
+ * this way, within 1 to 12% (docs/simulation.md). Values do not matter to these kernels' speed
+ * (zeros are neither NaN nor subnormal; indices and targets of 0 are valid), so the times are
+ * those of the real call up to cache state. Calls whose buffers together pass
+ * MEASURE_MAX_BYTES, and calls the CPU device cannot run as asked (it fails them, or the
+ * scratch buffers cannot be had), keep the roofline.
  */
 #include <config.h>
 
@@ -41,10 +42,11 @@ struct entry {
 };
 
 struct fsdp__vmeasure {
-    fsdp_device_t *dev; /* the CPU device the calls run on */
-    double scale;       /* measured seconds are multiplied by it */
-    struct entry *tab;  /* open addressing, linear probing */
-    size_t cap, n;
+    fsdp_device_t *dev;   /* the CPU device the calls run on */
+    double scale;         /* measured seconds are multiplied by it */
+    struct entry *tab;    /* open addressing, linear probing */
+    size_t cap, n;        /* slots, and descriptions seen */
+    size_t measured;      /* descriptions with a measured time */
     unsigned char *evict; /* MEASURE_EVICT_BYTES */
 };
 
@@ -72,7 +74,7 @@ void fsdp__vmeasure_destroy(struct fsdp__vmeasure *m) {
 }
 
 size_t fsdp__vmeasure_count(const struct fsdp__vmeasure *m) {
-    return m ? m->n : 0;
+    return m ? m->measured : 0;
 }
 
 /* ---- the table -------------------------------------------------------------------------- */
@@ -373,16 +375,15 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Times call c on m's device; *seconds < 0 when it is not replayed. */
-static int measure(struct fsdp__vmeasure *m, const struct fsdp__vcall *c, double *seconds) {
+/* The median time of call c on m's device, or -1 when it is not replayed. */
+static double measure(struct fsdp__vmeasure *m, const struct fsdp__vcall *c) {
     size_t bytes[MEASURE_MAX_BUFS] = {0}, total = 0;
     void *p[MEASURE_MAX_BUFS] = {0};
-    *seconds = -1;
     int nb = buffers(c, bytes);
-    if (nb < 0) return FSDP_OK;
+    if (nb < 0) return -1;
     for (int i = 0; i < nb; i++)
         total += bytes[i];
-    if (total > MEASURE_MAX_BYTES) return FSDP_OK;
+    if (total > MEASURE_MAX_BYTES) return -1;
     int rc = FSDP_OK;
     for (int i = 0; i < nb && rc == FSDP_OK; i++) {
         if (bytes[i] == 0) continue;
@@ -400,27 +401,25 @@ static int measure(struct fsdp__vmeasure *m, const struct fsdp__vcall *c, double
     }
     for (int i = 0; i < nb; i++)
         fsdp_device_free(m->dev, p[i]);
-    if (rc == FSDP_ENOTSUP) return FSDP_OK; /* the CPU device has no such kernel: roofline */
-    if (rc < 0) return rc;
+    if (rc < 0) return -1; /* not as asked (a dtype it lacks) or no memory: the roofline */
     qsort(t, MEASURE_REPS, sizeof t[0], cmp_double);
-    *seconds = t[MEASURE_REPS / 2];
-    return FSDP_OK;
+    return t[MEASURE_REPS / 2];
 }
 
 int fsdp__vmeasure_time(struct fsdp__vmeasure *m, const struct fsdp__vcall *c, double *seconds) {
     struct entry *e = slot(m->tab, m->cap, c);
     if (!e->used) {
-        double s;
-        int rc = measure(m, c, &s);
-        if (rc < 0) return rc;
+        double s = measure(m, c);
         if ((m->n + 1) * 2 > m->cap) {
-            if ((rc = grow(m)) < 0) return rc;
+            int rc = grow(m);
+            if (rc < 0) return rc;
             e = slot(m->tab, m->cap, c);
         }
         e->call = *c;
         e->seconds = s;
         e->used = true;
         m->n++;
+        if (s >= 0) m->measured++;
     }
     *seconds = e->seconds < 0 ? -1 : e->seconds * m->scale;
     return FSDP_OK;
