@@ -7,7 +7,8 @@
  * Each process makes its rank with fsdp_init_from_env (RANK, WORLD_SIZE, FSDP_STORE), builds
  * the GPT model of bench_gpt_step (same shape options and defaults: 6 blocks, d_model 384, 6
  * heads, sequence 128, vocabulary 8192, tied head, 13,842,432 parameters; f32, no dropout) and
- * wraps it with FSDP FULL_SHARD by the GPT recipe (fsdp/gpt_recipe.h, as fsdp-train): every
+ * wraps it with FSDP FULL_SHARD (--strategy no-shard: NO_SHARD, for the cost of sharding alone)
+ * by the GPT recipe (fsdp/gpt_recipe.h, as fsdp-train): every
  * GPTBlock a unit of its own and the root keeping the embeddings and the final norm, with
  * use_orig_params (backward prefetch BACKWARD_PRE, limit_all_gathers 2, as bench_fsdp_step).
  * The recipe's AdamW steps over the original parameters in two groups: weight decay on the
@@ -44,21 +45,37 @@
 typedef struct options {
     bench_common_t c; /* the shape's batch is per rank */
     int threads;      /* 0: FSDP_NUM_THREADS, else the online cores / the world size */
+    fsdp_sharding_strategy_t strategy;
 } options_t;
 
 static void usage(FILE *f) {
     fprintf(f, "usage: fsdprun -n N " PROG " [options]\n" BENCH_COMMON_USAGE
                "  --threads N     compute threads per rank (default FSDP_NUM_THREADS, else the\n"
                "                  online cores divided by the world size)\n"
+               "  --strategy S    full (FULL_SHARD, the default) or no-shard (NO_SHARD)\n"
                "  --help          this text\n"
                "The batch is per rank. Without a launcher the program runs as a world of one.\n");
 }
 
+/* --threads (bench_util.h's) and --strategy. */
+static int own_option(void *p, const char *prog, const char *opt, const char *val) {
+    options_t *o = p;
+    if (strcmp(opt, "--strategy") != 0) return bench_threads_option(&o->threads, prog, opt, val);
+    if (val && strcmp(val, "full") == 0) {
+        o->strategy = FSDP_FULL_SHARD;
+    } else if (val && strcmp(val, "no-shard") == 0) {
+        o->strategy = FSDP_NO_SHARD;
+    } else {
+        fprintf(stderr, "%s: --strategy %s: full or no-shard\n", prog, val ? val : "(missing)");
+        return -1;
+    }
+    return 1;
+}
+
 /* Returns 0 to run, 1 after --help, -1 for bad options. */
 static int parse_options(int argc, char **argv, options_t *o) {
-    *o = (options_t){.c = bench_common_default()};
-    return bench_parse_args(PROG, argc, argv, INT64_MAX - MAX_WORLD, &o->c, bench_threads_option,
-                            &o->threads, usage);
+    *o = (options_t){.c = bench_common_default(), .strategy = FSDP_FULL_SHARD};
+    return bench_parse_args(PROG, argc, argv, INT64_MAX - MAX_WORLD, &o->c, own_option, o, usage);
 }
 
 /* The thread count when --threads is not given: FSDP_NUM_THREADS, else the online cores shared
@@ -86,6 +103,7 @@ static int setup(bench_rank_t *s, const options_t *o) {
     if ((rc = bench_rank_model(s, &o->c.m, o->c.seed)) < 0) return rc;
     fsdp_options_t fo;
     bench_fsdp_options(&fo);
+    fo.strategy = o->strategy;
     if ((rc = bench_rank_wrap(s, &o->c.m, &fo)) < 0) return rc;
     return bench_rank_train_setup(s, &o->c.m, &o->c.adamw, o->c.seed);
 }
@@ -141,10 +159,10 @@ int main(int argc, char **argv) {
         goto out;
     }
     if (rank == 0) {
-        printf("# " PROG ": libfsdp FSDP FULL_SHARD over gloo, world %d (processes), GPT %lld "
+        printf("# " PROG ": libfsdp FSDP %s over gloo, world %d (processes), GPT %lld "
                "layers, d %lld, %lld heads, seq %lld, batch %lld per rank, vocab %lld, f32, %d "
                "thread(s) per rank\n",
-               world, (long long)o.c.m.layers, (long long)o.c.m.d, (long long)o.c.m.heads,
+               fsdp_sharding_strategy_name(o.strategy), world, (long long)o.c.m.layers, (long long)o.c.m.d, (long long)o.c.m.heads,
                (long long)o.c.m.seq, (long long)o.c.m.batch, (long long)o.c.m.vocab, threads);
         bench_print_setup(&s, &o.c);
         fflush(stdout);

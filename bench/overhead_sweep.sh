@@ -1,0 +1,119 @@
+#!/bin/sh
+# overhead_sweep.sh: what distribution costs at every batch per rank, as one table.
+#
+#   bench/overhead_sweep.sh [--batches "1 2 4 8"] [--vocabs "256 8192"] [--steps N]
+#                           [--warmup N] [--quick] [model options...]
+#
+# For every vocabulary and batch per rank B, one compute thread per rank, the same GPT (the
+# benchmarks' default: 6 blocks, d_model 384, 6 heads, sequence 128; --layers, --d, --heads and
+# --seq go to every program), it runs back to back:
+#   1 rank     bench_gpt_step --batch B --threads 1: the step of one rank alone, no FSDP;
+#   sim        bench_fsdp_step --only main --rounds 1: FULL_SHARD and NO_SHARD on 2 sim ranks
+#              (threads of one process);
+#   gloo       bench_gpt_gloo under fsdprun -n 2: FULL_SHARD, then NO_SHARD (--strategy);
+#   torch      gpt_gloo_torch.py --nproc 2: PyTorch DDP over gloo (skipped without torch).
+# and prints the median step of each, with the ratios the targets are about: the 2-rank step
+# over the 1-rank step at the same B (distribution's overhead; target <= 1.25), libfsdp's
+# FULL_SHARD over gloo against PyTorch DDP (step, target <= 0.7; peak RSS, target <= 0.5), and
+# FULL_SHARD over NO_SHARD on gloo (target <= 1.15). Every figure is wall-clock time on this
+# machine: run it on a quiet one (the load average is printed first).
+#
+# Environment: BENCH_GPT_STEP, BENCH_FSDP_STEP, BENCH_GPT_GLOO, FSDPRUN (default: the build tree,
+# as the other scripts find them), PYTHON (the interpreter with torch). --quick: the benchmarks'
+# tiny model, batches 1 and 2, vocabulary 256, 2 steps (a smoke test of the script).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+batches="1 2 4 8"
+vocabs="256 8192"
+steps=5
+warmup=2
+model=
+quick=
+while [ $# -gt 0 ]; do
+    case $1 in
+    --batches) batches=$2; shift 2 ;;
+    --vocabs) vocabs=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --quick) quick=--quick; batches="1 2"; vocabs=256; steps=2; warmup=1; shift ;;
+    --layers|--d|--heads|--seq) model="$model $1 $2"; shift 2 ;;
+    --help|-h) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    *) echo "overhead_sweep.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
+    esac
+done
+for v in "$steps" "$warmup"; do
+    case $v in ''|*[!0-9]*|0) echo "overhead_sweep.sh: --steps and --warmup must be positive integers" >&2; exit 2 ;; esac
+done
+
+step=$(bench_find_prog "${BENCH_GPT_STEP:-}" bench/bench_gpt_step)
+fsdp=$(bench_find_prog "${BENCH_FSDP_STEP:-}" bench/bench_fsdp_step)
+gloo=$(bench_find_prog "${BENCH_GPT_GLOO:-}" bench/bench_gpt_gloo)
+fsdprun=$(bench_find_prog "${FSDPRUN:-}" tools/fsdprun)
+for p in "$step" "$fsdp" "$gloo" "$fsdprun"; do
+    [ -n "$p" ] && [ -x "$p" ] || {
+        echo "overhead_sweep.sh: a benchmark is missing (make bench/bench_gpt_step" \
+            "bench/bench_fsdp_step bench/bench_gpt_gloo tools/fsdprun in a build with Gloo)" >&2
+        exit 1
+    }
+done
+if [ -z "${OPENBLAS_CORETYPE+set}" ] &&
+    [ "$(OPENBLAS_VERBOSE=2 "$step" --help 2>&1 | sed -n 's/^Core: //p' | head -n 1)" = Prescott ]; then
+    if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -qw avx2 /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=Haswell
+    fi
+fi
+bench_torch overhead_sweep.sh
+export FSDP_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
+rss_of() { sed -n 's/^peak RSS MiB max \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
+row_of() { awk -v c="$2" '$1 == "FSDP" && $2 == c { print $3; exit }' "$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
+# run NAME FILE COMMAND...: runs the command into FILE; on failure, says so and marks status.
+run() {
+    _name=$1 _out=$2
+    shift 2
+    if ! "$@" > "$_out" 2>&1; then
+        echo "overhead_sweep.sh: $_name failed:" >&2
+        tail -5 "$_out" >&2
+        status=1
+    fi
+}
+
+echo "# overhead_sweep.sh: one thread per rank, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}," \
+    "$steps timed steps after $warmup; load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+echo "| vocab | B | 1 rank ms | sim FULL ms (x 1 rank) | gloo FULL ms (x 1 rank) | gloo NO_SHARD ms | FULL / NO_SHARD | torch DDP ms | FULL / DDP step | FULL / DDP RSS |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+status=0
+for v in $vocabs; do
+    for b in $batches; do
+        common="$quick $model --batch $b --vocab $v --steps $steps --warmup $warmup"
+        # shellcheck disable=SC2086
+        run bench_gpt_step "$tmp/one" "$step" $common --threads 1
+        # shellcheck disable=SC2086
+        run bench_fsdp_step "$tmp/sim" "$fsdp" $common --only main --rounds 1
+        # shellcheck disable=SC2086
+        run "bench_gpt_gloo FULL_SHARD" "$tmp/full" "$fsdprun" --no-prefix -n 2 "$gloo" $common --threads 1
+        # shellcheck disable=SC2086
+        run "bench_gpt_gloo NO_SHARD" "$tmp/noshard" "$fsdprun" --no-prefix -n 2 "$gloo" $common \
+            --threads 1 --strategy no-shard
+        t_ms= t_rss=
+        if [ "$have_torch" = 1 ]; then
+            # shellcheck disable=SC2086
+            run gpt_gloo_torch.py "$tmp/torch" "$py" "$here/gpt_gloo_torch.py" --nproc 2 $common --threads 1
+            t_ms=$(median_of "$tmp/torch")
+            t_rss=$(rss_of "$tmp/torch")
+        fi
+        one=$(median_of "$tmp/one")
+        sim=$(row_of "$tmp/sim" FULL_SHARD)
+        full=$(median_of "$tmp/full")
+        full_rss=$(rss_of "$tmp/full")
+        nos=$(median_of "$tmp/noshard")
+        echo "| $v | $b | ${one:-n/a} | ${sim:-n/a} ($(ratio "$sim" "$one")) | ${full:-n/a} ($(ratio "$full" "$one")) | ${nos:-n/a} | $(ratio "$full" "$nos") | ${t_ms:-n/a} | $(ratio "$full" "$t_ms") | $(ratio "$full_rss" "$t_rss") |"
+    done
+done
+echo "# targets: 2 ranks <= 1.25 x 1 rank; FULL / NO_SHARD <= 1.15; FULL / DDP step <= 0.7, RSS <= 0.5"
+exit $status
