@@ -175,6 +175,7 @@ typedef struct row {
     size_t count, size;
     double tcp_bw; /* floor, bytes/s */
     double time_s; /* mean per call, slowest rank (rank 0 writes) */
+    double cpu_s;  /* CPU time per call of every rank and its threads together (rank 0 writes) */
     long iters;    /* rank 0 writes */
     long bad;      /* wrong elements, all ranks (under the world's lock) */
     char err[300]; /* first failure */
@@ -184,6 +185,7 @@ typedef struct row {
  * process-shared). */
 typedef struct world {
     int n;
+    int procs; /* ranks are processes (each measures its own CPU time) */
     double target_s;
     int nrows;
     row_t rows[V_COUNT * MAX_SIZES];
@@ -238,15 +240,27 @@ static void poison(variant_t v, float *recv, size_t elems, int r, size_t count) 
     }
 }
 
-/* Runs iters calls after a barrier; *t gets the slowest rank's time. */
-static int timed(fsdp_pg_t *pg, variant_t v, const float *send, float *recv, size_t count,
-                 long iters, double *t) {
+static double cpu_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs iters calls after a barrier; *t gets the slowest rank's time and *cpu the CPU time the
+ * calls took: summed over the processes when the ranks are processes, else the one process's
+ * (every rank thread and Gloo's threads), the largest reading of the ranks. */
+static int timed(fsdp_pg_t *pg, const world_t *w, variant_t v, const float *send, float *recv,
+                 size_t count, long iters, double *t, double *cpu) {
     int rc = fsdp_pg_barrier(pg, NULL);
-    double t0 = bench_now_s();
+    double t0 = bench_now_s(), c0 = cpu_now_s();
     for (long i = 0; i < iters && rc == FSDP_OK; i++)
         rc = call(pg, v, send, recv, count);
     *t = bench_now_s() - t0;
+    *cpu = cpu_now_s() - c0;
     if (rc == FSDP_OK) rc = fsdp_pg_all_reduce(pg, t, t, 1, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL);
+    if (rc == FSDP_OK)
+        rc = fsdp_pg_all_reduce(pg, cpu, cpu, 1, FSDP_DTYPE_F64,
+                                w->procs ? FSDP_REDOP_SUM : FSDP_REDOP_MAX, NULL);
     return rc;
 }
 
@@ -258,7 +272,7 @@ static int run_row(fsdp_pg_t *pg, world_t *w, row_t *row, int r) {
     float *recv = bench_coll_alloc(recv_elems * sizeof(float));
     float *send_mem = row->v == V_AG ? NULL : bench_coll_alloc(send_elems * sizeof(float));
     float *send = row->v == V_AG ? recv + (size_t)r * c : send_mem;
-    double t = 0;
+    double t = 0, cpu = 0;
     long iters = 1, bad = 0;
     int rc = FSDP_ENOMEM;
     if (!recv || (row->v != V_AG && !send_mem)) goto out;
@@ -271,7 +285,7 @@ static int run_row(fsdp_pg_t *pg, world_t *w, row_t *row, int r) {
     if (rc != FSDP_OK) goto out;
     bad += verify(row->v, recv, recv_elems, r, n, c);
     for (;;) {
-        rc = timed(pg, row->v, send, recv, c, iters, &t);
+        rc = timed(pg, w, row->v, send, recv, c, iters, &t, &cpu);
         if (rc != FSDP_OK) goto out;
         if (t >= w->target_s / 10 || iters >= (1L << 20)) break;
         iters *= 4;
@@ -279,11 +293,12 @@ static int run_row(fsdp_pg_t *pg, world_t *w, row_t *row, int r) {
     iters = (long)(w->target_s / (t / (double)iters));
     if (iters < 3) iters = 3;
     poison(row->v, recv, recv_elems, r, c);
-    rc = timed(pg, row->v, send, recv, c, iters, &t);
+    rc = timed(pg, w, row->v, send, recv, c, iters, &t, &cpu);
     if (rc != FSDP_OK) goto out;
     bad += verify(row->v, recv, recv_elems, r, n, c);
     if (r == 0) {
         row->time_s = t / (double)iters;
+        row->cpu_s = cpu / (double)iters;
         row->iters = iters;
     }
 out:
@@ -527,6 +542,7 @@ static int run_world(const options_t *o, int n) {
     if (w == MAP_FAILED) return 1;
     memset(w, 0, sizeof *w);
     w->n = n;
+    w->procs = o->procs;
     w->target_s = o->quick ? 0.05 : 0.3;
     pthread_mutexattr_t ma;
     pthread_mutexattr_init(&ma);
@@ -558,8 +574,8 @@ static int run_world(const options_t *o, int n) {
             last_v = (int)row->v;
             printf("\n## %s, world size %d (%s)\n", variant_title[row->v], n,
                    o->procs ? "processes" : "threads");
-            printf("%12s %10s %6s %10s %10s %10s %9s %6s\n", "size", "count", "iters", "time_us",
-                   "algbw_GB/s", "busbw_GB/s", "tcp_GB/s", "ratio");
+            printf("%12s %10s %6s %10s %10s %10s %9s %6s %10s %6s\n", "size", "count", "iters",
+                   "time_us", "algbw_GB/s", "busbw_GB/s", "tcp_GB/s", "ratio", "cpu_us", "cores");
         }
         if (row->err[0] || row->bad || row->time_s <= 0) {
             fprintf(stderr, "bench_gloo_coll: %s, world %d, %zu bytes: %s%s%ld wrong elements\n",
@@ -570,9 +586,10 @@ static int run_world(const options_t *o, int n) {
         }
         double algbw = (double)row->size / row->time_s / GB;
         double busbw = algbw * bench_coll_bus_factor(variant_kind[row->v], n);
-        printf("%12zu %10zu %6ld %10.1f %10.2f %10.2f %9.2f %6.2f\n", row->size, row->count,
-               row->iters, row->time_s * 1e6, algbw, busbw, row->tcp_bw / GB,
-               row->tcp_bw > 0 ? busbw * GB / row->tcp_bw : 0.0);
+        printf("%12zu %10zu %6ld %10.1f %10.2f %10.2f %9.2f %6.2f %10.1f %6.2f\n", row->size,
+               row->count, row->iters, row->time_s * 1e6, algbw, busbw, row->tcp_bw / GB,
+               row->tcp_bw > 0 ? busbw * GB / row->tcp_bw : 0.0, row->cpu_s * 1e6,
+               row->cpu_s / row->time_s);
     }
     fflush(stdout);
     pthread_mutex_destroy(&w->mu);
@@ -603,7 +620,9 @@ int main(int argc, char **argv) {
            "GB = 10^9 bytes\n"
            "# tcp_GB/s: one loopback TCP stream between two threads, messages of the bytes one "
            "rank sends per call\n"
-           "# (size * busbw/algbw), measured before the ranks start; ratio = busbw / tcp_GB/s\n");
+           "# (size * busbw/algbw), measured before the ranks start; ratio = busbw / tcp_GB/s\n"
+           "# cpu_us: CPU time per call of all ranks and their threads together (user and\n"
+           "# system); cores = cpu_us / time_us, the cores a call keeps busy on average\n");
     int worlds[2] = {2, 4}, nworlds = 2, failed = 0;
     if (o.world) {
         worlds[0] = o.world;

@@ -162,8 +162,9 @@ int main(int argc, char **argv) {
         printf("# " PROG ": libfsdp FSDP %s over gloo, world %d (processes), GPT %lld "
                "layers, d %lld, %lld heads, seq %lld, batch %lld per rank, vocab %lld, f32, %d "
                "thread(s) per rank\n",
-               fsdp_sharding_strategy_name(o.strategy), world, (long long)o.c.m.layers, (long long)o.c.m.d, (long long)o.c.m.heads,
-               (long long)o.c.m.seq, (long long)o.c.m.batch, (long long)o.c.m.vocab, threads);
+               fsdp_sharding_strategy_name(o.strategy), world, (long long)o.c.m.layers,
+               (long long)o.c.m.d, (long long)o.c.m.heads, (long long)o.c.m.seq,
+               (long long)o.c.m.batch, (long long)o.c.m.vocab, threads);
         bench_print_setup(&s, &o.c);
         fflush(stdout);
     }
