@@ -4,6 +4,7 @@
 #   - the table has one row per world size and strategy, JSON lines carry the figures;
 #   - GPT-3 175B on 512 GPUs simulates, with activation checkpointing under the GPU's memory;
 #   - backward prefetch shortens the step, fully sharding cuts the parameters' memory;
+#   - --layers, --d-model and the other shape options override the preset's shape;
 #   - --cluster cpu times its kernels call by call unless asked for the roofline, and
 #     --backend gloo calibrates the network from Gloo's collectives (skipped without Gloo);
 #   - --plot writes a well-formed SVG (skipped without gnuplot);
@@ -14,7 +15,7 @@ sim="$top_builddir/tools/fsdp-sim"
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/tap.sh"
-echo "1..22"
+echo "1..24"
 
 "$sim" --list > "$tmp/list" 2>&1
 st=$?
@@ -125,6 +126,12 @@ else
   echo "ok $n # SKIP fsdp-train has no Gloo backend"
 fi
 
+# The shape options override the preset: tiny with 6 blocks has 6 x 198272 + 41216 parameters.
+"$sim" --model tiny --layers 6 --gpus 2 --json > "$tmp/shape" 2>&1
+st=$?
+[ "$st" -eq 0 ] && grep -q '"model":"tiny-custom","params":1230848,' "$tmp/shape"
+ok $? "--layers overrides the preset's depth: tiny-custom, 1230848 parameters (exit $st)" "$tmp/shape"
+
 # --trace: the measured step in simulated time, read back by tests/trace_check.
 check="$top_builddir/tests/trace_check"
 "$sim" --model gpt2-medium --gpus 16 --batch 2 --prefetch none --trace "$tmp/t.json" --json \
@@ -159,5 +166,6 @@ err 1 "must end in .svg" "--plot to a .png exits 1" --model gpt2 --plot "$tmp/x.
 err 2 "only with --cluster cpu" "--kernel-times measured on a GPU preset exits 2" \
   --kernel-times measured
 err 2 "only with --cluster cpu" "--backend on a GPU preset exits 2" --backend gloo
+err 2 "must divide --d-model" "--heads that do not divide --d-model exit 2" --d-model 384 --heads 7
 
 exit 0

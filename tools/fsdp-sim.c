@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,24 @@ typedef struct opts {
     int nstrategies;
     bool json;
     const char *plot;
+    int64_t shape[6];   /* the shape options given (0: not), in shape_opts' order */
+    sim_model_t custom; /* the preset with them applied */
+    char custom_name[96];
 } opts_t;
+
+/* The shape options: each overrides one field of the model preset. */
+static const struct shape_opt {
+    const char *name;
+    size_t offset;
+    int64_t lo, hi;
+} shape_opts[] = {
+    {"--layers", offsetof(sim_model_t, n_layer), 1, 100000},
+    {"--d-model", offsetof(sim_model_t, d_model), 1, 1 << 20},
+    {"--heads", offsetof(sim_model_t, n_head), 1, 1 << 16},
+    {"--d-ff", offsetof(sim_model_t, d_ff), 1, (int64_t)1 << 24},
+    {"--vocab", offsetof(sim_model_t, vocab), 1, (int64_t)1 << 24},
+    {"--seq", offsetof(sim_model_t, seq), 1, 1 << 20},
+};
 
 static void usage(FILE *f) {
     fprintf(
@@ -34,6 +52,8 @@ static void usage(FILE *f) {
         "Simulates FSDP training steps of a GPT preset on a GPU cluster and prints the step\n"
         "time, TFLOPS per GPU, MFU, communication and peak memory per rank.\n"
         "  --model NAME            model preset (default gpt2; --list shows them)\n"
+        "  --layers N --d-model N --heads N --d-ff N --vocab N --seq N\n"
+        "                          override the preset's shape (d-ff: 4 d-model by default)\n"
         "  --cluster NAME          cluster preset (default dgx-a100-80gb)\n"
         "  --gpus N[,N...]         world sizes to simulate (default 8)\n"
         "  --gpus-per-node N       GPUs per node (default 8)\n"
@@ -143,6 +163,12 @@ static void list_presets(void) {
     printf("  %-15s %s\n", "cpu", "this machine, its ranks sim threads (calibrated at start)");
 }
 
+static const struct shape_opt *shape_opt(const char *a) {
+    for (size_t k = 0; k < sizeof shape_opts / sizeof shape_opts[0]; k++)
+        if (!strcmp(a, shape_opts[k].name)) return &shape_opts[k];
+    return NULL;
+}
+
 static int parse(int argc, char **argv, opts_t *o) {
     memset(o, 0, sizeof *o);
     sim_config_t *c = &o->base;
@@ -165,6 +191,15 @@ static int parse(int argc, char **argv, opts_t *o) {
         } else if (!strcmp(a, "--list")) {
             list_presets();
             exit(0);
+        } else if (!strncmp(a, "--", 2) && shape_opt(a)) {
+            const struct shape_opt *so = shape_opt(a);
+            char *end = NULL;
+            errno = 0;
+            long long x = v ? strtoll(v, &end, 10) : 0;
+            if (!v || errno || *end || x < so->lo || x > so->hi)
+                return bad(a, v, "needs an integer in range");
+            o->shape[so - shape_opts] = x;
+            i++;
         } else if (!strcmp(a, "--model")) {
             if (!v || !(c->model = sim_model_find(v)))
                 return bad(a, v, "unknown model (fsdp-sim --list shows them)");
@@ -240,6 +275,22 @@ static int parse(int argc, char **argv, opts_t *o) {
             usage(stderr);
             return 2;
         }
+    }
+    /* The shape options apply to the preset, whichever order they came in. */
+    bool custom = false;
+    o->custom = *c->model;
+    for (size_t k = 0; k < sizeof shape_opts / sizeof shape_opts[0]; k++)
+        if (o->shape[k]) {
+            *(int64_t *)((char *)&o->custom + shape_opts[k].offset) = o->shape[k];
+            custom = true;
+        }
+    if (custom) {
+        if (o->custom.d_model % o->custom.n_head != 0)
+            return bad("--heads", NULL, "must divide --d-model");
+        snprintf(o->custom_name, sizeof o->custom_name, "%s-custom", c->model->name);
+        o->custom.name = o->custom_name;
+        o->custom.summary = "a preset with its shape overridden";
+        c->model = &o->custom;
     }
     if (!o->ngpus) o->gpus[o->ngpus++] = 8;
     if (!o->nstrategies) o->strategies[o->nstrategies++] = FSDP_FULL_SHARD;
