@@ -35,13 +35,13 @@ typedef struct opts {
 static const struct shape_opt {
     const char *name;
     size_t offset;
-    int64_t lo, hi;
+    int lo, hi;
 } shape_opts[] = {
     {"--layers", offsetof(sim_model_t, n_layer), 1, 100000},
     {"--d-model", offsetof(sim_model_t, d_model), 1, 1 << 20},
     {"--heads", offsetof(sim_model_t, n_head), 1, 1 << 16},
-    {"--d-ff", offsetof(sim_model_t, d_ff), 1, (int64_t)1 << 24},
-    {"--vocab", offsetof(sim_model_t, vocab), 1, (int64_t)1 << 24},
+    {"--d-ff", offsetof(sim_model_t, d_ff), 1, 1 << 24},
+    {"--vocab", offsetof(sim_model_t, vocab), 1, 1 << 24},
     {"--seq", offsetof(sim_model_t, seq), 1, 1 << 20},
 };
 
@@ -193,11 +193,8 @@ static int parse(int argc, char **argv, opts_t *o) {
             exit(0);
         } else if (!strncmp(a, "--", 2) && shape_opt(a)) {
             const struct shape_opt *so = shape_opt(a);
-            char *end = NULL;
-            errno = 0;
-            long long x = v ? strtoll(v, &end, 10) : 0;
-            if (!v || errno || *end || x < so->lo || x > so->hi)
-                return bad(a, v, "needs an integer in range");
+            int x;
+            if (parse_int(v, so->lo, so->hi, &x) < 0) return bad(a, v, "needs an integer in range");
             o->shape[so - shape_opts] = x;
             i++;
         } else if (!strcmp(a, "--model")) {

@@ -222,8 +222,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     fsdp_trace_t *trace = NULL;
     fsdp_cluster_t cl;
     int rc;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = now_s();
     if ((rc = fsdp_ctx_create(&co, &ctx)) < 0) return fail(r, NULL, "fsdp_ctx_create", rc);
     int nodes = (c->gpus + c->gpus_per_node - 1) / c->gpus_per_node;
     double slowdown = 1.0;
@@ -382,7 +381,6 @@ out:
     fsdp_vsim_destroy(vs);
     fsdp_ctx_destroy(mctx);
     fsdp_ctx_destroy(ctx);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    r->wall = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    r->wall = now_s() - t0;
     return rc < 0 ? rc : 0;
 }

@@ -412,32 +412,35 @@ static int meta_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op
                        NULL);
 }
 
+/* Charges a product described by call (NULL: not described) after the gemm checks. */
+static int charge_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
+                       int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch,
+                       const struct fsdp__vcall *call) {
+    int rc = fsdp__gemm_check(dev, "meta", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
+    if (rc != 0) return rc < 0 ? rc : FSDP_OK;
+    fsdp_kernel_cost_t kc;
+    if ((rc = fsdp_kernel_matmul(dev->ctx, m, n, k, batch, dt, &kc)) < 0) return rc;
+    return charge(dev, &kc, call);
+}
+
 static int meta_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
                      int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
                      int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b, double beta,
                      void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
     (void)alpha, (void)a, (void)b, (void)c;
-    int rc = fsdp__gemm_check(dev, "meta", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
-    if (rc != 0) return rc < 0 ? rc : FSDP_OK;
-    fsdp_kernel_cost_t kc;
-    if ((rc = fsdp_kernel_matmul(dev->ctx, m, n, k, batch, dt, &kc)) < 0) return rc;
-    return charge(dev, &kc,
-                  VCALL(FSDP__VOP_GEMM, dt, trans_a, trans_b, m, n, k, lda, stride_a, ldb, stride_b,
-                        ldc, stride_c, batch, beta != 0));
+    return charge_gemm(dev, dt, trans_a, trans_b, m, n, k, lda, ldb, ldc, batch,
+                       VCALL(FSDP__VOP_GEMM, dt, trans_a, trans_b, m, n, k, lda, stride_a, ldb,
+                             stride_b, ldc, stride_c, batch, beta != 0));
 }
 
+/* A device with 16-bit products: not described, as the CPU device has none to time. */
 static int meta_gemm_lp(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_dtype_t ct, bool trans_a,
                         bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
                         int64_t lda, int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
                         double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
     (void)ct, (void)alpha, (void)a, (void)stride_a, (void)b, (void)stride_b, (void)beta, (void)c;
     (void)stride_c;
-    /* A device with 16-bit products: not described, as the CPU device has none to time. */
-    int rc = fsdp__gemm_check(dev, "meta", trans_a, trans_b, m, n, k, lda, ldb, ldc, batch);
-    if (rc != 0) return rc < 0 ? rc : FSDP_OK;
-    fsdp_kernel_cost_t kc;
-    if ((rc = fsdp_kernel_matmul(dev->ctx, m, n, k, batch, dt, &kc)) < 0) return rc;
-    return charge(dev, &kc, NULL);
+    return charge_gemm(dev, dt, trans_a, trans_b, m, n, k, lda, ldb, ldc, batch, NULL);
 }
 
 static int meta_softmax(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, size_t rows, size_t n,
