@@ -372,6 +372,8 @@ void fsdp__sim_execute(void *arg, fsdp_work_t *work, int on_caller) {
     sim_world_t *w = sp->world;
     sim_group_t *g = sp->grp;
     const fsdp_coll_t *c = &work->coll;
+    /* The core's own exchanges (c->host) use host memory even on a group with a device. */
+    fsdp_device_t *dev = c->host ? NULL : sp->dev;
     int r = sp->base.rank;
     uint64_t call = self->calls++;
     char msg[FSDP_ERR_LEN], d[160];
@@ -398,8 +400,8 @@ void fsdp__sim_execute(void *arg, fsdp_work_t *work, int on_caller) {
     }
     /* The rank's earlier device work (what wrote its send buffer, what reads its recv buffer)
      * completes before any peer touches its buffers. */
-    if (sp->dev) {
-        int src = sp->dev->ops->stream_sync(sp->dev, NULL);
+    if (dev) {
+        int src = dev->ops->stream_sync(dev, NULL);
         if (src < 0) {
             char reason[FSDP_ERR_LEN];
             fsdp__coll_describe(c, d, sizeof d);
@@ -407,7 +409,7 @@ void fsdp__sim_execute(void *arg, fsdp_work_t *work, int on_caller) {
                      "rank %d of group '%s' (world rank %d) failed %s seq %llu: its device %s "
                      "could not synchronize (%s)",
                      r, g->name, self->index, d, (unsigned long long)c->seq,
-                     fsdp_device_name(sp->dev), fsdp_err_name(src));
+                     fsdp_device_name(dev), fsdp_err_name(src));
             pthread_mutex_lock(&g->mu);
             break_group(g, FSDP_EREMOTE, reason);
             pthread_mutex_unlock(&g->mu);
@@ -415,7 +417,7 @@ void fsdp__sim_execute(void *arg, fsdp_work_t *work, int on_caller) {
             return;
         }
     }
-    int rc = arrive(w, g, r, c, sp->dev, msg);
+    int rc = arrive(w, g, r, c, dev, msg);
     if (rc == FSDP_OK) {
         rc = move_data(g, r, msg);
         depart(w, g);

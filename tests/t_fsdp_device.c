@@ -17,7 +17,8 @@
  *   OFF  built on H, wrapped with device A and cpu_offload (F08): shards, original parameters
  *        and sharded gradients on H (FSDP_MEM_OFFLOAD, byte-exact), unsharded parameters and
  *        compute views on A (checked from a forward pre-hook of a managed Linear);
- * MOVE and OFF must give bitwise REF's losses, gradient norms and full parameters, at world 2
+ * MOVE and OFF must give bitwise REF's losses, gradient norms and full parameters (on a GPU A,
+ * OFF's norms and parameters within the fp32 tolerance: its optimizer runs on the host), at world 2
  * and 3, FULL_SHARD, SHARD_GRAD_OP and NO_SHARD, and at world 2 with use_orig_params, with
  * bf16 mixed precision, and with every unit given the device (instead of nested units taking
  * it from the root). summon_full_params with offload_to_cpu shows OFF's parameters on H.
@@ -177,10 +178,19 @@ static bool close_vals(const double *a, const double *b, size_t n, double rtol, 
                        const char *what, char *why, size_t len) {
     for (size_t i = 0; i < n; i++)
         if (!(fabs(a[i] - b[i]) <= atol + rtol * fabs(b[i]))) {
-            snprintf(why, len, "%s %zu: %.9g vs HOST %.9g", what, i, a[i], b[i]);
+            snprintf(why, len, "%s %zu: %.9g vs %.9g", what, i, a[i], b[i]);
             return false;
         }
     return true;
+}
+
+/* Two value lists within the fp32 tolerance of the spec (rtol 1.3e-6, atol 1e-5). */
+static bool near_vals(const fu_vals_t *a, const fu_vals_t *b, char *why, size_t len) {
+    if (a->n != b->n || a->n == 0) {
+        snprintf(why, len, "%zu values, want %zu", a->n, b->n);
+        return false;
+    }
+    return close_vals(a->v, b->v, a->n, 1.3e-6, 1e-5, "element", why, len);
 }
 
 /* Bitwise equality of a per-step series (`what`: loss or norm) with REF's; the first
@@ -563,19 +573,30 @@ static int train_rank(fsdp_ctx_t *ctx, void *arg) {
           why0[0] ? why0 : "different counts");
     for (int v = V_MOVE; v <= V_OFF; v++) {
         char why[300] = "", name[200];
+        /* OFF steps the optimizer and sums the gradient norm on the host H: with A a GPU that
+         * is another processor's arithmetic (its fused multiply-adds), so from the first
+         * update on OFF matches REF within the fp32 tolerance; on a CPU A it is bitwise. */
+        const bool exact = v != V_OFF || A_KIND == FSDP_DEVICE_CPU;
+        const char *how = exact ? "bitwise equal to" : "within fp32 tolerance of";
         snprintf(name, sizeof name, "%s: losses bitwise equal to REF (model built on A)", vname[v]);
         fu_ck(r, same_steps(res[v].loss, res[V_REF].loss, "loss", why, sizeof why), name, "%s",
               why);
-        snprintf(name, sizeof name, "%s: clip_grad_norm totals bitwise equal to REF", vname[v]);
-        fu_ck(r, same_steps(res[v].norm, res[V_REF].norm, "norm", why, sizeof why), name, "%s",
-              why);
-        snprintf(name, sizeof name, "%s: full parameters after %d steps bitwise equal to REF",
-                 vname[v], STEPS);
-        fu_ck(r, same_vals(&res[v].params, &res[V_REF].params, why, sizeof why), name, "%s", why);
+        snprintf(name, sizeof name, "%s: clip_grad_norm totals %s REF", vname[v], how);
+        fu_ck(r,
+              exact ? same_steps(res[v].norm, res[V_REF].norm, "norm", why, sizeof why)
+                    : close_vals(res[v].norm, res[V_REF].norm, STEPS, 1.3e-6, 1e-5,
+                                 "norm of step", why, sizeof why),
+              name, "%s", why);
+        snprintf(name, sizeof name, "%s: full parameters after %d steps %s REF", vname[v], STEPS,
+                 how);
+        fu_ck(r, exact ? same_vals(&res[v].params, &res[V_REF].params, why, sizeof why)
+                       : near_vals(&res[v].params, &res[V_REF].params, why, sizeof why),
+              name, "%s", why);
         if (j->base.orig) {
-            snprintf(name, sizeof name, "%s: full gradients (with_grads) bitwise equal to REF",
-                     vname[v]);
-            fu_ck(r, same_vals(&res[v].grads, &res[V_REF].grads, why, sizeof why), name, "%s", why);
+            snprintf(name, sizeof name, "%s: full gradients (with_grads) %s REF", vname[v], how);
+            fu_ck(r, exact ? same_vals(&res[v].grads, &res[V_REF].grads, why, sizeof why)
+                           : near_vals(&res[v].grads, &res[V_REF].grads, why, sizeof why),
+                  name, "%s", why);
         }
     }
 out:

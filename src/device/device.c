@@ -243,9 +243,8 @@ void fsdp_device_destroy(fsdp_device_t *dev) {
     free(d);
 }
 
-fsdp_device_t *fsdp_ctx_device(fsdp_ctx_t *ctx) {
+fsdp_device_t *fsdp__ctx_cpu_device(fsdp_ctx_t *ctx) {
     if (!ctx) return NULL;
-    if (ctx->dev) return ctx->dev;
     if (!ctx->dev_owned) {
         fsdp_device_t *dev = NULL;
         if (fsdp__device_create(ctx, FSDP_DEVICE_CPU, &fsdp__cpu_dev_ops, NULL, &dev) < 0)
@@ -253,7 +252,12 @@ fsdp_device_t *fsdp_ctx_device(fsdp_ctx_t *ctx) {
         ctx->dev_owned = dev;
         ctx->dev_destroy = fsdp_device_destroy;
     }
-    ctx->dev = ctx->dev_owned;
+    return ctx->dev_owned;
+}
+
+fsdp_device_t *fsdp_ctx_device(fsdp_ctx_t *ctx) {
+    if (!ctx) return NULL;
+    if (!ctx->dev) ctx->dev = fsdp__ctx_cpu_device(ctx);
     return ctx->dev;
 }
 

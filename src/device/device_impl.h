@@ -315,6 +315,12 @@ extern const struct fsdp_dev_ops fsdp__cpu_dev_ops;
 int fsdp__device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const struct fsdp_dev_ops *ops,
                         const fsdp_device_options_t *opts, fsdp_device_t **out);
 
+/* The context's own CPU device (the one fsdp_ctx_device() gives while no other is set), made
+ * on first use without changing the context's default device; NULL only when it cannot be
+ * made. Where FSDP puts what a caller asked to have on the host (offload_to_cpu) when the
+ * compute device is not a CPU and no offload host was given. */
+fsdp_device_t *fsdp__ctx_cpu_device(fsdp_ctx_t *ctx);
+
 /* Threads a CPU device uses by default for world_size ranks in this process: FSDP_NUM_THREADS
  * when set, else max(1, online cores / world_size). */
 int fsdp__cpu_default_threads(int world_size);

@@ -413,7 +413,7 @@ bool fsdp__skip_writeback_env(void);
 
 /* Where host copies of u's tensors go (summon's and the state dicts' offload_to_cpu): the
  * offload host, else the compute device when it is a host device, else the context's own CPU
- * device if it has one (else the compute device). */
+ * device, made on first use (NULL only when it cannot be made). */
 fsdp_device_t *fsdp__host_device(const fsdp_unit_t *u);
 /* Drops the views a summon pointed u's module slots at (u->summon_views). */
 void fsdp__drop_summon_views(fsdp_unit_t *u);

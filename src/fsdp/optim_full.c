@@ -393,6 +393,12 @@ int fsdp_full_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
         rc = fsdp__unit_err(root, FSDP_ENOMEM, "%s: out of memory", fn_sd);
         goto out;
     }
+    if (o->offload_to_cpu && !fsdp__host_device(root)) {
+        rc = fsdp__unit_err(root, FSDP_ENOMEM,
+                            "%s: offload_to_cpu: the context's CPU device could not be made",
+                            fn_sd);
+        goto out;
+    }
     for (size_t i = 0; i < nu && rc == 0; i++) {
         fsdp_unit_t *u = units[i];
         if (u->nparams == 0) continue;

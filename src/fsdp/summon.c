@@ -128,8 +128,8 @@ int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *out) {
 /* Summon's offload_to_cpu and the state dicts' (fsdp_impl.h). */
 fsdp_device_t *fsdp__host_device(const fsdp_unit_t *u) {
     if (u->host_dev) return u->host_dev;
-    if (fsdp_device_kind(u->dev) == FSDP_DEVICE_CPU || !u->ctx->dev_owned) return u->dev;
-    return u->ctx->dev_owned;
+    if (fsdp_device_kind(u->dev) == FSDP_DEVICE_CPU) return u->dev;
+    return fsdp__ctx_cpu_device(u->ctx);
 }
 
 void fsdp_summon_options_init(fsdp_summon_options_t *o) {
@@ -277,9 +277,12 @@ static int summon_one(fsdp_unit_t *u, const fsdp_summon_options_t *o, bool expli
         /* A full-precision copy (PyTorch forces full precision here), on the host with
          * offload_to_cpu; the compute-dtype buffer is left alone. */
         fsdp_device_t *where = o->offload_to_cpu ? fsdp__host_device(u) : u->dev;
-        rc = gather_full_precision(u, where,
-                                   o->offload_to_cpu ? FSDP_MEM_OFFLOAD : FSDP_MEM_PARAMS,
-                                   &u->summon_host);
+        rc = where ? gather_full_precision(u, where,
+                                           o->offload_to_cpu ? FSDP_MEM_OFFLOAD : FSDP_MEM_PARAMS,
+                                           &u->summon_host)
+                   : fsdp__unit_err(u, FSDP_ENOMEM,
+                                    "fsdp_summon_begin: offload_to_cpu: the context's CPU "
+                                    "device could not be made");
         u->state = FSDP_STATE_SUMMON;
         if (rc == 0 && show) rc = slots_to_views_of(u, u->summon_host);
         if (rc == 0 && o->with_grads) rc = summon_grads(u, show ? u->summon_views : NULL);

@@ -32,6 +32,8 @@ typedef struct fsdp_coll {
     uint64_t seq;       /* the group's sequence number of this call */
     int64_t timeout_ms; /* the group's timeout when the call was issued */
     void *stream;       /* the native stream it is issued on (fsdp_coll_desc_t) */
+    bool host;          /* the core's own exchange: plain host buffers, whatever device the
+                         * group keeps its buffers on (sub-group agreement) */
 } fsdp_coll_t;
 
 struct fsdp_work {

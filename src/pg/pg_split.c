@@ -19,7 +19,8 @@ static int exchange(fsdp_pg_t *pg, const int64_t *mine, size_t n, int64_t *all) 
                      .send = mine,
                      .recv = all,
                      .count = n,
-                     .dtype = FSDP_DTYPE_I64};
+                     .dtype = FSDP_DTYPE_I64,
+                     .host = true};
     return fsdp__pg_issue(pg, &c, NULL);
 }
 
