@@ -155,12 +155,18 @@ carried_sizes=$(cd "$carry" && for n in $carried; do printf ' %s (%d)' "$n" "$(s
 
 cat > "$out/env.sh" <<'EOF'
 # env.sh: sourced by run.sh (with $bundle set to the bundle's directory); unpacks the carried
-# shared libraries into lib/ the first time, and puts lib/ on the library path, wherever the
-# bundle lies. libfsdp finds the CUDA plugin by itself, in lib/libfsdp/ beside it.
-if [ -f "$bundle/lib/carried.tar.gz" ] && [ ! -f "$bundle/lib/.carried" ]; then
-    tar xzf "$bundle/lib/carried.tar.gz" -C "$bundle/lib" && : > "$bundle/lib/.carried"
+# shared libraries the first time, outside the bundle (in $TMPDIR, one folder per archive, so
+# the bundle keeps its size and may be read-only), and puts lib/ and that folder on the library
+# path, wherever the bundle lies. libfsdp finds the CUDA plugin by itself, in lib/libfsdp/.
+carried_dir=
+if [ -f "$bundle/lib/carried.tar.gz" ]; then
+    carried_dir="${TMPDIR:-/tmp}/fsdp-gpu-bundle-libs.$(cksum < "$bundle/lib/carried.tar.gz" | cut -d' ' -f1)"
+    if [ ! -f "$carried_dir/.carried" ]; then
+        mkdir -p "$carried_dir" && tar xzf "$bundle/lib/carried.tar.gz" -C "$carried_dir" &&
+            : > "$carried_dir/.carried"
+    fi
 fi
-LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+LD_LIBRARY_PATH="$bundle/lib${carried_dir:+:$carried_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 EOF
 

@@ -4,7 +4,8 @@
 #
 #   run.sh [--budget S] [--only STEPS] [--tests NAMES] [--sanitize NAME] [--bench-steps N]
 #
-# Steps, in order (--only takes a comma-separated subset of probe,tests,train,bench,sanitize):
+# Steps, in order (--only takes a comma-separated subset of probe,tests,train,bench,sanitize,
+# profile):
 #   probe     nvidia-smi (20 s at most), and where libcudart, libcublas, libcublasLt and libnccl
 #             were found, with their versions. They are looked for in FSDP_GPU_LIBDIRS, the CUDA
 #             toolkits (/usr/local/cuda*), then the pip packages of the Python environments
@@ -19,6 +20,9 @@
 #             bf16 mixed precision first, then f32 while the budget lasts (--bench-steps timed
 #             steps each, default 10).
 #   sanitize  only with --sanitize NAME: tests/NAME under compute-sanitizer (memcheck).
+#   profile   only when --only names it: one warm-up and one timed bf16 step of the benchmark
+#             under Nsight Compute, each kernel's GPU time (gpu__time_duration, clocks left
+#             alone); ncu.csv (one row per launch) and the kernels that took the most time.
 # --tests limits the tests step to the named programs (comma-separated, e.g. t_cuda_device).
 # --budget is the whole run's time in seconds (default 450): each step's timeout is cut to
 # what is left, keeping time for the steps after it, and a step with no time left is reported
@@ -64,7 +68,7 @@ for v in "$budget" "$bench_steps"; do
     case $v in '' | *[!0-9]* | 0) usage "--budget and --bench-steps need positive integers" ;; esac
 done
 for s in ${only//,/ }; do
-    case $s in probe | tests | train | bench | sanitize) ;; *) usage "--only: unknown step '$s'" ;; esac
+    case $s in probe | tests | train | bench | sanitize | profile) ;; *) usage "--only: unknown step '$s'" ;; esac
 done
 want() { case ",$only," in *",$1,"*) return 0 ;; esac; return 1; }
 
@@ -219,7 +223,8 @@ fi
 losses() { sed -n 's/.*"type":"train","step":[0-9]*,"loss":\([-0-9.eE+naif]*\).*/\1/p' "$1"; }
 if want train; then
     echo "== train"
-    tr_args=(--steps 50 --val-every 50 --val-steps 4 --sample-tokens 0 --log-every 10 --quiet
+    # Not --quiet: the first lines name the device the ranks compute on ("on cuda:0").
+    tr_args=(--steps 50 --val-every 50 --val-steps 4 --sample-tokens 0 --log-every 10
         --data "$bundle/data/corpus.txt")
     reserve=0
     want bench && reserve=120
@@ -321,6 +326,47 @@ if want sanitize && [ -n "$sanitize" ]; then
     else
         run_tap "$sanitize" "$(limit 240 0)" "$cs" --tool memcheck --error-exitcode 99
         note "sanitize $sanitize: $(tail -1 "$logs/$sanitize.log" | cut -c1-120)"
+    fi
+    pack
+fi
+
+# --- profile ---------------------------------------------------------------------------------
+if want profile; then
+    echo "== profile"
+    ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    py=python3
+    [ -x /opt/torch/.venv/bin/python3 ] && py=/opt/torch/.venv/bin/python3
+    if [ "$have_gpu" != 1 ] || [ -z "$ncu" ]; then
+        echo "profile: SKIP (${ncu:+no GPU}${ncu:-no ncu})"
+        note "profile: skipped"
+    else
+        t=$(limit 300 0)
+        timeout -k 5 "$t" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+            --page raw "$bundle/bench/bench_gpt_gpu" --bf16 --warmup 1 --steps 1 --peak-iters 1 \
+            --peak-n 1024 > "$logs/ncu.out" 2> "$logs/ncu.err"
+        rc=$?
+        grep '^"' "$logs/ncu.out" > "$OUT/ncu.csv"
+        # Per kernel name: launches, total ms, share; the first 25 by time.
+        "$py" - "$OUT/ncu.csv" > "$logs/profile.txt" 2>&1 <<'PY'
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))
+if len(rows) < 3: sys.exit("no kernel rows")
+h = rows[0]; u = rows[1]
+ki = h.index("Kernel Name"); ti = h.index("gpu__time_duration.sum")
+scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(u[ti], 1e-6)
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[2:]:
+    try: v = float(r[ti].replace(",", "")) * scale
+    except ValueError: continue
+    name = r[ki][:110]; tot[name] += v; cnt[name] += 1
+all_ms = sum(tot.values())
+print("kernels: %d launches, %.1f ms of GPU time (warm-up and timed step, with the peak GEMM)" % (sum(cnt.values()), all_ms))
+for name, ms in sorted(tot.items(), key=lambda x: -x[1])[:25]:
+    print("%8.2f ms %5.1f%% %6d  %s" % (ms, 100 * ms / all_ms, cnt[name], name))
+PY
+        cat "$logs/profile.txt"
+        echo "profile: ncu exit $rc, $(wc -l < "$OUT/ncu.csv") csv lines"
+        note "profile: ncu exit $rc, $(head -1 "$logs/profile.txt")"
     fi
     pack
 fi
