@@ -4,7 +4,8 @@
  *   - the Philox function the dropout kernel runs (backends/cuda/cuda_philox.h, compiled here
  *     for the host) gives fsdp_philox4x32_10's words bit for bit;
  *   - the cast kernel's element conversion (backends/cuda/cuda_cast.h, compiled here for the host)
- *     gives fsdp_dtype_convert's bits for every pair of dtypes;
+ *     gives fsdp_dtype_convert's bits for every pair of dtypes, and its one-step f32 <-> bf16
+ *     conversions give the general path's bits;
  *   - dropout masks built from that header with the kernel's layout (one Philox block per four
  *     elements, block offset + i / 4) equal the CPU device's masks bit for bit;
  *   - the GEMM planning of backends/cuda/cuda_gemm.h: the dtype dispatch table (f32, bf16, f16
@@ -221,6 +222,39 @@ static void test_cast(void) {
     free(vals);
 }
 
+/* The one-step f32 <-> bf16 conversions of the mixed-precision cast kernels give the general
+ * path's bits: every bf16 (65536) and, for every upper half of a float, the lower halves at and
+ * around the rounding points plus random ones (every sign, exponent, NaN payload and tie). */
+static void test_cast_fast(void) {
+    size_t bad = 0, n = 0;
+    uint32_t first = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint16_t b = (uint16_t)h;
+        float want, got = fsdp_cc_bf16_to_f32_q(b);
+        fsdp_cuda_cast_one(FSDP_DTYPE_F32, &want, FSDP_DTYPE_BF16, &b, 0);
+        n++;
+        if (memcmp(&want, &got, 4) != 0 && bad++ == 0) first = h;
+    }
+    if (bad) tap_diag("bf16 0x%04x: %zu differ", (unsigned)first, bad);
+    tap_ok(bad == 0, "bf16 -> f32 in one step: all %zu values bitwise the general cast's", n);
+    const uint32_t lows[] = {0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000};
+    bad = n = 0;
+    for (uint32_t hi = 0; hi < 65536; hi++) {
+        for (size_t k = 0; k < sizeof lows / sizeof lows[0] + 4; k++) {
+            uint32_t lo = k < sizeof lows / sizeof lows[0] ? lows[k] : (uint32_t)next64() & 0xffff;
+            uint32_t u = hi << 16 | lo;
+            float f;
+            memcpy(&f, &u, 4);
+            uint16_t want, got = fsdp_cc_f32_to_bf16(f);
+            fsdp_cuda_cast_one(FSDP_DTYPE_BF16, &want, FSDP_DTYPE_F32, &f, 0);
+            n++;
+            if (want != got && bad++ == 0) first = u;
+        }
+    }
+    if (bad) tap_diag("f32 bits 0x%08x: %zu differ", (unsigned)first, bad);
+    tap_ok(bad == 0, "f32 -> bf16 in one step: %zu values bitwise the general cast's", n);
+}
+
 /* ---- GEMM planning (cuda_gemm.h) ---- */
 
 static void test_gemm_table(void) {
@@ -428,6 +462,7 @@ int main(void) {
     test_philox();
     test_dropout_layout();
     test_cast();
+    test_cast_fast();
     test_gemm_table();
     test_gemm_plan();
     test_gemm_align();

@@ -250,6 +250,22 @@ FSDP_CUDA_CAST_HD void fsdp_cc_store_i(int t, void *y, size_t i, int64_t v) {
     }
 }
 
+/* The two conversions of mixed precision, in one step each, bit for bit what
+ * fsdp_cuda_cast_one gives: a float is exact in double, so rounding its bits directly to the
+ * nearest even bf16 is the same single rounding (overflow to Inf, subnormals included); a NaN
+ * keeps its sign and top fraction bits and gets the quiet bit, as through double. */
+FSDP_CUDA_CAST_HD uint16_t fsdp_cc_f32_to_bf16(float f) {
+    const uint32_t u = fsdp_cc_bits32(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+FSDP_CUDA_CAST_HD float fsdp_cc_bf16_to_f32_q(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
+    return fsdp_cc_f32(u);
+}
+
 /* y[i] = (yt) x[i]. In place (y == x, equal sizes) is safe: x[i] is read before y[i] is
  * written. */
 FSDP_CUDA_CAST_HD void fsdp_cuda_cast_one(int yt, void *y, int xt, const void *x, size_t i) {

@@ -21,6 +21,8 @@
 #include <config.h>
 
 #include <limits.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,22 +333,41 @@ static int cuda_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t 
     return launched(dev, fsdp__cuda_k_cast(cd->compute, (int)dt, y, (int)xt, x, n), "cast kernel");
 }
 
-/* Fills an nd plan from a shape and one or two stride arrays; returns the element count. */
+/* Fills an nd plan from a shape and one or two stride arrays; returns the element count. The
+ * plan drops dimensions of size 1 and merges a dimension into the one before it where both
+ * operands step over it contiguously (stride[d - 1] == stride[d] * shape[d]), so a contiguous
+ * operand is one dimension and a broadcast row two: fewer divisions per element. */
 static int64_t nd_fill(struct fsdp_cuda_nd *p, int ndim, const int64_t *shape, const int64_t *s0,
                        const int64_t *s1) {
     int64_t total = 1;
     memset(p, 0, sizeof *p);
+    int n = 0;
     for (int d = 0; d < ndim; d++) {
         total *= shape[d];
-        p->shape[d] = shape[d];
-        p->st[0][d] = s0[d];
-        p->st[1][d] = s1 ? s1[d] : 0;
+        if (shape[d] == 1) continue;
+        const int64_t a = s0[d], b = s1 ? s1[d] : 0;
+        if (n > 0 && p->st[0][n - 1] == a * shape[d] && p->st[1][n - 1] == b * shape[d]) {
+            p->shape[n - 1] *= shape[d];
+            p->st[0][n - 1] = a;
+            p->st[1][n - 1] = b;
+            continue;
+        }
+        p->shape[n] = shape[d];
+        p->st[0][n] = a;
+        p->st[1][n] = b;
+        n++;
     }
-    p->nd = ndim;
-    if (ndim == 0) {
-        p->nd = 1;
+    if (n == 0) {
+        n = 1;
         p->shape[0] = 1;
     }
+    p->nd = n;
+    /* 32-bit indexing when the count and the farthest offset of each operand fit. */
+    double far[2] = {0, 0};
+    for (int d = 0; d < n; d++)
+        for (int k = 0; k < 2; k++)
+            far[k] += (double)(p->shape[d] - 1) * fabs((double)p->st[k][d]);
+    p->i32 = total >= 0 && total <= INT32_MAX && far[0] <= INT32_MAX && far[1] <= INT32_MAX;
     return total;
 }
 

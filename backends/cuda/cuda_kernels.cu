@@ -64,52 +64,117 @@ __global__ static void cast_k(int yt, void *y, int xt, const void *x, size_t n) 
     GRID_LOOP(i, n) fsdp_cuda_cast_one(yt, y, xt, x, i);
 }
 
+/* f32 <-> bf16, the casts of mixed precision: four elements per thread with 16- and 8-byte
+ * accesses when both buffers are aligned for them (vec), else one. The first threads of the
+ * grid take the n % 4 elements after the last group. */
+__global__ static void cast_f32_bf16_k(uint16_t *y, const float *x, size_t n, bool vec) {
+    if (!vec) {
+        GRID_LOOP(i, n) y[i] = fsdp_cc_f32_to_bf16(x[i]);
+        return;
+    }
+    const size_t n4 = n / 4, tail = (size_t)blockIdx.x * blockDim.x + threadIdx.x + n4 * 4;
+    GRID_LOOP(i, n4) {
+        const float4 v = ((const float4 *)x)[i];
+        ushort4 o;
+        o.x = fsdp_cc_f32_to_bf16(v.x);
+        o.y = fsdp_cc_f32_to_bf16(v.y);
+        o.z = fsdp_cc_f32_to_bf16(v.z);
+        o.w = fsdp_cc_f32_to_bf16(v.w);
+        ((ushort4 *)y)[i] = o;
+    }
+    if (tail < n) y[tail] = fsdp_cc_f32_to_bf16(x[tail]);
+}
+
+__global__ static void cast_bf16_f32_k(float *y, const uint16_t *x, size_t n, bool vec) {
+    if (!vec) {
+        GRID_LOOP(i, n) y[i] = fsdp_cc_bf16_to_f32_q(x[i]);
+        return;
+    }
+    const size_t n4 = n / 4, tail = (size_t)blockIdx.x * blockDim.x + threadIdx.x + n4 * 4;
+    GRID_LOOP(i, n4) {
+        const ushort4 v = ((const ushort4 *)x)[i];
+        float4 o;
+        o.x = fsdp_cc_bf16_to_f32_q(v.x);
+        o.y = fsdp_cc_bf16_to_f32_q(v.y);
+        o.z = fsdp_cc_bf16_to_f32_q(v.z);
+        o.w = fsdp_cc_bf16_to_f32_q(v.w);
+        ((float4 *)y)[i] = o;
+    }
+    if (tail < n) y[tail] = fsdp_cc_bf16_to_f32_q(x[tail]);
+}
+
+static bool aligned(const void *p, size_t a) {
+    return (uintptr_t)p % a == 0;
+}
+
 extern "C" cudaError_t fsdp__cuda_k_cast(cudaStream_t s, int yt, void *y, int xt, const void *x,
                                          size_t n) {
-    cast_k<<<blocks_for(n), THREADS, 0, s>>>(yt, y, xt, x, n);
+    if (xt == FSDP_DTYPE_F32 && yt == FSDP_DTYPE_BF16) {
+        const bool vec = aligned(x, 16) && aligned(y, 8);
+        cast_f32_bf16_k<<<blocks_for(vec ? (n + 3) / 4 : n), THREADS, 0, s>>>(
+            (uint16_t *)y, (const float *)x, n, vec);
+    } else if (xt == FSDP_DTYPE_BF16 && yt == FSDP_DTYPE_F32) {
+        const bool vec = aligned(x, 8) && aligned(y, 16);
+        cast_bf16_f32_k<<<blocks_for(vec ? (n + 3) / 4 : n), THREADS, 0, s>>>(
+            (float *)y, (const uint16_t *)x, n, vec);
+    } else {
+        cast_k<<<blocks_for(n), THREADS, 0, s>>>(yt, y, xt, x, n);
+    }
     return cudaGetLastError();
 }
 
 /* ---- strided copy and binary ---- */
 
-/* Offsets of the element with linear (row-major) index i in the operands. */
-__device__ static void nd_offsets(const fsdp_cuda_nd &p, int64_t i, int64_t *o0, int64_t *o1) {
-    int64_t a = 0, b = 0;
+/* Offsets of the element with linear (row-major) index i in the operands, in index type I
+ * (int32_t when the plan says every offset fits: 64-bit division is several times slower). */
+template <typename I>
+__device__ static void nd_offsets(const fsdp_cuda_nd &p, I i, I *o0, I *o1) {
+    I a = 0, b = 0;
     for (int d = p.nd - 1; d >= 0; d--) {
-        int64_t c = i % p.shape[d];
-        i /= p.shape[d];
-        a += c * p.st[0][d];
-        b += c * p.st[1][d];
+        const I sh = (I)p.shape[d];
+        const I c = i % sh;
+        i /= sh;
+        a += c * (I)p.st[0][d];
+        b += c * (I)p.st[1][d];
     }
     *o0 = a;
     *o1 = b;
 }
 
-template <typename U>
+template <typename U, typename I>
 __global__ static void copy_strided_k(fsdp_cuda_nd p, int64_t total, U *y, const U *x) {
     GRID_LOOP(i, (size_t)total) {
-        int64_t ox, unused;
-        nd_offsets(p, (int64_t)i, &ox, &unused);
+        I ox, unused;
+        nd_offsets<I>(p, (I)i, &ox, &unused);
         y[i] = x[ox];
     }
+}
+
+template <typename U>
+static void launch_copy_strided(cudaStream_t s, const fsdp_cuda_nd *p, int64_t total, void *y,
+                                const void *x) {
+    const unsigned g = blocks_for((size_t)total);
+    if (p->i32)
+        copy_strided_k<U, int32_t><<<g, THREADS, 0, s>>>(*p, total, (U *)y, (const U *)x);
+    else
+        copy_strided_k<U, int64_t><<<g, THREADS, 0, s>>>(*p, total, (U *)y, (const U *)x);
 }
 
 extern "C" cudaError_t fsdp__cuda_k_copy_strided(cudaStream_t s, size_t es,
                                                  const struct fsdp_cuda_nd *p, int64_t total,
                                                  void *y, const void *x) {
-    unsigned g = blocks_for((size_t)total);
     switch (es) {
     case 1:
-        copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint8_t *)y, (const uint8_t *)x);
+        launch_copy_strided<uint8_t>(s, p, total, y, x);
         break;
     case 2:
-        copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint16_t *)y, (const uint16_t *)x);
+        launch_copy_strided<uint16_t>(s, p, total, y, x);
         break;
     case 4:
-        copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint32_t *)y, (const uint32_t *)x);
+        launch_copy_strided<uint32_t>(s, p, total, y, x);
         break;
     default:
-        copy_strided_k<<<g, THREADS, 0, s>>>(*p, total, (uint64_t *)y, (const uint64_t *)x);
+        launch_copy_strided<uint64_t>(s, p, total, y, x);
         break;
     }
     return cudaGetLastError();
@@ -132,26 +197,35 @@ template <typename T> __device__ static T bin_op(int op, T A, T B) {
     }
 }
 
-template <typename T>
+template <typename T, typename I>
 __global__ static void binary_k(int op, fsdp_cuda_nd p, int64_t total, T *y, const T *a,
                                 const T *b) {
     GRID_LOOP(i, (size_t)total) {
-        int64_t oa, ob;
-        nd_offsets(p, (int64_t)i, &oa, &ob);
+        I oa, ob;
+        nd_offsets<I>(p, (I)i, &oa, &ob);
         y[i] = bin_op<T>(op, a[oa], b[ob]);
     }
+}
+
+template <typename T>
+static void launch_binary(cudaStream_t s, int op, const fsdp_cuda_nd *p, int64_t total, void *y,
+                          const void *a, const void *b) {
+    const unsigned g = blocks_for((size_t)total);
+    if (p->i32)
+        binary_k<T, int32_t>
+            <<<g, THREADS, 0, s>>>(op, *p, total, (T *)y, (const T *)a, (const T *)b);
+    else
+        binary_k<T, int64_t>
+            <<<g, THREADS, 0, s>>>(op, *p, total, (T *)y, (const T *)a, (const T *)b);
 }
 
 extern "C" cudaError_t fsdp__cuda_k_binary(cudaStream_t s, bool f64, int op,
                                            const struct fsdp_cuda_nd *p, int64_t total, void *y,
                                            const void *a, const void *b) {
-    unsigned g = blocks_for((size_t)total);
     if (f64)
-        binary_k<double><<<g, THREADS, 0, s>>>(op, *p, total, (double *)y, (const double *)a,
-                                               (const double *)b);
+        launch_binary<double>(s, op, p, total, y, a, b);
     else
-        binary_k<float>
-            <<<g, THREADS, 0, s>>>(op, *p, total, (float *)y, (const float *)a, (const float *)b);
+        launch_binary<float>(s, op, p, total, y, a, b);
     return cudaGetLastError();
 }
 
@@ -341,7 +415,8 @@ extern "C" cudaError_t fsdp__cuda_k_where(cudaStream_t s, bool f64, size_t n, co
 /* ---- reductions ---- */
 
 /* Row sums (inner == 1): one block per row, each thread a strided partial, then a tree in
- * shared memory. Columns (inner > 1): one thread per output, summing over r in order. */
+ * shared memory. Columns (inner > 1): one thread per output, summing over r in order, or, for
+ * at least TILE_C columns of at least TILE_R * 2 rows, col_tile_k. */
 template <typename T>
 __global__ static void row_sum_k(size_t outer, size_t r, T al, const T *x, T *y) {
     __shared__ T sh[THREADS];
@@ -373,9 +448,51 @@ __global__ static void col_sum_k(size_t outer, size_t r, size_t inner, T al, con
     }
 }
 
+/* Column sums of x (outer, r, inner) by tiles: block (bx, by) takes TILE_C columns of slab
+ * by; thread (c, t) sums rows t, t + TILE_R, ... of its column in order, then the TILE_R
+ * partials meet in a fixed tree, so the order depends only on the shape (reproducible), and a
+ * warp reads TILE_C consecutive elements of a row. */
+#define TILE_C 32
+#define TILE_R 32
+template <typename T>
+__global__ static void col_tile_k(size_t outer, size_t r, size_t inner, T al, const T *x, T *y) {
+    __shared__ T sh[TILE_R][TILE_C + 1];
+    const unsigned c = threadIdx.x, t = threadIdx.y;
+    for (size_t o = blockIdx.y; o < outer; o += gridDim.y) {
+        for (size_t i0 = (size_t)blockIdx.x * TILE_C; i0 < inner; i0 += (size_t)gridDim.x * TILE_C) {
+            const size_t i = i0 + c;
+            T acc = 0;
+            if (i < inner) {
+                const T *xo = x + o * r * inner + i;
+                for (size_t j = t; j < r; j += TILE_R)
+                    acc += xo[j * inner];
+            }
+            sh[t][c] = acc;
+            __syncthreads();
+            for (unsigned w = TILE_R / 2; w > 0; w >>= 1) {
+                if (t < w) sh[t][c] += sh[t + w][c];
+                __syncthreads();
+            }
+            if (t == 0 && i < inner) y[o * inner + i] = al == (T)1 ? sh[0][c] : sh[0][c] * al;
+            __syncthreads();
+        }
+    }
+}
+
 extern "C" cudaError_t fsdp__cuda_k_reduce_sum(cudaStream_t s, bool f64, size_t outer, size_t r,
                                                size_t inner, double alpha, const void *x, void *y) {
-    if (inner == 1) {
+    if (inner >= TILE_C && r >= 2 * TILE_R) {
+        size_t tx = (inner + TILE_C - 1) / TILE_C;
+        const dim3 g((unsigned)(tx < MAX_BLOCKS ? tx : MAX_BLOCKS),
+                     (unsigned)(outer < 65535 ? outer : 65535));
+        const dim3 blk(TILE_C, TILE_R);
+        if (f64)
+            col_tile_k<double>
+                <<<g, blk, 0, s>>>(outer, r, inner, alpha, (const double *)x, (double *)y);
+        else
+            col_tile_k<float>
+                <<<g, blk, 0, s>>>(outer, r, inner, (float)alpha, (const float *)x, (float *)y);
+    } else if (inner == 1) {
         unsigned g = (unsigned)(outer < 65535 ? outer : 65535);
         if (f64)
             row_sum_k<double>

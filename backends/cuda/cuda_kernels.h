@@ -51,9 +51,11 @@ enum {
     FSDP_CUDA_BIN_COUNT
 };
 
-/* Shape and up to two operands' element strides, passed to strided kernels by value. */
+/* Shape and up to two operands' element strides, passed to strided kernels by value. i32: the
+ * element count and every offset fit in 31 bits, so the kernels index in 32-bit arithmetic. */
 struct fsdp_cuda_nd {
     int nd;
+    int i32;
     int64_t shape[FSDP_CUDA_MAX_DIMS];
     int64_t st[2][FSDP_CUDA_MAX_DIMS];
 };

@@ -215,20 +215,48 @@ __global__ static void layer_norm_gx_k(size_t rows, size_t n, const T *x, const 
     }
 }
 
-/* gw, gb: one thread per column, rows in order, in double. */
+/* gw, gb: a block of TILE_C x TILE_R threads per TILE_C columns. Thread (c, t) sums rows t,
+ * t + TILE_R, ... of column c in double, in order; the TILE_R partials of a column are then
+ * added in a fixed tree. The order depends only on the shape, so the sums are reproducible; the
+ * block reads TILE_C consecutive floats of a row per warp (coalesced). */
+#define TILE_C 32
+#define TILE_R 32
 template <typename T>
 __global__ static void layer_norm_gwb_k(size_t rows, size_t n, const T *x, const T *mean,
                                         const T *rstd, const T *gy, T *gw, T *gb) {
-    GRID_LOOP(j, n) {
+    __shared__ double shw[TILE_R][TILE_C + 1], shb[TILE_R][TILE_C + 1];
+    const unsigned c = threadIdx.x, t = threadIdx.y;
+    for (size_t j0 = (size_t)blockIdx.x * TILE_C; j0 < n; j0 += (size_t)gridDim.x * TILE_C) {
+        const size_t j = j0 + c;
         double aw = 0.0, ab = 0.0;
-        for (size_t r = 0; r < rows; r++) {
-            T xh = (x[r * n + j] - mean[r]) * rstd[r];
-            aw += (double)gy[r * n + j] * (double)xh;
-            ab += (double)gy[r * n + j];
+        if (j < n)
+            for (size_t r = t; r < rows; r += TILE_R) {
+                const T g = gy[r * n + j];
+                const T xh = (x[r * n + j] - mean[r]) * rstd[r];
+                aw += (double)g * (double)xh;
+                ab += (double)g;
+            }
+        shw[t][c] = aw;
+        shb[t][c] = ab;
+        __syncthreads();
+        for (unsigned w = TILE_R / 2; w > 0; w >>= 1) {
+            if (t < w) {
+                shw[t][c] += shw[t + w][c];
+                shb[t][c] += shb[t + w][c];
+            }
+            __syncthreads();
         }
-        if (gw) gw[j] += (T)aw;
-        if (gb) gb[j] += (T)ab;
+        if (t == 0 && j < n) {
+            if (gw) gw[j] += (T)shw[0][c];
+            if (gb) gb[j] += (T)shb[0][c];
+        }
+        __syncthreads();
     }
+}
+
+static unsigned tiles_for(size_t n) {
+    size_t b = (n + TILE_C - 1) / TILE_C;
+    return (unsigned)(b == 0 ? 1 : b < MAX_BLOCKS ? b : MAX_BLOCKS);
 }
 
 extern "C" cudaError_t fsdp__cuda_k_layer_norm_backward(cudaStream_t s, bool f64, size_t rows,
@@ -249,12 +277,13 @@ extern "C" cudaError_t fsdp__cuda_k_layer_norm_backward(cudaStream_t s, bool f64
         if (e != cudaSuccess) return e;
     }
     if (gw || gb) {
+        const dim3 blk(TILE_C, TILE_R);
         if (f64)
-            layer_norm_gwb_k<double><<<blocks_for(n), THREADS, 0, s>>>(
+            layer_norm_gwb_k<double><<<tiles_for(n), blk, 0, s>>>(
                 rows, n, (const double *)x, (const double *)mean, (const double *)rstd,
                 (const double *)gy, (double *)gw, (double *)gb);
         else
-            layer_norm_gwb_k<float><<<blocks_for(n), THREADS, 0, s>>>(
+            layer_norm_gwb_k<float><<<tiles_for(n), blk, 0, s>>>(
                 rows, n, (const float *)x, (const float *)mean, (const float *)rstd,
                 (const float *)gy, (float *)gw, (float *)gb);
     }
@@ -394,14 +423,18 @@ extern "C" cudaError_t fsdp__cuda_k_embedding(cudaStream_t s, bool f64, size_t n
     return cudaGetLastError();
 }
 
-/* Thread j owns column j of gw: it alone writes gw[*, j], in index order. */
+/* Thread (j, b) owns column j of the rows t of gw with t % nb == b: it alone writes them, in
+ * index order, so every element gets its additions in the same order as with one thread per
+ * column (the result does not depend on nb), while dim * nb threads share the work. Each scans
+ * every index; a warp's threads read the same one. */
 template <typename T>
-__global__ static void embedding_bwd_k(size_t n, size_t dim, const int64_t *idx, int64_t pad,
-                                       const T *gy, T *gw) {
-    GRID_LOOP(j, dim) {
+__global__ static void embedding_bwd_k(size_t n, size_t dim, size_t nb, const int64_t *idx,
+                                       int64_t pad, const T *gy, T *gw) {
+    GRID_LOOP(k, dim * nb) {
+        const size_t j = k % dim, b = k / dim;
         for (size_t i = 0; i < n; i++) {
             const int64_t t = idx[i];
-            if (pad >= 0 && t == pad) continue;
+            if ((pad >= 0 && t == pad) || (size_t)t % nb != b) continue;
             gw[(size_t)t * dim + j] += gy[i * dim + j];
         }
     }
@@ -411,13 +444,16 @@ extern "C" cudaError_t fsdp__cuda_k_embedding_backward(cudaStream_t s, bool f64,
                                                        size_t dim, const int64_t *idx,
                                                        int64_t padding_idx, const void *gy,
                                                        void *gw) {
-    unsigned g = blocks_for(dim);
+    /* About 64K threads in all, at most 256 row classes. */
+    size_t nb = dim > 0 ? 65536 / dim : 1;
+    nb = nb < 1 ? 1 : nb > 256 ? 256 : nb;
+    unsigned g = blocks_for(dim * nb);
     if (f64)
-        embedding_bwd_k<double>
-            <<<g, THREADS, 0, s>>>(n, dim, idx, padding_idx, (const double *)gy, (double *)gw);
+        embedding_bwd_k<double><<<g, THREADS, 0, s>>>(n, dim, nb, idx, padding_idx,
+                                                      (const double *)gy, (double *)gw);
     else
-        embedding_bwd_k<float>
-            <<<g, THREADS, 0, s>>>(n, dim, idx, padding_idx, (const float *)gy, (float *)gw);
+        embedding_bwd_k<float><<<g, THREADS, 0, s>>>(n, dim, nb, idx, padding_idx,
+                                                     (const float *)gy, (float *)gw);
     return cudaGetLastError();
 }
 
