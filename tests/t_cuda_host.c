@@ -257,6 +257,54 @@ static void test_cast_fast(void) {
 
 /* ---- GEMM planning (cuda_gemm.h) ---- */
 
+/* Which matrices of a product go through padded copies: GPT-2's head (vocabulary 50257) in
+ * bf16, forward (the logits, the library's C) and backward (the logits' gradient, our A, as
+ * the library's B), padded to 16 bytes; an f32 result to 4 elements; never an aligned matrix,
+ * a small product or a batch. */
+static void test_gemm_pad(void) {
+    static char buf[64];
+    fsdp_cuda_lt_plan_t pl;
+    int64_t pad[3];
+    /* logits (8192 x 50257) = x (8192 x 768) W^T, W (50257 x 768) */
+    fsdp__cuda_lt_plan(&pl, 2, 2, false, true, 8192, 50257, 768, buf, 768, 0, buf, 768, 0, buf,
+                       50257, 0, 1);
+    fsdp__cuda_lt_pad(&pl, 2, 2, 8192, 50257, 768, 1, pad);
+    tap_ok(pad[0] == 0 && pad[1] == 0 && pad[2] == 50264,
+           "head forward, bf16: only C padded, to 50264 (got %lld %lld %lld)", (long long)pad[0],
+           (long long)pad[1], (long long)pad[2]);
+    fsdp__cuda_lt_plan(&pl, 2, 4, false, true, 8192, 50257, 768, buf, 768, 0, buf, 768, 0, buf,
+                       50257, 0, 1);
+    fsdp__cuda_lt_pad(&pl, 2, 4, 8192, 50257, 768, 1, pad);
+    tap_ok(pad[0] == 0 && pad[1] == 0 && pad[2] == 50260,
+           "head forward, bf16 into f32: C padded to 50260 (got %lld)", (long long)pad[2]);
+    /* dx (8192 x 768) = g (8192 x 50257) W */
+    fsdp__cuda_lt_plan(&pl, 2, 2, false, false, 8192, 768, 50257, buf, 50257, 0, buf, 768, 0,
+                       buf, 768, 0, 1);
+    fsdp__cuda_lt_pad(&pl, 2, 2, 8192, 768, 50257, 1, pad);
+    tap_ok(pad[0] == 0 && pad[1] == 50264 && pad[2] == 0,
+           "head backward dx: only the gradient (the library's B) padded (got %lld %lld %lld)",
+           (long long)pad[0], (long long)pad[1], (long long)pad[2]);
+    /* dW (50257 x 768) = g^T (50257 x 8192) x */
+    fsdp__cuda_lt_plan(&pl, 2, 4, true, false, 50257, 768, 8192, buf, 50257, 0, buf, 768, 0, buf,
+                       768, 0, 1);
+    fsdp__cuda_lt_pad(&pl, 2, 4, 50257, 768, 8192, 1, pad);
+    tap_ok(pad[0] == 0 && pad[1] == 50264 && pad[2] == 0,
+           "head backward dW: g^T padded, the f32 result not (got %lld %lld %lld)",
+           (long long)pad[0], (long long)pad[1], (long long)pad[2]);
+    fsdp__cuda_lt_plan(&pl, 2, 2, false, true, 16, 50257, 768, buf, 768, 0, buf, 768, 0, buf,
+                       50257, 0, 1);
+    fsdp__cuda_lt_pad(&pl, 2, 2, 16, 50257, 768, 1, pad);
+    tap_ok(pad[2] == 0, "a small product (16 x 50257 x 768) is not padded");
+    fsdp__cuda_lt_plan(&pl, 2, 2, false, true, 8192, 50257, 768, buf, 768, 0, buf, 768, 0, buf,
+                       50257, 8192 * 50257, 2);
+    fsdp__cuda_lt_pad(&pl, 2, 2, 8192, 50257, 768, 2, pad);
+    tap_ok(pad[2] == 0, "a batched product is not padded");
+    fsdp__cuda_lt_plan(&pl, 2, 2, false, true, 8192, 50264, 768, buf, 768, 0, buf, 768, 0, buf,
+                       50264, 0, 1);
+    fsdp__cuda_lt_pad(&pl, 2, 2, 8192, 50264, 768, 1, pad);
+    tap_ok(pad[0] == 0 && pad[1] == 0 && pad[2] == 0, "aligned matrices are not padded");
+}
+
 static void test_gemm_table(void) {
     static const struct {
         fsdp_dtype_t dt;
@@ -466,6 +514,7 @@ int main(void) {
     test_gemm_table();
     test_gemm_plan();
     test_gemm_align();
+    test_gemm_pad();
     test_create();
     return tap_done();
 }

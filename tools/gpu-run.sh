@@ -3,6 +3,7 @@
 # command, on a bare CUDA machine, within a time budget.
 #
 #   run.sh [--budget S] [--only STEPS] [--tests NAMES] [--sanitize NAME] [--bench-steps N]
+#          [--bench-runs N]
 #
 # Steps, in order (--only takes a comma-separated subset of probe,tests,train,bench,sanitize,
 # profile):
@@ -18,7 +19,8 @@
 #             its loss must fall, and its losses must stay within 1% of the CPU's.
 #   bench     bench/gpt2_gpu.sh, GPT-2 124M at sequence 1024 against PyTorch FSDP on this GPU:
 #             bf16 mixed precision first, then f32 while the budget lasts (--bench-steps timed
-#             steps each, default 10).
+#             steps each, default 10; --bench-runs alternating runs of the two programs for the
+#             bf16 comparison, whose ratio is then the median, default 1).
 #   sanitize  only with --sanitize NAME: tests/NAME under compute-sanitizer (memcheck).
 #   profile   only when --only names it: one warm-up and one timed bf16 step of the benchmark
 #             under Nsight Compute, each kernel's GPU time (gpu__time_duration, clocks left
@@ -44,11 +46,12 @@ only=probe,tests,train,bench
 sel_tests=
 sanitize=
 bench_steps=10
+bench_runs=1
 
 usage() { echo "run.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
-    --budget | --only | --tests | --sanitize | --bench-steps)
+    --budget | --only | --tests | --sanitize | --bench-steps | --bench-runs)
         [ $# -ge 2 ] || usage "$1 needs a value"
         case $1 in
         --budget) budget=$2 ;;
@@ -56,6 +59,7 @@ while [ $# -gt 0 ]; do
         --tests) sel_tests=$2 ;;
         --sanitize) sanitize=$2; only="$only,sanitize" ;;
         --bench-steps) bench_steps=$2 ;;
+        --bench-runs) bench_runs=$2 ;;
         esac
         shift 2 ;;
     --help | -h)
@@ -64,8 +68,8 @@ while [ $# -gt 0 ]; do
     *) usage "unknown option '$1' (see --help)" ;;
     esac
 done
-for v in "$budget" "$bench_steps"; do
-    case $v in '' | *[!0-9]* | 0) usage "--budget and --bench-steps need positive integers" ;; esac
+for v in "$budget" "$bench_steps" "$bench_runs"; do
+    case $v in '' | *[!0-9]* | 0) usage "--budget, --bench-steps and --bench-runs need positive integers" ;; esac
 done
 for s in ${only//,/ }; do
     case $s in probe | tests | train | bench | sanitize | profile) ;; *) usage "--only: unknown step '$s'" ;; esac
@@ -285,7 +289,10 @@ if want bench; then
         for prec in bf16 f32; do
             reserve=0
             want sanitize && reserve=240
-            t=$(limit 150 "$reserve")
+            want profile && reserve=$((reserve + 60))
+            runs=1
+            [ "$prec" = bf16 ] && runs=$bench_runs
+            t=$(limit $((150 * runs)) "$reserve")
             if [ "$t" -lt 30 ]; then
                 echo "bench $prec: NOT RUN (no time left in the budget)"
                 note "bench $prec: not run"
@@ -293,7 +300,7 @@ if want bench; then
             fi
             flag=
             [ "$prec" = bf16 ] && flag=--bf16
-            timeout -k 5 "$t" "$bundle/bench/gpt2_gpu.sh" --runs 1 $flag --steps "$bench_steps" \
+            timeout -k 5 "$t" "$bundle/bench/gpt2_gpu.sh" --runs "$runs" $flag --steps "$bench_steps" \
                 --warmup 3 > "$logs/bench-$prec.log" 2>&1
             rc=$?
             # The two programs' lines, in order: libfsdp's first, PyTorch's second.
@@ -301,8 +308,10 @@ if want bench; then
             tok=($(sed -n 's/^tokens\/s \([0-9.]*\).*/\1/p' "$logs/bench-$prec.log"))
             mem=($(sed -n 's/^memory ([^)]*): \([0-9.]*\) MiB.*/\1/p' "$logs/bench-$prec.log"))
             peak=$(sed -n 's/^peak bf16 GEMM.*: \([0-9.]*\) TFLOP\/s.*/\1/p' "$logs/bench-$prec.log" | head -1)
-            ratio=$(sed -n 's/^run 1: libfsdp\/PyTorch tokens\/s \([0-9.n\/a]*\).*/\1/p' "$logs/bench-$prec.log")
-            line="bench $prec: exit $rc, tokens/s libfsdp ${tok[0]:-?} PyTorch ${tok[1]:-?} (ratio ${ratio:-?}, target >= 1.0), MFU ${mfu[0]:-?}% / ${mfu[1]:-?}% of ${peak:-?} TFLOP/s, peak MiB ${mem[0]:-?} / ${mem[1]:-?}"
+            # The median over the runs (one run: its own ratio).
+            ratio=$(sed -n 's/^summary over .* medians of libfsdp\/PyTorch: tokens\/s \([0-9.n\/a]*\).*/\1/p' "$logs/bench-$prec.log")
+            allr=$(sed -n 's/^run [0-9]*: libfsdp\/PyTorch tokens\/s \([0-9.n\/a]*\).*/\1/p' "$logs/bench-$prec.log" | paste -sd/)
+            line="bench $prec: exit $rc, tokens/s libfsdp ${tok[0]:-?} PyTorch ${tok[1]:-?} (ratio ${ratio:-?}${allr:+, runs $allr}, target >= 1.0), MFU ${mfu[0]:-?}% / ${mfu[1]:-?}% of ${peak:-?} TFLOP/s, peak MiB ${mem[0]:-?} / ${mem[1]:-?}"
             echo "$line"
             note "${line#bench }"
             if [ "$rc" != 0 ]; then

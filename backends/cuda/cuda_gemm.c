@@ -45,6 +45,27 @@ static int gemm_lt(fsdp_device_t *dev, struct cuda_dev *cd, fsdp_cuda_gemm_type_
     const cudaDataType_t et = lt_data_type(ty.elem), ect = lt_data_type(ty.celem);
     const int32_t nb = (int32_t)batch;
     const uint64_t ws = LT_WORKSPACE;
+    /* Badly aligned matrices of a large product go through padded copies (fsdp__cuda_lt_pad),
+     * made and read back on the compute stream, from memory counted as FSDP_MEM_OTHER. */
+    int64_t pad_ld[3];
+    void *pad[3] = {NULL, NULL, NULL};
+    fsdp__cuda_lt_pad(&pl, ty.size, ty.csize, m, n, k, batch, pad_ld);
+    for (int i = 0; i < 3 && rc == FSDP_OK; i++) {
+        if (!pad_ld[i]) continue;
+        const size_t es = i == 2 ? ty.csize : ty.size;
+        fsdp_cuda_lt_mat_t *mt = &pl.mat[i];
+        rc = fsdp_device_alloc(dev, FSDP_MEM_OTHER, (size_t)pad_ld[i] * mt->cols * es, &pad[i]);
+        if (rc == FSDP_OK && (i < 2 || beta != 0.0f))
+            rc = launched(dev,
+                          cudaMemcpy2DAsync(pad[i], (size_t)pad_ld[i] * es, (const void *)mt->ptr,
+                                            (size_t)mt->ld * es, mt->rows * es, mt->cols,
+                                            cudaMemcpyDeviceToDevice, cd->compute),
+                          "copying a matrix to its padded buffer");
+        if (rc < 0) goto out;
+        mt->ld = pad_ld[i];
+        mt->ptr = (uintptr_t)pad[i];
+        pl.align[i] = fsdp__cuda_lt_align(mt->ptr, mt->stride, es, batch);
+    }
     static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -98,11 +119,21 @@ static int gemm_lt(fsdp_device_t *dev, struct cuda_dev *cd, fsdp_cuda_gemm_type_
                            (long long)m, (long long)n, (long long)k);
         goto out;
     }
-    LT(cublasLtMatmul(cd->lt, op, &alpha, b, lay[0], a, lay[1], &beta, c, lay[2], c, lay[2],
+    void *cp = (void *)pl.mat[2].ptr;
+    LT(cublasLtMatmul(cd->lt, op, &alpha, (const void *)pl.mat[0].ptr, lay[0],
+                      (const void *)pl.mat[1].ptr, lay[1], &beta, cp, lay[2], cp, lay[2],
                       &heur.algo, cd->lt_ws, LT_WORKSPACE, cd->compute),
        "cublasLtMatmul");
+    if (pad[2])
+        rc = launched(dev,
+                      cudaMemcpy2DAsync(c, (size_t)ldc * ty.csize, pad[2],
+                                        (size_t)pad_ld[2] * ty.csize, (size_t)n * ty.csize,
+                                        (size_t)m, cudaMemcpyDeviceToDevice, cd->compute),
+                      "copying the result out of its padded buffer");
 #undef LT
 out:
+    for (int i = 0; i < 3; i++)
+        fsdp_device_free(dev, pad[i]);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 2; i >= 0; i--)
         if (lay[i]) cublasLtMatrixLayoutDestroy(lay[i]);
