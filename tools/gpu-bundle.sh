@@ -168,6 +168,11 @@ if [ -f "$bundle/lib/carried.tar.gz" ]; then
 fi
 LD_LIBRARY_PATH="$bundle/lib${carried_dir:+:$carried_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
+# The carried OpenBLAS takes its generic kernels on a CPU model it does not know (the GPU
+# machine's, as libfsdp warns); AVX-512 ones are SkylakeX's.
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+    export OPENBLAS_CORETYPE=SkylakeX
+fi
 EOF
 
 # --- manifest and size -----------------------------------------------------------------------
