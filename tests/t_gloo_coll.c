@@ -3,7 +3,8 @@
  * that FSDP and the references use", on the gloo backend).
  *
  * Ranks are threads of this process. Each creates its own context and its own Gloo world group
- * over a clone of one shared in-memory store, so every byte goes through Gloo's tcp transport.
+ * over a clone of one shared in-memory store, and FSDP_GLOO_SHM=0 keeps the groups off the
+ * shared-memory transport, so every byte goes through Gloo's tcp transport.
  *
  * 1. The F02 matrix of coll_check.h at world sizes 2, 3 and 4: every collective x dtype x
  *    reduce op, in place and out of place, counts 0, 1, 1001 and a ~4 MiB message
@@ -556,6 +557,9 @@ static void test_create(void) {
 /* ---------------------------------------------------------------------------------------- */
 
 int main(void) {
+    /* TCP for every group: this program's ranks share a host, so they would otherwise take the
+     * shared-memory transport, which t_gloo_coll_mp.c and t_gloo_shm.c cover. */
+    setenv("FSDP_GLOO_SHM", "0", 1);
     tap_plan_lazy();
     double t0 = gw_now_s();
     test_create();

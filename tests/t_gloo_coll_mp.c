@@ -3,9 +3,10 @@
  * FSDP and the references use") on Gloo worlds of real processes.
  *
  * gw_run_procs() forks one process per rank; each makes its own context, opens a file store in
- * a fresh directory the parent made, creates its Gloo world group over TCP loopback, runs the
- * rank function and reports through memory shared with the parent (gloo_world.h, mp_fork.h).
- * t_gloo_coll.c runs the same parts of the suite (gloo_coll_suite.c) on threads.
+ * a fresh directory the parent made, creates its Gloo world group (the ranks share a host, so
+ * its collectives go through the shared-memory transport, gloo_shm.h), runs the rank function
+ * and reports through memory shared with the parent (gloo_world.h, mp_fork.h). t_gloo_coll.c
+ * runs the same parts of the suite (gloo_coll_suite.c) on threads over TCP.
  *
  * 1. The runner: every rank's status comes back, and the first failure is the run's.
  * 2. Bitwise agreement with the sim backend on random f32/bf16/f16 values at world sizes 2, 3

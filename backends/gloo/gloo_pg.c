@@ -1,6 +1,8 @@
 /*
  * gloo_pg.c: the gloo process group: the vtable, the rank's worker, failures and the mismatch
- * check. The transport itself (Gloo, in C++) is behind gloo_comm.h.
+ * check. The transports are behind gloo_comm.h (Gloo over TCP, in C++) and gloo_shm.h (shared
+ * memory, for a group whose ranks all run on one host; it carries the collectives whenever the
+ * group has it, and the Gloo comm then serves the mismatch check).
  *
  * Threads and ordering. pg.h requires that a rank's collectives execute in the order the rank
  * issued them, over all its groups. Every context that has Gloo groups gets one communication
@@ -33,6 +35,7 @@
 #include <fsdp/gloo.h>
 
 #include "backends/gloo/gloo_comm.h"
+#include "backends/gloo/gloo_shm.h"
 #include "core/timeutil.h"
 #include "pg/pg_impl.h"
 #include "pg/pg_worker.h"
@@ -41,6 +44,7 @@ typedef struct gloo_pg {
     fsdp_pg_t base;
     fsdp__pg_worker_t *worker; /* the rank's, shared by its Gloo groups */
     fsdp_gloo_comm_t *comm;
+    fsdp_gloo_shm_t *shm; /* NULL: the collectives go over TCP */
     fsdp_store_t *store; /* "gloo.<world number>" on the user's store; sub-groups clone it */
     int check;           /* FSDP_GLOO_CHECK: exchange descriptors before each collective */
     /* Sticky failure (0: none) and its message; used only in the execution slot. */
@@ -142,7 +146,10 @@ static void fail(gloo_pg_t *gp, fsdp_work_t *w, int rc, int peer, const char *wh
     }
     gp->broken_rc = rc;
     memcpy(gp->broken_msg, msg, sizeof msg);
-    if (rc != FSDP_ETIMEDOUT) fsdp__gloo_comm_close(gp->comm);
+    if (rc != FSDP_ETIMEDOUT) {
+        fsdp__gloo_comm_close(gp->comm);
+        fsdp__gloo_shm_close(gp->shm);
+    }
     fsdp_log(pg->ctx, FSDP_LOG_DEBUG, "gloo: %s: %s", fsdp_err_name(rc), msg);
     fsdp__work_complete(w, rc, "%s", msg);
 }
@@ -255,7 +262,8 @@ static void execute(fsdp_work_t *w) {
                          .root = c->root,
                          .tag = (uint32_t)c->seq,
                          .timeout_ms = c->timeout_ms};
-    rc = fsdp__gloo_comm_run(gp->comm, &op, &peer, why, sizeof why);
+    rc = gp->shm ? fsdp__gloo_shm_run(gp->shm, &op, &peer, why, sizeof why)
+                 : fsdp__gloo_comm_run(gp->comm, &op, &peer, why, sizeof why);
     if (rc < 0)
         fail(gp, w, rc, peer, why, (fsdp__now_ns() - t0) / 1000000);
     else
@@ -303,6 +311,7 @@ static void gloo_destroy(fsdp_pg_t *pg) {
     gloo_pg_t *gp = (gloo_pg_t *)pg;
     fsdp_ctx_t *ctx = pg->ctx;
     fsdp__pg_worker_t *worker = gp->worker;
+    fsdp__gloo_shm_destroy(gp->shm);
     fsdp__gloo_comm_destroy(gp->comm);
     fsdp_store_destroy(gp->store);
     fsdp__pg_fini(pg);
@@ -394,6 +403,17 @@ static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *p
                                     cap);
     sigpipe_restore(&guard);
     if (rc == FSDP_ETIMEDOUT) name_absent_ranks(rdv, size, world_ranks, msg, cap);
+    if (rc == FSDP_OK) {
+        /* Shared memory when every rank is on this host (gloo_shm.h); else TCP alone. */
+        char why[256];
+        rc = fsdp__gloo_shm_create(rdv, rank, size, timeout_ms, &gp->shm, why, sizeof why);
+        if (rc < 0)
+            snprintf(msg, cap, "agreeing on shared memory: %s", why);
+        else
+            fsdp_log(ctx, FSDP_LOG_DEBUG, "gloo: group '%s' (rank %d of %d): %s%s", name, rank,
+                     size, gp->shm ? "collectives through shared memory" : "TCP only: ",
+                     gp->shm ? "" : why);
+    }
     fsdp_store_destroy(rdv);
     if (rc < 0) goto fail;
     *out = gp;
@@ -427,6 +447,11 @@ static int gloo_create_subgroup(fsdp_pg_t *parent, const int *members, int n, in
                             new_rank, n, msg);
     *out = &gp->base;
     return FSDP_OK;
+}
+
+int fsdp__gloo_pg_shm(const fsdp_pg_t *pg) {
+    if (!pg || pg->ops != &gloo_ops) return -1;
+    return ((const gloo_pg_t *)pg)->shm != NULL;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -8,6 +8,7 @@
 
 #include <fsdp/gloo.h>
 
+#include "backends/gloo/gloo_shm.h"
 #include "internal.h"
 
 void fsdp_gloo_options_init(fsdp_gloo_options_t *o) {
@@ -27,4 +28,9 @@ int fsdp_pg_create_gloo(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_gloo_op
                          "fsdp_pg_create_gloo: this libfsdp was built without Gloo (configure "
                          "did not find gloo/context.h and -lgloo; install libgloo-dev or pass "
                          "--with-gloo=DIR, then reconfigure)");
+}
+
+int fsdp__gloo_pg_shm(const fsdp_pg_t *pg) {
+    (void)pg;
+    return -1;
 }

@@ -1,0 +1,59 @@
+/*
+ * gloo_shm.h: the shared-memory transport of the gloo process group, for a group whose ranks
+ * all run on one host.
+ *
+ * Over TCP loopback every byte of a collective is copied by the kernel twice (into a socket
+ * buffer, out of it) and Gloo's event-loop thread competes with the ranks' compute threads for
+ * the cores. When every rank of a group sees the same host (the same boot id, IPC namespace and
+ * PID namespace), the group also maps one POSIX shared-memory segment: a slot per rank and a
+ * result area. A collective then moves through the slots with plain copies and futex barriers,
+ * and reduces with fsdp__reduce() in rank order, exactly as the TCP path and the sim backend do,
+ * so results are bitwise the same. The Gloo comm stays: it serves FSDP_GLOO_CHECK and stays the
+ * way every rank can still be reached.
+ *
+ * FSDP_GLOO_SHM=0 in the environment keeps every group on TCP. The decision is collective: a
+ * group uses the segment only when every rank asked for it, sees the same host and mapped it.
+ *
+ * Failures: a wait ends with FSDP_ETIMEDOUT after the collective's timeout, or FSDP_EREMOTE
+ * naming the peer as soon as a peer process has exited or a peer has closed the group
+ * (fsdp__gloo_shm_close, as the TCP path closes its connections).
+ *
+ * Thread-safety: as gloo_comm.h: one thread at a time per shm (the rank's execution slot).
+ */
+#ifndef FSDP_GLOO_SHM_H
+#define FSDP_GLOO_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <fsdp/pg.h>
+#include <fsdp/store.h>
+
+#include "backends/gloo/gloo_comm.h"
+
+typedef struct fsdp_gloo_shm fsdp_gloo_shm_t;
+
+/*
+ * Agrees with the other ranks, through `store` (the group's rendezvous store), on whether the
+ * group uses shared memory, and maps the segment if so. Returns FSDP_OK with *out set, or
+ * FSDP_OK with *out NULL when the group stays on TCP (msg then says why, for the debug log), or
+ * a store failure.
+ */
+int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, int64_t timeout_ms,
+                          fsdp_gloo_shm_t **out, char *msg, size_t cap);
+
+/* Runs one collective (count > 0, or a barrier), with gloo_comm.h's statuses and *peer. */
+int fsdp__gloo_shm_run(fsdp_gloo_shm_t *s, const fsdp_gloo_op_t *op, int *peer, char *msg,
+                       size_t cap);
+
+/* Marks the group closed by this rank, so that peers waiting on it fail at once. */
+void fsdp__gloo_shm_close(fsdp_gloo_shm_t *s);
+
+/* Unmaps the segment; NULL is accepted. */
+void fsdp__gloo_shm_destroy(fsdp_gloo_shm_t *s);
+
+/* 1 when pg is a gloo group whose collectives go through shared memory, 0 when they go over
+ * TCP, -1 when pg is not a gloo group (gloo_pg.c; for tests and the debug log). */
+int fsdp__gloo_pg_shm(const fsdp_pg_t *pg);
+
+#endif /* FSDP_GLOO_SHM_H */
