@@ -1,5 +1,5 @@
 /*
- * fsdp/gloo.h: the Gloo process group (ranks connected over TCP).
+ * fsdp/gloo.h: the Gloo process group (ranks connected over TCP, or shared memory on one host).
  *
  * A Gloo group is one rank's handle on a group of ranks that talk over TCP through Gloo
  * (https://github.com/facebookincubator/gloo). Ranks may be processes on one or many hosts, or
@@ -43,6 +43,16 @@
  * every later collective on the group fails at once with the same status. A rank whose
  * collective fails for any reason but a timeout closes its connections of that group, so its
  * peers fail at once instead of at their timeout.
+ *
+ * Shared memory. A group whose ranks all run on one host (the same boot id, IPC and PID
+ * namespaces) moves its collectives through a POSIX shared-memory segment instead of TCP
+ * loopback: the same results bit for bit (reductions in rank order with the same kernels), a
+ * few MiB of /dev/shm per group (4 MiB a rank and 4 MiB more up to 8 ranks), named only until
+ * every rank has mapped it. A peer whose process ends, or that fails or destroys the group, is
+ * reported as FSDP_EREMOTE within about 50 ms instead of at the timeout. FSDP_GLOO_SHM=0 in the
+ * environment of any rank when a group is created keeps that group on TCP; so does a /dev/shm
+ * that cannot hold the segment. As with NCCL, ranks that issue collectives of different sizes
+ * may then get wrong data rather than a timeout: FSDP_GLOO_CHECK=1 catches that.
  *
  * Mismatch check. With the environment variable FSDP_GLOO_CHECK=1 when a group is created, each
  * collective of that group (and of its sub-groups) first all-gathers every rank's descriptor
