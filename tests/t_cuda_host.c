@@ -263,46 +263,43 @@ static void test_cast_fast(void) {
  * a small product or a batch. */
 static void test_gemm_pad(void) {
     static char buf[64];
-    fsdp_cuda_lt_plan_t pl;
-    int64_t pad[3];
-    /* logits (8192 x 50257) = x (8192 x 768) W^T, W (50257 x 768) */
-    fsdp__cuda_lt_plan(&pl, 2, 2, false, true, 8192, 50257, 768, buf, 768, 0, buf, 768, 0, buf,
-                       50257, 0, 1);
-    fsdp__cuda_lt_pad(&pl, 2, 2, 8192, 50257, 768, 1, pad);
-    tap_ok(pad[0] == 0 && pad[1] == 0 && pad[2] == 50264,
-           "head forward, bf16: only C padded, to 50264 (got %lld %lld %lld)", (long long)pad[0],
-           (long long)pad[1], (long long)pad[2]);
-    fsdp__cuda_lt_plan(&pl, 2, 4, false, true, 8192, 50257, 768, buf, 768, 0, buf, 768, 0, buf,
-                       50257, 0, 1);
-    fsdp__cuda_lt_pad(&pl, 2, 4, 8192, 50257, 768, 1, pad);
-    tap_ok(pad[0] == 0 && pad[1] == 0 && pad[2] == 50260,
-           "head forward, bf16 into f32: C padded to 50260 (got %lld)", (long long)pad[2]);
-    /* dx (8192 x 768) = g (8192 x 50257) W */
-    fsdp__cuda_lt_plan(&pl, 2, 2, false, false, 8192, 768, 50257, buf, 50257, 0, buf, 768, 0,
-                       buf, 768, 0, 1);
-    fsdp__cuda_lt_pad(&pl, 2, 2, 8192, 768, 50257, 1, pad);
-    tap_ok(pad[0] == 0 && pad[1] == 50264 && pad[2] == 0,
-           "head backward dx: only the gradient (the library's B) padded (got %lld %lld %lld)",
-           (long long)pad[0], (long long)pad[1], (long long)pad[2]);
-    /* dW (50257 x 768) = g^T (50257 x 8192) x */
-    fsdp__cuda_lt_plan(&pl, 2, 4, true, false, 50257, 768, 8192, buf, 50257, 0, buf, 768, 0, buf,
-                       768, 0, 1);
-    fsdp__cuda_lt_pad(&pl, 2, 4, 50257, 768, 8192, 1, pad);
-    tap_ok(pad[0] == 0 && pad[1] == 50264 && pad[2] == 0,
-           "head backward dW: g^T padded, the f32 result not (got %lld %lld %lld)",
-           (long long)pad[0], (long long)pad[1], (long long)pad[2]);
-    fsdp__cuda_lt_plan(&pl, 2, 2, false, true, 16, 50257, 768, buf, 768, 0, buf, 768, 0, buf,
-                       50257, 0, 1);
-    fsdp__cuda_lt_pad(&pl, 2, 2, 16, 50257, 768, 1, pad);
-    tap_ok(pad[2] == 0, "a small product (16 x 50257 x 768) is not padded");
-    fsdp__cuda_lt_plan(&pl, 2, 2, false, true, 8192, 50257, 768, buf, 768, 0, buf, 768, 0, buf,
-                       50257, 8192 * 50257, 2);
-    fsdp__cuda_lt_pad(&pl, 2, 2, 8192, 50257, 768, 2, pad);
-    tap_ok(pad[2] == 0, "a batched product is not padded");
-    fsdp__cuda_lt_plan(&pl, 2, 2, false, true, 8192, 50264, 768, buf, 768, 0, buf, 768, 0, buf,
-                       50264, 0, 1);
-    fsdp__cuda_lt_pad(&pl, 2, 2, 8192, 50264, 768, 1, pad);
-    tap_ok(pad[0] == 0 && pad[1] == 0 && pad[2] == 0, "aligned matrices are not padded");
+    /* One product each: element and result sizes, flags, m n k, lda ldb ldc, batch, and the
+     * padded leading dimension expected for the library's A, B and C. */
+    static const struct {
+        size_t size, csize;
+        bool ta, tb;
+        int64_t m, n, k, lda, ldb, ldc, batch, want[3];
+        const char *what;
+    } cases[] = {
+        {2, 2, false, true, 8192, 50257, 768, 768, 768, 50257, 1, {0, 0, 50264},
+         "head forward, bf16 (logits = x W^T): only C padded, to 50264"},
+        {2, 4, false, true, 8192, 50257, 768, 768, 768, 50257, 1, {0, 0, 50260},
+         "head forward, bf16 into f32: C padded to 50260"},
+        {2, 2, false, false, 8192, 768, 50257, 50257, 768, 768, 1, {0, 50264, 0},
+         "head backward dx = g W: only the gradient (the library's B) padded"},
+        {2, 4, true, false, 50257, 768, 8192, 50257, 768, 768, 1, {0, 50264, 0},
+         "head backward dW = g^T x: g^T padded, the f32 result not"},
+        {2, 2, false, true, 16, 50257, 768, 768, 768, 50257, 1, {0, 0, 0},
+         "a small product (16 x 50257 x 768) is not padded"},
+        {2, 2, false, true, 8192, 50257, 768, 768, 768, 50257, 2, {0, 0, 0},
+         "a batched product is not padded"},
+        {2, 2, false, true, 8192, 50264, 768, 768, 768, 50264, 1, {0, 0, 0},
+         "aligned matrices are not padded"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fsdp_cuda_lt_plan_t pl;
+        int64_t pad[3];
+        const int64_t sc = cases[i].batch > 1 ? cases[i].m * cases[i].ldc : 0;
+        fsdp__cuda_lt_plan(&pl, cases[i].size, cases[i].csize, cases[i].ta, cases[i].tb,
+                           cases[i].m, cases[i].n, cases[i].k, buf, cases[i].lda, 0, buf,
+                           cases[i].ldb, 0, buf, cases[i].ldc, sc, cases[i].batch);
+        fsdp__cuda_lt_pad(&pl, cases[i].size, cases[i].csize, cases[i].m, cases[i].n, cases[i].k,
+                          cases[i].batch, pad);
+        tap_ok(pad[0] == cases[i].want[0] && pad[1] == cases[i].want[1] &&
+                   pad[2] == cases[i].want[2],
+               "%s (got %lld %lld %lld)", cases[i].what, (long long)pad[0], (long long)pad[1],
+               (long long)pad[2]);
+    }
 }
 
 static void test_gemm_table(void) {

@@ -66,41 +66,37 @@ __global__ static void cast_k(int yt, void *y, int xt, const void *x, size_t n) 
 
 /* f32 <-> bf16, the casts of mixed precision: four elements per thread with 16- and 8-byte
  * accesses when both buffers are aligned for them (vec), else one. The first threads of the
- * grid take the n % 4 elements after the last group. */
-__global__ static void cast_f32_bf16_k(uint16_t *y, const float *x, size_t n, bool vec) {
-    if (!vec) {
-        GRID_LOOP(i, n) y[i] = fsdp_cc_f32_to_bf16(x[i]);
-        return;
+ * grid take the n % 4 elements after the last group. X4 and Y4 are the four-element vector
+ * types of X and Y; F converts one element. */
+struct to_bf16 {
+    __device__ uint16_t operator()(float f) const {
+        return fsdp_cc_f32_to_bf16(f);
     }
-    const size_t n4 = n / 4, tail = (size_t)blockIdx.x * blockDim.x + threadIdx.x + n4 * 4;
-    GRID_LOOP(i, n4) {
-        const float4 v = ((const float4 *)x)[i];
-        ushort4 o;
-        o.x = fsdp_cc_f32_to_bf16(v.x);
-        o.y = fsdp_cc_f32_to_bf16(v.y);
-        o.z = fsdp_cc_f32_to_bf16(v.z);
-        o.w = fsdp_cc_f32_to_bf16(v.w);
-        ((ushort4 *)y)[i] = o;
+};
+struct from_bf16 {
+    __device__ float operator()(uint16_t h) const {
+        return fsdp_cc_bf16_to_f32_q(h);
     }
-    if (tail < n) y[tail] = fsdp_cc_f32_to_bf16(x[tail]);
-}
+};
 
-__global__ static void cast_bf16_f32_k(float *y, const uint16_t *x, size_t n, bool vec) {
+template <typename Y, typename X, typename Y4, typename X4, typename F>
+__global__ static void cast4_k(Y *y, const X *x, size_t n, bool vec) {
+    const F f;
     if (!vec) {
-        GRID_LOOP(i, n) y[i] = fsdp_cc_bf16_to_f32_q(x[i]);
+        GRID_LOOP(i, n) y[i] = f(x[i]);
         return;
     }
     const size_t n4 = n / 4, tail = (size_t)blockIdx.x * blockDim.x + threadIdx.x + n4 * 4;
     GRID_LOOP(i, n4) {
-        const ushort4 v = ((const ushort4 *)x)[i];
-        float4 o;
-        o.x = fsdp_cc_bf16_to_f32_q(v.x);
-        o.y = fsdp_cc_bf16_to_f32_q(v.y);
-        o.z = fsdp_cc_bf16_to_f32_q(v.z);
-        o.w = fsdp_cc_bf16_to_f32_q(v.w);
-        ((float4 *)y)[i] = o;
+        const X4 v = ((const X4 *)x)[i];
+        Y4 o;
+        o.x = f(v.x);
+        o.y = f(v.y);
+        o.z = f(v.z);
+        o.w = f(v.w);
+        ((Y4 *)y)[i] = o;
     }
-    if (tail < n) y[tail] = fsdp_cc_bf16_to_f32_q(x[tail]);
+    if (tail < n) y[tail] = f(x[tail]);
 }
 
 static bool aligned(const void *p, size_t a) {
@@ -111,12 +107,14 @@ extern "C" cudaError_t fsdp__cuda_k_cast(cudaStream_t s, int yt, void *y, int xt
                                          size_t n) {
     if (xt == FSDP_DTYPE_F32 && yt == FSDP_DTYPE_BF16) {
         const bool vec = aligned(x, 16) && aligned(y, 8);
-        cast_f32_bf16_k<<<blocks_for(vec ? (n + 3) / 4 : n), THREADS, 0, s>>>(
-            (uint16_t *)y, (const float *)x, n, vec);
+        cast4_k<uint16_t, float, ushort4, float4, to_bf16>
+            <<<blocks_for(vec ? (n + 3) / 4 : n), THREADS, 0, s>>>((uint16_t *)y,
+                                                                  (const float *)x, n, vec);
     } else if (xt == FSDP_DTYPE_BF16 && yt == FSDP_DTYPE_F32) {
         const bool vec = aligned(x, 8) && aligned(y, 16);
-        cast_bf16_f32_k<<<blocks_for(vec ? (n + 3) / 4 : n), THREADS, 0, s>>>(
-            (float *)y, (const uint16_t *)x, n, vec);
+        cast4_k<float, uint16_t, float4, ushort4, from_bf16>
+            <<<blocks_for(vec ? (n + 3) / 4 : n), THREADS, 0, s>>>((float *)y,
+                                                                  (const uint16_t *)x, n, vec);
     } else {
         cast_k<<<blocks_for(n), THREADS, 0, s>>>(yt, y, xt, x, n);
     }
