@@ -490,7 +490,7 @@ static void test_corpus(void) {
     FILE *f = fopen(path, "rb");
     tap_ok(f != NULL, "the corpus %s exists", path);
     if (!f) {
-        tap_skip(5, "no corpus");
+        tap_skip(6, "no corpus");
         return;
     }
     size_t n = 0, bad = 0, lines = 0;
@@ -509,6 +509,25 @@ static void test_corpus(void) {
     const char *def = fsdp_data_default_corpus();
     tap_ok(def && access(def, R_OK) == 0, "fsdp_data_default_corpus() finds it: %s",
            def ? def : "(null)");
+    /* Uninstalled, that is the build tree's copy (found from this program's location; a tree
+     * built outside the sources has its own), with the source's bytes. */
+    char *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    FILE *fa = fopen(path, "rb"), *fb = def ? fopen(def, "rb") : NULL;
+    if (fa && fb) {
+        a = malloc(n + 1);
+        b = malloc(n + 1);
+        if (a && b) {
+            na = fread(a, 1, n + 1, fa);
+            nb = fread(b, 1, n + 1, fb);
+        }
+    }
+    tap_ok(a && b && na == n && nb == n && memcmp(a, b, n) == 0,
+           "the default corpus has the source's %zu bytes", n);
+    free(a);
+    free(b);
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
     fsdp_dataset_t *ds = NULL;
     fsdp_dataset_open(NULL, path, FSDP_DATA_AUTO, &ds);
     tap_ok(ds && fsdp_dataset_format(ds) == FSDP_DATA_TEXT && fsdp_dataset_max_token(ds) < 128,

@@ -132,9 +132,12 @@ else
   cp "$real" "$tmp/moved/bin/fsdp-train"
   cp -P "$top_builddir"/.libs/libfsdp.so* "$tmp/moved/lib/"
   cp "$plugin" "$tmp/moved/lib/libfsdp/"
+  # A moved, uninstalled program has no default corpus (not installed, not in a build tree).
+  corpus=$(cd "${srcdir:-.}/data" && pwd)/corpus.txt
   out=$(cd "$tmp" && env -u FSDP_PLUGIN_DIR CUDA_VISIBLE_DEVICES= \
     LD_LIBRARY_PATH="$tmp/moved/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    LD_DEBUG=files LD_DEBUG_OUTPUT="$tmp/ldm" moved/bin/fsdp-train --device cuda --backend nccl 2>&1)
+    LD_DEBUG=files LD_DEBUG_OUTPUT="$tmp/ldm" moved/bin/fsdp-train --device cuda --backend nccl \
+    --data "$corpus" 2>&1)
   rc=$?
   opened=$(cat "$tmp"/ldm.* 2>/dev/null | sed -n 's/.*file=\([^ ]*libfsdp-cuda\.so\).*/\1/p' | sort -u)
   if [ $rc -ne 0 ] && printf '%s' "$out" | grep -q 'no CUDA device is visible' &&

@@ -119,8 +119,9 @@ FSDP_EXTERN int fsdp_dataset_read(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, uin
 /*
  * The default corpus of fsdp-train (data/corpus.txt in the source tree: English-like text made
  * by data/gen_corpus.py, about 300 KB). Returns the installed copy, $(pkgdatadir)/corpus.txt, when
- * it is readable, else the copy in the source tree this library was built from (so that programs
- * work in the build tree before `make install`), else NULL. The string is static. Thread-safe.
+ * it is readable, else, for a program run from a build tree before `make install`, that tree's
+ * data/corpus.txt (found from the program's location, never from a path compiled in), else
+ * NULL. The string is static. Thread-safe.
  */
 FSDP_EXTERN const char *fsdp_data_default_corpus(void);
 

@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,13 +32,12 @@
 
 #include "internal.h"
 
-/* Where the corpus is installed and where it sits in the source tree (set by Makefile.am, where
- * $(pkgdatadir) is known with its final prefix). */
+/* Where the corpus is installed (set by Makefile.am, where $(pkgdatadir) is known with its final
+ * prefix). No build path is compiled in: a program run from a build tree finds that tree's copy
+ * from its own location (build_tree_corpus), so the library is the same bytes whichever
+ * directory it was built in. */
 #ifndef FSDP_DATA_PKGDATADIR
 #define FSDP_DATA_PKGDATADIR "/nonexistent"
-#endif
-#ifndef FSDP_DATA_SRCDIR
-#define FSDP_DATA_SRCDIR "/nonexistent"
 #endif
 
 typedef struct data_file {
@@ -408,12 +408,36 @@ int fsdp_dataset_read(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, uint64_t first,
     return FSDP_OK;
 }
 
+/* The build tree's corpus, when the running program lies in one: the program's directory or one
+ * of the three above it (libtool puts the real binaries in .libs/, tests and tools one level
+ * down) holding config.status, which marks the top of a configured build tree, and
+ * data/corpus.txt, which make puts there (a copy in a tree built outside the sources). */
+static char tree_corpus[4096];
+static pthread_once_t tree_once = PTHREAD_ONCE_INIT;
+
+static void find_tree_corpus(void) {
+    char dir[sizeof tree_corpus - 32];
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    if (n <= 0) return;
+    dir[n] = 0;
+    for (int up = 0; up < 4; up++) {
+        char *slash = strrchr(dir, '/');
+        if (!slash || slash == dir) return;
+        *slash = 0;
+        char marker[sizeof dir + 32];
+        snprintf(marker, sizeof marker, "%s/config.status", dir);
+        if (access(marker, F_OK) != 0) continue;
+        snprintf(tree_corpus, sizeof tree_corpus, "%s/data/corpus.txt", dir);
+        if (access(tree_corpus, R_OK) != 0) tree_corpus[0] = 0;
+        return;
+    }
+}
+
 const char *fsdp_data_default_corpus(void) {
-    static const char *const paths[] = {FSDP_DATA_PKGDATADIR "/corpus.txt",
-                                        FSDP_DATA_SRCDIR "/corpus.txt"};
-    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
-        if (access(paths[i], R_OK) == 0) return paths[i];
-    return NULL;
+    static const char installed[] = FSDP_DATA_PKGDATADIR "/corpus.txt";
+    if (access(installed, R_OK) == 0) return installed;
+    pthread_once(&tree_once, find_tree_corpus);
+    return tree_corpus[0] ? tree_corpus : NULL;
 }
 
 /* ---- loaders ----------------------------------------------------------------------------------
