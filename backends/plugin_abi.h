@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * plugin_abi.h: the interface of the CUDA plugin (libfsdp-cuda.so), which holds the CUDA device
  * and the NCCL process group so that libfsdp.so itself links none of cudart, cuBLAS, cuBLASLt or

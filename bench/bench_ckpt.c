@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_ckpt.c: saving and loading a sharded checkpoint directory (fsdp_checkpoint_save,
  * fsdp_checkpoint_load) against cp of the same bytes on the same disk, in one process.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_fsdp_step.c: one training step of the GPT model at world size 2 on the sim backend,
  * with DDP and with FSDP's sharding strategies, one configuration after the other in one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_gloo_coll.c: bus bandwidth of the gloo backend's all-gather, reduce-scatter and
  * all-reduce over TCP loopback, against the raw throughput of one loopback TCP stream.

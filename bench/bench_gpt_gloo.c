@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_gpt_gloo.c: one FSDP training step of the GPT model, one rank per process, over the gloo
  * backend. Run it under a launcher:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_gpt_gpu.c: FSDP training steps of GPT-2 small (124M) on CUDA GPUs over the NCCL
  * backend, one rank per GPU. Alone it is a world of one on GPU 0 ($LOCAL_RANK when set); under

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_gpt_step.c: time of one training step of the GPT model on one rank, on the CPU.
  *

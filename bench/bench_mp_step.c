@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_mp_step.c: FSDP mixed precision against f32 on the GPT training step, world size 2 on the
  * sim backend: collective bytes, unsharded-parameter memory and step time, one process.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_sim_coll.c: bandwidth of the sim backend's all-gather, reduce-scatter and all-reduce.
  *

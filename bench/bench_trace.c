@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_trace.c: what tracing (fsdp/trace.h) costs the FULL_SHARD GPT step at world size 2 on
  * the sim backend, with tracing off and on in the same process.

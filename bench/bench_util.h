@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench_util.h: what the GPT step benchmarks share (bench_gpt_step on one rank,
  * bench_fsdp_step on a sim world, bench_gpt_gloo and bench_gpt_gpu one rank per process): the

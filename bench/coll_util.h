@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * coll_util.h: what the collective benchmarks (bench_sim_coll, bench_gloo_coll) share: message
  * sizes as nccl-tests counts them, the bus-bandwidth factor, and the input values whose sums are

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # gpt2_gpu.sh: libfsdp FSDP over NCCL (bench_gpt_gpu) against PyTorch FSDP over NCCL
 # (gpt2_torch_fsdp.py) on GPUs: GPT-2 small, same batch, sequence, optimizer and precision.
 #

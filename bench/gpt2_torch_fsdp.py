@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """gpt2_torch_fsdp.py: the PyTorch FSDP twin of bench_gpt_gpu.
 
 The GPT model of gpt_step_torch.py (the same layers as libfsdp's GPT: explicit attention with

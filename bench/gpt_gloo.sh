@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # gpt_gloo.sh: FSDP over gloo (bench_gpt_gloo under fsdprun) against PyTorch DDP over gloo
 # (gpt_gloo_torch.py), same model, batch, optimizer and thread count, one rank per process.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """gpt_gloo_torch.py: the PyTorch DDP twin of bench_gpt_gloo.
 
 Starts --nproc processes (default 2) with torch.multiprocessing.spawn; they meet through a file

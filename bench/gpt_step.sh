@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # gpt_step.sh: runs bench_gpt_step (libfsdp) and gpt_step_torch.py (PyTorch) with the same
 # arguments and thread count, and prints both medians and their ratio.
 #

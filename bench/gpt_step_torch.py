@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """gpt_step_torch.py: the PyTorch twin of bench_gpt_step.
 
 Times one training step (zero_grad with set_to_none, forward, mean cross-entropy, backward,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # lib.sh: what the benchmark scripts (gpt_step.sh, gpt_gloo.sh, gpt2_gpu.sh) share. Sourced
 # after the script has set `here` (its own directory):   . "$here/lib.sh"
 
@@ -22,7 +23,7 @@ bench_args() {
         case " $_flags " in *" $1 "*) shift; continue ;; esac
         case $1 in
         --help|-h)
-            awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+            awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
             exit 0 ;;
         esac
         args="$args '$(printf '%s' "$1" | sed "s/'/'\\\\''/g")'"

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # overhead_sweep.sh: what distribution costs at every batch per rank, as one table.
 #
 #   bench/overhead_sweep.sh [--batches "1 2 4 8"] [--vocabs "256 8192"] [--steps N]
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
     --warmup) warmup=$2; shift 2 ;;
     --quick) quick=--quick; batches="1 2"; vocabs=256; steps=2; warmup=1; shift ;;
     --layers|--d|--heads|--seq) model="$model $1 $2"; shift 2 ;;
-    --help|-h) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
     *) echo "overhead_sweep.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # sim_predict.sh: fsdp-sim's prediction of fsdp-train's step on this machine, beside the step.
 #
 #   bench/sim_predict.sh [--steps N] [--runs N] [--worlds "1 2 4"] [--quick]
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --worlds) worlds=$2; shift 2 ;;
     --quick) steps=8; runs=1; worlds="1 2"; shift ;;
-    --help|-h) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
     *) echo "sim_predict.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done

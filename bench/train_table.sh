@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # train_table.sh: fsdp-train's throughput and memory, as a table.
 #
 #   bench/train_table.sh [--steps-tiny N] [--steps-10m N] [--quick]
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     --steps-tiny) steps_tiny=$2; shift 2 ;;
     --steps-10m) steps_10m=$2; shift 2 ;;
     --quick) steps_tiny=4; steps_10m=3; shift ;;
-    --help|-h) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
     *) echo "train_table.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """gen_corpus.py: writes libfsdp's default training corpus (data/corpus.txt).
 
 The text is made here, from nothing: a small seeded probabilistic grammar of English-like

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # fsdp_deps.m4: dependencies of libfsdp (BLAS, CUDA, NCCL, Gloo, hiredis, jansson).
 #
 # Each --with-X takes yes, no, DIR or nothing. Nothing means "check": use it when found and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # fsdp_flags.m4: compiler flags, threads and sanitizers for libfsdp.
 
 # FSDP_CHECK_PTHREAD: make -pthread part of CFLAGS and LIBS (glibc needs both for static links).

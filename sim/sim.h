@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sim.h: internals of the sim backend (ranks as threads of one process).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sim_run.c: fsdp_sim_run(), the lifecycle of a simulated world.
  *

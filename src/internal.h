@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * internal.h: what the layers of libfsdp share and users do not see.
  *

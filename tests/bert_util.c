@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bert_util.c: what the BERT tests share (t_bert.c, t_bert_props.c): the golden file of
  * tests/golden/bert.bin and the context, the golden configuration and model with PyTorch's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bert_util.h: what the BERT tests share (t_bert.c: the model against PyTorch; t_bert_props.c:
  * configuration, dropout, initialisation, the model without a pooler). G is tests/golden/bert.bin

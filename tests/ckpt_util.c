@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ckpt_util.c: the small valid checkpoint of ckpt_util.h, written with the io layer's writer
  * exactly as fsdp_checkpoint_save drives it (prepare, one file per rank, finish), and the file

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ckpt_util.h: a small valid checkpoint directory for the corrupted-checkpoint tests
  * (t_ckpt_corrupt.c) and the fuzz target (fuzz_ckpt.c), written with the io layer's writer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * coll_check.c: closed-form inputs and expected values for the collective suite, and the checker
  * that runs one collective on one rank and verifies every element (see coll_check.h).

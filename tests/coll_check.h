@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * coll_check.h: backend-agnostic checks of one collective against closed-form expected values.
  *

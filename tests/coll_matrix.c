@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * coll_matrix.c: the F02 matrix for every backend and runner (see coll_matrix.h).
  */

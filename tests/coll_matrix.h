@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * coll_matrix.h: the matrix of the foundation's collective suite (seed behaviour F02,
  * "Collectives that FSDP and the references use"), for every backend and runner: sim threads

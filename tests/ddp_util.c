@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ddp_util.c: the helpers t_ddp.c, t_ddp_errors.c and t_ddp_dyn.c share (see ddp_util.h).
  */

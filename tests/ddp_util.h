@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ddp_util.h: helpers shared by the DDP tests (t_ddp.c: parity, buckets, no_sync, unused
  * parameters; t_ddp_errors.c: states, small cases and error paths; t_ddp_dyn.c: seed 004's

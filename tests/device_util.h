@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * device_util.h: what the device tests share (t_device.c, t_device_kernels.c): a fixed random
  * stream, a context, element access to f32/f64 buffers and a tolerance check.

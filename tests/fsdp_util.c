@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp_util.c: helpers shared by the FSDP unit tests (see fsdp_util.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp_util.h: helpers shared by the FSDP unit tests (t_fsdp.c, t_fsdp_core.c, t_fsdp_hooks.c,
  * t_fsdp_mp.c, t_fsdp_summon.c, t_fsdp_memory.c, t_fsdp_device.c, t_wrap.c, t_state_dict.c,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuzz_ckpt.c: a fuzz target for the checkpoint-directory reader (include/fsdp/checkpoint.h):
  * corrupted and truncated files give errors, never a crash.

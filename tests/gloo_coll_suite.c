@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_coll_suite.c: the F02 matrix and the bitwise comparison with sim on Gloo worlds of
  * threads or processes (see gloo_coll_suite.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_coll_suite.h: the parts of the foundation's collective suite (seed behaviour F02,
  * "Collectives that FSDP and the references use") that run on Gloo worlds of threads

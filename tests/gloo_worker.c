@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_worker.c: a rank program for the multi-process tests (t_gloo_launch.sh). It makes its
  * rank with fsdp_init_from_env, as a user's program does under fsdprun, srun or mpirun, and runs

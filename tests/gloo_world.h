@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_world.h: Gloo worlds of threads or processes for the gloo tests, and failure recording.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * golden.c: the golden-vector reader declared in golden.h (format described there).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * golden.h: reading golden vectors (reference tensors written by PyTorch) in tests.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gradcheck.c: finite-difference gradient checks (see gradcheck.h).
  *

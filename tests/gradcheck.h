@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gradcheck.h: finite-difference gradient checks for the operation tests.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mp_fork.c: rank processes (see mp_fork.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mp_fork.h: rank processes for the tests that run Gloo worlds of real processes on one host:
  * mp_run.c (fsdp_util's jobs) and gloo_world.c's gw_run_procs() (the collective suite).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mp_inputs_util.h: what the mixed-precision input tests share (t_mp_inputs.c, t_mp_dp_inputs.c):
  * casting a module's parameters and buffers by hand, recording the dtypes a module's forward

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mp_run.c: see mp_run.h. The processes come from mp_fork_ranks().
  */

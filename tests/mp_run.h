@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mp_run.h: runs an fu_job on real processes over the Gloo backend (or NCCL, one GPU per
  * rank), as fu_run_job() runs it on sim threads, so that one rank function serves every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mp_util.c: the mixed-precision test programs' shared models, reference and checks
  * (mp_util.h).

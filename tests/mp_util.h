@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mp_util.h: what the mixed-precision test programs (t_mp_e2e.c, t_mp_eval.c) share: upstream's
  * LinearMixedPrecision models (Linear(D, D) with an f64 buffer, simple or nested), a reference

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_util.c: the helpers and tables that t_ops.c and t_ops_grad.c share (see ops_util.h).
  */

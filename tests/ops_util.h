@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_util.h: what the operation tests (t_ops.c: forward values and errors; t_ops_grad.c:
  * gradient checks, accumulation, grad mode) share.

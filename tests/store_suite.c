@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store_suite.c: the store tests every backend runs (see store_suite.h).
  *

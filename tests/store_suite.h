@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store_suite.h: one suite of rendezvous-store tests, run over every backend (memory, file,
  * Redis) through a factory, so that every backend is held to the contract of fsdp/store.h.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_act_ckpt.c: activation checkpointing (fsdp_apply_activation_checkpointing in fsdp/nn.h) on
  * a GPT with dropout, alone, under DDP and under FSDP, each run against the same run without it:

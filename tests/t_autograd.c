@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_autograd.c: the tape: gradients of small graphs, accumulation, no-grad mode, marks and
  * their hooks, final callbacks, leaf hooks, gradients into views of a flat gradient, freed

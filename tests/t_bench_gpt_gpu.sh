@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_bench_gpt_gpu.sh: the GPU benchmark's host side (bench/bench_gpt_gpu, bench/gpt2_gpu.sh,
 # bench/gpt2_torch_fsdp.py), which runs on any machine:
 #   - bench_gpt_gpu --help prints its options and exits 0; a bad option or value is one line on

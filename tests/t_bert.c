@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_bert.c: the BERT masked-LM model (fsdp/bert.h) against PyTorch, and its properties.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_bert_parity.c: the BERT encoder (fsdp/bert.h) trained data-parallel against a single-process
  * run, seed 004's BERT behaviours as C analogs.

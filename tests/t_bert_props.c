@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_bert_props.c: properties of the BERT masked-LM model (fsdp/bert.h) beside its match with
  * PyTorch (t_bert.c), on the same golden model (tests/golden/bert.bin):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_block_cache.c: the CUDA device's caching allocator (src/device/block_cache.c) on the host.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_checkpoint.c: checkpoint directories that reshard (the checkpoint issue's "A checkpoint
  * format that reshards": per-rank safetensors files and a JSON index, written in parallel,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ckpt_corrupt.c: corrupted and truncated checkpoint directories (include/fsdp/checkpoint.h)
  * give errors, never a crash, a hang, or a wrong value read silently.

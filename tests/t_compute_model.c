@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_compute_model.c: the compute model of fsdp/cluster.h (the roofline and the FLOPs and bytes
  * of FSDP's kernels), the presets' device figures, and the calibration of this CPU.

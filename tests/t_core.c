@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_core.c: logging, per-rank memory accounting, the context, and the reduction kernels.
  */

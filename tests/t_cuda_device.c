@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_cuda_device.c: the CUDA device against the CPU device (make check-gpu).
  *

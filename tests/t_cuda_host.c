@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_cuda_host.c: the parts of the CUDA device that can be checked without a GPU, in every
  * build:

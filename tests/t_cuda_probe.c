@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_cuda_probe.c: the CUDA build runs a kernel and gets the values the CPU computes.
  * Skips where libfsdp was built without CUDA or no device is visible.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_data.c: datasets and the batch loader (include/fsdp/data.h).
  *

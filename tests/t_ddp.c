@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ddp.c: the DDP wrapper (fsdp/ddp.h), the reference of the FSDP parity tests (spec F50):
  * parity, buckets, no_sync and unused parameters.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ddp_dyn.c: the DDP behaviours of seed 004 (test_dynamo_distributed.py) that a C library can
  * carry, part one: PyTorch's bucket arithmetic with its small first bucket

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ddp_errors.c: the DDP wrapper (fsdp/ddp.h) beyond gradient parity: sync_module_states and
  * broadcast_buffers, DummyDDP and a world of one, a parameterless module, mixed dtypes, and the

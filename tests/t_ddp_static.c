@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ddp_static.c: the DDP behaviours of seed 004 (test_dynamo_distributed.py), part two (part one,
  * the bucket arithmetic and parameters_to_ignore, is t_ddp_dyn.c): each bucket's all-reduce

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_device.c: the device front end (creation, the context's default device, accounted memory,
  * argument checks, streams and events, copies) and the CPU device's thread count. The CPU

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_device_cache.c: the CPU device's memory cache (block_cache.c under cpu.c): freed blocks come
  * back for the same size and stay aligned while accounting follows what is in use; the bound

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_device_kernels.c: the CPU device's general kernels, each checked against a naive reference
  * in this file: fill and cast over every dtype, strided copies, unary ops with finite-difference

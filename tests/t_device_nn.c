@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_device_nn.c: the CPU device's nn kernels (softmax, layer/batch norm, embedding,
  * cross-entropy, dropout, SGD, Adam) called through the vtable.

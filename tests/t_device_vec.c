@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_device_vec.c: the f32 SIMD kernels of the CPU device (src/device/cpu_vec.c).
  *

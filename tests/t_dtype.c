@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_dtype.c: tests of fsdp/dtype.h.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_dyn_fsdp.c: the corner cases of seed 004 (test_dynamo_distributed.py) that have a C analog,
  * each under DDP or FSDP on sim ranks against the same module run locally (the custom layer of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_errno.c: status codes, their names and descriptions, and the version.
  */

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_exports.sh: the shared library exports the public API and nothing else.
 # Every dynamic symbol libfsdp.so defines (functions, data, weak and unique symbols, so C++
 # template instantiations count) must start with fsdp_ (not fsdp__, the internal prefix),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp.c: FSDP units against an independent reference (CORE-P01, CORE-P03, CORE-P04 and the
  * runtime properties the seed-000 matrix relies on).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_fsdp_ckpt.sh: fsdp-ckpt (info, consolidate, shard, verify) end to end.
 #   - a full model file from fsdp-train --export (a 1-layer, width-16 GPT) sharded at world 3
 #     verifies, and info lists every tensor of the file, as model.<name>, in 3 chunks;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp_core.c: the unit behaviours of test_fsdp_core.py that concern parameters and modes
  * (spec section 3; the hook tests are in t_fsdp_hooks.c, parity in t_fsdp.c, the

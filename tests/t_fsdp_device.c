@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp_device.c: the wrapper's compute device (options.device, PyTorch's device_id; spec F07)
  * and CPU offload with a compute device other than the host (F08).

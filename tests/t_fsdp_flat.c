@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp_flat.c: the flat-parameter arithmetic (fsdp-reference.md section 1.2) and the gradient
  * divide factors (section 1.10), checked against the worked examples and against a brute-force

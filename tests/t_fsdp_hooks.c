@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp_hooks.c: the hook behaviours of test_fsdp_core.py (spec section 3, TestHooks and
  * TestAutograd):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp_memory.c: what a rank keeps in memory, and what FSDP leaves out of its units.
  *

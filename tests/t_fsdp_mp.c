@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp_mp.c: mixed precision in the test_fsdp_core.py tests (spec sections 3 and 6):
  *   CORE-P02    NestedWrappedModule under MixedPrecision(param, reduce, buffer = f16), one

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_fsdp_plot.sh: fsdp-plot draws fsdp-train's loss curves.
 #   - a short fsdp-train run's metrics give an SVG that is well-formed XML (xmllint when it is
 #     installed, otherwise the SVG root element and its end), holds one path per curve (training

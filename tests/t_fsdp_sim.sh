@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_fsdp_sim.sh: fsdp-sim, the cluster simulator's command line.
 #   - --list names every model and cluster preset, and every model preset simulates;
 #   - the table has one row per world size and strategy, JSON lines carry the figures;

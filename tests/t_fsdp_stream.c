@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp_stream.c: stream-ordered waits for collectives (fsdp_work_wait_stream, fsdp_pg_sync;
  * docs/design.md "Stream-ordered collective waits") and FSDP's use of them (spec F03: results

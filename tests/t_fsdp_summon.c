@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_fsdp_summon.c: FSDP units outside forward and backward.
  *

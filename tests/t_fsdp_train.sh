@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_fsdp_train.sh: fsdp-train end to end, on shortened runs of the default job.
 #   - a short run (40 steps) lowers the validation loss by at least 1.0 nat from ~5.5;
 #   - sim world sizes 1, 2 and 4 with the same seed give the same training losses, step by step,

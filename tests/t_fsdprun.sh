@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_fsdprun.sh: the fsdprun launcher, run from the build tree with small shell-script ranks.
 # Checks the ranks' environment and the temporary store, line prefixing without interleaving,
 # partial lines, exit statuses, failure and signal handling, multi-node numbering and usage

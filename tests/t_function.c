@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_function.c: operations of the caller's with their own backward (fsdp_function_apply in
  * fsdp/autograd.h), and seed 004's custom layer built on one (DYN-SP-11):

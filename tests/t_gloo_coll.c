@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_gloo_coll.c: the Gloo process group over TCP loopback (seed behaviour F02, "Collectives
  * that FSDP and the references use", on the gloo backend).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_gloo_coll_mp.c: the foundation's collective suite (seed behaviour F02, "Collectives that
  * FSDP and the references use") on Gloo worlds of real processes.

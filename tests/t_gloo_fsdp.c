@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_gloo_fsdp.c: FSDP over the Gloo backend, rank processes on loopback, against the same runs on
  * the sim backend (issue: "FSDP parity on Gloo"; seed 000's CORE-P01..P08 subset: FULL_SHARD,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_gloo_iface.c: how a Gloo rank chooses the address it listens on (fsdp_gloo_options_t):
  *   - iface "lo" (the option, and $FSDP_GLOO_IFNAME) connects two ranks, which then all-reduce;

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_gloo_launch.sh: real processes over the gloo backend, made by fsdp_init_from_env
 # (tests/gloo_worker): under fsdprun with 2 and 3 ranks; ranks started by hand with the
 # environment srun or mpirun would give; a rank killed with SIGKILL during training (under

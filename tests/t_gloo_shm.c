@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_gloo_shm.c: the gloo group's shared-memory transport (backends/gloo/gloo_shm.h) on worlds
  * of real processes (gw_run_procs), for seed behaviour F02 ("Collectives that FSDP and the

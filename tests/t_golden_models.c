@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_golden_models.c: whole test models and optimizer steps against PyTorch.
  *

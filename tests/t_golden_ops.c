@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_golden_ops.c: every differentiable tensor operation against PyTorch's golden vectors.
  *

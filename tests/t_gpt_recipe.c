@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_gpt_recipe.c: the GPT training recipe (include/fsdp/gpt_recipe.h) that fsdp-train, the
  * benchmarks and their PyTorch twins share: which parameters AdamW decays (the rule by name and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_grad_scaler.c: the sharded gradient scaler (fsdp/grad_scaler.h), feature F44 of MP-S02
  * (spec section 6: "the C scaler must unscale sharded grads, all-reduce a found-inf flag (a max

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_grad_scaler_dtypes.c: the sharded gradient scaler (fsdp/grad_scaler.h, feature F44 of
  * MP-S02) beyond f32, and its errors; t_grad_scaler.c has scaling, clipping, skipping, growth and

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_headers.sh: every public header compiles on its own, as C11 and as C++ (extern "C" guards),
 # with warnings as errors, and none includes a CUDA, NCCL or Gloo header.
 srcdir=${srcdir:-.}

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_launch_env.c: the launch-environment parser (fsdp/launch.h), fed from tables.
  *

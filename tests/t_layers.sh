@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_layers.sh: the layering of docs/design.md, enforced. The table between the markers
 # "<!-- layers:begin -->" and "<!-- layers:end -->" of the section "Layers" gives each layer a
 # number and its paths (a file, or a directory ending in /; the longest matching path wins).

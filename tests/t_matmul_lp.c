@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_matmul_lp.c: bf16 and f16 matrix products on a device that multiplies them natively
  * (gemm_lp_dtypes / gemm_lp in the device vtable), against the widening path every other

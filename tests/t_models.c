@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_models.c: the structure of the seed test models (tests/models/models.h).
  *

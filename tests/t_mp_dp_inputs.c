@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_mp_dp_inputs.c: mixed precision per unit and around ignored modules (spec section 6, seed
  * 003); t_mp_inputs.c has the unit inputs of one mixed-precision unit (MP-S03..S06, MP-S14).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_mp_e2e.c: seed 003's end-to-end mixed-precision procedure and low-precision gradients
  * (spec section 6), on the sim backend (t_mp_eval.c has the eval and per-module behaviours; the

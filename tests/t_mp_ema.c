@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_mp_ema.c: MP-TE-01 (spec section 6, seed 003's test_train_ema_eval_flow): train -> EMA update
  * under summon_full_params -> eval, with MixedPrecision(param_dtype f16).

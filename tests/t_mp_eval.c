@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_mp_eval.c: seed 003's full precision in eval, module kinds left out of mixed precision and
  * the no-reshard writeback sequence (spec section 6), on the sim backend, with the models and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_mp_inputs.c: mixed precision at a unit's inputs (spec section 6, seed 003):
  *   MP-S03..S06  TransformerWithSharedParams (integer token inputs) under one FSDP unit with

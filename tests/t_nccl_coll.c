@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_nccl_coll.c: the NCCL process group on GPUs (make check-gpu). Skips where libfsdp was built
  * without NCCL or no CUDA device is visible.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_nccl_host.c: the parts of the NCCL process group that run without a GPU (fsdp/nccl.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_netmodel.c: the network model of fsdp/cluster.h, its groups and its presets.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_nn.c: modules: fully qualified names of nested trees, tied parameters and shared modules,
  * state dicts (to a file and back, strict and non-strict loading, damaged files), forward and

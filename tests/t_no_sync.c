@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_no_sync.c: gradient accumulation without communication, fsdp_no_sync_begin/_end (spec F22,
  * F21, F06):

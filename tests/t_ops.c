@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ops.c: the element-wise operations, reductions, cat and split: forward values and errors.
  *

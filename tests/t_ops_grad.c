@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ops_grad.c: gradients of the element-wise operations, reductions, cat and split; gradient
  * accumulation and grad mode.

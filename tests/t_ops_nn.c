@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ops_nn.c: tests of the matrix and neural-network operations (ops_matmul.c, ops_nn.c).
  *

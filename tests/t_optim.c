@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_optim.c: SGD, Adam and AdamW against a double-precision reference of torch.optim (PyTorch
  * 1.13), on f32 and f64 parameters over several steps with fixed gradients; parameter groups and

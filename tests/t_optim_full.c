@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_optim_full.c: the optimizer's FULL state dict keyed by parameter name (the checkpoint
  * issue's "optimizer state dicts keyed by parameter name: full: gathered to rank 0, as

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_pg_async.c: asynchronous works on the sim backend: a call returns before its collective
  * completes, many works can be outstanding, they complete in issue order, wait honours its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_pg_coll.c: the collective suite on the sim backend (seed behaviour F02, "Collectives that
  * FSDP and the references use").

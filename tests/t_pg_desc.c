@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_pg_desc.c: collectives described whole (fsdp_pg_collective, fsdp/pg.h): the stream travels
  * with each collective, as NCCL's calls take it, and a group keeps no stream of its own.

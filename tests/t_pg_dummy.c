@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_pg_dummy.c: the DummyProcessGroup for construction-only tests (WRAP-TA-*: size 2 at rank 0,
  * collectives complete at once as no-ops or fail, as chosen at creation).

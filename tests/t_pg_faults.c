@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_pg_faults.c: fault injection and mismatch detection on the sim backend.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_pg_groups.c: sub-groups on the sim backend: split by color and key, new_group, the
  * per-rank expert groups of the mixture-of-experts tests (CORE-P07/P08: new_group([rank])), the

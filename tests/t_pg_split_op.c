@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_pg_split_op.c: the core's use of a backend's optional `split` operation (src/pg/pg_impl.h),
  * which the NCCL backend needs because ncclCommSplit is collective over the whole parent.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_pg_worker.c: the per-rank communication worker (src/pg/pg_worker.h) on its own, with a fake
  * execute callback that records which work ran, on which thread, in which order, and whether

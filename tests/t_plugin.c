@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_plugin.c: the CUDA plugin as a user program sees it. This program links libfsdp.so only
  * (not the convenience libraries), so every CUDA or NCCL call goes through the plugin that

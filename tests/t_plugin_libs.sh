@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_plugin_libs.sh: the CUDA plugin from outside. libfsdp.so needs none of the CUDA libraries and
 # the plugin (libfsdp-cuda.so) needs them all; a run of fsdp-train on sim ranks loads none of
 # them, and its peak RSS is far below that of the same run with them loaded (the plugin

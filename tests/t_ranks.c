@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_ranks.c: per-rank state. Four sim ranks train a small GPT at the same time (each with its
  * own context: tape, random stream, device and memory accounting); every rank's losses and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_reshard.c: the resharding matrix of the SHARDED state dicts (spec F26, with F27's tied
  * weight), the checkpoint issue's test: "A resharding matrix: save at world sizes {1,2,3,4} x

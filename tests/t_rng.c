@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_rng.c: tests of fsdp/rng.h.
  *

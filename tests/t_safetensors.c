@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_safetensors.c: the safetensors reader and writer (include/fsdp/safetensors.h).
  *

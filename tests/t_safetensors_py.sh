@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_safetensors_py.sh: a file written by libfsdp's safetensors writer, read by an independent
 # Python reader (numpy + json, in tests/golden/gen_safetensors.py --check), which checks the
 # header (length, alignment, padding, no duplicate names, metadata), the tiling of the data

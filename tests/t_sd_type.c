@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_sd_type.c: the state-dict type set per model (the checkpoint issue's "Each type is set per
  * model and can be got and loaded"; PyTorch's FSDP.set_state_dict_type), on

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # t_seed_map.sh: docs/seeds.md stays true, against the spec and against this make check run.
 #
 # docs/seeds.md has one row "| ID | test | text |" per behaviour ID of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_sim_device.c: the sim backend over device memory (fsdp_sim_pg_set_device, fsdp/sim.h).
  *

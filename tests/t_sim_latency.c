@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_sim_latency.c: the sim backend's simulated network latency (fsdp_sim_options_t's
  * comm_latency_us).

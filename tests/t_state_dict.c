@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_state_dict.c: FSDP's state dicts (spec F26; the checkpoint issue's "three types of FSDP1")
  * on TransformerWithSharedParams (tied embedding and output weights, an f32 and an i64 buffer,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_store.c: the in-memory rendezvous store: the common store suite (store_suite.c), and the
  * store the sim runner gives its rank threads.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_store_file.c: the file store (the common suite, processes sharing a directory, key file
  * names, directory errors) and store URLs (parsing and fsdp_store_open_url).

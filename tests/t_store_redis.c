@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_store_redis.c: the Redis store against a redis-server this test starts on a free port (the
  * common suite, processes, prefixes), and against no server at all (unreachable, server gone).

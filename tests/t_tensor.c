@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_tensor.c: tensors as views of shared storage: creation, strides, views and their copies,
  * host transfers through any layout, raw views into a flat buffer (how FSDP hands out

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_trace.c: the trace recorder (fsdp/trace.h), read back through tests/trace_json.c (jansson,
  * strict RFC 8259, every event's fields checked, spans properly nested on every track).

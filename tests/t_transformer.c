@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_transformer.c: tests of attention, the transformer modules and the GPT model.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_uop.c: use_orig_params in full (seed 001, test_fsdp_use_orig_params.py; spec F06, F20,
  * F21, F25, F28..F34). Every FSDP model is compared with DDP over the same sim group (or, for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_uop_access.c: use_orig_params seen from the model (seed 001, test_fsdp_use_orig_params.py;
  * spec F06, F20, F21, F25, F28..F34): the original parameters as views of the shards, their

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_vsim.c: the virtual-time simulator (fsdp/vsim.h): the shape-only device, the clock's rules,
  * the virtual-time groups, and the real FSDP runtime on them.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_vsim_measure.c: kernel times measured on this machine's CPU device for a simulated rank
  * (fsdp_vsim_measure_kernels).

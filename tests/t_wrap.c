@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_wrap.c: fsdp_wrap driven by auto-wrap policies, the manual wrap API (fsdp_enable_wrap,
  * fsdp_wrap_scoped), per-unit options (fsdp_unit_options) and the composable fsdp_fully_shard,

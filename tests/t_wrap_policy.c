@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_wrap_policy.c: auto-wrap policies, wrap plans and wrap-time validation (include/fsdp/policy.h)
  * against the construction-only cases of PyTorch's test_wrap.py (spec section 5).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * t_wrap_train.c: units made by the wrap APIs, trained on sim ranks, against PyTorch's
  * test_wrap.py (spec section 5) and the mixed-precision rule for batch norm: WRAP-FW-04

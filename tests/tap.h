@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tap.h: a header-only TAP producer for libfsdp's tests.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # tap.sh: TAP output for the shell tests, sourced by them:  . "$(dirname "$0")/tap.sh"
 #
 # ok STATUS DESCRIPTION [FILE...]   prints the next test as "ok N - DESCRIPTION" when STATUS is

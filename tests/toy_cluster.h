@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * toy_cluster.h: the toy cluster of round numbers that the cost-model tests share (t_netmodel.c,
  * t_compute_model.c, t_vsim.c), so that each expectation can be worked out with pencil and

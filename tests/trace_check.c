@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * trace_check.c: checks a trace file the way t_trace.c does and prints what it holds, for the
  * shell tests (t_fsdp_train.sh runs it on fsdp-train --trace's files).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * trace_json.c: reading a trace file back for the tests (see trace_json.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * trace_json.h: reads a Chrome / Perfetto trace file (fsdp_trace_write's JSON, the Trace Event
  * Format) back for the tests: tests/t_trace.c, and tests/trace_check, the command that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * uop_util.h: what the use_orig_params tests share (t_uop.c, t_uop_access.c): their job, Adam
  * over a list, the loss of a forward, and the comparisons of the parameters with DDP's.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * wrap_util.h: what the wrap tests share (t_wrap.c, t_wrap_train.c, t_wrap_policy.c): stderr
  * capture for the functions that have no context, test_wrap.py's MyModel, the custom policies

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp-ckpt.c: the command-line tool for checkpoint directories (fsdp/checkpoint.h).
  *

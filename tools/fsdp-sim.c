@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp-sim.c: how fast and how big an FSDP training step is on a GPU cluster, simulated here.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp-train.c: trains a GPT with FSDP; libfsdp's main job.
  *

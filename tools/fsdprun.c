@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdprun.c: starts the local ranks of a libfsdp job, torchrun-style.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdprun.h: what the files of fsdprun share: the job, its ranks and their output streams.
  *

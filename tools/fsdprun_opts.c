@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdprun_opts.c: fsdprun's command line and its --help text.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdprun_output.c: copying the ranks' output to fsdprun's own, a prefix on every line.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdprun_ranks.c: the ranks as processes: their environment, starting them, signalling them,
  * reaping them, and the failure policy.

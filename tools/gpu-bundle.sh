@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # gpu-bundle.sh: builds the GPU bundle, a directory that runs libfsdp's GPU checks on a bare CUDA
 # machine in one command (its run.sh; tools/gpu-run.sh in the source tree).
 #
@@ -57,7 +58,7 @@ while [ $# -gt 0 ]; do
         esac
         shift 2 ;;
     --help | -h)
-        awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+        awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
         exit 0 ;;
     *) usage "unknown option '$1' (see --help)" ;;
     esac

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # gpu-run.sh (run.sh in the GPU bundle that tools/gpu-bundle.sh makes): libfsdp's GPU run in one
 # command, on a bare CUDA machine, within a time budget.
 #
@@ -63,7 +64,7 @@ while [ $# -gt 0 ]; do
         esac
         shift 2 ;;
     --help | -h)
-        awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+        awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
         exit 0 ;;
     *) usage "unknown option '$1' (see --help)" ;;
     esac

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sim.h: what fsdp-sim's files share: the model presets, one configuration and its result.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sim_plot.c: fsdp-sim --plot: scaling curves and a memory breakdown, drawn by gnuplot.
  *

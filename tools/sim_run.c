@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sim_run.c: fsdp-sim's model presets and one simulated configuration.
  *

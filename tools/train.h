@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train.h: fsdp-train's options and the parts of the program that share them.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train_build.c: fsdp-train's model, FSDP units, optimizer and loaders for one rank.
  */

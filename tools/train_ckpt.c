@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train_ckpt.c: fsdp-train's checkpoints (--save-every, --resume) and --export.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train_flags.c: fsdp-train's command line.
  *

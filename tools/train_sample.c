@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train_sample.c: fsdp-train's text sample at the end of a run (temperature, top-k).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_cast.h: the CUDA device's dtype conversions, element by element, as __host__ __device__
  * functions: the cast kernel runs them on the GPU, and t_cuda_host compiles them for the host

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_device.c: the CUDA device's vtable (see cuda_device.h): creation, memory through the
  * caching allocator, copies and streams through the CUDA runtime, the elementwise and reduction

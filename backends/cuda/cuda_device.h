@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_device.h: the CUDA device's vtable and what the layers above may ask of a CUDA device
  * beyond it (internal to libfsdp; nothing here is exported).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_gemm.c: the CUDA device's matrix products: f32, bf16 and f16 through cuBLASLt
  * (accumulated in f32; TF32 only when the device was told so) and f64 through cuBLAS, strided

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_gemm.h: the host-side planning of the CUDA device's matrix products, in plain C so that
  * t_cuda_host checks it in every build (no CUDA header is needed here).

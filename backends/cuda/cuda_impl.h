@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_impl.h: what the files of the CUDA device share (cuda_device.c: creation, memory,
  * streams, elementwise kernels, the vtable; cuda_gemm.c: matrix products; cuda_nn.c: row

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_kernels.cu: the CUDA device's elementwise kernels, strided copies, reductions and the
  * gemm helper (see cuda_kernels.h; device_impl.h has each kernel's contract).

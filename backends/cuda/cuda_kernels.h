@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_kernels.h: the extern "C" launchers of the CUDA device's kernels (cuda_kernels.cu,
  * cuda_nn_kernels.cu), called by cuda_device.c.

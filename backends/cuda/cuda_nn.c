@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_nn.c: the CUDA device's row kernels and the kernels of the layers and optimizers:
  * softmax, layer and batch norm, embedding, cross-entropy, dropout (on the CPU's Philox stream,

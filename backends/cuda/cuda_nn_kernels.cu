@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_nn_kernels.cu: the CUDA device's neural-network kernels: softmax, layer and batch norm,
  * embedding, cross-entropy, dropout, SGD and Adam steps (contracts in device_impl.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_philox.h: Philox-4x32-10 and dropout's keep rule as __host__ __device__ functions, so
  * that the CUDA kernels and a host test (which checks them bit for bit against

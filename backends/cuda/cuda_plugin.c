@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_plugin.c: the table of the CUDA plugin (backends/plugin_abi.h): the CUDA device's vtable and,
  * when NCCL is built, the NCCL group's entry points.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_probe.cu: device discovery and a fill kernel (see cuda_probe.h).
  *

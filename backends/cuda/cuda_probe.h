@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_probe.h: the first CUDA code of libfsdp: device discovery and a fill kernel.
  *

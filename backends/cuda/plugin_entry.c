@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * plugin_entry.c: the entry point of libfsdp-cuda.so and the core functions it borrows.
  *

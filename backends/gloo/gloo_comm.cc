@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_comm.cc: the Gloo transport of the gloo process group (the only C++ in libfsdp).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_comm.h: the C interface of the Gloo transport (gloo_comm.cc, the only C++ in libfsdp).
  *

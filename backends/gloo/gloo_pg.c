@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_pg.c: the gloo process group: the vtable, the rank's worker, failures and the mismatch
  * check. The transports are behind gloo_comm.h (Gloo over TCP, in C++) and gloo_shm.h (shared

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_shm.c: the shared-memory transport of the gloo process group (see gloo_shm.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_shm.h: the shared-memory transport of the gloo process group, for a group whose ranks
  * all run on one host.

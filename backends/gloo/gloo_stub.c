@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gloo_stub.c: the Gloo API of a libfsdp built without Gloo.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_exec.c: the NCCL group at work: the one translation of CUDA's and NCCL's statuses,
  * enqueueing a collective on the group's communication stream (staging plain host buffers,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_id.c: the store side of the NCCL rendezvous (see nccl_id.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_id.h: the rendezvous of an NCCL communicator through a store, apart from NCCL.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_inc.h: nccl.h, without the warnings its old-style declarations (f() for f(void)) give
  * under -Wstrict-prototypes.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_kernels.cu: widening, rounding and division kernels of the NCCL backend
  * (nccl_kernels.h). Grid-stride loops over size_t indices, so any n fits one launch.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_kernels.h: the GPU work the NCCL backend does around NCCL's calls (nccl_map.h says
  * when): widening f16/bf16 to f32, rounding f32 back once, and dividing by the group size for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_map.c: libfsdp dtypes and operators on NCCL (see nccl_map.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_map.h: how a libfsdp collective's dtype and operator run on NCCL.
  *

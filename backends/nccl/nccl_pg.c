@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_pg.c: the NCCL process group: creation, posting collectives, stream waits, the rank's
  * order over its groups, destroy and sub-groups (see fsdp/nccl.h for what a user sees); the

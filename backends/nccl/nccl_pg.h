@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_pg.h: the NCCL group's entry points, which the CUDA plugin's table (cuda_plugin.c) hands
  * to nccl_api.c; they behave as fsdp_pg_create_nccl() and fsdp_nccl_device() of fsdp/nccl.h.

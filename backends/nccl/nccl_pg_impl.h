@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_pg_impl.h: what the two files of the NCCL group share: the group, its queue of ops and
  * the rank's order over its groups (nccl_pg.c: the backend entries, creation, sub-groups;

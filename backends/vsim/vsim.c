@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * vsim.c: the simulator (fsdp/vsim.h) and its virtual-time process groups.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * vsim_device.c: the shape-only device (FSDP_DEVICE_META), whose kernels cost simulated time.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * vsim_impl.h: the clock shared by the shape-only device and the virtual-time groups.
  *

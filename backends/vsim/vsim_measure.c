@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * vsim_measure.c: kernel times measured on a CPU device, for the shape-only device's calls
  * (fsdp_vsim_measure_kernels).

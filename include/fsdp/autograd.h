@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/autograd.h: the tape, backward, grad mode, marks and recompute regions.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/bert.h: a BERT encoder with a masked-LM head, under Hugging Face's parameter names.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/checkpoint.h: sharded checkpoints that load at any world size: a directory of per-rank
  * safetensors files and one JSON index.

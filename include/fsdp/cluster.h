@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/cluster.h: cost models of a GPU cluster (network and compute) and presets of real ones.
  *

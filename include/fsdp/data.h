@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/data.h: training data: token datasets and the batch loader of fsdp-train.
  *

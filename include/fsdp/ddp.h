@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/ddp.h: DistributedDataParallel, the replicated reference that FSDP is compared against.
  *

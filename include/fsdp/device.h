@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/device.h: where tensors live and where their kernels run.
  *

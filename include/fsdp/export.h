@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/export.h: the export macro of libfsdp's public API.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/fsdp.h: Fully Sharded Data Parallel units.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/gloo.h: the Gloo process group (ranks connected over TCP, or shared memory on one host).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/gpt_recipe.h: the GPT training recipe that fsdp-train, the benchmarks and the tests share.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/grad_scaler.h: dynamic loss scaling for f16 training with FSDP (PyTorch's
  * torch.distributed.fsdp.ShardedGradScaler, itself torch.amp.GradScaler aware of sharding).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/launch.h: who am I in a multi-process job? Reading the launcher's environment.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/log.h: leveled logging, prefixed with the rank.
  *

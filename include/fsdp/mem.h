@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/mem.h: per-rank memory accounting by category.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/nccl.h: the NCCL process group (ranks on CUDA GPUs).
  *

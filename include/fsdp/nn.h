@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/nn.h: modules: a named tree of layers holding parameters and buffers.
  *

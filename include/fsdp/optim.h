@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/optim.h: optimizers (SGD, Adam, AdamW) with parameter groups and named state.
  *

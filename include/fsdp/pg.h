@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/pg.h: the process group, the only way ranks talk to each other.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/policy.h: auto-wrap policies and wrap planning (PyTorch's torch.distributed.fsdp.wrap).
  *

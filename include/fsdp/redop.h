@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/redop.h: reduction operators, the element-wise combinations that collectives and the
  * devices' reduction kernels apply (sum, average, min, max, product).

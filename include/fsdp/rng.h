@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/rng.h: a counter-based random number generator (Philox-4x32-10).
  *

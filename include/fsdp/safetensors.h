@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/safetensors.h: checkpoints in the safetensors format, and Hugging Face GPT-2 layouts.
  *

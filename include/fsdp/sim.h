@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/sim.h: the sim backend, N ranks as N threads of one process.
  *

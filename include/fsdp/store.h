@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/store.h: a small key-value store for rendezvous.
  *

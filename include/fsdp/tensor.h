@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/tensor.h: tensors, views and the differentiable operations on them.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/trace.h: a timeline of a run, written as a Chrome / Perfetto trace.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/transformer.h: attention, PyTorch 1.13's transformer modules, and a GPT-2 style language
  * model.

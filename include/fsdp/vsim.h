@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp/vsim.h: virtual-time simulation of one rank of a GPU cluster.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * autograd_impl.h: how operations record themselves on the tape.
  *

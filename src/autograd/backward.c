@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * backward.c: the backward engine.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * checkpoint.c: recompute regions (activation checkpointing).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * function.c: operations defined by the caller, with their own backward (PyTorch's
  * torch.autograd.Function).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tape.c: the per-rank autograd tape: its lifetime, grad mode, and recording (operation nodes,
  * marks, final callbacks).

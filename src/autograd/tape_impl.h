@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tape_impl.h: the tape inside, shared by the files of src/autograd/ only: tape.c (the tape,
  * grad mode, recording), backward.c (the engine) and checkpoint.c (recompute regions).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * context.c: the per-rank context that owns a rank's mutable state.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * dtype.c: element types, the scalar f16/bf16 conversions and fsdp_dtype_convert().
  *

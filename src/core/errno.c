@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * errno.c: names and descriptions of status codes, and the shared error-formatting helpers.
  */

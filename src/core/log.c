@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * log.c: leveled logging with a rank prefix and an optional per-context sink.
  *

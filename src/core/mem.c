@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mem.c: per-rank memory accounting and the tracked host allocator.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * reduce.c: blocked reduction kernels.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * reduce.h: elementwise reductions in input order, shared by every CPU backend.
  *

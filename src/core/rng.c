@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * rng.c: Philox-4x32-10 and the stream functions built on it.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * strbuf.c: the growable message buffer and the byte-order helper that several layers use to
  * build error texts and to read and write little-endian files (internal.h).

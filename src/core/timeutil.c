@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * timeutil.c: monotonic clock helpers.
  */

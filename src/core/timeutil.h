@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * timeutil.h: monotonic time and deadlines for timed waits.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * trace.c: the trace recorder (fsdp/trace.h) and the library's recording points (core/trace.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * trace.h: the trace recorder's entry points for the layers above the core (fsdp/trace.h is the
  * public side).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * version.c: the version of the library that is loaded, for comparison with the headers'.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * block_cache.c: the caching allocator of the CPU and CUDA devices (see block_cache.h for the
  * policy).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * block_cache.h: the caching allocator of the CPU and CUDA devices, written over a small
  * raw-memory interface (segments, and events for multi-stream use) so that one piece of code

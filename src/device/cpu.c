@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu.c: the CPU device's memory, copies, streams and events, its thread count, and its vtable.
  *

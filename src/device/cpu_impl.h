@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_impl.h: the functions of the CPU device, one per member of struct fsdp_dev_ops.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_kernels.c: the CPU device's elementwise kernels, reductions and matrix products.
  *

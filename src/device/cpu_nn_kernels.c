@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_nn_kernels.c: the CPU device's neural-network kernels (softmax, layer and batch norm,
  * embedding, cross-entropy, dropout, SGD and Adam steps), for f32 and f64.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_vec.c: the f32 SIMD kernels declared in cpu_vec.h.
  *

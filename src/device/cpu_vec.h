@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_vec.h: f32 array kernels of the CPU device that are written for SIMD (cpu_vec.c): exp,
  * tanh and the tanh-approximated GELU with its derivative, and the row reductions of softmax

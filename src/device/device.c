@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * device.c: the public device API (include/fsdp/device.h) over the device vtable.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * device_impl.h: the device vtable every device (CPU here, CUDA later) implements.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * checkpoint.c: FSDP's checkpoints that reshard (fsdp_checkpoint_save, fsdp_checkpoint_load):
  * a model's SHARDED state dict and its optimizer's SHARDED state dict keyed by parameter name,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ddp.c: DistributedDataParallel, the reference the FSDP parity tests compare against: the
  * rounds (hooks, launches, the final callback) and the public calls. The semantics (buckets,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ddp_build.c: what fsdp_ddp_create does before the first forward (see fsdp/ddp.h): the
  * parameters_to_ignore list, the cross-rank model check, the module-state broadcasts, PyTorch's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ddp_impl.h: the DDP wrapper inside, shared by ddp.c (rounds: hooks, launches, the final
  * callback, the public calls) and ddp_build.c (creation: the ignore list, the cross-rank check,

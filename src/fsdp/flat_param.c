@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * flat_param.c: where each parameter lives in a unit's flat parameter and in each rank's shard.
  *

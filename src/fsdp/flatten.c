@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * flatten.c: a wrapped unit's parameters become its flat parameter: the checks on what was
  * collected, sync_module_states, the move to options.device (buffers and parameters, each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fsdp_impl.h: FSDP units inside: the flat layout and the unit structure.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpt_recipe.c: the GPT training recipe (fsdp/gpt_recipe.h): the seeded model, one FSDP unit
  * per GPTBlock under the root, and AdamW whose weight decay falls on matrices only.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * grad_scaler.c: the sharded gradient scaler (include/fsdp/grad_scaler.h), PyTorch's
  * ShardedGradScaler over torch.amp.GradScaler.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * grads.c: a unit's gradients: the unsharded flat gradient that backward accumulates into, its
  * reduction (reduce-scatter, the all-reduce across replicas for the hybrid strategies, or one

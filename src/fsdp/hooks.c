@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * hooks.c: the FSDP runtime, driven by the hooks fsdp_wrap installs on each unit's module:
  *   forward pre-hook   (root: lazy init, new iteration) write back changed original

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * optim_full.c: the optimizer's FULL state dict keyed by parameter name (PyTorch's
  * optim_state_dict under FullStateDictConfig) and its load.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * optim_state.c: the optimizer's SHARDED state dict keyed by parameter name
  * (fsdp_sharded_optim_state_dict and its load): an optimizer's state over a tree of units, as

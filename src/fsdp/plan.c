@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * plan.c: wrap plans and wrap-time validation (include/fsdp/policy.h): which subtrees of a
  * module tree become FSDP units under a policy (fsdp_wrap_plan_build), and the checks that can

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * policy.c: auto-wrap policies and per-unit overrides (include/fsdp/policy.h): what decides,
  * module by module, whether a subtree becomes an FSDP unit. Planning a wrap with them and the

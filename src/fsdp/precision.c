@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * precision.c: mixed precision at run time, every dtype change FSDP makes to a unit's tensors
  * (docs/design.md, "Mixed precision and offload on CUDA"):

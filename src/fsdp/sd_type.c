@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sd_type.c: the state-dict type of a model (PyTorch's FSDP.set_state_dict_type): the root unit
  * remembers FULL, SHARDED or LOCAL (and FULL's options), and one pair of calls gets and loads the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * state_dict.c: FSDP's model state dicts. FULL (PyTorch's FULL_STATE_DICT): a summon of the whole
  * tree without writeback, the module's state dict copied out, buffers that mixed precision cast

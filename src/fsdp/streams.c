@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * streams.c: a unit's streams and the waits for its collectives (docs/design.md,
  * "Stream-ordered collective waits").

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * summon.c: FSDP units seen from outside: navigation and listings (units, named parameters,
  * stats), summons (fsdp_summon_begin/end) and the explicit fsdp_unit_unshard/reshard.

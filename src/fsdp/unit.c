@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * unit.c: FSDP units as objects: the per-rank registry (which module a unit wraps, which unit
  * owns a parameter), trees of units, small helpers the other files of src/fsdp share, and

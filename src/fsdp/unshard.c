@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * unshard.c: a unit's parameters between sharded and unsharded: the cross-device copy, staging
  * the shard (the H2D copy of an offloaded shard on the copy stream, the cast to the compute

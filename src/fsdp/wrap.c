@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * wrap.c: building FSDP units: options and their checks, collecting the parameters a unit
  * manages, fsdp_wrap itself (by hand, or driven by a wrap plan from policy.c), the composable

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * writeback.c: with use_orig_params, changes the user made to an original parameter object
  * outside FSDP's knowledge go back into the unit's flat shard (PyTorch's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ckpt_impl.h: what the checkpoint-directory files of the io layer share (ckpt_index.c,
  * ckpt_write.c, ckpt_read.c): the in-memory index, which the writer builds from the rank files'

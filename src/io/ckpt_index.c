@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ckpt_index.c: a checkpoint directory's index: parsing index.json, writing it, and the one
  * validation the reader (after parsing) and the writer (after building it from the rank files'

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ckpt_read.c: reading a checkpoint directory by byte ranges.
  *

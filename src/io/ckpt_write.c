@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ckpt_write.c: writing a checkpoint directory: the staging directory, each rank's file, and
  * rank 0's index and publication (the protocol is at the top of fsdp/checkpoint.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * data.c: token datasets (llm.c token files, byte-level text) and the batch loader.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpt2_hf.c: libfsdp's GPT in Hugging Face's GPT-2 safetensors layout.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * io_impl.h: what the files of the io layer (src/io/) share: the open safetensors handle, its
  * error reporting, and the mapped load and the writer that the Hugging Face GPT-2 helpers reuse.

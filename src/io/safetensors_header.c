@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * safetensors_header.c: parsing and validating the JSON header of a safetensors file.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * safetensors_load.c: loading a file's tensors into named lists and modules.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * safetensors_read.c: opening safetensors files, listing their entries and reading their
  * tensors.

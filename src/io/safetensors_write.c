@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * safetensors_write.c: writing safetensors files atomically.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * devices.c: fsdp_device_create, the device backends by kind.
  *

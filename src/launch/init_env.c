@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * init_env.c: fsdp_init_from_env, a rank made from its launch environment (fsdp/launch.h).
  *

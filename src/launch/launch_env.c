@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * launch_env.c: reads the environment a launcher gives each process (fsdp/launch.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nccl_api.c: the public NCCL API (fsdp/nccl.h) in libfsdp itself, in every build.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * plugin.c: finds, opens and checks the CUDA plugin (libfsdp-cuda.so, see
  * backends/plugin_abi.h).

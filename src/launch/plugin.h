@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * plugin.h: libfsdp's loader of the CUDA plugin (plugin.c), for the launch layer's entries that
  * reach CUDA or NCCL (fsdp_device_create for CUDA devices, fsdp_pg_create_nccl). The interface

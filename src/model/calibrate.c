@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * calibrate.c: the "cpu" cluster, measured on this machine (fsdp_cluster_calibrate_cpu).
  *

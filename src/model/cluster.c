@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cluster.c: the checks of a cluster description and the presets of real clusters.
  *

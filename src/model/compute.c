@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * compute.c: the roofline time of a kernel and the FLOPs and bytes of the kernels FSDP training
  * runs (the compute model of fsdp/cluster.h).

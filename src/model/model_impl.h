@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * model_impl.h: what the files of the cluster model (fsdp/cluster.h) share.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * netmodel.c: the time of a collective on a group of GPUs (the network model of fsdp/cluster.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * attention.c: scaled dot-product attention and the MultiheadAttention module.
  *

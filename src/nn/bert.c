@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bert.c: Hugging Face's BertForMaskedLM (module types "BertForMaskedLM", "BertModel",
  * "BertEncoder"; the layers and the head are in bert_layers.c), its configuration and its

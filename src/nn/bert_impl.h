@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bert_impl.h: what the two halves of the BERT model (bert.c, bert_layers.c) share.
  *

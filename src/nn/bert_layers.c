@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bert_layers.c: the modules of a BERT model below BertModel, as Hugging Face's modeling_bert.py
  * builds them: BertEmbeddings, BertSelfAttention, BertSelfOutput, BertAttention,

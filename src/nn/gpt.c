@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpt.c: a GPT-2 style decoder-only language model (module types "GPT", "GPTBlock",
  * "CausalSelfAttention", "MLP").

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * layers.c: the basic module types (Linear, Embedding, LayerNorm, BatchNorm, activations,
  * Dropout, Identity) and the containers (Sequential, ModuleList, ModuleDict).

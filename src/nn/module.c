@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * module.c: the module tree: creation and lifetime, registration of children, parameters and
  * buffers, lookups by dotted path, training mode, and the helpers built-in module types share.

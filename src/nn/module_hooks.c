@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * module_hooks.c: module hooks and fsdp_module_forward, the one way a module runs.
  *

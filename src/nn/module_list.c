@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * module_list.c: listings of a module tree: named parameters, buffers, state entries and
  * modules, parameter aliases, and visiting every module.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nn_impl.h: what a module looks like inside, and the helpers module types share.
  *

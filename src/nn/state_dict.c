@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * state_dict.c: state dicts of module trees, loading them back, and their file format.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * transformer.c: PyTorch 1.13's TransformerEncoderLayer, TransformerDecoderLayer,
  * TransformerEncoder, TransformerDecoder and Transformer.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * clip.c: gradient norms and clipping (PyTorch's torch.nn.utils.clip_grad_norm_).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * optim.c: SGD, Adam and AdamW over parameter groups, as torch.optim of PyTorch 1.13.
  *

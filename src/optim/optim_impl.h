@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * optim_impl.h: internals of the optimizers shared across src/optim and with FSDP.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * optim_state.c: the optimizer state dict (fsdp_optim_state_dict, fsdp_optim_load_state_dict).
  *

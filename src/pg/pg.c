@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pg.c: the process-group core: argument checking, sequence numbers, counters, work handles.
  *

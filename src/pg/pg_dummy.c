@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pg_dummy.c: a process group that only knows its rank and size.
  *

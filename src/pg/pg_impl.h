@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pg_impl.h: the interface between the process-group core and its backends.
  *

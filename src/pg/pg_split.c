@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pg_split.c: sub-groups, built once in the core for every backend.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pg_worker.c: the per-rank communication worker (see pg_worker.h for the ordering contract).
  *

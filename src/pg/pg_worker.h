@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pg_worker.h: the per-rank communication worker of the backends whose collectives run on a
  * host thread (sim, gloo): one FIFO queue, one execution slot and one thread per rank, shared by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store.c: the store front end: handles, key prefixes, argument checks and waiting on many
  * keys.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store_file.c: the file store, for ranks that are processes sharing a directory (on one host,
  * or on many hosts over NFS).

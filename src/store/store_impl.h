@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store_impl.h: the interface between the store front end (store.c) and store backends.
  *

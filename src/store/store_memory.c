@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store_memory.c: the in-memory store, for ranks that are threads of one process.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store_redis.c: the Redis store, for ranks that are processes on any hosts that reach one Redis
  * server. Built on hiredis; without it fsdp_store_create_redis() still exists and returns

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store_url.c: fsdp_store_open_url(): one string that names a store, for launchers and
  * environment variables.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * store_url.h: parsing of store URLs (fsdp_store_open_url), apart from opening, so that tests can
  * check what a URL means without a server.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_elementwise.c: element-wise operations (broadcasting arithmetic, activations, where and
  * masked fill, dtype conversion, the causal mask, the mean squared error) and their gradients.

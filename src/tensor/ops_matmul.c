@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_matmul.c: matrix products (fsdp_matmul, fsdp_linear) and their gradients.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_nn.c: the neural-network operations (softmax, embedding, dropout, cross-entropy); the norms
  * are in ops_norm.c.

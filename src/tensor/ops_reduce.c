@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_reduce.c: sums and means over sets of dimensions, concatenation and splitting, and their
  * gradients.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tensor.c: tensor and storage lifetimes (creation, references, wrapping user memory, freeing
  * and restoring a storage), properties, and what a tensor keeps for autograd: requires_grad,

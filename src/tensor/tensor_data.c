@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tensor_data.c: moving tensor data: contiguous and converted copies for the operations
  * (fsdp__as_contig, fsdp__round_to), copies to and from the host, copies between tensors,

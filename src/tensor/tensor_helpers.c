@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tensor_helpers.c: the helpers every operation (and the autograd engine) shares: shape
  * arithmetic and text, argument checks and error messages, the compute dtype, dimension

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tensor_impl.h: what tensors look like inside, and the helpers every operation shares.
  *

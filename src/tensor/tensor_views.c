@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tensor_views.c: operations that give another view of the same storage (reshape, transpose,
  * permute, narrow, squeeze, expand), and their gradients.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """gen.py: writes tests/golden/ops.bin, PyTorch's answers for every libfsdp tensor operation.
 
 Usage: python3 tests/golden/gen.py --out tests/golden   (a Python whose `import torch` works;

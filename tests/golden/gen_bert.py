@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """gen_bert.py: writes tests/golden/bert.bin, PyTorch's answers for a tiny BERT masked-LM model.
 
 Usage: python3 tests/golden/gen_bert.py --out tests/golden   (a Python whose `import torch`

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """gen_models.py: writes tests/golden/models.bin, PyTorch's answers for whole test models.
 
 Usage: python3 tests/golden/gen_models.py --out tests/golden   (a Python whose `import torch`

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """gen_safetensors.py: a safetensors file written by hand, and a reader that checks one.
 
 Usage:

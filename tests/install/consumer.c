@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * consumer.c: a program built against the installed libfsdp through pkg-config by
  * "make installcheck" (and so by "make distcheck"): the headers, the library and fsdp.pc work

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * models.c: the seed test models declared in models.h.
  *

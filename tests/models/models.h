@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * models.h: the seed test models (spec section 2.4), built unwrapped from libfsdp modules.
  *
