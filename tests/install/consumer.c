@@ -42,6 +42,25 @@ static int gloo_alone(void) {
     return rc;
 }
 
+/* The parts that need jansson (the safetensors reader) and hiredis (the Redis store), so that
+ * the static link pulls them in: a missing file and a port nothing listens on are clean
+ * errors (or FSDP_ENOTSUP in a build without hiredis). */
+static int json_and_redis(void) {
+    fsdp_safetensors_t *st = NULL;
+    int rs = fsdp_safetensors_open(NULL, "/nonexistent/consumer.safetensors", &st);
+    fsdp_store_t *store = NULL;
+    int rr = fsdp_store_create_redis(NULL, "127.0.0.1", 1, NULL, &store);
+    if (rr == FSDP_OK) { /* it connects on first use */
+        fsdp_store_set_timeout(store, 300);
+        rr = fsdp_store_set(store, "consumer", "1", 1);
+    }
+    printf("installed libfsdp: safetensors of a missing file: %s; Redis on port 1: %s\n",
+           fsdp_err_name(rs), fsdp_err_name(rr));
+    fsdp_safetensors_close(st);
+    fsdp_store_destroy(store);
+    return rs < 0 && rr < 0 ? FSDP_OK : FSDP_EINTERNAL;
+}
+
 /* The CUDA device through the installed plugin (libfsdp-cuda.so in $(pkglibdir)), with no GPU
  * visible: a CUDA build must find and load the plugin, whose own error then says that no device
  * is visible; a build without CUDA says the device is not built in. */
@@ -75,5 +94,12 @@ int main(void) {
            fsdp_err_name(rc));
     if (rc != FSDP_OK) return 1;
     if (gloo_alone() != FSDP_OK) return 1;
+    if (json_and_redis() != FSDP_OK) return 1;
+    /* Linked statically (make installcheck's second build), the program cannot use the CUDA
+     * plugin, which links libfsdp.so: a second copy of the library would serve it. */
+    if (getenv("CONSUMER_STATIC")) {
+        printf("installed libfsdp, linked statically: the CUDA plugin is not tried\n");
+        return 0;
+    }
     return cuda_plugin() == FSDP_OK ? 0 : 1;
 }
