@@ -11,7 +11,7 @@
 top_builddir=${top_builddir:-.}
 srcdir=${srcdir:-.}
 train="$top_builddir/tools/fsdp-train"
-plot="$srcdir/tools/fsdp-plot"
+plot="${top_builddir:-.}/tools/fsdp-plot"
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/tap.sh"

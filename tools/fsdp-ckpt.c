@@ -114,7 +114,7 @@ static int parse_args(int argc, char **argv, opts_t *o) {
         return 1;
     }
     if (strcmp(c, "--version") == 0) {
-        printf(PROG " (%s) %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+        printf(PROG " (%s) %s\n%s\n", PACKAGE_NAME, PACKAGE_VERSION, fsdp_build_info());
         return 1;
     }
     if (strcmp(c, "info") && strcmp(c, "consolidate") && strcmp(c, "shard") && strcmp(c, "verify"))

@@ -187,7 +187,7 @@ static int parse(int argc, char **argv, opts_t *o) {
             usage(stdout);
             exit(0);
         } else if (!strcmp(a, "--version")) {
-            printf("fsdp-sim (libfsdp) %s\n", fsdp_version_string());
+            printf("fsdp-sim (libfsdp) %s\n%s\n", fsdp_version_string(), fsdp_build_info());
             exit(0);
         } else if (!strcmp(a, "--list")) {
             list_presets();

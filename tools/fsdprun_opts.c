@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/build_info.h"
 #include "tools/fsdprun.h"
 
 static const char usage_text[] =
@@ -127,7 +128,7 @@ int parse_options(int argc, char **argv, options_t *o) {
             return 1;
         }
         if (strcmp(a, "--version") == 0) {
-            printf("fsdprun (%s) %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+            printf("fsdprun (%s) %s\n%s\n", PACKAGE_NAME, PACKAGE_VERSION, FSDP_BUILD_INFO);
             fflush(stdout);
             return 1;
         }

@@ -95,6 +95,7 @@ static const char usage_text[] =
     "  --checkpoint-dir DIR    where --save-every writes (checkpoints)\n"
     "  --resume DIR            continue from a checkpoint written by --save-every, with the\n"
     "                          same model and batch flags (any world size, sharding, backend)\n"
+    "  --version               the version, git revision and what is compiled in\n"
     "  --help                  this text\n";
 
 static int bad(const char *fmt, ...) {
@@ -397,6 +398,10 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(usage_text, stdout);
+            return 1;
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("fsdp-train (libfsdp) %s\n%s\n", fsdp_version_string(), fsdp_build_info());
             return 1;
         }
         if (strncmp(a, "--", 2) != 0) return bad("unexpected argument '%s'", a);
