@@ -52,9 +52,17 @@ AC_DEFUN([FSDP_CHECK_CFLAGS], [
   for fsdp_flag in -fvect-cost-model=dynamic -fno-math-errno -ffp-contract=off -Wno-psabi; do
     FSDP_TRY_CFLAG([$fsdp_flag], [FSDP_KERNEL_CFLAGS])
   done
+  # Reproducible builds: the build directory (debug information's compilation directory) is
+  # recorded as ".", so the same sources built in two directories give the same bytes. A
+  # directory whose name has a space or "=" keeps its name (the flag could not say it).
+  FSDP_REPRO_FLAGS=
+  fsdp_abs_builddir=`pwd`
+  AS_CASE([$fsdp_abs_builddir], [*[[\ =]]*], [],
+    [FSDP_TRY_CFLAG([-ffile-prefix-map=$fsdp_abs_builddir=.], [FSDP_REPRO_FLAGS])])
   AC_SUBST([FSDP_WARN_CFLAGS])
   AC_SUBST([FSDP_VISIBILITY_CFLAGS])
   AC_SUBST([FSDP_KERNEL_CFLAGS])
+  AC_SUBST([FSDP_REPRO_FLAGS])
 ])
 
 # FSDP_TRY_CXXFLAG(FLAG, VAR): append FLAG to VAR when the C++ compiler accepts it with -Werror.

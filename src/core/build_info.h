@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * build_info.h: FSDP_BUILD_INFO, the one line that says how this build was made: the version,
- * the git revision of a git checkout (git-revision.h, made by make in the build tree), and
+ * the git revision of a git checkout (core/git-revision.h, made by make in the build tree), and
  * what configure compiled in (config.h). fsdp_build_info() returns it, and fsdprun, which does
  * not link the library, prints it for --version.
  */
@@ -10,7 +10,7 @@
 
 #include <config.h>
 
-#include "git-revision.h"
+#include "core/git-revision.h"
 
 #ifdef FSDP_HAVE_GLOO
 #define FSDP_INFO_GLOO " gloo"
