@@ -1,6 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# t_readme.sh: every code block of README.md compiles as printed.
+# t_readme.sh: every code block of README.md compiles as printed (fenced blocks, indented ones
+# inside list items too).
 # - A C block with a main() is a program: compiled as it stands (no include added, implicit
 #   declarations are errors) against this build's headers and library, then run.
 # - A C block without one is a fragment: compiled inside a function that gives it the names the
@@ -21,15 +22,16 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Split the blocks into files: c.N and sh.N, numbered in order.
+# A block may be indented (inside a list item); its lines lose the fence's indentation.
 awk -v dir="$tmp" '
-  /^```c$/ { n++; f = dir "/c." n; inblk = 1; next }
-  /^```sh$/ { n++; f = dir "/sh." n; inblk = 1; next }
-  /^```/ { if (inblk) { close(f); inblk = 0 } next }
-  inblk { print > f }' "$readme"
+  /^[ ]*```c$/ { n++; f = dir "/c." n; inblk = 1; ind = index($0, "`") - 1; next }
+  /^[ ]*```sh$/ { n++; f = dir "/sh." n; inblk = 1; ind = index($0, "`") - 1; next }
+  /^[ ]*```/ { if (inblk) { close(f); inblk = 0 } next }
+  inblk { print substr($0, ind + 1) > f }' "$readme"
 blocks=$(ls "$tmp" | sort -t. -k2 -n)
 count=$(printf '%s\n' "$blocks" | grep -c .)
 echo "1..$((count + 1))"
-if [ "$count" -ge 8 ]; then
+if [ "$count" -ge 10 ]; then
   echo "ok 1 - README.md has $count code blocks"
 else
   echo "not ok 1 - README.md has only $count code blocks"
