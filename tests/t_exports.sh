@@ -4,7 +4,8 @@
 # Every dynamic symbol libfsdp.so defines (functions, data, weak and unique symbols, so C++
 # template instantiations count) must start with fsdp_ (not fsdp__, the internal prefix),
 # and a few public functions must be there (the Gloo API in every build: a stub without Gloo;
-# the safetensors API).
+# the safetensors API). The whole set must be tests/exports.txt, the ABI's list kept in the tree:
+# an export added or removed without updating it (make update-exports) fails, naming it.
 lib="${top_builddir:-.}/.libs/libfsdp.so"
 if [ ! -f "$lib" ]; then
   echo "1..0 # SKIP no shared library was built ($lib)"
@@ -14,7 +15,7 @@ if ! command -v nm >/dev/null 2>&1; then
   echo "1..0 # SKIP nm is not installed"
   exit 0
 fi
-echo "1..3"
+echo "1..4"
 defined=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVWiu]$/ {print $3}' | sort)
 bad=$(printf '%s\n' "$defined" | grep -v '^fsdp_' ; printf '%s\n' "$defined" | grep '^fsdp__')
 if [ -z "$bad" ]; then
@@ -57,4 +58,18 @@ if [ "$count" -ge 50 ]; then
   echo "ok 3 - $count public symbols exported"
 else
   echo "not ok 3 - only $count public symbols exported"
+fi
+list="${srcdir:-.}/tests/exports.txt"
+if [ ! -f "$list" ]; then
+  echo "not ok 4 - no list of exports at $list"
+else
+  added=$(printf '%s\n' "$defined" | grep . | LC_ALL=C sort | LC_ALL=C comm -23 - "$list" | tr '\n' ' ')
+  removed=$(printf '%s\n' "$defined" | grep . | LC_ALL=C sort | LC_ALL=C comm -13 - "$list" | tr '\n' ' ')
+  if [ -z "$added$removed" ]; then
+    echo "ok 4 - the exports are tests/exports.txt's $(grep -c . "$list")"
+  else
+    echo "not ok 4 - the exports differ from tests/exports.txt (an ABI change: update it with make update-exports, and the soname if anything was removed)"
+    [ -n "$added" ] && echo "#   added: $added"
+    [ -n "$removed" ] && echo "#   removed: $removed"
+  fi
 fi
