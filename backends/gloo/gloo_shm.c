@@ -312,12 +312,8 @@ static int gone(pid_t p) {
 
 /* Why a barrier cannot complete, or FSDP_OK: the group closed, a peer's process gone. */
 static int broken(fsdp_gloo_shm_t *s, int *peer, char *msg, size_t cap) {
-    uint32_t c = atomic_load_explicit(&s->h->closed, memory_order_acquire);
-    if (c) {
-        *peer = (int)c - 1;
-        snprintf(msg, cap, "rank %d closed the group's shared memory", (int)c - 1);
-        return FSDP_EREMOTE;
-    }
+    /* An ended process first: a rank that saw it end closes the group too, and the process is
+     * the cause to name. */
     for (int q = 0; q < s->size; q++) {
         if (q == s->rank || s->pid[q] <= 0) continue;
         if (s->pid[q] != (int32_t)getpid() && gone((pid_t)s->pid[q])) {
@@ -325,6 +321,12 @@ static int broken(fsdp_gloo_shm_t *s, int *peer, char *msg, size_t cap) {
             snprintf(msg, cap, "rank %d's process (pid %d) has exited", q, (int)s->pid[q]);
             return FSDP_EREMOTE;
         }
+    }
+    uint32_t c = atomic_load_explicit(&s->h->closed, memory_order_acquire);
+    if (c) {
+        *peer = (int)c - 1;
+        snprintf(msg, cap, "rank %d closed the group's shared memory", (int)c - 1);
+        return FSDP_EREMOTE;
     }
     return FSDP_OK;
 }
@@ -346,7 +348,9 @@ static int barrier(fsdp_gloo_shm_t *s, int64_t deadline, int64_t timeout_ms, int
     for (;;) {
         if (atomic_load_explicit(&h->gen, memory_order_acquire) != g) return FSDP_OK;
         int rc = broken(s, peer, msg, cap);
-        if (rc < 0) return rc;
+        /* A peer may complete the barrier, then close the group or exit at once: its mark comes
+         * after the generation it advanced, so look again before blaming it. */
+        if (rc < 0) return atomic_load_explicit(&h->gen, memory_order_acquire) != g ? FSDP_OK : rc;
         int64_t left = deadline - fsdp__now_ns();
         if (left <= 0) {
             snprintf(msg, cap, "timed out after %lld ms waiting for the other ranks at a barrier "
