@@ -47,18 +47,6 @@ typedef struct shared {
     int bad[8];          /* elements that differ from the expected value */
 } shared_t;
 
-static uint64_t mix(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-/* A random f32 in [-1, 1) for (rank, index): every rank can compute every rank's input. */
-static float rnd(int r, size_t i) {
-    return (float)((double)(mix((uint64_t)r << 40 ^ i) >> 11) * 0x1p-52 - 1.0);
-}
-
 /* Rank 0's process ids of the runs: segments are named after them (fsdp-gloo.<pid>.), and
  * test_leftovers looks for theirs. */
 static int creators[16], ncreators;
@@ -88,8 +76,9 @@ static int which_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
         free(out);
         return FSDP_ENOMEM;
     }
-    for (size_t i = 0; i < (size_t)n * C; i++)
-        in[i] = rnd(r, i);
+    fsdp_rng_t g; /* random values of [-1, 1), its own stream a rank */
+    fsdp_rng_init(&g, 1234, (uint64_t)r);
+    fsdp_rng_uniform_f32(&g, in, (size_t)n * C, -1.0f, 1.0f);
     for (int k = 0; k < 6 && rc == FSDP_OK; k++) {
         memset(out, 0, (size_t)n * C * sizeof *out);
         switch (k) {

@@ -407,7 +407,7 @@ static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *p
     if (rc == FSDP_OK) {
         /* Shared memory when every rank is on this host (gloo_shm.h); else TCP alone. */
         char why[256];
-        rc = fsdp__gloo_shm_create(rdv, rank, size, timeout_ms, &gp->shm, why, sizeof why);
+        rc = fsdp__gloo_shm_create(rdv, rank, size, &gp->shm, why, sizeof why);
         if (rc < 0)
             snprintf(msg, cap, "agreeing on shared memory: %s", why);
         else

@@ -186,11 +186,10 @@ static int map_segment(fsdp_gloo_shm_t *s, const char *name, int create, char *m
     return 0;
 }
 
-int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, int64_t timeout_ms,
-                          fsdp_gloo_shm_t **out, char *msg, size_t cap) {
+int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm_t **out,
+                          char *msg, size_t cap) {
     char mine[200], theirs[200], name[96];
     int rc;
-    (void)timeout_ms; /* the store handle carries the group's timeout */
     *out = NULL;
     msg[0] = 0;
     if (size < 2) {

@@ -35,13 +35,13 @@
 typedef struct fsdp_gloo_shm fsdp_gloo_shm_t;
 
 /*
- * Agrees with the other ranks, through `store` (the group's rendezvous store), on whether the
- * group uses shared memory, and maps the segment if so. Returns FSDP_OK with *out set, or
+ * Agrees with the other ranks, through `store` (the group's rendezvous store, whose timeout
+ * bounds every wait), on whether the group uses shared memory, and maps the segment if so. Returns FSDP_OK with *out set, or
  * FSDP_OK with *out NULL when the group stays on TCP (msg then says why, for the debug log), or
  * a store failure.
  */
-int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, int64_t timeout_ms,
-                          fsdp_gloo_shm_t **out, char *msg, size_t cap);
+int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm_t **out,
+                          char *msg, size_t cap);
 
 /* Runs one collective (count > 0, or a barrier), with gloo_comm.h's statuses and *peer. */
 int fsdp__gloo_shm_run(fsdp_gloo_shm_t *s, const fsdp_gloo_op_t *op, int *peer, char *msg,

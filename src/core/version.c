@@ -3,8 +3,6 @@
  * version.c: the version of the library that is loaded, for comparison with the headers', and
  * how it was built (fsdp_build_info; git-revision.h is made by make in the build tree).
  */
-#include <config.h>
-
 #include "core/build_info.h"
 #include "internal.h"
 

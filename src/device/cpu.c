@@ -277,13 +277,13 @@ int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
  * from every core the process runs on: with the ranks of a sim world as threads of one
  * process, those flushes (inter-processor interrupts) cost more than the faults. Populated
  * first, the pages are written in place. Where the kernel lacks it, the pages fault as before. */
-static void populate(fsdp_device_t *dev, void *p, size_t bytes) {
+static void populate(void *p, size_t bytes) {
 #if defined(MADV_POPULATE_WRITE)
     const size_t page = page_size ? page_size : 4096;
     uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + bytes) / page * page;
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
 #endif
-    (void)dev, (void)p, (void)bytes;
+    (void)p, (void)bytes;
 }
 
 /* Zeroed memory: only blocks the cache cannot vouch for are cleared here, so callers that would
@@ -297,7 +297,7 @@ int fsdp__cpu_alloc_zeroed(fsdp_device_t *dev, size_t bytes, void **out) {
         if (!clean)
             memset(*out, 0, bytes);
         else
-            populate(dev, *out, bytes);
+            populate(*out, bytes);
     }
     return rc;
 }

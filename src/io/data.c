@@ -35,7 +35,7 @@
 
 /* Where the corpus is installed (set by Makefile.am, where $(pkgdatadir) is known with its final
  * prefix). No build path is compiled in: a program run from a build tree finds that tree's copy
- * from its own location (build_tree_corpus), so the library is the same bytes whichever
+ * from its own location (find_tree_corpus), so the library is the same bytes whichever
  * directory it was built in. */
 #ifndef FSDP_DATA_PKGDATADIR
 #define FSDP_DATA_PKGDATADIR "/nonexistent"
