@@ -20,26 +20,16 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/cuda_grid.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_philox.h"
 
-#define THREADS 256
-#define MAX_BLOCKS 4096
 #define MAX_GRID_Y 65535
-
-static unsigned blocks_for(size_t n) {
-    size_t b = (n + THREADS - 1) / THREADS;
-    if (b == 0) b = 1;
-    return (unsigned)(b < MAX_BLOCKS ? b : MAX_BLOCKS);
-}
 
 static unsigned rows_grid(size_t rows) {
     return (unsigned)(rows < MAX_GRID_Y ? (rows ? rows : 1) : MAX_GRID_Y);
 }
 
-#define GRID_LOOP(i, n)                                                                            \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
-         i += (size_t)gridDim.x * blockDim.x)
 
 /* Block-wide sum of one double per thread; every thread gets the total. sh has THREADS
  * entries. */
@@ -220,8 +210,6 @@ __global__ static void layer_norm_gx_k(size_t rows, size_t n, const T *x, const 
  * t + TILE_R, ... of column c in double, in order; the TILE_R partials of a column are then
  * added in a fixed tree. The order depends only on the shape, so the sums are reproducible; the
  * block reads TILE_C consecutive floats of a row per warp (coalesced). */
-#define TILE_C 32
-#define TILE_R 32
 template <typename T>
 __global__ static void layer_norm_gwb_k(size_t rows, size_t n, const T *x, const T *mean,
                                         const T *rstd, const T *gy, T *gw, T *gb) {
@@ -253,11 +241,6 @@ __global__ static void layer_norm_gwb_k(size_t rows, size_t n, const T *x, const
         }
         __syncthreads();
     }
-}
-
-static unsigned tiles_for(size_t n) {
-    size_t b = (n + TILE_C - 1) / TILE_C;
-    return (unsigned)(b == 0 ? 1 : b < MAX_BLOCKS ? b : MAX_BLOCKS);
 }
 
 extern "C" cudaError_t fsdp__cuda_k_layer_norm_backward(cudaStream_t s, bool f64, size_t rows,
