@@ -213,6 +213,38 @@ void fu_vals_free(fu_vals_t *a) {
     *a = (fu_vals_t){0};
 }
 
+bool fu_vals_same(const fu_vals_t *a, const fu_vals_t *b, char *why, size_t len) {
+    if (a->n != b->n) {
+        snprintf(why, len, "%zu values, want %zu", a->n, b->n);
+        return false;
+    }
+    for (size_t i = 0; i < a->n; i++)
+        if (memcmp(&a->v[i], &b->v[i], sizeof a->v[i]) != 0) {
+            snprintf(why, len, "first difference at %zu: %.9g vs %.9g", i, a->v[i], b->v[i]);
+            return false;
+        }
+    return true;
+}
+
+bool fu_series_close(const double *a, const double *b, size_t n, double rtol, double atol,
+                     const char *what, char *why, size_t len) {
+    for (size_t i = 0; i < n; i++)
+        if (!(fu_closeness(a[i], b[i], rtol, atol) <= 1.0)) {
+            snprintf(why, len, "%s %zu: %.9g vs %.9g", what, i, a[i], b[i]);
+            return false;
+        }
+    return true;
+}
+
+bool fu_vals_close(const fu_vals_t *a, const fu_vals_t *b, double rtol, double atol, char *why,
+                   size_t len) {
+    if (a->n != b->n || a->n == 0) {
+        snprintf(why, len, "%zu values, want %zu", a->n, b->n);
+        return false;
+    }
+    return fu_series_close(a->v, b->v, a->n, rtol, atol, "element", why, len);
+}
+
 int fu_list_values(const fsdp_named_list_t *l, bool grads, fu_vals_t *out) {
     fu_vals_free(out);
     for (size_t i = 0; i < l->n; i++)

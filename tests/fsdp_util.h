@@ -183,6 +183,18 @@ typedef struct fu_vals {
 /* Frees a's array and empties it (a zeroed fu_vals_t is empty). */
 void fu_vals_free(fu_vals_t *a);
 
+/* Bitwise equality of two value lists; the first difference into why. */
+bool fu_vals_same(const fu_vals_t *a, const fu_vals_t *b, char *why, size_t len);
+
+/* Whether a[i] is close to b[i] (fu_closeness <= 1) for every i < n; the first element that
+ * is not, named `what` and its index, into why. */
+bool fu_series_close(const double *a, const double *b, size_t n, double rtol, double atol,
+                     const char *what, char *why, size_t len);
+
+/* fu_series_close over two value lists, which must be non-empty and of one length. */
+bool fu_vals_close(const fu_vals_t *a, const fu_vals_t *b, double rtol, double atol, char *why,
+                   size_t len);
+
 /* The elements of every tensor of l (grads: of their gradients, where a missing one gives NaNs,
  * which compare unequal), concatenated in list order, into *out (its old array freed). On
  * failure *out still holds an array to fu_vals_free(). */

@@ -159,41 +159,6 @@ static int pat_at(void *arg, size_t p, int64_t e, size_t k, float *v) {
     return FSDP_OK;
 }
 
-/* Bitwise equality of two value lists; the first difference into why. */
-static bool same_vals(const fu_vals_t *a, const fu_vals_t *b, char *why, size_t len) {
-    if (a->n != b->n) {
-        snprintf(why, len, "%zu values, want %zu", a->n, b->n);
-        return false;
-    }
-    for (size_t i = 0; i < a->n; i++)
-        if (memcmp(&a->v[i], &b->v[i], sizeof a->v[i]) != 0) {
-            snprintf(why, len, "first difference at %zu: %.9g vs %.9g", i, a->v[i], b->v[i]);
-            return false;
-        }
-    return true;
-}
-
-/* Closeness (fu_close's rule |a - b| <= atol + rtol |b|) of two value lists, per step series
- * when steps is set; the first difference into why. */
-static bool close_vals(const double *a, const double *b, size_t n, double rtol, double atol,
-                       const char *what, char *why, size_t len) {
-    for (size_t i = 0; i < n; i++)
-        if (!(fabs(a[i] - b[i]) <= atol + rtol * fabs(b[i]))) {
-            snprintf(why, len, "%s %zu: %.9g vs %.9g", what, i, a[i], b[i]);
-            return false;
-        }
-    return true;
-}
-
-/* Two value lists within the fp32 tolerance of the spec (rtol 1.3e-6, atol 1e-5). */
-static bool near_vals(const fu_vals_t *a, const fu_vals_t *b, char *why, size_t len) {
-    if (a->n != b->n || a->n == 0) {
-        snprintf(why, len, "%zu values, want %zu", a->n, b->n);
-        return false;
-    }
-    return close_vals(a->v, b->v, a->n, 1.3e-6, 1e-5, "element", why, len);
-}
-
 /* Bitwise equality of a per-step series (`what`: loss or norm) with REF's; the first
  * difference into why. */
 static bool same_steps(const double *a, const double *ref, const char *what, char *why,
@@ -485,7 +450,7 @@ static int train(fsdp_ctx_t *ctx, dev_job_t *j, int v, fsdp_device_t *A, fsdp_de
              v == V_OFF || v == V_HOST                ? "H"
              : fsdp_device_kind(A) == FSDP_DEVICE_CPU ? "A"
                                                       : "the host");
-    fu_ck(r, on && same_vals(&host, &res->params, why, sizeof why), name, "%s",
+    fu_ck(r, on && fu_vals_same(&host, &res->params, why, sizeof why), name, "%s",
           on ? why : "a parameter is on the wrong device");
     fu_vals_free(&host);
 
@@ -560,15 +525,15 @@ static int train_rank(fsdp_ctx_t *ctx, void *arg) {
     const double rtol = bf16 ? 1.6e-2 : 1.3e-6, atol = 1e-5;
     char why0[300] = "";
     fu_ck(r,
-          close_vals(res[V_REF].loss, res[V_HOST].loss, STEPS, rtol, atol, "loss of step", why0,
+          fu_series_close(res[V_REF].loss, res[V_HOST].loss, STEPS, rtol, atol, "loss of step", why0,
                      sizeof why0) &&
-              close_vals(res[V_REF].norm, res[V_HOST].norm, STEPS, rtol, atol, "norm of step", why0,
+              fu_series_close(res[V_REF].norm, res[V_HOST].norm, STEPS, rtol, atol, "norm of step", why0,
                          sizeof why0),
           "REF on A: losses and clip_grad_norm totals match HOST (CPU only) within tolerance", "%s",
           why0);
     fu_ck(r,
           res[V_REF].params.n == res[V_HOST].params.n && res[V_REF].params.n > 0 &&
-              close_vals(res[V_REF].params.v, res[V_HOST].params.v, res[V_REF].params.n, rtol, atol,
+              fu_series_close(res[V_REF].params.v, res[V_HOST].params.v, res[V_REF].params.n, rtol, atol,
                          "parameter element", why0, sizeof why0),
           "REF on A: full parameters after training match HOST (CPU only) within tolerance", "%s",
           why0[0] ? why0 : "different counts");
@@ -585,18 +550,18 @@ static int train_rank(fsdp_ctx_t *ctx, void *arg) {
         snprintf(name, sizeof name, "%s: clip_grad_norm totals %s REF", vname[v], how);
         fu_ck(r,
               exact ? same_steps(res[v].norm, res[V_REF].norm, "norm", why, sizeof why)
-                    : close_vals(res[v].norm, res[V_REF].norm, STEPS, 1.3e-6, 1e-5,
+                    : fu_series_close(res[v].norm, res[V_REF].norm, STEPS, 1.3e-6, 1e-5,
                                  "norm of step", why, sizeof why),
               name, "%s", why);
         snprintf(name, sizeof name, "%s: full parameters after %d steps %s REF", vname[v], STEPS,
                  how);
-        fu_ck(r, exact ? same_vals(&res[v].params, &res[V_REF].params, why, sizeof why)
-                       : near_vals(&res[v].params, &res[V_REF].params, why, sizeof why),
+        fu_ck(r, exact ? fu_vals_same(&res[v].params, &res[V_REF].params, why, sizeof why)
+                       : fu_vals_close(&res[v].params, &res[V_REF].params, 1.3e-6, 1e-5, why, sizeof why),
               name, "%s", why);
         if (j->base.orig) {
             snprintf(name, sizeof name, "%s: full gradients (with_grads) %s REF", vname[v], how);
-            fu_ck(r, exact ? same_vals(&res[v].grads, &res[V_REF].grads, why, sizeof why)
-                           : near_vals(&res[v].grads, &res[V_REF].grads, why, sizeof why),
+            fu_ck(r, exact ? fu_vals_same(&res[v].grads, &res[V_REF].grads, why, sizeof why)
+                           : fu_vals_close(&res[v].grads, &res[V_REF].grads, 1.3e-6, 1e-5, why, sizeof why),
                   name, "%s", why);
         }
     }
