@@ -5,6 +5,7 @@
 #   - the table has one row per world size and strategy, JSON lines carry the figures;
 #   - GPT-3 175B on 512 GPUs simulates, with activation checkpointing under the GPU's memory;
 #   - backward prefetch shortens the step, fully sharding cuts the parameters' memory;
+#   - collectives slow the kernels they overlap (NCCL's SMs) unless --no-contention;
 #   - --layers, --d-model and the other shape options override the preset's shape;
 #   - --cluster cpu times its kernels call by call unless asked for the roofline, and
 #     --backend gloo calibrates the network from Gloo's collectives (skipped without Gloo);
@@ -16,7 +17,7 @@ sim="$top_builddir/tools/fsdp-sim"
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/tap.sh"
-echo "1..24"
+echo "1..25"
 
 "$sim" --list > "$tmp/list" 2>&1
 st=$?
@@ -74,6 +75,17 @@ x_none=$(field exposed_comm_s < "$tmp/none")
   awk -v a="$s_pre" -v b="$s_none" -v c="$x_pre" -v d="$x_none" 'BEGIN { exit !(a < b && c < d) }'
 ok $? "backward prefetch: step $s_pre s < $s_none s, exposed $x_pre s < $x_none s" \
   "$tmp/pre" "$tmp/none"
+
+"$sim" --model gpt3-6.7b --gpus 64 --batch 2 --activation-checkpointing --prefetch none \
+  --no-contention --json > "$tmp/free" 2>&1
+c_pre=$(field contention_s < "$tmp/pre")
+c_free=$(field contention_s < "$tmp/free")
+s_free=$(field step_s < "$tmp/free")
+[ -n "$c_pre" ] && [ -n "$c_free" ] && [ -n "$s_free" ] && grep -q '"contention":false' "$tmp/free" &&
+  awk -v c="$c_pre" -v f="$c_free" -v s="$s_none" -v t="$s_free" \
+    'BEGIN { exit !(c > 0 && f == 0 && t <= s) }'
+ok $? "contention: $c_pre s lost beside the collectives; none with --no-contention (step $s_free s <= $s_none s)" \
+  "$tmp/pre" "$tmp/free"
 
 "$sim" --model gpt3-6.7b --gpus 64 --strategy full,no-shard --json > "$tmp/strat" 2>&1
 p_full=$(grep FULL_SHARD "$tmp/strat" | sed -n 's/.*"params":\([0-9]*\),.*"grads".*/\1/p')

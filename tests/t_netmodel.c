@@ -322,6 +322,26 @@ static void test_presets(void) {
            "latencies and tree factor from NCCL's tuning model");
     tap_ok(h.net.base_latency == a.net.base_latency && h.net.inter_latency == 14 * US,
            "the same on the DGX H100");
+    tap_ok(a.compute.sms == 108 && a.net.intra_channels == 24 && a.net.inter_channels == 16 &&
+               p.compute.sms == 108 && p.net.inter_channels == 16,
+           "A100: 108 SMs; NCCL holds 24 of them inside a node, 16 across nodes of 8 NICs");
+    tap_ok(h.compute.sms == 132 && h.net.intra_channels == 24, "H100: 132 SMs, 24 for NVLink");
+
+    /* A collective's estimate says how many SMs it holds: by the nodes it spans, none alone. */
+    fsdp_cluster_t two;
+    fsdp_cluster_preset(ctx, "dgx-a100-80gb", 2, &two);
+    fsdp_net_group_t in, across, one;
+    fsdp_net_estimate_t e;
+    fsdp_net_group_strided(ctx, &two.net, 8, 1, &in);
+    fsdp_net_group_strided(ctx, &two.net, 16, 1, &across);
+    fsdp_net_group_strided(ctx, &two.net, 1, 1, &one);
+    fsdp_net_coll_time(ctx, &two.net, &in, FSDP_COLL_ALL_GATHER, 1 << 20, FSDP_NET_ALGO_AUTO, &e);
+    tap_is_int(e.channels, 24, "an all_gather inside a node holds intra_channels");
+    fsdp_net_coll_time(ctx, &two.net, &across, FSDP_COLL_ALL_REDUCE, 1 << 20, FSDP_NET_ALGO_AUTO,
+                       &e);
+    tap_is_int(e.channels, 16, "an all_reduce across nodes holds inter_channels");
+    fsdp_net_coll_time(ctx, &two.net, &one, FSDP_COLL_ALL_GATHER, 1 << 20, FSDP_NET_ALGO_AUTO, &e);
+    tap_is_int(e.channels, 0, "one rank holds none");
 }
 
 /* The report's examples: all_reduce of 1 GiB on DGX A100s, worked out from the figures. */

@@ -212,6 +212,116 @@ static void test_device(void) {
     fsdp_ctx_destroy(ctx);
 }
 
+/* ---- contention: a collective holds SMs --------------------------------------------------- */
+
+/* Runs fsdp_matmul(a, b) count times on the compute stream; returns the simulated seconds from
+ * t0 to the end of everything queued. */
+static double products(fsdp_vsim_t *vs, fsdp_tensor_t *a, fsdp_tensor_t *b, int count, double t0) {
+    for (int i = 0; i < count; i++) {
+        fsdp_tensor_t *c = NULL;
+        fsdp_matmul(a, b, &c);
+        fsdp_tensor_release(c);
+    }
+    return stats(vs).now - t0;
+}
+
+static void test_contention(void) {
+    fsdp_ctx_t *ctx = mkctx(0, 4);
+    fsdp_cluster_t cl = toy(1);
+    cl.compute.sms = 10;
+    cl.net.intra_channels = 2; /* a collective takes a fifth of the GPU */
+    cl.net.inter_channels = 1;
+    fsdp_vsim_t *vs = NULL;
+    tap_is_int(fsdp_vsim_create(ctx, &cl, &vs), FSDP_OK, "a GPU of 10 SMs, collectives on 2");
+    fsdp_device_t *dev = fsdp_vsim_device(vs);
+    fsdp_pg_t *world = fsdp_vsim_world(vs);
+    fsdp_ctx_set_device(ctx, dev);
+    fsdp_stream_t *side = NULL;
+    fsdp_stream_create(dev, &side);
+    fsdp_tensor_t *a = NULL, *b = NULL, *x = NULL, *y = NULL;
+    int64_t sa[2] = {256, 512}, sb[2] = {512, 128}, sx[1] = {1 << 20}, sy[1] = {4 << 20};
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, sa, FSDP_MEM_OTHER, &a);
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, sb, FSDP_MEM_OTHER, &b);
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 1, sx, FSDP_MEM_COMM, &x);
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 1, sy, FSDP_MEM_COMM, &y);
+    fsdp_coll_desc_t d = {.kind = FSDP_COLL_ALL_GATHER,
+                          .send = fsdp_tensor_data(x),
+                          .recv = fsdp_tensor_data(y),
+                          .count = 1 << 20,
+                          .dtype = FSDP_DTYPE_F32,
+                          .stream = fsdp_stream_native(side)};
+    double tag = coll_time(&cl, 4, 1, FSDP_COLL_ALL_GATHER, (size_t)16 << 20);
+
+    /* Alone, one product; then as many as fit in a fifth of the all-gather. */
+    fsdp_vsim_reset_stats(vs);
+    double tmm = products(vs, a, b, 1, stats(vs).start);
+    int fit = (int)(0.2 * tag / tmm);
+    tap_ok(fit >= 1, "the products are short beside the all-gather (%g against %g s)", tmm, tag);
+
+    /* Kernels inside a collective run at 8/10 of their speed. */
+    fsdp_vsim_reset_stats(vs);
+    double t0 = stats(vs).start;
+    fsdp_work_t *w = NULL;
+    fsdp_pg_collective(world, &d, &w);
+    double got = products(vs, a, b, fit, t0);
+    fsdp_vsim_stats_t s = stats(vs);
+    tap_is_near(got, tag, 1e-12, 0, "the step is the all-gather's (%g s)", tag);
+    tap_is_near(s.compute_busy, fit * tmm / 0.8, 1e-12, 0,
+                "%d products beside it take 1/0.8 of their time (%g s)", fit, fit * tmm / 0.8);
+    tap_is_near(s.contention, fit * tmm * 0.25, 1e-12, 0, "the difference is the contention");
+    fsdp_work_wait_stream(w, fsdp_stream_native(NULL));
+    fsdp_work_release(w);
+
+    /* Work that outlasts the collective is slowed only while it overlaps it. */
+    int many = (int)(2 * tag / tmm) + 1;
+    fsdp_vsim_reset_stats(vs);
+    t0 = stats(vs).start;
+    fsdp_pg_collective(world, &d, &w);
+    got = products(vs, a, b, many, t0);
+    s = stats(vs);
+    /* In [0, tag) the stream does 0.8 tag of work and the rest runs at full speed; the product
+     * that straddles the end is slowed for its part inside. */
+    double want = many * tmm + 0.2 * tag;
+    tap_is_near(got, want, 1e-12, 0, "%d products over an all-gather: their time + 0.2 x it (%g s)",
+                many, want);
+    tap_is_near(s.contention, 0.2 * tag, 1e-12, 0, "the contention is a fifth of the collective");
+    fsdp_work_wait_stream(w, fsdp_stream_native(NULL));
+    fsdp_work_release(w);
+
+    /* A kernel after the collective's end runs at full speed. */
+    fsdp_vsim_reset_stats(vs);
+    t0 = stats(vs).start;
+    fsdp_pg_collective(world, &d, &w);
+    fsdp_work_wait_stream(w, fsdp_stream_native(NULL));
+    fsdp_work_release(w);
+    got = products(vs, a, b, 1, t0);
+    s = stats(vs);
+    tap_is_near(got, tag + tmm, 1e-12, 0, "after a stream wait the product runs unslowed");
+    tap_is_near(s.contention, 0, 0, 0, "with no contention");
+
+    fsdp_tensor_release(a);
+    fsdp_tensor_release(b);
+    fsdp_tensor_release(x);
+    fsdp_tensor_release(y);
+    fsdp_stream_destroy(side);
+    fsdp_ctx_set_device(ctx, NULL);
+    fsdp_vsim_destroy(vs);
+
+    /* A collective must leave the compute kernels an SM. */
+    cl.net.inter_channels = 10;
+    tap_is_int(fsdp_cluster_check(ctx, &cl), FSDP_EINVAL, "inter_channels = sms is refused");
+    tap_has_str(fsdp_ctx_last_error(ctx), "net.inter_channels is 10", "naming the field");
+    tap_has_str(fsdp_ctx_last_error(ctx), "compute.sms (10)", "and the SMs");
+    cl.net.inter_channels = -1;
+    tap_is_int(fsdp_cluster_check(ctx, &cl), FSDP_EINVAL, "a negative channel count is refused");
+    tap_has_str(fsdp_ctx_last_error(ctx), "net.inter_channels is -1", "naming it");
+    cl.net.inter_channels = 1;
+    cl.compute.sms = -3;
+    tap_is_int(fsdp_cluster_check(ctx, &cl), FSDP_EINVAL, "negative SMs are refused");
+    tap_has_str(fsdp_ctx_last_error(ctx), "compute.sms is -3", "naming them");
+    fsdp_ctx_destroy(ctx);
+}
+
 /* ---- native half kernels -------------------------------------------------------------------- */
 
 /* A bf16 relu's kernels and bytes on a simulator whose kernels are (or are not) native. */
@@ -633,6 +743,7 @@ static void test_fsdp(void) {
 int main(void) {
     tap_plan_lazy();
     test_device();
+    test_contention();
     test_native_half();
     test_fresh_grad();
     test_groups();

@@ -64,6 +64,8 @@ static void usage(FILE *f) {
         "  --shard-group N         hybrid: ranks per shard group (default: one node)\n"
         "  --prefetch P            backward prefetch: pre, post or none (default pre)\n"
         "  --forward-prefetch      prefetch the next unit in the forward too\n"
+        "  --no-contention         collectives take no SMs from the kernels they overlap\n"
+        "                          (the presets: NCCL's channels, docs/cluster-model.md)\n"
         "  --limit N               all-gathers in flight at most (default 2; 0: no limit)\n"
         "  --precision P           fp32, bf16 or fp16 (default bf16)\n"
         "  --activation-checkpointing  recompute each block in the backward\n"
@@ -234,6 +236,8 @@ static int parse(int argc, char **argv, opts_t *o) {
             i++;
         } else if (!strcmp(a, "--forward-prefetch")) {
             c->forward_prefetch = true;
+        } else if (!strcmp(a, "--no-contention")) {
+            c->no_contention = true;
         } else if (!strcmp(a, "--limit")) {
             if (parse_int(v, 0, 1 << 20, &c->limit) < 0) return bad(a, v, "needs >= 0");
             i++;
@@ -313,14 +317,15 @@ static double gib(size_t b) {
 static void print_header(const opts_t *o) {
     const sim_config_t *c = &o->base;
     printf("fsdp-sim: %s (%.2fB parameters, seq %lld), %lld sequence%s per GPU, %s, cluster %s "
-           "(%d GPUs a node), %s kernels%s, %s%sbackward prefetch %s%s, limit %d%s\n",
+           "(%d GPUs a node), %s kernels%s, %s%sbackward prefetch %s%s, limit %d%s%s\n",
            c->model->name, sim_model_params(c->model) / 1e9, (long long)c->model->seq,
            (long long)c->batch, c->batch == 1 ? "" : "s", fsdp_dtype_name(c->dtype), c->cluster,
            c->gpus_per_node, c->lowp_kernels ? "native" : "libfsdp",
            c->kernel_times == SIM_KERNELS_MEASURED ? " (times measured on this CPU)" : "",
            c->backend ? c->backend : "", c->backend ? " collectives, " : "",
            fsdp_backward_prefetch_name(c->prefetch), c->forward_prefetch ? " + forward" : "",
-           c->limit, c->act_ckpt ? ", activation checkpointing" : "");
+           c->limit, c->act_ckpt ? ", activation checkpointing" : "",
+           c->no_contention ? ", no contention" : "");
     printf("%6s %-14s %9s %7s %7s %6s %8s %8s %8s | %-42s %7s\n", "GPUs", "strategy", "step s",
            "TFLOPS", "hw TF", "MFU", "comm s", "exposed", "compute",
            "peak GiB: total params grads optim act comm", "sim s");
@@ -340,21 +345,23 @@ static void print_row(const sim_config_t *c, const sim_result_t *r) {
 static void print_json(const sim_config_t *c, const sim_result_t *r) {
     printf("{\"model\":\"%s\",\"params\":%.0f,\"cluster\":\"%s\",\"gpus\":%d,\"gpus_per_node\":%d,"
            "\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"strategy\":\"%s\","
-           "\"backward_prefetch\":\"%s\",\"forward_prefetch\":%s,\"limit_all_gathers\":%d,"
+           "\"backward_prefetch\":\"%s\",\"forward_prefetch\":%s,\"contention\":%s,"
+           "\"limit_all_gathers\":%d,"
            "\"activation_checkpointing\":%s,\"kernels\":\"%s\",\"kernel_times\":\"%s\","
            "\"measured_calls\":%zu,\"backend\":\"%s\",\"cpu_slowdown\":%.4g,\"step_s\":%.6g,"
            "\"tflops_per_gpu\":%"
            ".6g,"
            "\"hw_tflops_per_gpu\":%.6g,\"mfu\":%.6g,\"compute_s\":%.6g,\"comm_s\":%.6g,"
-           "\"exposed_comm_s\":%.6g,\"model_flops\":%.6g,\"hw_flops\":%.6g,\"peak_bytes\":{",
+           "\"exposed_comm_s\":%.6g,\"contention_s\":%.6g,\"model_flops\":%.6g,\"hw_flops\":%.6g,"
+           "\"peak_bytes\":{",
            c->model->name, r->params, c->cluster, c->gpus, r->gpus_per_node, (long long)c->batch,
            (long long)c->model->seq, fsdp_dtype_name(c->dtype),
            fsdp_sharding_strategy_name(c->strategy), fsdp_backward_prefetch_name(c->prefetch),
-           c->forward_prefetch ? "true" : "false", c->limit, c->act_ckpt ? "true" : "false",
-           c->lowp_kernels ? "native" : "libfsdp",
+           c->forward_prefetch ? "true" : "false", c->no_contention ? "false" : "true", c->limit,
+           c->act_ckpt ? "true" : "false", c->lowp_kernels ? "native" : "libfsdp",
            c->kernel_times == SIM_KERNELS_MEASURED ? "measured" : "roofline", r->measured_calls,
            c->backend ? c->backend : "sim", r->slowdown, r->step, r->tflops, r->hw_tflops, r->mfu,
-           r->compute, r->comm, r->exposed, r->model_flops, r->hw_flops);
+           r->compute, r->comm, r->exposed, r->contention, r->model_flops, r->hw_flops);
     for (int k = 0; k < FSDP_MEM_NCAT; k++)
         printf("\"%s\":%zu,", fsdp_mem_cat_name((fsdp_mem_cat_t)k), r->mem.peak[k]);
     printf("\"total\":%zu},\"coll\":{", r->mem.total_peak);

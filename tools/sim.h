@@ -42,6 +42,7 @@ typedef struct sim_config {
     int shard_group; /* hybrid: ranks per shard group (0: a node) */
     fsdp_backward_prefetch_t prefetch;
     bool forward_prefetch;
+    bool no_contention; /* collectives take no SMs from the kernels (compute.sms = 0) */
     int limit;          /* limit_all_gathers */
     fsdp_dtype_t dtype; /* compute dtype: f32, or bf16/f16 mixed precision */
     bool act_ckpt;
@@ -57,6 +58,7 @@ typedef struct sim_result {
     double compute;     /* s the compute stream ran kernels */
     double comm;        /* s the network ran collectives */
     double exposed;     /* s the compute stream waited */
+    double contention;  /* s of `compute` lost to collectives holding SMs */
     double model_flops; /* per GPU per step */
     double hw_flops;
     double params;

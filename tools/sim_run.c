@@ -239,6 +239,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
         cl.net.gpus_per_node = c->gpus_per_node;
     }
     cl.compute.lowp_kernels = c->lowp_kernels;
+    if (c->no_contention) cl.compute.sms = 0;
     if ((rc = fsdp_vsim_create(ctx, &cl, &vs)) < 0) {
         fail(r, ctx, "fsdp_vsim_create", rc);
         goto out;
@@ -351,6 +352,7 @@ int sim_run(const sim_config_t *c, sim_result_t *r) {
     r->compute = st.compute_busy;
     r->comm = st.comm_busy;
     r->exposed = st.compute_idle;
+    r->contention = st.contention;
     r->hw_flops = st.flops;
     r->model_flops = sim_model_flops(m, (double)c->batch * (double)m->seq);
     r->params = sim_model_params(m);

@@ -127,6 +127,8 @@ static int vpg_post(fsdp_pg_t *pg, fsdp_work_t *w) {
     if (e.seconds > 0 && c->net_free > start) start = c->net_free;
     double end = start + e.seconds;
     if (e.seconds > 0) c->net_free = end;
+    if (e.channels > 0 && g->vs->cl.compute.sms > 0)
+        fsdp__vclock_busy(c, start, end, (double)e.channels / g->vs->cl.compute.sms);
     fsdp__vclock_stream_wait(c, s, end);
     w->vtime = end;
     /* The trace gets the simulated span; the core's record at completion (real time) is off. */

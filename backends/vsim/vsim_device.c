@@ -55,9 +55,36 @@ static struct fsdp__vstream *stream_of(struct fsdp__vclock *c, void *stream) {
     return stream ? (struct fsdp__vstream *)stream : &c->compute;
 }
 
-/* Queues work of `seconds` on stream s: it starts when the stream and the host are there. */
+/* The time a kernel of `seconds` at full speed takes from `start` when the collectives it
+ * overlaps hold part of the GPU: inside a collective it runs at 1 - share of its speed. Forgets
+ * the collectives that ended before start (kernels start in order). */
+static double stretch(struct fsdp__vclock *c, double start, double seconds) {
+    while (c->busy_len && c->busy[c->busy_head].end <= start) {
+        c->busy_head = (c->busy_head + 1) % FSDP__VBUSY;
+        c->busy_len--;
+    }
+    /* Untouched work keeps its time exactly (no rounding through start + seconds - start). */
+    if (!c->busy_len || c->busy[c->busy_head].start >= start + seconds) return seconds;
+    double t = start, left = seconds;
+    for (unsigned i = 0; i < c->busy_len && left > 0; i++) {
+        const struct fsdp__vbusy *b = &c->busy[(c->busy_head + i) % FSDP__VBUSY];
+        if (b->start > t) {
+            if (left <= b->start - t) break;
+            left -= b->start - t;
+            t = b->start;
+        }
+        double rate = 1 - b->share, work = (b->end - t) * rate;
+        if (left <= work) return t + left / rate - start;
+        left -= work;
+        t = b->end;
+    }
+    return t + left - start;
+}
+
+/* Queues work of *seconds on stream s: it starts when the stream and the host are there. On the
+ * compute stream *seconds becomes the time it takes beside the collectives it overlaps. */
 static double queue(fsdp_device_t *dev, struct fsdp__vclock *c, struct fsdp__vstream *s,
-                    double seconds) {
+                    double *seconds) {
     bool compute = s == &c->compute;
     /* A full launch queue holds the host until the oldest queued operation has finished. */
     if (compute && c->queued >= FSDP__VQUEUE)
@@ -73,8 +100,13 @@ static double queue(fsdp_device_t *dev, struct fsdp__vclock *c, struct fsdp__vst
                                     (int64_t)(start * 1e9));
         }
         c->started = true;
+        if (c->busy_len) {
+            double full = *seconds;
+            *seconds = stretch(c, start, full);
+            c->stats.contention += *seconds - full;
+        }
     }
-    s->t = start + seconds;
+    s->t = start + *seconds;
     if (compute) c->ends[c->queued++ % FSDP__VQUEUE] = s->t;
     fsdp__vclock_reach(c, s->t);
     return s->t;
@@ -108,7 +140,7 @@ static int charge(fsdp_device_t *dev, const fsdp_kernel_cost_t *k, const struct 
     double seconds;
     int rc = kernel_seconds(dev, c, k, call, &seconds);
     if (rc < 0) return rc;
-    queue(dev, c, &c->compute, seconds);
+    queue(dev, c, &c->compute, &seconds);
     c->stats.compute_busy += seconds;
     if ((unsigned)k->cls < FSDP_KERNEL_CLASS_COUNT) c->stats.class_time[k->cls] += seconds;
     c->stats.flops += k->flops;
@@ -143,7 +175,7 @@ static int charge_copy(fsdp_device_t *dev, void *stream, double bytes, bool sync
     int rc = kernel_seconds(dev, c, &k, call, &seconds);
     if (rc < 0) return rc;
     struct fsdp__vstream *s = stream_of(c, stream);
-    double end = queue(dev, c, s, seconds);
+    double end = queue(dev, c, s, &seconds);
     c->stats.copy_busy += seconds;
     if (s == &c->compute) c->stats.compute_busy += seconds;
     if (sync) fsdp__vclock_host_wait(c, end);

@@ -37,16 +37,29 @@ struct fsdp__vevent {
  * launch queue blocks the host beyond about a thousand pending launches. */
 #define FSDP__VQUEUE 1024
 
+/* A collective on the network that compute kernels may overlap: [start, end), and the share of
+ * the compute throughput it takes from them (its SMs over the GPU's). */
+struct fsdp__vbusy {
+    double start, end, share;
+};
+
+/* Collectives remembered for the kernels that start after them; the network runs one at a time,
+ * so they are disjoint and in time order. FSDP queues a collective after the kernels it may
+ * overlap (the side stream waits for the compute stream first), so the few in flight suffice. */
+#define FSDP__VBUSY 64
+
 struct fsdp__vclock {
-    const fsdp_compute_model_t *model; /* NULL: charge nothing */
-    struct fsdp__vmeasure *measure;    /* non-NULL: measured kernel times where it has them */
-    double host;                       /* the host's time */
-    struct fsdp__vstream compute;      /* the compute stream */
-    double net_free;                   /* when the network finishes its last collective */
-    double latest;                     /* the latest time anything reached */
-    bool started;                      /* a kernel ran since the last reset */
-    double ends[FSDP__VQUEUE];         /* end times of the last queued compute operations */
-    uint64_t queued;                   /* operations queued on the compute stream */
+    const fsdp_compute_model_t *model;    /* NULL: charge nothing */
+    struct fsdp__vmeasure *measure;       /* non-NULL: measured kernel times where it has them */
+    double host;                          /* the host's time */
+    struct fsdp__vstream compute;         /* the compute stream */
+    double net_free;                      /* when the network finishes its last collective */
+    double latest;                        /* the latest time anything reached */
+    bool started;                         /* a kernel ran since the last reset */
+    double ends[FSDP__VQUEUE];            /* end times of the last queued compute operations */
+    uint64_t queued;                      /* operations queued on the compute stream */
+    struct fsdp__vbusy busy[FSDP__VBUSY]; /* a ring: busy_len of them from busy_head */
+    unsigned busy_head, busy_len;
     fsdp_vsim_stats_t stats;
 };
 
@@ -125,6 +138,19 @@ static inline void fsdp__vclock_stream_wait(struct fsdp__vclock *c, struct fsdp_
     if (s == &c->compute && c->started) c->stats.compute_idle += t - s->t;
     s->t = t;
     fsdp__vclock_reach(c, t);
+}
+
+/* Notes a collective over [start, end) that takes `share` of the compute throughput from the
+ * kernels it overlaps (0: none). The oldest is forgotten when the ring is full. */
+static inline void fsdp__vclock_busy(struct fsdp__vclock *c, double start, double end,
+                                     double share) {
+    if (!(share > 0) || !(end > start)) return;
+    if (c->busy_len == FSDP__VBUSY) {
+        c->busy_head = (c->busy_head + 1) % FSDP__VBUSY;
+        c->busy_len--;
+    }
+    c->busy[(c->busy_head + c->busy_len++) % FSDP__VBUSY] =
+        (struct fsdp__vbusy){.start = start, .end = end, .share = share};
 }
 
 /* The host waits until t. */

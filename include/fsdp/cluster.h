@@ -99,6 +99,13 @@ typedef struct fsdp_net_model {
     double inter_latency; /* s per hop between two nodes, >= 0 */
     double base_latency;  /* s paid once by every collective of two or more ranks, >= 0 */
     double tree_eff;      /* (0, 1]: the tree's bandwidth as a fraction of B (NCCL: 0.92) */
+    /* SMs (NCCL channels, one thread block each, never shared with a compute kernel) that a
+     * running collective holds on each of its GPUs, for a group inside one node and for a group
+     * that spans nodes; >= 0. 0: the collective takes nothing from the compute kernels (the CPU
+     * model). Against the compute model's `sms` they give the share of the compute throughput a
+     * collective takes while it overlaps kernels (docs/cluster-model.md, "Contention"). */
+    int intra_channels;
+    int inter_channels;
 } fsdp_net_model_t;
 
 /* Kernel classes: each has its own efficiency, and the first two use the matrix units. */
@@ -135,6 +142,11 @@ typedef struct fsdp_compute_model {
      * threads and packing its panels (fsdp_cluster_calibrate_cpu measures it); 0 on the GPU
      * presets, whose launch covers it. */
     double matmul_launch;
+    /* Streaming multiprocessors of the GPU, >= 0: a kernel that overlaps a collective holding
+     * c of them (fsdp_net_estimate_t.channels) runs at (sms - c) / sms of its speed. 0: no
+     * contention is modelled (the CPU model, whose collectives' cost the calibration measures
+     * with the ranks computing). */
+    int sms;
 } fsdp_compute_model_t;
 
 /* A whole cluster: what a preset fills. */
@@ -262,6 +274,8 @@ typedef struct fsdp_net_estimate {
     int nodes;            /* nodes the group spans */
     int intra_hops;       /* hops counted at intra_latency */
     int inter_hops;       /* hops counted at inter_latency */
+    int channels;         /* SMs the collective holds on each GPU while it runs: intra_channels
+                           * or inter_channels by the nodes it spans; 0 on one rank */
 } fsdp_net_estimate_t;
 
 /*

@@ -104,6 +104,8 @@ typedef struct fsdp_vsim_stats {
     double compute_idle; /* time the compute stream stood idle between its first and last
                           * kernel and up to `now`: waiting for collectives (the exposed
                           * communication) or copies, as the host never holds it back */
+    double contention;   /* part of compute_busy that the kernels lost to the SMs of the
+                          * collectives they overlapped (fsdp_compute_model_t.sms) */
     double flops;        /* FLOPs of the kernels (all classes) */
     double matmul_flops; /* FLOPs of the matrix products */
     double class_time[FSDP_KERNEL_CLASS_COUNT]; /* compute_busy per kernel class */

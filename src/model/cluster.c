@@ -56,6 +56,11 @@ static int check_count(fsdp_ctx_t *ctx, const char *who, const char *field, int 
     return fsdp__model_err(ctx, FSDP_EINVAL, "%s: %s is %d (must be >= 1)", who, field, v);
 }
 
+static int check_count0(fsdp_ctx_t *ctx, const char *who, const char *field, int v) {
+    if (v >= 0) return FSDP_OK;
+    return fsdp__model_err(ctx, FSDP_EINVAL, "%s: %s is %d (must be >= 0)", who, field, v);
+}
+
 int fsdp__net_model_check(fsdp_ctx_t *ctx, const char *who, const fsdp_net_model_t *net) {
     int rc;
     if (!net) return fsdp__model_err(ctx, FSDP_EINVAL, "%s: net is NULL", who);
@@ -74,6 +79,8 @@ int fsdp__net_model_check(fsdp_ctx_t *ctx, const char *who, const fsdp_net_model
     if ((rc = check_nonneg(ctx, who, "net.inter_latency", net->inter_latency, "s")) < 0) return rc;
     if ((rc = check_nonneg(ctx, who, "net.base_latency", net->base_latency, "s")) < 0) return rc;
     if ((rc = check_fraction(ctx, who, "net.tree_eff", net->tree_eff)) < 0) return rc;
+    if ((rc = check_count0(ctx, who, "net.intra_channels", net->intra_channels)) < 0) return rc;
+    if ((rc = check_count0(ctx, who, "net.inter_channels", net->inter_channels)) < 0) return rc;
     return FSDP_OK;
 }
 
@@ -97,6 +104,7 @@ int fsdp__compute_model_check(fsdp_ctx_t *ctx, const char *who, const fsdp_compu
     if ((rc = check_nonneg(ctx, who, "compute.launch", m->launch, "s")) < 0) return rc;
     if ((rc = check_nonneg(ctx, who, "compute.matmul_launch", m->matmul_launch, "s")) < 0)
         return rc;
+    if ((rc = check_count0(ctx, who, "compute.sms", m->sms)) < 0) return rc;
     for (int c = 0; c < FSDP_KERNEL_CLASS_COUNT; c++) {
         if (m->eff[c] > 0 && m->eff[c] <= 1) continue;
         snprintf(field, sizeof field, "compute.eff[%s]",
@@ -122,7 +130,18 @@ int fsdp_cluster_check(fsdp_ctx_t *ctx, const fsdp_cluster_t *cl) {
                                sizeof cl->name);
     int rc = fsdp__net_model_check(ctx, who, &cl->net);
     if (rc < 0) return rc;
-    return fsdp__compute_model_check(ctx, who, &cl->compute);
+    if ((rc = fsdp__compute_model_check(ctx, who, &cl->compute)) < 0) return rc;
+    /* A collective leaves the compute kernels at least one SM. */
+    int sms = cl->compute.sms, ch = cl->net.intra_channels > cl->net.inter_channels
+                                        ? cl->net.intra_channels
+                                        : cl->net.inter_channels;
+    if (sms > 0 && ch >= sms)
+        return fsdp__model_err(
+            ctx, FSDP_EINVAL,
+            "%s: net.%s_channels is %d, which leaves none of compute.sms (%d) to "
+            "the compute kernels",
+            who, ch == cl->net.intra_channels ? "intra" : "inter", ch, sms);
+    return FSDP_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -155,15 +174,18 @@ int fsdp_cluster_check(fsdp_ctx_t *ctx, const fsdp_cluster_t *cl) {
                          [FSDP_DTYPE_F16] = 312 * TFLOPS,                                          \
                          [FSDP_DTYPE_BF16] = 312 * TFLOPS},                                        \
         .tf32_flops = 156 * TFLOPS, .allow_tf32 = false, .vector_flops = 19.5 * TFLOPS,            \
-        .mem_bw = 2039 * GB, .mem_bytes = 80 * GIB, .launch = LAUNCH,                              \
+        .mem_bw = 2039 * GB, .mem_bytes = 80 * GIB, .launch = LAUNCH, .sms = 108,                  \
         .eff = {[FSDP_KERNEL_MATMUL] = EFF_MATMUL,                                                 \
                 [FSDP_KERNEL_ATTENTION] = 0.6, /* FlashAttention-2: 50-73% on A100 */              \
                 [FSDP_KERNEL_ELEMENTWISE] = EFF_ELEMENTWISE,                                       \
                 [FSDP_KERNEL_ROWWISE] = EFF_ROWWISE},                                              \
     }
 
-/* NVLink 3 on A100: 600 GB/s bidirectional per GPU; NCCL reaches about 235 GB/s of the 300. */
-#define A100_NVLINK .intra_bw = 300 * GB, .intra_eff = 0.78, .intra_latency = NCCL_NVLINK_HOP
+/* NVLink 3 on A100: 600 GB/s bidirectional per GPU; NCCL reaches about 235 GB/s of the 300.
+ * NCCL runs 24 channels (SMs) over an HGX A100's NVSwitch, and 16 on a DGX with 8 NICs. */
+#define A100_NVLINK                                                                                \
+    .intra_bw = 300 * GB, .intra_eff = 0.78, .intra_latency = NCCL_NVLINK_HOP,                     \
+    .intra_channels = 24, .inter_channels = 16
 
 typedef struct preset {
     const char *name;
@@ -197,6 +219,8 @@ static const preset_t presets[] = {
                     .intra_bw = 450 * GB,
                     .intra_eff = 0.82,
                     .intra_latency = NCCL_NVLINK_HOP,
+                    .intra_channels = 24, /* an all-gather's blocks on H100 (132 SMs) */
+                    .inter_channels = 16, /* assumed: as on a DGX A100 with 8 NICs */
                     .nics_per_node = 8,
                     .nic_bw = 50 * GB,
                     .inter_eff = 0.97,
@@ -215,6 +239,7 @@ static const preset_t presets[] = {
                     .mem_bw = 3350 * GB,
                     .mem_bytes = 80 * GIB,
                     .launch = LAUNCH,
+                    .sms = 132,
                     .eff = {[FSDP_KERNEL_MATMUL] = EFF_MATMUL,
                             [FSDP_KERNEL_ATTENTION] = 0.35, /* FlashAttention-2 on H100 */
                             [FSDP_KERNEL_ELEMENTWISE] = EFF_ELEMENTWISE,

@@ -364,6 +364,7 @@ int fsdp_net_coll_time(fsdp_ctx_t *ctx, const fsdp_net_model_t *net, const fsdp_
         }
     }
     e.seconds = e.latency + e.transfer;
+    if (s.n > 1) e.channels = s.nodes > 1 ? net->inter_channels : net->intra_channels;
     e.alg_bw = e.seconds > 0 ? S / e.seconds : 0;
     e.bus_bw = e.alg_bw * fsdp_net_bus_factor(kind, s.n);
     *out = e;
