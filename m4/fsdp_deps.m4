@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: MIT
 # fsdp_deps.m4: dependencies of libfsdp (BLAS, CUDA, NCCL, Gloo, hiredis, jansson).
 #
-# Each --with-X takes yes, no, DIR or nothing. Nothing means "check": use it when found and
-# say so in the summary. yes or DIR means required: a missing dependency stops configure.
+# Each --with-X takes yes, no, DIR, check or nothing. Nothing means "check" (use it when found and
+# say so in the summary), except for CUDA, which is off unless asked for. yes or DIR means
+# required: a missing dependency stops configure.
 # jansson is the exception: it is always required (see FSDP_CHECK_JANSSON).
 
 # FSDP_DEP_REQUIRED(VALUE): true when the user asked for the dependency explicitly.
@@ -38,11 +39,49 @@ AC_DEFUN([FSDP_CHECK_BLAS], [
   AC_SUBST([BLAS_LIBS])
 ])
 
+# FSDP_LIBDIR_OF(PREFIX, LIB, VAR): sets VAR to the directory under PREFIX that holds libLIB.so:
+# lib64 (NVIDIA's toolkit), lib/<multiarch> (Debian's nvidia-cuda-toolkit and libnccl-dev under
+# /usr), lib, or targets/<arch>-linux/lib; PREFIX/lib when none does (the link check then fails).
+AC_DEFUN([FSDP_LIBDIR_OF], [
+  fsdp_multiarch=`$CC -print-multiarch 2>/dev/null`
+  $3=$1/lib
+  for fsdp_d in "$1/lib64" ${fsdp_multiarch:+"$1/lib/$fsdp_multiarch"} "$1/lib"                 "$1/targets/`uname -m`-linux/lib"; do
+    AS_IF([test -e "$fsdp_d/lib$2.so"], [$3=$fsdp_d; break])
+  done
+])
+
+# FSDP_SYSTEM_DIR(DIR): true when DIR is searched by the compiler or the dynamic linker anyway
+# (/usr/include, /usr/lib, /usr/lib64, /usr/lib/<multiarch>, /lib...): no -I, -L or rpath for it.
+m4_define([FSDP_SYSTEM_DIR], [AS_CASE([$1],
+  [/usr/include|/usr/lib|/usr/lib64|/lib|/lib64|/usr/lib/$fsdp_multiarch|/lib/$fsdp_multiarch],
+  [true], [false])])
+
+# FSDP_CUDA_FLAGS(PREFIX, INCDIR, LIBDIR, CPPVAR, LDVAR): the -I, -L and rpath flags for a
+# dependency installed under PREFIX, leaving out system directories; the rpath only when
+# --enable-cuda-rpath (the default for a toolkit outside the system directories).
+AC_DEFUN([FSDP_CUDA_FLAGS], [
+  $4=
+  $5=
+  AS_IF([FSDP_SYSTEM_DIR([$2])], [], [$4="-I$2"])
+  AS_IF([FSDP_SYSTEM_DIR([$3])], [], [
+    $5="-L$3"
+    AS_IF([test "x$enable_cuda_rpath" != xno], [$5="$[]$5 -Wl,-rpath,$3"])
+  ])
+])
+
 # FSDP_CHECK_CUDA: CUDA runtime and nvcc; .cu files are compiled through build-aux/cudalt.sh.
+# Off unless asked for: a package's contents must not depend on what the build machine has.
 AC_DEFUN([FSDP_CHECK_CUDA], [
   AC_ARG_WITH([cuda],
-    [AS_HELP_STRING([--with-cuda[[=DIR]]], [CUDA toolkit for the GPU device (default: check /usr/local/cuda)])],
-    [], [with_cuda=check])
+    [AS_HELP_STRING([--with-cuda[[=DIR]]],
+      [build the CUDA plugin against the toolkit in DIR; yes: /usr/local/cuda, else the system's
+       (Debian's nvidia-cuda-toolkit); check: use it when found (default: no)])],
+    [], [with_cuda=no])
+  AC_ARG_ENABLE([cuda-rpath],
+    [AS_HELP_STRING([--disable-cuda-rpath],
+      [no run path to a CUDA or NCCL library directory outside the system's (default: set one, so
+       that the plugin finds a toolkit in /usr/local/cuda without LD_LIBRARY_PATH)])],
+    [], [enable_cuda_rpath=yes])
   AC_ARG_WITH([cuda-arch],
     [AS_HELP_STRING([--with-cuda-arch=FLAGS],
       [nvcc code generation flags (default: sm_90 code plus compute_90 PTX)])],
@@ -54,16 +93,24 @@ AC_DEFUN([FSDP_CHECK_CUDA], [
   CUDA_LDFLAGS=
   CUDA_LIBS=
   AS_IF([test "x$with_cuda" != xno], [
-    AS_CASE([$with_cuda], [check|yes], [fsdp_cuda_dir=/usr/local/cuda], [fsdp_cuda_dir=$with_cuda])
-    fsdp_cuda_libdir=$fsdp_cuda_dir/lib64
-    AS_IF([test -d "$fsdp_cuda_libdir"], [], [fsdp_cuda_libdir=$fsdp_cuda_dir/lib])
+    dnl yes and check look in NVIDIA's place first, then in the system's (Debian's layout: nvcc in
+    dnl /usr/bin, the headers in /usr/include, the libraries in /usr/lib/<multiarch>).
+    AS_CASE([$with_cuda], [check|yes], [fsdp_cuda_dirs="/usr/local/cuda /usr"],
+            [fsdp_cuda_dirs=$with_cuda])
+    fsdp_cuda_ok=no
+    for fsdp_cuda_dir in $fsdp_cuda_dirs; do
+      AS_IF([test -f "$fsdp_cuda_dir/include/cuda_runtime.h"], [fsdp_cuda_ok=yes; break])
+    done
+    FSDP_LIBDIR_OF([$fsdp_cuda_dir], [cudart], [fsdp_cuda_libdir])
+    FSDP_CUDA_FLAGS([$fsdp_cuda_dir], [$fsdp_cuda_dir/include], [$fsdp_cuda_libdir],
+                    [fsdp_cuda_cppflags], [fsdp_cuda_ldflags])
     fsdp_save_CPPFLAGS=$CPPFLAGS
     fsdp_save_LDFLAGS=$LDFLAGS
     fsdp_save_LIBS=$LIBS
     CPPFLAGS="$CPPFLAGS -I$fsdp_cuda_dir/include"
     LDFLAGS="$LDFLAGS -L$fsdp_cuda_libdir"
-    fsdp_cuda_ok=yes
-    AC_CHECK_HEADER([cuda_runtime.h], [], [fsdp_cuda_ok=no])
+    AS_IF([test $fsdp_cuda_ok = yes],
+      [AC_CHECK_HEADER([cuda_runtime.h], [], [fsdp_cuda_ok=no])])
     AS_IF([test $fsdp_cuda_ok = yes],
       [AC_CHECK_LIB([cudart], [cudaGetDeviceCount], [], [fsdp_cuda_ok=no])])
     AS_IF([test $fsdp_cuda_ok = yes], [
@@ -85,17 +132,18 @@ FSDP_EOF
     LIBS=$fsdp_save_LIBS
     AS_IF([test $fsdp_cuda_ok = yes], [
       fsdp_have_cuda=yes
-      CUDA_CPPFLAGS="-I$fsdp_cuda_dir/include"
-      CUDA_LDFLAGS="-L$fsdp_cuda_libdir -Wl,-rpath,$fsdp_cuda_libdir"
+      CUDA_CPPFLAGS=$fsdp_cuda_cppflags
+      CUDA_LDFLAGS=$fsdp_cuda_ldflags
       CUDA_LIBS="-lcudart -lstdc++"
     ], [FSDP_DEP_REQUIRED([$with_cuda])], [
-      AC_MSG_ERROR([--with-cuda=$with_cuda given but CUDA was not usable in $fsdp_cuda_dir (need cuda_runtime.h, libcudart and nvcc; see config.log)])
+      AC_MSG_ERROR([--with-cuda=$with_cuda given but CUDA was not usable in $fsdp_cuda_dirs (need include/cuda_runtime.h, libcudart.so and nvcc; see config.log)])
     ])
   ])
   AS_IF([test $fsdp_have_cuda = yes],
     [AC_DEFINE([FSDP_HAVE_CUDA], [1], [Define to 1 when the CUDA device is built.])
-     fsdp_cuda_summary="yes ($fsdp_cuda_dir, $with_cuda_arch)"],
-    [fsdp_cuda_summary=no])
+     fsdp_cuda_summary="yes ($fsdp_cuda_dir, libraries in $fsdp_cuda_libdir, $with_cuda_arch)"],
+    [AS_IF([test "x$with_cuda" = xno], [fsdp_cuda_summary="no (--with-cuda builds the plugin)"],
+           [fsdp_cuda_summary=no])])
   NVCC_ARCH_FLAGS=$with_cuda_arch
   AM_CONDITIONAL([HAVE_CUDA], [test $fsdp_have_cuda = yes])
   AC_SUBST([NVCC_ARCH_FLAGS])
@@ -116,11 +164,12 @@ AC_DEFUN([FSDP_CHECK_NCCL], [
   AS_IF([test "x$with_nccl" != xno], [
     AS_IF([test $fsdp_have_cuda = no], [
       AS_IF([FSDP_DEP_REQUIRED([$with_nccl])],
-        [AC_MSG_ERROR([--with-nccl needs CUDA, which is not enabled (use --with-cuda=DIR)])])
+        [AC_MSG_ERROR([--with-nccl needs CUDA, which is not enabled (use --with-cuda or --with-cuda=DIR)])])
     ], [
       AS_CASE([$with_nccl], [check|yes], [fsdp_nccl_dir=$fsdp_cuda_dir], [fsdp_nccl_dir=$with_nccl])
-      fsdp_nccl_libdir=$fsdp_nccl_dir/lib64
-      AS_IF([test -d "$fsdp_nccl_libdir"], [], [fsdp_nccl_libdir=$fsdp_nccl_dir/lib])
+      FSDP_LIBDIR_OF([$fsdp_nccl_dir], [nccl], [fsdp_nccl_libdir])
+      FSDP_CUDA_FLAGS([$fsdp_nccl_dir], [$fsdp_nccl_dir/include], [$fsdp_nccl_libdir],
+                      [fsdp_nccl_cppflags], [fsdp_nccl_ldflags])
       fsdp_save_CPPFLAGS=$CPPFLAGS
       fsdp_save_LDFLAGS=$LDFLAGS
       fsdp_save_LIBS=$LIBS
@@ -138,8 +187,8 @@ AC_DEFUN([FSDP_CHECK_NCCL], [
       LIBS=$fsdp_save_LIBS
       AS_IF([test $fsdp_nccl_ok = yes], [
         fsdp_have_nccl=yes
-        NCCL_CPPFLAGS="-I$fsdp_nccl_dir/include"
-        NCCL_LDFLAGS="-L$fsdp_nccl_libdir -Wl,-rpath,$fsdp_nccl_libdir"
+        NCCL_CPPFLAGS=$fsdp_nccl_cppflags
+        NCCL_LDFLAGS=$fsdp_nccl_ldflags
         NCCL_LIBS=-lnccl
       ], [FSDP_DEP_REQUIRED([$with_nccl])], [
         AC_MSG_ERROR([--with-nccl=$with_nccl given but nccl.h or libnccl was not found in $fsdp_nccl_dir])

@@ -5,7 +5,9 @@
 # template instantiations count) must start with fsdp_ (not fsdp__, the internal prefix),
 # and a few public functions must be there (the Gloo API in every build: a stub without Gloo;
 # the safetensors API). The whole set must be tests/exports.txt, the ABI's list kept in the tree:
-# an export added or removed without updating it (make update-exports) fails, naming it.
+# an export added or removed without updating it (make update-exports) fails, naming it. The
+# Debian symbols file (debian/libfsdp0.symbols, which dpkg-gensymbols checks at package build
+# time) must list the same symbols.
 lib="${top_builddir:-.}/.libs/libfsdp.so"
 if [ ! -f "$lib" ]; then
   echo "1..0 # SKIP no shared library was built ($lib)"
@@ -15,7 +17,7 @@ if ! command -v nm >/dev/null 2>&1; then
   echo "1..0 # SKIP nm is not installed"
   exit 0
 fi
-echo "1..4"
+echo "1..5"
 defined=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVWiu]$/ {print $3}' | sort)
 bad=$(printf '%s\n' "$defined" | grep -v '^fsdp_' ; printf '%s\n' "$defined" | grep '^fsdp__')
 if [ -z "$bad" ]; then
@@ -71,5 +73,17 @@ else
     echo "not ok 4 - the exports differ from tests/exports.txt (an ABI change: update it with make update-exports, and the soname if anything was removed)"
     [ -n "$added" ] && echo "#   added: $added"
     [ -n "$removed" ] && echo "#   removed: $removed"
+  fi
+fi
+sym="${srcdir:-.}/debian/libfsdp0.symbols"
+if [ ! -f "$sym" ] || [ ! -f "$list" ]; then
+  echo "not ok 5 - no Debian symbols file at $sym"
+else
+  diff=$(sed -n 's/^ \([^ ]*\)@Base .*/\1/p' "$sym" | LC_ALL=C sort | diff - "$list" | grep '^[<>]' | tr '\n' ' ')
+  if [ -z "$diff" ] && head -1 "$sym" | grep -q '^libfsdp.so.0 libfsdp0 '; then
+    echo "ok 5 - debian/libfsdp0.symbols lists the same $(grep -c @Base "$sym") symbols for libfsdp.so.0"
+  else
+    echo "not ok 5 - debian/libfsdp0.symbols and tests/exports.txt differ (make update-exports)"
+    echo "#   $diff"
   fi
 fi
