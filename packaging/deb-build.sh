@@ -4,23 +4,27 @@
 # the way a Debian maintainer would: the tarball becomes the .orig.tar.gz, its debian/ directory
 # builds the binary packages with dpkg-buildpackage, and lintian checks them.
 #
-# usage: packaging/deb-build.sh [--nocheck] [--no-lintian] [--profile P] [--out DIR] [TARBALL]
+# usage: packaging/deb-build.sh [--nocheck] [--no-lintian] [--profile P] [--no-build-deps]
+#                                [--out DIR] [TARBALL]
 #   TARBALL       libfsdp-VERSION.tar.gz (default: the newest in the current directory)
 #   --nocheck     DEB_BUILD_OPTIONS=nocheck: skip make check (CI has run it already)
-#   --profile P   a build profile (pkg.libfsdp.cuda builds libfsdp-cuda0; needs the toolkit)
+#   --profile P   a build profile (pkg.libfsdp.cuda builds libfsdp-cuda0; needs the toolkit:
+#                 Debian's under /usr, or DEB_CUDA_PREFIX=/usr/local/cuda with --no-build-deps)
+#   --no-build-deps  do not check Build-Depends (dpkg-buildpackage -d)
 #   --out DIR     where the .deb, .buildinfo and .changes files go (default: ./debs)
 #   --no-lintian  skip lintian
 # Exits non-zero when the build fails or lintian reports an error or a warning. Prints how long
 # the build and lintian took.
 set -u
-nocheck=0 lint=1 profile= out=debs tarball=
+nocheck=0 lint=1 profile= out=debs tarball= nodeps=
 while [ $# -gt 0 ]; do
     case $1 in
     --nocheck) nocheck=1 ;;
     --no-lintian) lint=0 ;;
     --profile) profile=$2; shift ;;
+    --no-build-deps) nodeps=-d ;;
     --out) out=$2; shift ;;
-    -h | --help) sed -n '3,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "deb-build.sh: unknown option $1" >&2; exit 2 ;;
     *) tarball=$1 ;;
     esac
@@ -47,7 +51,7 @@ opts="parallel=$(nproc 2>/dev/null || echo 2)"
 [ $nocheck = 1 ] && opts="$opts nocheck"
 t0=$(date +%s)
 echo "== dpkg-buildpackage -us -uc -b (DEB_BUILD_OPTIONS=$opts${profile:+, profile $profile})"
-(cd "$src" && DEB_BUILD_OPTIONS=$opts dpkg-buildpackage -us -uc -b ${profile:+-P"$profile"} \
+(cd "$src" && DEB_BUILD_OPTIONS=$opts dpkg-buildpackage -us -uc -b $nodeps ${profile:+-P"$profile"} \
     > "$work/build.log" 2>&1)
 st=$?
 t1=$(date +%s)

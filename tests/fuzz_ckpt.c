@@ -69,7 +69,7 @@ static const char *const specials[] = {"-1",
 static struct {
     bool ready;
     fsdp_ctx_t *ctx;
-    char base[64], good[128], scratch[128];
+    char base[160], good[192], scratch[192];
     unsigned char *file[CKPT_UTIL_WORLD]; /* the valid rank files */
     size_t len[CKPT_UTIL_WORLD];
     char *index; /* the valid index.json */
@@ -110,7 +110,9 @@ static void teardown(void) {
 
 static void setup(void) {
     if (fz.ready) return;
-    snprintf(fz.base, sizeof fz.base, "/tmp/fuzz_ckpt.XXXXXX");
+    const char *tmp = getenv("TMPDIR");
+    int n = snprintf(fz.base, sizeof fz.base, "%s/fuzz_ckpt.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (n < 0 || (size_t)n >= sizeof fz.base) die("TMPDIR %s is too long", tmp);
     if (!mkdtemp(fz.base)) die("mkdtemp: %s", strerror(errno));
     snprintf(fz.good, sizeof fz.good, "%s/good", fz.base);
     snprintf(fz.scratch, sizeof fz.scratch, "%s/scratch", fz.base);

@@ -36,8 +36,8 @@
 #define ERR_LEN 2048
 
 static fsdp_ctx_t *ctx;
-static char base[64];
-static char good[128], work[128];
+static char base[160];
+static char good[192], work[192];
 
 /* ---- a model of the valid index, re-rendered with one thing changed --------------------------
  */
@@ -610,7 +610,7 @@ static void test_rank_files(void) {
     /* rank 0's file with its pieces written in another order: a valid file of the same size
      * whose data offsets disagree with the index */
     {
-        char other[200];
+        char other[224];
         snprintf(other, sizeof other, "%s/other", base);
         fsdp_shard_list_t l = {0, calloc(3, sizeof(fsdp_shard_entry_t))};
         fsdp_shard_entry_t *e = l.e;
@@ -692,7 +692,7 @@ static void test_rank_files(void) {
  */
 
 static void test_staging(void) {
-    char d[200], stage[220];
+    char d[224], stage[256];
     snprintf(d, sizeof d, "%s/staged", base);
     fsdp_ckpt_staging_path(d, stage, sizeof stage);
     mkdir(stage, 0777);
@@ -770,7 +770,7 @@ static void test_late(void) {
 int main(void) {
     alarm(600); /* a hang fails the test instead of the run */
     tap_plan_lazy();
-    snprintf(base, sizeof base, "/tmp/t_ckpt_corrupt.XXXXXX");
+    tap_tmppath(base, sizeof base, "t_ckpt_corrupt.XXXXXX");
     if (!mkdtemp(base)) tap_bail("mkdtemp: %s", strerror(errno));
     snprintf(good, sizeof good, "%s/good", base);
     snprintf(work, sizeof work, "%s/work", base);

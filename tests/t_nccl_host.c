@@ -125,13 +125,14 @@ static void test_exchange(void) {
     test_exchange_on(mem, "memory");
     fsdp_store_destroy(mem);
 
-    char dir[] = "/tmp/t_nccl_host.XXXXXX";
+    char dir[192];
+    tap_tmppath(dir, sizeof dir, "t_nccl_host.XXXXXX");
     if (!mkdtemp(dir)) tap_bail("mkdtemp");
     fsdp_store_t *file = NULL;
     if (fsdp_store_create_file(NULL, dir, &file) != FSDP_OK) tap_bail("file store");
     test_exchange_on(file, "file");
     fsdp_store_destroy(file);
-    char cmd[128];
+    char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) tap_diag("could not remove %s", dir);
 

@@ -183,7 +183,9 @@ static fsdp_module_t *small(fsdp_ctx_t *c) {
 
 static const char *tmp_path(const char *tag) {
     static char buf[256];
-    snprintf(buf, sizeof buf, "/tmp/t_nn_%ld_%s.sd", (long)getpid(), tag);
+    char name[64];
+    snprintf(name, sizeof name, "t_nn_%ld_%s.sd", (long)getpid(), tag);
+    tap_tmppath(buf, sizeof buf, name);
     return buf;
 }
 

@@ -690,8 +690,10 @@ static void round_trip(const struct cfg *c) {
         set_grad(pb[k], g);
     }
     /* The same state through a checkpoint file loads too. */
-    char path[128];
-    snprintf(path, sizeof path, "/tmp/t_optim_%ld.sd", (long)getpid());
+    char path[192];
+    char name[64];
+    snprintf(name, sizeof name, "t_optim_%ld.sd", (long)getpid());
+    tap_tmppath(path, sizeof path, name);
     fsdp_named_list_t file = {0};
     rc = fsdp_state_dict_save(&sd, path);
     if (rc == 0) rc = fsdp_state_dict_load(ctx, path, &file);

@@ -120,7 +120,8 @@ int main(void) {
 
 #ifdef FSDP_HAVE_CUDA
     /* A directory without the plugin. */
-    char empty[] = "/tmp/t_plugin_XXXXXX";
+    char empty[192];
+    tap_tmppath(empty, sizeof empty, "t_plugin_XXXXXX");
     if (!mkdtemp(empty)) tap_bail("mkdtemp failed");
     const char *saved = getenv("FSDP_PLUGIN_DIR");
     char *saved_copy = saved ? strdup(saved) : NULL;

@@ -42,7 +42,7 @@
 #endif
 
 static fsdp_ctx_t *ctx;
-static char dir[64];
+static char dir[160];
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -1223,7 +1223,7 @@ static int write_mode(const char *path) {
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write") == 0) return write_mode(argv[2]);
     tap_plan_lazy();
-    snprintf(dir, sizeof dir, "/tmp/t_safetensors.XXXXXX");
+    tap_tmppath(dir, sizeof dir, "t_safetensors.XXXXXX");
     if (!mkdtemp(dir)) tap_bail("mkdtemp: %s", strerror(errno));
     ctx = new_ctx(7);
     /* Refused opens log at debug level only; keep the output to the TAP lines. */

@@ -55,7 +55,8 @@ static void test_sim_store(void) {
 /* Runs create_memory(NULL, NULL) with stderr sent to a file; returns what was written. */
 static char *stderr_of_failed_create(int *rc) {
     static char text[2048];
-    char path[] = "/tmp/t_store.XXXXXX";
+    char path[192];
+    tap_tmppath(path, sizeof path, "t_store.XXXXXX");
     int fd = mkstemp(path);
     if (fd < 0) tap_bail("mkstemp");
     fflush(stderr);

@@ -221,6 +221,17 @@ static inline void tap_bail(const char *fmt, ...) {
     exit(1);
 }
 
+/* Writes "<dir>/<name>" into buf (cap bytes), dir being $TMPDIR or else /tmp, so that a test's
+ * scratch files go where the caller points (a package build keeps them in its build tree).
+ * Bails out when the path does not fit rather than cutting it. */
+static inline void tap_tmppath(char *buf, size_t cap, const char *name) {
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/tmp";
+    int n = snprintf(buf, cap, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap)
+        tap_bail("TMPDIR %s is too long for a scratch path of %zu bytes", dir, cap);
+}
+
 /* Prints the lazy plan if any and returns the exit status. */
 static inline int tap_done(void) {
     if (tap_state.planned < 0) printf("1..%d\n", tap_state.run);
