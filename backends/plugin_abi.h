@@ -34,8 +34,9 @@ struct fsdp_dev_ops;
 struct fsdp_pg_ops;
 struct fsdp_coll;
 
-/* Bumped whenever either table, or a private structure the plugin reads, changes shape. */
-#define FSDP_PLUGIN_ABI 3
+/* Bumped whenever either table, or a structure the plugin reads, changes shape (4: the public
+ * options structs start with their size, docs/design.md "ABI policy"). */
+#define FSDP_PLUGIN_ABI 4
 /* The file name of the plugin and its entry point (versioned by name as well). */
 #define FSDP_PLUGIN_FILE "libfsdp-cuda.so"
 #define FSDP_PLUGIN_ENTRY "fsdp_cuda_plugin_v1"

@@ -18,10 +18,14 @@
 
 #define MAX_WORLD 4096
 
-void fsdp_sim_options_init(fsdp_sim_options_t *opts) {
-    if (!opts) return;
-    memset(opts, 0, sizeof *opts);
-    opts->world_size = 1;
+static const fsdp__abi_struct_t sim_options_abi =
+    FSDP__ABI_STRUCT(fsdp_sim_options_t, "fsdp_sim_options_init", comm_latency_us);
+
+void(fsdp_sim_options_init)(fsdp_sim_options_t *opts, size_t size) {
+    fsdp_sim_options_t d;
+    memset(&d, 0, sizeof d);
+    d.world_size = 1;
+    fsdp__abi_init(opts, size, &d, &sim_options_abi);
 }
 
 static void *rank_main(void *arg) {
@@ -40,6 +44,8 @@ static int check_options(const fsdp_sim_options_t *o, fsdp_sim_fn fn) {
         fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_sim_run: %s is NULL", o ? "fn" : "opts");
         return FSDP_EINVAL;
     }
+    int rc = fsdp__abi_check(NULL, "fsdp_sim_run", "opts", o, &sim_options_abi);
+    if (rc < 0) return rc;
     if (o->world_size < 1 || o->world_size > MAX_WORLD) {
         fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_sim_run: world_size %d is outside [1, %d]",
                  o->world_size, MAX_WORLD);

@@ -140,6 +140,87 @@ void fsdp__sb_add(fsdp__sbuf_t *b, const char *fmt, ...) FSDP_PRINTF(2, 3);
 const char *fsdp__sb_str(const fsdp__sbuf_t *b);
 void fsdp__sb_free(fsdp__sbuf_t *b);
 
+/* ---- the size member of options structs (docs/design.md, "ABI policy") ---------------------- */
+
+/*
+ * What the library knows of one public options struct: every such struct starts with
+ * `size_t size`, the size the caller compiled it with, which its _init function stores. One
+ * record per struct, defined beside its _init with FSDP__ABI_STRUCT and declared in the layer's
+ * internal header. The first layout is named by its last member, so that a member appended
+ * later leaves it as it is.
+ */
+typedef struct fsdp__abi_struct {
+    const char *type; /* "fsdp_ctx_options_t" */
+    const char *init; /* how to initialise one: "fsdp_ctx_options_init" */
+    size_t v1_size;   /* bytes up to the end of the first published layout's last member */
+    size_t size;      /* sizeof in this build of the library */
+} fsdp__abi_struct_t;
+
+/* The offset just past member m of struct type T. */
+#define FSDP__ABI_END(T, m) (offsetof(T, m) + sizeof(((T *)0)->m))
+/* The record of struct type T, initialised by init (a string), whose first layout ended with
+ * member v1_last. */
+#define FSDP__ABI_STRUCT(T, init, v1_last)                                                         \
+    { #T, init, FSDP__ABI_END(T, v1_last), sizeof(T) }
+/* Whether the caller's struct o (of type T, checked by fsdp__abi_check) has member m: a member
+ * added after the first layout is read only when this holds, and is its default otherwise. */
+#define FSDP__ABI_HAS(T, o, m) ((o)->size >= FSDP__ABI_END(T, m))
+
+/* How far past this library's layout a caller's size may go before it is taken for garbage (a
+ * struct that was never initialised) rather than a newer layout. */
+#define FSDP__ABI_MAX_GROWTH 4096
+
+/*
+ * Checks the size member of the caller's struct o (NULL passes: whether NULL is allowed is the
+ * caller's rule). Accepted: a size from the first layout's up to this library's, and a larger one
+ * (a caller built against a newer libfsdp) when every byte past this library's layout is zero,
+ * i.e. the caller asks for nothing this library lacks. FSDP_EINVAL for a size of 0, one below the
+ * first layout or one too large to be any layout (an uninitialised struct); FSDP_ENOTSUP naming
+ * the first nonzero byte past this library's layout. The message names fn, arg (the argument as
+ * the message shows it: "opts", "o->mixed_precision"), the struct, the sizes and the _init
+ * function; it lands on ctx, or is logged at error level when ctx is NULL
+ * (fsdp__ctx_err_or_log).
+ */
+int fsdp__abi_check(fsdp_ctx_t *ctx, const char *fn, const char *arg, const void *o,
+                    const fsdp__abi_struct_t *abi);
+/* The same with the message in buf (FSDP_ERR_LEN bytes), for callers with their own error text. */
+int fsdp__abi_check_buf(char *buf, const char *fn, const char *arg, const void *o,
+                        const fsdp__abi_struct_t *abi);
+/*
+ * The check of a struct embedded by value in another public struct (the mixed precision of
+ * fsdp_options_t): its bytes are part of the outer layout, which therefore fixes its size, so
+ * the size must be exactly this library's. outer_init names the _init that initialises the outer
+ * struct (and with it the embedded one), for the message.
+ */
+int fsdp__abi_check_embedded(fsdp_ctx_t *ctx, const char *fn, const char *arg, const void *o,
+                             const fsdp__abi_struct_t *abi, const char *outer_init);
+
+/*
+ * Fills the caller's struct dst of dst_size bytes (the size the caller compiled it with) from
+ * src, a struct of this library's layout with its members set: the bytes both layouts have,
+ * zeros past this library's layout, and dst->size = dst_size. What every _init function does
+ * with its defaults, and every function that fills a caller's struct with its answer. A dst_size
+ * below the first layout writes nothing but zeros and the size, where they fit, so that every
+ * consumer refuses the struct, and one too large to be a layout writes nothing: FSDP_EINVAL,
+ * reported as
+ * fsdp__abi_check does (fn names the call, what the size: "size", "sizeof *out"). A NULL dst is
+ * FSDP_EINVAL with no message.
+ */
+int fsdp__abi_fill(fsdp_ctx_t *ctx, const char *fn, const char *what, void *dst, size_t dst_size,
+                   const void *src, const fsdp__abi_struct_t *abi);
+/* An _init function's body after it set its defaults in d: fsdp__abi_fill into o, errors
+ * logged. */
+void fsdp__abi_init(void *o, size_t size, const void *d, const fsdp__abi_struct_t *abi);
+
+/*
+ * Copies the caller's struct src (checked by fsdp__abi_check) into dst, a struct of this
+ * library's layout that its _init filled with the defaults: the bytes src->size covers, up to
+ * this library's layout, so a member the caller's layout lacks keeps its default; then
+ * dst->size = abi->size. Every copy the library keeps of a caller's struct is made this way,
+ * never by assignment, which would read past a smaller layout.
+ */
+void fsdp__abi_copy_in(void *dst, const void *src, const fsdp__abi_struct_t *abi);
+
 /* Converts n elements of es bytes between little-endian (the file formats') and host order, in
  * place: a no-op on little-endian hosts, a byte reversal per element otherwise. */
 void fsdp__swap_le(void *buf, size_t n, size_t es);

@@ -458,8 +458,13 @@ int fsdp__gloo_pg_shm(const fsdp_pg_t *pg) {
 /* ---------------------------------------------------------------------------------------- */
 /* Public API */
 
-void fsdp_gloo_options_init(fsdp_gloo_options_t *o) {
-    if (o) memset(o, 0, sizeof *o);
+static const fsdp__abi_struct_t gloo_options_abi =
+    FSDP__ABI_STRUCT(fsdp_gloo_options_t, "fsdp_gloo_options_init", timeout_ms);
+
+void(fsdp_gloo_options_init)(fsdp_gloo_options_t *o, size_t size) {
+    fsdp_gloo_options_t d;
+    memset(&d, 0, sizeof d);
+    fsdp__abi_init(o, size, &d, &gloo_options_abi);
 }
 
 int fsdp_gloo_available(void) {
@@ -473,14 +478,18 @@ static int env_flag(const char *name) {
 
 int fsdp_pg_create_gloo(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_gloo_options_t *o,
                         fsdp_pg_t **out) {
+    int rc = fsdp__abi_check(ctx, "fsdp_pg_create_gloo", "o", o, &gloo_options_abi);
+    if (rc < 0) {
+        if (out) *out = NULL;
+        return rc;
+    }
     fsdp_gloo_options_t defaults;
     if (!o) {
         fsdp_gloo_options_init(&defaults);
         o = &defaults;
     }
     int64_t timeout = 0;
-    int rc =
-        fsdp__pg_check_world_args(ctx, "fsdp_pg_create_gloo", store, out, o->timeout_ms, &timeout);
+    rc = fsdp__pg_check_world_args(ctx, "fsdp_pg_create_gloo", store, out, o->timeout_ms, &timeout);
     if (rc < 0) return rc;
     const char *iface = o->iface ? o->iface : getenv("FSDP_GLOO_IFNAME");
     const char *host = o->hostname ? o->hostname : getenv("FSDP_GLOO_HOST");

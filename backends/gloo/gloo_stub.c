@@ -12,8 +12,14 @@
 #include "backends/gloo/gloo_shm.h"
 #include "internal.h"
 
-void fsdp_gloo_options_init(fsdp_gloo_options_t *o) {
-    if (o) memset(o, 0, sizeof *o);
+/* The same record and defaults as gloo_pg.c's. */
+static const fsdp__abi_struct_t gloo_options_abi =
+    FSDP__ABI_STRUCT(fsdp_gloo_options_t, "fsdp_gloo_options_init", timeout_ms);
+
+void(fsdp_gloo_options_init)(fsdp_gloo_options_t *o, size_t size) {
+    fsdp_gloo_options_t d;
+    memset(&d, 0, sizeof d);
+    fsdp__abi_init(o, size, &d, &gloo_options_abi);
 }
 
 int fsdp_gloo_available(void) {

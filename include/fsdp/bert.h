@@ -93,6 +93,7 @@
 #define FSDP_BERT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <fsdp/export.h>
@@ -107,6 +108,8 @@ FSDP_BEGIN_DECLS
 
 /* Hugging Face's BertConfig (the fields this model reads); defaults are bert-base-uncased's. */
 typedef struct fsdp_bert_config {
+    /* sizeof this struct as the caller was built; set by fsdp_bert_config_init() */
+    size_t size;
     int64_t vocab_size;                  /* default 30522 */
     int64_t hidden_size;                 /* H, divisible by num_attention_heads; default 768 */
     int64_t num_hidden_layers;           /* BertLayers, >= 0; default 12 */
@@ -125,7 +128,8 @@ typedef struct fsdp_bert_config {
 } fsdp_bert_config_t;
 
 /* Fills cfg with the defaults listed above. */
-FSDP_EXTERN void fsdp_bert_config_init(fsdp_bert_config_t *cfg);
+FSDP_EXTERN void fsdp_bert_config_init(fsdp_bert_config_t *cfg, size_t size);
+#define fsdp_bert_config_init(cfg) (fsdp_bert_config_init)((cfg), sizeof *(cfg))
 
 /* Checks cfg as fsdp_bert_create does: 0, or FSDP_EINVAL with a message on ctx naming the first
  * bad field and its value (and the field it must agree with). ctx may be NULL (no message). */
@@ -135,8 +139,9 @@ FSDP_EXTERN int fsdp_bert_config_check(fsdp_ctx_t *ctx, const fsdp_bert_config_t
  * ctx's random stream. *m receives a new reference (NULL on failure). */
 FSDP_EXTERN int fsdp_bert_create(fsdp_ctx_t *ctx, const fsdp_bert_config_t *cfg, fsdp_module_t **m);
 
-/* The configuration m was created with (borrowed; lives as long as m), for the model root
- * (BertForMaskedLM) or its "bert" child (BertModel); NULL for any other module. */
+/* The configuration m was created with (borrowed; lives as long as m; its size is this
+ * library's), for the model root (BertForMaskedLM) or its "bert" child (BertModel); NULL for any
+ * other module. */
 FSDP_EXTERN const fsdp_bert_config_t *fsdp_bert_get_config(const fsdp_module_t *m);
 
 /* Runs m (the BertForMaskedLM root) through fsdp_module_forward(). attention_mask and

@@ -179,6 +179,8 @@ FSDP_EXTERN int fsdp_cluster_preset(fsdp_ctx_t *ctx, const char *name, int nodes
 
 /* Options of fsdp_cluster_calibrate_cpu(). */
 typedef struct fsdp_calibrate_options {
+    /* sizeof this struct as the caller was built; set by fsdp_calibrate_options_init() */
+    size_t size;
     /* Ranks (sim threads) that time the collectives, and the result's gpus_per_node; in
      * [2, 1024], or 0 to skip the collective measurement: the result then has one GPU per node,
      * links at half the copy bandwidth (a copy reads and writes) and no latency. */
@@ -195,7 +197,8 @@ typedef struct fsdp_calibrate_options {
 } fsdp_calibrate_options_t;
 
 /* Fills opts with ranks = 2, backend NULL (sim) and coll_bytes 0 (4 MiB). */
-FSDP_EXTERN void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts);
+FSDP_EXTERN void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts, size_t size);
+#define fsdp_calibrate_options_init(opts) (fsdp_calibrate_options_init)((opts), sizeof *(opts))
 
 /*
  * Fills *out ("cpu", one node of opts->ranks "GPUs") from measurements of this machine, in well

@@ -26,6 +26,8 @@ typedef struct fsdp_pg fsdp_pg_t;
 typedef struct fsdp_store fsdp_store_t;
 
 typedef struct fsdp_ctx_options {
+    /* sizeof this struct as the caller was built; set by fsdp_ctx_options_init() */
+    size_t size;
     int rank;       /* this rank, 0 <= rank < world_size */
     int world_size; /* number of ranks, >= 1 */
     uint64_t seed;  /* seed of the context's random stream (stream id = rank) */
@@ -33,7 +35,8 @@ typedef struct fsdp_ctx_options {
 } fsdp_ctx_options_t;
 
 /* Fills opts with rank 0 of 1, seed 0, the FSDP_LOG level. */
-FSDP_EXTERN void fsdp_ctx_options_init(fsdp_ctx_options_t *opts);
+FSDP_EXTERN void fsdp_ctx_options_init(fsdp_ctx_options_t *opts, size_t size);
+#define fsdp_ctx_options_init(opts) (fsdp_ctx_options_init)((opts), sizeof *(opts))
 
 /* Creates a context. Returns FSDP_EINVAL (the message names the field) for bad options and
  * FSDP_ENOMEM. The caller owns *out and frees it with fsdp_ctx_destroy(). */

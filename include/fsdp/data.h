@@ -129,6 +129,8 @@ FSDP_EXTERN const char *fsdp_data_default_corpus(void);
 /* ---- loaders ------------------------------------------------------------------------------ */
 
 typedef struct fsdp_loader_options {
+    /* sizeof this struct as the caller was built; set by fsdp_loader_options_init() */
+    size_t size;
     int64_t batch_size; /* B: rows of a global batch, a multiple of world_size; default 8 */
     int64_t seq_len;    /* T: tokens per row; default 64 */
     int rank;           /* this rank, 0 <= rank < world_size; default 0 */
@@ -138,7 +140,8 @@ typedef struct fsdp_loader_options {
 } fsdp_loader_options_t;
 
 /* Fills opts with the defaults above. */
-FSDP_EXTERN void fsdp_loader_options_init(fsdp_loader_options_t *opts);
+FSDP_EXTERN void fsdp_loader_options_init(fsdp_loader_options_t *opts, size_t size);
+#define fsdp_loader_options_init(opts) (fsdp_loader_options_init)((opts), sizeof *(opts))
 
 /*
  * Creates rank opts->rank's loader over ds, at position 0. The loader keeps its own reference to
@@ -156,7 +159,7 @@ FSDP_EXTERN int fsdp_loader_create(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds,
 /* Frees a loader; NULL is accepted. */
 FSDP_EXTERN void fsdp_loader_destroy(fsdp_loader_t *l);
 
-/* The options the loader was created with (borrowed). */
+/* The options the loader was created with (borrowed; their size is this library's). */
 FSDP_EXTERN const fsdp_loader_options_t *fsdp_loader_options(const fsdp_loader_t *l);
 /* Rows of this rank's part of a batch: batch_size / world_size. */
 FSDP_EXTERN int64_t fsdp_loader_rows(const fsdp_loader_t *l);

@@ -154,6 +154,8 @@ typedef struct fsdp_ddp fsdp_ddp_t;
 #define FSDP_DDP_DEFAULT_FIRST_BUCKET_BYTES ((size_t)1024 * 1024)
 
 typedef struct fsdp_ddp_options {
+    /* sizeof this struct as the caller was built; set by fsdp_ddp_options_init() */
+    size_t size;
     size_t bucket_cap_bytes; /* > 0; default FSDP_DDP_DEFAULT_BUCKET_CAP_BYTES */
     bool broadcast_buffers;  /* default true: rank 0's buffers broadcast before a forward */
     bool sync_module_states; /* default true: rank 0's parameters and buffers at creation */
@@ -170,7 +172,8 @@ typedef struct fsdp_ddp_options {
 } fsdp_ddp_options_t;
 
 /* Fills o with the defaults above. */
-FSDP_EXTERN void fsdp_ddp_options_init(fsdp_ddp_options_t *o);
+FSDP_EXTERN void fsdp_ddp_options_init(fsdp_ddp_options_t *o, size_t size);
+#define fsdp_ddp_options_init(o) (fsdp_ddp_options_init)((o), sizeof *(o))
 
 /*
  * Wraps m (retained) for data parallelism over pg (borrowed; NULL: the context's world group,

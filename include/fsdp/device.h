@@ -52,12 +52,15 @@ typedef enum fsdp_copy_kind {
 } fsdp_copy_kind_t;
 
 typedef struct fsdp_device_options {
+    /* sizeof this struct as the caller was built; set by fsdp_device_options_init() */
+    size_t size;
     int num_threads; /* compute threads (BLAS); <= 0: FSDP_NUM_THREADS, else cores / world_size */
     int ordinal;     /* which device of its kind (CUDA), 0 for the CPU */
 } fsdp_device_options_t;
 
 /* Fills opts with the defaults: num_threads 0 (automatic), ordinal 0. */
-FSDP_EXTERN void fsdp_device_options_init(fsdp_device_options_t *opts);
+FSDP_EXTERN void fsdp_device_options_init(fsdp_device_options_t *opts, size_t size);
+#define fsdp_device_options_init(opts) (fsdp_device_options_init)((opts), sizeof *(opts))
 
 /* Creates a device of `kind` for the rank of ctx. A kind that was not compiled in returns
  * FSDP_ENOTSUP. The device borrows ctx, which must outlive it. opts may be NULL.

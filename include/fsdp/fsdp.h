@@ -91,6 +91,8 @@ FSDP_EXTERN const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p);
 /* PyTorch's MixedPrecision. A dtype left at FSDP_MP_UNSET means "as the parameters". */
 #define FSDP_MP_UNSET ((fsdp_dtype_t)-1)
 typedef struct fsdp_mixed_precision {
+    /* sizeof this struct as the caller was built; set by fsdp_mixed_precision_init() */
+    size_t size;
     bool enabled;              /* false (the default): no casts at all */
     fsdp_dtype_t param_dtype;  /* compute dtype: the shard is cast to it and all-gathered in it;
                                   the full-precision shard stays for the optimizer */
@@ -119,9 +121,12 @@ typedef struct fsdp_mixed_precision {
 
 /* enabled false, dtypes unset, cast_root_forward_inputs true, module_classes_to_ignore
  * {FSDP_TYPE_BATCHNORM}. */
-FSDP_EXTERN void fsdp_mixed_precision_init(fsdp_mixed_precision_t *mp);
+FSDP_EXTERN void fsdp_mixed_precision_init(fsdp_mixed_precision_t *mp, size_t size);
+#define fsdp_mixed_precision_init(mp) (fsdp_mixed_precision_init)((mp), sizeof *(mp))
 
 typedef struct fsdp_options {
+    /* sizeof this struct as the caller was built; set by fsdp_options_init() */
+    size_t size;
     /* The group the unit shards over (for the hybrid strategies: the shard group). NULL: the
      * context's world group. */
     fsdp_pg_t *pg;
@@ -195,7 +200,8 @@ typedef struct fsdp_options {
 } fsdp_options_t;
 
 /* Defaults as listed above. */
-FSDP_EXTERN void fsdp_options_init(fsdp_options_t *o);
+FSDP_EXTERN void fsdp_options_init(fsdp_options_t *o, size_t size);
+#define fsdp_options_init(o) (fsdp_options_init)((o), sizeof *(o))
 
 /*
  * Makes m an FSDP unit, and with options.auto_wrap_policy the modules below m that the policy
@@ -274,9 +280,11 @@ FSDP_EXTERN fsdp_device_t *fsdp_unit_compute_device(const fsdp_unit_t *u);
  *   device            the compute device, never NULL (fsdp_unit_compute_device);
  *   ignored_modules   u's own copy of the list (valid while u lives);
  *   auto_wrap_policy  NULL (a unit does not keep the policy it was made by).
- * FSDP_EINVAL when u or out is NULL.
+ * *out need not be initialised: the macro passes out_size = sizeof *out, and out is filled as
+ * fsdp_options_init() fills it (out->size = out_size). FSDP_EINVAL when u or out is NULL.
  */
-FSDP_EXTERN int fsdp_unit_options(const fsdp_unit_t *u, fsdp_options_t *out);
+FSDP_EXTERN int fsdp_unit_options(const fsdp_unit_t *u, fsdp_options_t *out, size_t out_size);
+#define fsdp_unit_options(u, out) (fsdp_unit_options)((u), (out), sizeof *(out))
 
 /* ---- parameters -------------------------------------------------------------------------------- */
 
@@ -328,6 +336,8 @@ FSDP_EXTERN int fsdp_named_params(const fsdp_unit_t *root, fsdp_named_list_t *ou
 
 /* PyTorch's summon_full_params arguments. */
 typedef struct fsdp_summon_options {
+    /* sizeof this struct as the caller was built; set by fsdp_summon_options_init() */
+    size_t size;
     bool recurse;        /* also every unit below (default true) */
     bool writeback;      /* changes persist: this rank's part is copied back into its shard at
                             the end (default true) */
@@ -341,7 +351,8 @@ typedef struct fsdp_summon_options {
 } fsdp_summon_options_t;
 
 /* recurse and writeback on, the rest off. */
-FSDP_EXTERN void fsdp_summon_options_init(fsdp_summon_options_t *o);
+FSDP_EXTERN void fsdp_summon_options_init(fsdp_summon_options_t *o, size_t size);
+#define fsdp_summon_options_init(o) (fsdp_summon_options_init)((o), sizeof *(o))
 
 /*
  * Gathers the full parameters of u (and, with recurse, of every unit below it) and points the
@@ -358,6 +369,8 @@ FSDP_EXTERN int fsdp_summon_end(fsdp_unit_t *u);
 
 /* PyTorch's FullStateDictConfig. */
 typedef struct fsdp_full_state_dict_options {
+    /* sizeof this struct as the caller was built; set by fsdp_full_state_dict_options_init() */
+    size_t size;
     bool rank0_only;     /* only rank 0 receives the entries (the others an empty list); every
                             rank must still call (default false) */
     bool offload_to_cpu; /* the parameters are gathered into host memory (summon's
@@ -366,7 +379,8 @@ typedef struct fsdp_full_state_dict_options {
 } fsdp_full_state_dict_options_t;
 
 /* rank0_only and offload_to_cpu off. */
-FSDP_EXTERN void fsdp_full_state_dict_options_init(fsdp_full_state_dict_options_t *o);
+FSDP_EXTERN void fsdp_full_state_dict_options_init(fsdp_full_state_dict_options_t *o, size_t size);
+#define fsdp_full_state_dict_options_init(o) (fsdp_full_state_dict_options_init)((o), sizeof *(o))
 
 /*
  * PyTorch's FULL_STATE_DICT: the whole model's state dict, as the module's own

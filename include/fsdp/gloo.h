@@ -65,6 +65,7 @@
 #ifndef FSDP_GLOO_H
 #define FSDP_GLOO_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <fsdp/export.h>
@@ -76,6 +77,8 @@ typedef struct fsdp_pg fsdp_pg_t;
 typedef struct fsdp_store fsdp_store_t;
 
 typedef struct fsdp_gloo_options {
+    /* sizeof this struct as the caller was built; set by fsdp_gloo_options_init() */
+    size_t size;
     /* Address this rank listens on and advertises to its peers; NULL: $FSDP_GLOO_HOST, else
      * 127.0.0.1. Ignored when an interface is given. */
     const char *hostname;
@@ -88,7 +91,8 @@ typedef struct fsdp_gloo_options {
 } fsdp_gloo_options_t;
 
 /* Fills o with the defaults: no hostname, no interface, timeout 0 (the default). */
-FSDP_EXTERN void fsdp_gloo_options_init(fsdp_gloo_options_t *o);
+FSDP_EXTERN void fsdp_gloo_options_init(fsdp_gloo_options_t *o, size_t size);
+#define fsdp_gloo_options_init(o) (fsdp_gloo_options_init)((o), sizeof *(o))
 
 /*
  * Creates this rank's handle on the world group of ctx's rank and world size, rendezvousing

@@ -24,6 +24,7 @@
 #define FSDP_GPT_RECIPE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <fsdp/context.h>
@@ -37,7 +38,9 @@ FSDP_BEGIN_DECLS
 
 /* The recipe's AdamW hyper-parameters: lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1
  * (of the decayed group), amsgrad off; kind FSDP_OPTIM_ADAMW. */
-FSDP_EXTERN void fsdp_gpt_recipe_adamw_options_init(fsdp_adam_options_t *opts);
+FSDP_EXTERN void fsdp_gpt_recipe_adamw_options_init(fsdp_adam_options_t *opts, size_t size);
+#define fsdp_gpt_recipe_adamw_options_init(opts)                                                   \
+    (fsdp_gpt_recipe_adamw_options_init)((opts), sizeof *(opts))
 
 /* Whether the recipe's AdamW decays the GPT parameter `name`, of `ndim` dimensions as the model
  * registered it (before any wrapping): ndim >= 2 and name is not "wpe.weight". False for a NULL

@@ -43,6 +43,7 @@
 #define FSDP_GRAD_SCALER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <fsdp/export.h>
@@ -55,6 +56,8 @@ FSDP_BEGIN_DECLS
 typedef struct fsdp_grad_scaler fsdp_grad_scaler_t;
 
 typedef struct fsdp_grad_scaler_options {
+    /* sizeof this struct as the caller was built; set by fsdp_grad_scaler_options_init() */
+    size_t size;
     double init_scale;       /* 65536.0 (2^16); > 0 and finite once rounded to f32 */
     double growth_factor;    /* 2.0, must be > 1 (and finite) */
     double backoff_factor;   /* 0.5, must be in (0, 1) */
@@ -76,7 +79,8 @@ typedef struct fsdp_grad_scaler_state {
 
 /* PyTorch's defaults: init_scale 2^16, growth_factor 2, backoff_factor 0.5, growth_interval
  * 2000, enabled, pg NULL. */
-FSDP_EXTERN void fsdp_grad_scaler_options_init(fsdp_grad_scaler_options_t *o);
+FSDP_EXTERN void fsdp_grad_scaler_options_init(fsdp_grad_scaler_options_t *o, size_t size);
+#define fsdp_grad_scaler_options_init(o) (fsdp_grad_scaler_options_init)((o), sizeof *(o))
 
 /* A scaler on ctx's rank with options o (NULL: the defaults; copied). Errors: FSDP_EINVAL
  * naming the bad field and its value, or "no process group" when o->pg is NULL, the context

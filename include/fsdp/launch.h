@@ -90,6 +90,8 @@ FSDP_EXTERN int fsdp_launch_env_parse(fsdp_launch_getenv_fn get, void *arg, fsdp
 typedef struct fsdp_ctx fsdp_ctx_t;
 
 typedef struct fsdp_init_options {
+    /* sizeof this struct as the caller was built; set by fsdp_init_options_init() */
+    size_t size;
     uint64_t seed;      /* of the context's random stream (stream id = rank); default 0 */
     int log_level;      /* a fsdp_log_level_t, or -1 (default) for the level FSDP_LOG asks for */
     int64_t timeout_ms; /* rendezvous, store waits and the world group's collectives; 0 (the
@@ -97,7 +99,8 @@ typedef struct fsdp_init_options {
 } fsdp_init_options_t;
 
 /* Fills o with the defaults above. */
-FSDP_EXTERN void fsdp_init_options_init(fsdp_init_options_t *o);
+FSDP_EXTERN void fsdp_init_options_init(fsdp_init_options_t *o, size_t size);
+#define fsdp_init_options_init(o) (fsdp_init_options_init)((o), sizeof *(o))
 
 /*
  * Makes this process's rank from its launch environment, so that one program runs unchanged

@@ -57,6 +57,7 @@
 #ifndef FSDP_NCCL_H
 #define FSDP_NCCL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <fsdp/export.h>
@@ -68,6 +69,8 @@ typedef struct fsdp_pg fsdp_pg_t;
 typedef struct fsdp_store fsdp_store_t;
 
 typedef struct fsdp_nccl_options {
+    /* sizeof this struct as the caller was built; set by fsdp_nccl_options_init() */
+    size_t size;
     /* CUDA device ordinal of this rank; -1: $LOCAL_RANK when set, else the context's rank
      * modulo the number of visible devices. */
     int device;
@@ -78,7 +81,8 @@ typedef struct fsdp_nccl_options {
 } fsdp_nccl_options_t;
 
 /* Fills o with the defaults: device -1, timeout 0 (the default). */
-FSDP_EXTERN void fsdp_nccl_options_init(fsdp_nccl_options_t *o);
+FSDP_EXTERN void fsdp_nccl_options_init(fsdp_nccl_options_t *o, size_t size);
+#define fsdp_nccl_options_init(o) (fsdp_nccl_options_init)((o), sizeof *(o))
 
 /*
  * Creates this rank's handle on the world group of ctx's rank and world size, rendezvousing

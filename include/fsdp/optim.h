@@ -67,6 +67,8 @@ typedef enum fsdp_optim_kind {
  * dampening == 0 (as PyTorch). Values must not be NaN.
  */
 typedef struct fsdp_sgd_options {
+    /* sizeof this struct as the caller was built; set by fsdp_sgd_options_init() */
+    size_t size;
     fsdp_optim_kind_t kind; /* FSDP_OPTIM_SGD, set by fsdp_sgd_options_init() */
     double lr;
     double momentum;
@@ -77,7 +79,8 @@ typedef struct fsdp_sgd_options {
 
 /* lr 1e-3 (PyTorch 1.13 has no default for SGD's lr; later versions use 1e-3), momentum 0,
  * dampening 0, weight_decay 0, nesterov false. */
-FSDP_EXTERN void fsdp_sgd_options_init(fsdp_sgd_options_t *opts);
+FSDP_EXTERN void fsdp_sgd_options_init(fsdp_sgd_options_t *opts, size_t size);
+#define fsdp_sgd_options_init(opts) (fsdp_sgd_options_init)((opts), sizeof *(opts))
 
 /*
  * torch.optim.Adam and AdamW. Per step t (1-based, counted per parameter):
@@ -88,6 +91,8 @@ FSDP_EXTERN void fsdp_sgd_options_init(fsdp_sgd_options_t *opts);
  * Valid: lr >= 0, eps >= 0, 0 <= beta1 < 1, 0 <= beta2 < 1, weight_decay >= 0, no NaN.
  */
 typedef struct fsdp_adam_options {
+    /* sizeof this struct as the caller was built; set by fsdp_adam_options_init() */
+    size_t size;
     fsdp_optim_kind_t kind; /* FSDP_OPTIM_ADAM or FSDP_OPTIM_ADAMW, set by the init functions */
     double lr;
     double beta1;
@@ -99,9 +104,11 @@ typedef struct fsdp_adam_options {
 
 /* Adam's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0, amsgrad false;
  * kind FSDP_OPTIM_ADAM. */
-FSDP_EXTERN void fsdp_adam_options_init(fsdp_adam_options_t *opts);
+FSDP_EXTERN void fsdp_adam_options_init(fsdp_adam_options_t *opts, size_t size);
+#define fsdp_adam_options_init(opts) (fsdp_adam_options_init)((opts), sizeof *(opts))
 /* AdamW's defaults: the same with weight_decay 1e-2; kind FSDP_OPTIM_ADAMW. */
-FSDP_EXTERN void fsdp_adamw_options_init(fsdp_adam_options_t *opts);
+FSDP_EXTERN void fsdp_adamw_options_init(fsdp_adam_options_t *opts, size_t size);
+#define fsdp_adamw_options_init(opts) (fsdp_adamw_options_init)((opts), sizeof *(opts))
 
 /* ---- creation ------------------------------------------------------------------------------- */
 
@@ -158,12 +165,17 @@ FSDP_EXTERN int fsdp_optim_get_lr(const fsdp_optim_t *opt, int group, double *lr
 FSDP_EXTERN int fsdp_optim_set_lr(fsdp_optim_t *opt, int group, double lr);
 
 /* Every hyper-parameter of a group, or of the defaults with group == -1. `opts` points to a
- * fsdp_sgd_options_t (SGD) or a fsdp_adam_options_t (Adam, AdamW): get fills it, kind
- * included; set validates it like create (its kind must match) and replaces the group's
+ * fsdp_sgd_options_t (SGD) or a fsdp_adam_options_t (Adam, AdamW): get fills it, kind and size
+ * included, as the _init functions do (the macro passes opts_size = sizeof *opts, so opts must
+ * have the struct's type, not void *; a size too small for the optimizer's struct is
+ * FSDP_EINVAL); set validates it like create (size and kind too) and replaces the group's
  * hyper-parameters (the defaults only affect groups added afterwards). State is kept, as in
  * PyTorch: turning amsgrad on starts max_exp_avg_sq at zero, and turning momentum on for a
  * parameter without a momentum buffer starts one by the first-step rule. */
-FSDP_EXTERN int fsdp_optim_get_options(const fsdp_optim_t *opt, int group, void *opts);
+FSDP_EXTERN int fsdp_optim_get_options(const fsdp_optim_t *opt, int group, void *opts,
+                                       size_t opts_size);
+#define fsdp_optim_get_options(opt, group, opts)                                                   \
+    (fsdp_optim_get_options)((opt), (group), (opts), sizeof *(opts))
 FSDP_EXTERN int fsdp_optim_set_options(fsdp_optim_t *opt, int group, const void *opts);
 
 /* ---- stepping -------------------------------------------------------------------------------- */

@@ -85,6 +85,8 @@ FSDP_EXTERN bool fsdp_policy_type_matches(const char *type, const char *pattern)
  * not here.
  */
 typedef struct fsdp_unit_overrides {
+    /* sizeof this struct as the caller was built; set by fsdp_unit_overrides_init() */
+    size_t size;
     bool has_pg;
     fsdp_pg_t *pg;                        /* borrowed, as fsdp_options_t.pg */
     bool has_replicate_pg;
@@ -108,14 +110,20 @@ typedef struct fsdp_unit_overrides {
 } fsdp_unit_overrides_t;
 
 /* Nothing set. */
-FSDP_EXTERN void fsdp_unit_overrides_init(fsdp_unit_overrides_t *ov);
-/* Whether any has_ flag is set. */
+FSDP_EXTERN void fsdp_unit_overrides_init(fsdp_unit_overrides_t *ov, size_t size);
+#define fsdp_unit_overrides_init(ov) (fsdp_unit_overrides_init)((ov), sizeof *(ov))
+/* Whether any has_ flag is set (false, logged, for an ov that fails the size check). */
 FSDP_EXTERN bool fsdp_unit_overrides_any(const fsdp_unit_overrides_t *ov);
 /* *out = *root with every set override applied (out may equal root). ov may be NULL (a plain
- * copy). Every other field, the auto-wrap fields included, is copied as it is. FSDP_EINVAL for
- * a NULL root or out. */
+ * copy). Every other field, the auto-wrap fields included, is copied as it is. *out need not be
+ * initialised: the macro passes out_size = sizeof *out (out->size = out_size). FSDP_EINVAL for
+ * a NULL root or out; a root or ov that fails the size check (docs/design.md, "ABI policy") is
+ * refused as every function refuses it. Messages are logged at error level. */
 FSDP_EXTERN int fsdp_unit_overrides_apply(const fsdp_options_t *root,
-                                          const fsdp_unit_overrides_t *ov, fsdp_options_t *out);
+                                          const fsdp_unit_overrides_t *ov, fsdp_options_t *out,
+                                          size_t out_size);
+#define fsdp_unit_overrides_apply(root, ov, out)                                                   \
+    (fsdp_unit_overrides_apply)((root), (ov), (out), sizeof *(out))
 
 /* ---- policies ------------------------------------------------------------------------------- */
 
@@ -133,11 +141,14 @@ typedef bool (*fsdp_policy_fn)(fsdp_module_t *m, bool recurse, int64_t nonwrappe
 /* A lambda policy's predicate: whether m becomes a unit. */
 typedef bool (*fsdp_policy_lambda_fn)(fsdp_module_t *m, void *arg);
 /* A custom policy's function: FSDP_POLICY_NO, _YES, _OVERRIDE (after filling *ov, which comes
- * initialized to nothing set), or a negative FSDP_E* error. */
+ * initialized to nothing set, with this library's ov->size: a field that size does not cover is
+ * not there), or a negative FSDP_E* error. */
 typedef int (*fsdp_policy_custom_fn)(fsdp_module_t *m, fsdp_unit_overrides_t *ov, void *arg);
 
 /* Options of the size-based policy. */
 typedef struct fsdp_size_policy_options {
+    /* sizeof this struct as the caller was built; set by fsdp_size_policy_options_init() */
+    size_t size;
     int64_t min_num_params;                   /* >= 0; default 100000000 (1e8) */
     /* Types neither visited nor wrapped (NULL-terminated; NULL: none). Default
      * {"MultiheadAttention"}. */
@@ -151,7 +162,8 @@ typedef struct fsdp_size_policy_options {
 } fsdp_size_policy_options_t;
 
 /* The defaults listed above. */
-FSDP_EXTERN void fsdp_size_policy_options_init(fsdp_size_policy_options_t *o);
+FSDP_EXTERN void fsdp_size_policy_options_init(fsdp_size_policy_options_t *o, size_t size);
+#define fsdp_size_policy_options_init(o) (fsdp_size_policy_options_init)((o), sizeof *(o))
 
 FSDP_EXTERN int fsdp_policy_always_create(fsdp_policy_t **out);
 /* o NULL: the defaults. FSDP_EINVAL for a negative min_num_params. */
@@ -184,7 +196,8 @@ FSDP_EXTERN const char *fsdp_policy_kind(const fsdp_policy_t *p);
 /*
  * The generic entry. recurse true: whether to visit m's children; recurse false: whether m
  * becomes a unit, with *ov (may be NULL) set to its overrides (nothing set unless a custom
- * policy gave some). Returns 1 (yes), 0 (no) or a negative FSDP_E* code (a custom function's
+ * policy gave some); ov must have been initialised (fsdp_unit_overrides_init), which tells the
+ * library its size. Returns 1 (yes), 0 (no) or a negative FSDP_E* code (a custom function's
  * error, or an invalid override, reported on m's context).
  */
 FSDP_EXTERN int fsdp_policy_decide(const fsdp_policy_t *p, fsdp_module_t *m, bool recurse,
@@ -197,6 +210,8 @@ FSDP_EXTERN bool fsdp_policy_call(const fsdp_policy_t *p, fsdp_module_t *m, bool
 /* ---- planning ------------------------------------------------------------------------------- */
 
 typedef struct fsdp_wrap_plan_options {
+    /* sizeof this struct as the caller was built; set by fsdp_wrap_plan_options_init() */
+    size_t size;
     /* Subtrees left alone: never units, never visited, their parameters not counted. */
     fsdp_module_t *const *ignored_modules;
     size_t num_ignored_modules;
@@ -214,7 +229,8 @@ typedef struct fsdp_wrap_plan_options {
 } fsdp_wrap_plan_options_t;
 
 /* The defaults listed above. */
-FSDP_EXTERN void fsdp_wrap_plan_options_init(fsdp_wrap_plan_options_t *o);
+FSDP_EXTERN void fsdp_wrap_plan_options_init(fsdp_wrap_plan_options_t *o, size_t size);
+#define fsdp_wrap_plan_options_init(o) (fsdp_wrap_plan_options_init)((o), sizeof *(o))
 
 typedef struct fsdp_wrap_plan_entry {
     fsdp_module_t *module;      /* borrowed */

@@ -47,6 +47,8 @@ typedef struct fsdp_sim_fault {
 } fsdp_sim_fault_t;
 
 typedef struct fsdp_sim_options {
+    /* sizeof this struct as the caller was built; set by fsdp_sim_options_init() */
+    size_t size;
     int world_size;                 /* >= 1 */
     int64_t timeout_ms;             /* timeout of the world group; 0 for the default */
     uint64_t seed;                  /* seed of every rank's context */
@@ -59,7 +61,8 @@ typedef struct fsdp_sim_options {
 } fsdp_sim_options_t;
 
 /* Fills opts with world size 1, the default timeout, seed 0, no faults and no latency. */
-FSDP_EXTERN void fsdp_sim_options_init(fsdp_sim_options_t *opts);
+FSDP_EXTERN void fsdp_sim_options_init(fsdp_sim_options_t *opts, size_t size);
+#define fsdp_sim_options_init(opts) (fsdp_sim_options_init)((opts), sizeof *(opts))
 
 /* What each rank runs. Return FSDP_OK or a negative status. */
 typedef int (*fsdp_sim_fn)(fsdp_ctx_t *ctx, void *arg);

@@ -49,6 +49,8 @@ typedef struct fsdp_ctx fsdp_ctx_t;
 typedef struct fsdp_trace fsdp_trace_t;
 
 typedef struct fsdp_trace_options {
+    /* sizeof this struct as the caller was built; set by fsdp_trace_options_init() */
+    size_t size;
     /* Events kept per rank (spans, collectives and memory samples together); later events are
      * dropped and counted (otherData.dropped_events in the file). 0 means the default, 1 << 20
      * (88 bytes an event: about 90 MiB per rank at most). */
@@ -58,7 +60,8 @@ typedef struct fsdp_trace_options {
 } fsdp_trace_options_t;
 
 /* Fills opts with the defaults above. */
-FSDP_EXTERN void fsdp_trace_options_init(fsdp_trace_options_t *opts);
+FSDP_EXTERN void fsdp_trace_options_init(fsdp_trace_options_t *opts, size_t size);
+#define fsdp_trace_options_init(opts) (fsdp_trace_options_init)((opts), sizeof *(opts))
 
 /* Creates an empty recorder (opts NULL: the defaults). The caller owns *out and frees it with
  * fsdp_trace_destroy(). Returns FSDP_EINVAL for out NULL, FSDP_ENOMEM. */

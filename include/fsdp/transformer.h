@@ -38,6 +38,7 @@
 #define FSDP_TRANSFORMER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <fsdp/export.h>
@@ -99,6 +100,8 @@ typedef enum fsdp_activation {
 
 /* The arguments of torch.nn.Transformer (and of its layers). */
 typedef struct fsdp_transformer_config {
+    /* sizeof this struct as the caller was built; set by fsdp_transformer_config_init() */
+    size_t size;
     int64_t d_model;              /* model width; default 512 */
     int64_t nhead;                /* attention heads, divides d_model; default 8 */
     int64_t num_encoder_layers;   /* default 6 (Transformer only) */
@@ -112,7 +115,8 @@ typedef struct fsdp_transformer_config {
 } fsdp_transformer_config_t;
 
 /* Fills cfg with PyTorch's defaults (listed above). */
-FSDP_EXTERN void fsdp_transformer_config_init(fsdp_transformer_config_t *cfg);
+FSDP_EXTERN void fsdp_transformer_config_init(fsdp_transformer_config_t *cfg, size_t size);
+#define fsdp_transformer_config_init(cfg) (fsdp_transformer_config_init)((cfg), sizeof *(cfg))
 
 /*
  * TransformerEncoderLayer: children self_attn, linear1, dropout, linear2, norm1, norm2,
@@ -195,6 +199,8 @@ FSDP_EXTERN int fsdp_transformer_forward(fsdp_module_t *m, fsdp_tensor_t *src, f
 
 /* The size of a GPT model. */
 typedef struct fsdp_gpt_config {
+    /* sizeof this struct as the caller was built; set by fsdp_gpt_config_init() */
+    size_t size;
     int64_t vocab;         /* vocabulary size; default 50257 */
     int64_t max_seq;       /* longest sequence (rows of the position embedding); default 1024 */
     int64_t n_layer;       /* blocks; default 12 */
@@ -207,7 +213,8 @@ typedef struct fsdp_gpt_config {
 } fsdp_gpt_config_t;
 
 /* Fills cfg with GPT-2 small (124M parameters) and nanoGPT's dropout 0. */
-FSDP_EXTERN void fsdp_gpt_config_init(fsdp_gpt_config_t *cfg);
+FSDP_EXTERN void fsdp_gpt_config_init(fsdp_gpt_config_t *cfg, size_t size);
+#define fsdp_gpt_config_init(cfg) (fsdp_gpt_config_init)((cfg), sizeof *(cfg))
 
 /*
  * A decoder-only transformer in GPT-2's layout (pre-norm blocks, learned positions, tied
@@ -236,7 +243,8 @@ FSDP_EXTERN void fsdp_gpt_config_init(fsdp_gpt_config_t *cfg);
  * wte in the root's unit (as with tied weights in PyTorch's FSDP).
  */
 FSDP_EXTERN int fsdp_gpt_create(fsdp_ctx_t *ctx, const fsdp_gpt_config_t *cfg, fsdp_module_t **m);
-/* The configuration m was created with (borrowed), or NULL when m is not a GPT. */
+/* The configuration m was created with (borrowed; its size is this library's), or NULL when m
+ * is not a GPT. */
 FSDP_EXTERN const fsdp_gpt_config_t *fsdp_gpt_get_config(const fsdp_module_t *m);
 /* Runs m through fsdp_module_forward(): tokens (B, T) -> logits (B, T, vocab). */
 FSDP_EXTERN int fsdp_gpt_forward(fsdp_module_t *m, fsdp_tensor_t *tokens, fsdp_tensor_t **logits);

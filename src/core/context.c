@@ -16,18 +16,24 @@
 
 #include "internal.h"
 
-void fsdp_ctx_options_init(fsdp_ctx_options_t *opts) {
-    if (!opts) return;
-    memset(opts, 0, sizeof *opts);
-    opts->rank = 0;
-    opts->world_size = 1;
-    opts->seed = 0;
-    opts->log_level = -1;
+static const fsdp__abi_struct_t ctx_options_abi =
+    FSDP__ABI_STRUCT(fsdp_ctx_options_t, "fsdp_ctx_options_init", log_level);
+
+void(fsdp_ctx_options_init)(fsdp_ctx_options_t *opts, size_t size) {
+    fsdp_ctx_options_t d;
+    memset(&d, 0, sizeof d);
+    d.rank = 0;
+    d.world_size = 1;
+    d.seed = 0;
+    d.log_level = -1;
+    fsdp__abi_init(opts, size, &d, &ctx_options_abi);
 }
 
 int fsdp_ctx_create(const fsdp_ctx_options_t *opts, fsdp_ctx_t **out) {
     if (!out) return FSDP_EINVAL;
     *out = NULL;
+    int rc = fsdp__abi_check(NULL, "fsdp_ctx_create", "opts", opts, &ctx_options_abi);
+    if (rc < 0) return rc;
     fsdp_ctx_options_t defaults;
     if (!opts) {
         fsdp_ctx_options_init(&defaults);

@@ -339,16 +339,22 @@ void fsdp__trace_coll_at(fsdp_ctx_t *ctx, const char *kind, const char *group, u
 
 /* ---- the recorder --------------------------------------------------------------------------- */
 
-void fsdp_trace_options_init(fsdp_trace_options_t *opts) {
-    if (!opts) return;
-    memset(opts, 0, sizeof *opts);
-    opts->max_events = DEFAULT_MAX_EVENTS;
-    opts->memory = true;
+static const fsdp__abi_struct_t trace_options_abi =
+    FSDP__ABI_STRUCT(fsdp_trace_options_t, "fsdp_trace_options_init", memory);
+
+void(fsdp_trace_options_init)(fsdp_trace_options_t *opts, size_t size) {
+    fsdp_trace_options_t d;
+    memset(&d, 0, sizeof d);
+    d.max_events = DEFAULT_MAX_EVENTS;
+    d.memory = true;
+    fsdp__abi_init(opts, size, &d, &trace_options_abi);
 }
 
 int fsdp_trace_create(const fsdp_trace_options_t *opts, fsdp_trace_t **out) {
     if (!out) return FSDP_EINVAL;
     *out = NULL;
+    int rc = fsdp__abi_check(NULL, "fsdp_trace_create", "opts", opts, &trace_options_abi);
+    if (rc < 0) return rc;
     fsdp_trace_options_t d;
     if (!opts) {
         fsdp_trace_options_init(&d);

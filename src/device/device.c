@@ -143,11 +143,15 @@ static void map_remove(struct alloc_map *m, struct alloc_entry *e) {
 
 /* ---- creation ---- */
 
-void fsdp_device_options_init(fsdp_device_options_t *opts) {
-    if (!opts) return;
-    memset(opts, 0, sizeof *opts);
-    opts->num_threads = 0;
-    opts->ordinal = 0;
+static const fsdp__abi_struct_t device_options_abi =
+    FSDP__ABI_STRUCT(fsdp_device_options_t, "fsdp_device_options_init", ordinal);
+
+void(fsdp_device_options_init)(fsdp_device_options_t *opts, size_t size) {
+    fsdp_device_options_t d;
+    memset(&d, 0, sizeof d);
+    d.num_threads = 0;
+    d.ordinal = 0;
+    fsdp__abi_init(opts, size, &d, &device_options_abi);
 }
 
 int fsdp__device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const struct fsdp_dev_ops *ops,
@@ -160,6 +164,8 @@ int fsdp__device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const struct f
     if ((int)kind < 0 || kind >= FSDP_DEVICE_KIND_COUNT)
         return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_device_create: kind %d is not a device kind",
                              (int)kind);
+    if ((rc = fsdp__abi_check(ctx, "fsdp_device_create", "opts", opts, &device_options_abi)) < 0)
+        return rc;
     fsdp_device_options_t defaults;
     if (!opts) {
         fsdp_device_options_init(&defaults);

@@ -43,17 +43,21 @@ static const char *pname(const struct ddp_param *p) {
 
 /* ---- options --------------------------------------------------------------------------------- */
 
-void fsdp_ddp_options_init(fsdp_ddp_options_t *o) {
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->bucket_cap_bytes = FSDP_DDP_DEFAULT_BUCKET_CAP_BYTES;
-    o->broadcast_buffers = true;
-    o->sync_module_states = true;
-    o->dummy = false;
-    o->first_bucket_bytes = FSDP_DDP_DEFAULT_FIRST_BUCKET_BYTES;
-    o->parameters_to_ignore = NULL;
-    o->num_parameters_to_ignore = 0;
-    o->static_graph = false;
+static const fsdp__abi_struct_t ddp_options_abi =
+    FSDP__ABI_STRUCT(fsdp_ddp_options_t, "fsdp_ddp_options_init", static_graph);
+
+void(fsdp_ddp_options_init)(fsdp_ddp_options_t *o, size_t size) {
+    fsdp_ddp_options_t d;
+    memset(&d, 0, sizeof d);
+    d.bucket_cap_bytes = FSDP_DDP_DEFAULT_BUCKET_CAP_BYTES;
+    d.broadcast_buffers = true;
+    d.sync_module_states = true;
+    d.dummy = false;
+    d.first_bucket_bytes = FSDP_DDP_DEFAULT_FIRST_BUCKET_BYTES;
+    d.parameters_to_ignore = NULL;
+    d.num_parameters_to_ignore = 0;
+    d.static_graph = false;
+    fsdp__abi_init(o, size, &d, &ddp_options_abi);
 }
 
 /* Under static_graph, the rounds after the first: the used map is frozen. */
@@ -394,6 +398,7 @@ int fsdp_ddp_create(fsdp_module_t *m, fsdp_pg_t *pg, const fsdp_ddp_options_t *o
     if (!m || !out)
         return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_ddp_create: %s is NULL",
                              !m ? "the module" : "out");
+    if ((rc = fsdp__abi_check(ctx, "fsdp_ddp_create", "o", o, &ddp_options_abi)) < 0) return rc;
     d = calloc(1, sizeof *d);
     if (!d) return fsdp__ctx_err(ctx, FSDP_ENOMEM, "fsdp_ddp_create: out of memory");
     d->refs = 1;
@@ -402,10 +407,8 @@ int fsdp_ddp_create(fsdp_module_t *m, fsdp_pg_t *pg, const fsdp_ddp_options_t *o
     d->sync = true;
     d->require_forward_param_sync = true;
     d->extra_hook = SIZE_MAX;
-    if (o)
-        d->opt = *o;
-    else
-        fsdp_ddp_options_init(&d->opt);
+    fsdp_ddp_options_init(&d->opt);
+    if (o) fsdp__abi_copy_in(&d->opt, o, &ddp_options_abi);
     if (d->opt.bucket_cap_bytes == 0 || d->opt.first_bucket_bytes == 0) {
         rc =
             fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_ddp_create: %s must be > 0",

@@ -109,7 +109,7 @@ struct fsdp_unit {
     fsdp_device_t *dev;      /* compute device (borrowed) */
     int rank, world;
     fsdp_state_dict_type_t sd_type;         /* root: fsdp_set_state_dict_type's (FULL) */
-    fsdp_full_state_dict_options_t sd_full; /* root: the FULL type's options */
+    fsdp_full_state_dict_options_t sd_full; /* root: the FULL type's options (initialised) */
     struct fsdp_unit *parent;               /* NULL for the root */
     struct fsdp_unit **children;            /* direct child units, in pre-order */
     size_t nchildren, capchildren;
@@ -396,10 +396,25 @@ int fsdp__tensor_move(fsdp_tensor_t *t, fsdp_device_t *dev);
 /* prefix.name, or name when prefix is empty; malloc'd (NULL when out of memory). */
 char *fsdp__join_name(const char *prefix, const char *name);
 
+/* The size records of the options structs more than one file reads (docs/design.md, "ABI
+ * policy"). */
+extern const fsdp__abi_struct_t fsdp__mixed_precision_abi;
+extern const fsdp__abi_struct_t fsdp__options_abi;
+/* The size check of a caller's fsdp_options_t and of the mixed precision inside it
+ * (fsdp__abi_check; o NULL passes). */
+int fsdp__check_options(fsdp_ctx_t *ctx, const char *fn, const char *arg, const fsdp_options_t *o);
+
 /* ---- defined in policy.c --------------------------------------------------------------------- */
 
 /* Whether m's type matches one of the NULL-terminated patterns (fsdp_policy_type_matches). */
 bool fsdp__type_in(const fsdp_module_t *m, const char *const *patterns);
+
+extern const fsdp__abi_struct_t fsdp__unit_overrides_abi;
+/* The size check of a caller's overrides (fsdp/policy.h), and of their mixed precision when it
+ * is set (ov NULL passes). */
+struct fsdp_unit_overrides;
+int fsdp__check_overrides(fsdp_ctx_t *ctx, const char *fn, const char *arg,
+                          const struct fsdp_unit_overrides *ov);
 
 /* ---- defined in writeback.c ------------------------------------------------------------------ */
 
@@ -420,6 +435,8 @@ fsdp_device_t *fsdp__host_device(const fsdp_unit_t *u);
 void fsdp__drop_summon_views(fsdp_unit_t *u);
 
 /* ---- defined in state_dict.c ----------------------------------------------------------------- */
+
+extern const fsdp__abi_struct_t fsdp__full_sd_options_abi;
 
 /* FSDP_EINVAL (message naming fn) unless root is a root unit, idle. */
 int fsdp__sd_check_root(fsdp_unit_t *root, const char *fn);

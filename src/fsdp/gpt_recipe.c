@@ -4,7 +4,8 @@
  * per GPTBlock under the root, and AdamW whose weight decay falls on matrices only.
  *
  * It sits in the fsdp layer because it ties nn (the GPT), optim (AdamW) and the units together,
- * and it uses only their public APIs. Which parameter decays is decided on the shapes the model
+ * and it uses only their public APIs (and the size records of the options structs it copies,
+ * docs/design.md "ABI policy"). Which parameter decays is decided on the shapes the model
  * registered: after wrapping with use_orig_params a parameter object is a 1-D view of this
  * rank's shard, so a wrapped parameter's dimensions come from its unit's record of it
  * (fsdp_unit_param_info).
@@ -16,16 +17,19 @@
 #include <fsdp/policy.h>
 #include <fsdp/rng.h>
 
+#include "fsdp/fsdp_impl.h"
 #include "internal.h"
+#include "optim/optim_impl.h"
 
-void fsdp_gpt_recipe_adamw_options_init(fsdp_adam_options_t *opts) {
-    if (!opts) return;
-    fsdp_adamw_options_init(opts);
-    opts->lr = 1e-3;
-    opts->beta1 = 0.9;
-    opts->beta2 = 0.95;
-    opts->eps = 1e-8;
-    opts->weight_decay = 0.1;
+void(fsdp_gpt_recipe_adamw_options_init)(fsdp_adam_options_t *opts, size_t size) {
+    fsdp_adam_options_t d;
+    fsdp_adamw_options_init(&d);
+    d.lr = 1e-3;
+    d.beta1 = 0.9;
+    d.beta2 = 0.95;
+    d.eps = 1e-8;
+    d.weight_decay = 0.1;
+    fsdp__abi_init(opts, size, &d, &fsdp__adam_options_abi);
 }
 
 bool fsdp_gpt_recipe_decays(const char *name, int ndim) {
@@ -51,17 +55,17 @@ int fsdp_gpt_recipe_wrap(fsdp_module_t *model, const fsdp_options_t *o, fsdp_uni
     if (!model || !fsdp_gpt_get_config(model))
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_gpt_recipe_wrap: the model is %s",
                                     model ? "not a GPT (fsdp_gpt_create)" : "NULL");
+    int rc = fsdp__abi_check(ctx, "fsdp_gpt_recipe_wrap", "o", o, &fsdp__options_abi);
+    if (rc < 0) return rc;
     fsdp_options_t fo;
-    if (o)
-        fo = *o;
-    else
-        fsdp_options_init(&fo);
+    fsdp_options_init(&fo);
+    if (o) fsdp__abi_copy_in(&fo, o, &fsdp__options_abi);
     if (fo.auto_wrap_policy)
         return fsdp__ctx_err(ctx, FSDP_EINVAL,
                              "fsdp_gpt_recipe_wrap: options.auto_wrap_policy is set; the recipe "
                              "chooses the units (one per GPTBlock) and needs it NULL");
     fsdp_policy_t *blocks = NULL;
-    int rc = fsdp_policy_module_types_create(block_types, &blocks);
+    rc = fsdp_policy_module_types_create(block_types, &blocks);
     if (rc < 0)
         return fsdp__ctx_err(ctx, rc, "fsdp_gpt_recipe_wrap: the GPTBlock policy: %s",
                              fsdp_strerror(rc));
@@ -137,14 +141,14 @@ int fsdp_gpt_recipe_create_adamw(fsdp_module_t *model, const fsdp_adam_options_t
     if (out) *out = NULL;
     if (!model || !out)
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: model or out is NULL", fn);
+    int rc = fsdp__abi_check(ctx, fn, "opts", opts, &fsdp__adam_options_abi);
+    if (rc < 0) return rc;
     fsdp_adam_options_t a;
-    if (opts)
-        a = *opts;
-    else
-        fsdp_gpt_recipe_adamw_options_init(&a);
+    fsdp_gpt_recipe_adamw_options_init(&a);
+    if (opts) fsdp__abi_copy_in(&a, opts, &fsdp__adam_options_abi);
     fsdp_named_list_t params = {0};
     int *ndim = NULL;
-    int rc = recipe_params(model, &params, &ndim);
+    rc = recipe_params(model, &params, &ndim);
     if (rc < 0) return rc;
 
     /* Group 0 decays, group 1 does not; each keeps the parameters' order. */

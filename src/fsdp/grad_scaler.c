@@ -94,15 +94,19 @@ static bool params_valid(const char *scale_key, double scale, double growth, dou
     return true;
 }
 
-void fsdp_grad_scaler_options_init(fsdp_grad_scaler_options_t *o) {
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->init_scale = 65536.0;
-    o->growth_factor = 2.0;
-    o->backoff_factor = 0.5;
-    o->growth_interval = 2000;
-    o->enabled = true;
-    o->pg = NULL;
+static const fsdp__abi_struct_t scaler_options_abi =
+    FSDP__ABI_STRUCT(fsdp_grad_scaler_options_t, "fsdp_grad_scaler_options_init", pg);
+
+void(fsdp_grad_scaler_options_init)(fsdp_grad_scaler_options_t *o, size_t size) {
+    fsdp_grad_scaler_options_t d;
+    memset(&d, 0, sizeof d);
+    d.init_scale = 65536.0;
+    d.growth_factor = 2.0;
+    d.backoff_factor = 0.5;
+    d.growth_interval = 2000;
+    d.enabled = true;
+    d.pg = NULL;
+    fsdp__abi_init(o, size, &d, &scaler_options_abi);
 }
 
 int fsdp_grad_scaler_create(fsdp_ctx_t *ctx, const fsdp_grad_scaler_options_t *o,
@@ -117,6 +121,7 @@ int fsdp_grad_scaler_create(fsdp_ctx_t *ctx, const fsdp_grad_scaler_options_t *o
         rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "%s: %s is NULL", fn, ctx ? "out" : "ctx");
         goto out;
     }
+    if ((rc = fsdp__abi_check(ctx, fn, "o", o, &scaler_options_abi)) < 0) goto out;
     if (!o) {
         fsdp_grad_scaler_options_init(&def);
         o = &def;

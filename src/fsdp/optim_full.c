@@ -374,6 +374,7 @@ int fsdp_full_optim_state_dict(fsdp_unit_t *root, const fsdp_optim_t *opt,
     if (rc < 0) return rc;
     if (!out || !opt)
         return fsdp__unit_err(root, FSDP_EINVAL, "%s: %s is NULL", fn_sd, out ? "opt" : "out");
+    if ((rc = fsdp__abi_check(root->ctx, fn_sd, "o", o, &fsdp__full_sd_options_abi)) < 0) return rc;
     fsdp_full_state_dict_options_t def;
     if (!o) {
         fsdp_full_state_dict_options_init(&def);

@@ -83,11 +83,15 @@ static void ptrset_free(struct ptrset *s) {
 
 /* ---- planning -------------------------------------------------------------------------------- */
 
-void fsdp_wrap_plan_options_init(fsdp_wrap_plan_options_t *o) {
+static const fsdp__abi_struct_t plan_options_abi =
+    FSDP__ABI_STRUCT(fsdp_wrap_plan_options_t, "fsdp_wrap_plan_options_init", use_orig_params);
+
+void(fsdp_wrap_plan_options_init)(fsdp_wrap_plan_options_t *o, size_t size) {
     static const char *const mp_ignored[] = {FSDP_TYPE_BATCHNORM, NULL};
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->mp_ignored_types = mp_ignored;
+    fsdp_wrap_plan_options_t d;
+    memset(&d, 0, sizeof d);
+    d.mp_ignored_types = mp_ignored;
+    fsdp__abi_init(o, size, &d, &plan_options_abi);
 }
 
 /* Adds every module of m's subtree to mods and every parameter of it to params. */
@@ -294,6 +298,8 @@ int fsdp_wrap_plan_build(fsdp_module_t *root, const fsdp_policy_t *policy,
                              "%s: policy is NULL (make one with an "
                              "fsdp_policy_*_create function)",
                              fn);
+    int rc = fsdp__abi_check(ctx, fn, "o", o, &plan_options_abi);
+    if (rc < 0) return rc;
     fsdp_wrap_plan_options_t def;
     if (!o) {
         fsdp_wrap_plan_options_init(&def);
@@ -302,7 +308,7 @@ int fsdp_wrap_plan_build(fsdp_module_t *root, const fsdp_policy_t *policy,
     struct planner pl = {.ctx = ctx, .policy = policy};
     if (o->mixed_precision && o->mp_ignored_types && o->mp_ignored_types[0])
         pl.mp_types = o->mp_ignored_types;
-    int rc = ignored_sets(ctx, fn, root, o, &pl.ign_mods, &pl.ign_params);
+    rc = ignored_sets(ctx, fn, root, o, &pl.ign_mods, &pl.ign_params);
     if (rc >= 0) rc = plan_visit(&pl, root, "", true);
     if (rc >= 0) warn_mp_override(&pl);
     planner_fini(&pl);
@@ -527,14 +533,16 @@ int fsdp_wrap_plan_validate_frozen(fsdp_module_t *root, const fsdp_wrap_plan_t *
         fsdp_log(NULL, FSDP_LOG_ERROR, "%s: %s is NULL", fn, !root ? "root" : "plan");
         return FSDP_EINVAL;
     }
+    fsdp_ctx_t *ctx = fsdp_module_ctx(root);
+    int rc = fsdp__abi_check(ctx, fn, "o", o, &plan_options_abi);
+    if (rc < 0) return rc;
     fsdp_wrap_plan_options_t def;
     if (!o) {
         fsdp_wrap_plan_options_init(&def);
         o = &def;
     }
-    fsdp_ctx_t *ctx = fsdp_module_ctx(root);
     struct ptrset us = {0}, ign_mods = {0}, ign = {0};
-    int rc = ignored_sets(ctx, fn, root, o, &ign_mods, &ign);
+    rc = ignored_sets(ctx, fn, root, o, &ign_mods, &ign);
     for (size_t i = 0; rc >= 0 && i < plan->n; i++) {
         const fsdp_wrap_plan_entry_t *e = &plan->entries[i];
         if (e->selected || (e->mp_override && !e->is_root)) rc = ptrset_add(&us, e->module);

@@ -71,29 +71,50 @@ bool fsdp__type_in(const fsdp_module_t *m, const char *const *patterns) {
 
 /* ---- overrides ------------------------------------------------------------------------------- */
 
-void fsdp_unit_overrides_init(fsdp_unit_overrides_t *ov) {
-    if (!ov) return;
-    memset(ov, 0, sizeof *ov);
-    ov->strategy = FSDP_FULL_SHARD;
-    ov->backward_prefetch = FSDP_BACKWARD_PRE;
-    fsdp_mixed_precision_init(&ov->mixed_precision);
+const fsdp__abi_struct_t fsdp__unit_overrides_abi =
+    FSDP__ABI_STRUCT(fsdp_unit_overrides_t, "fsdp_unit_overrides_init", sync_module_states);
+
+void(fsdp_unit_overrides_init)(fsdp_unit_overrides_t *ov, size_t size) {
+    fsdp_unit_overrides_t d;
+    memset(&d, 0, sizeof d);
+    d.strategy = FSDP_FULL_SHARD;
+    d.backward_prefetch = FSDP_BACKWARD_PRE;
+    fsdp_mixed_precision_init(&d.mixed_precision);
+    fsdp__abi_init(ov, size, &d, &fsdp__unit_overrides_abi);
+}
+
+int fsdp__check_overrides(fsdp_ctx_t *ctx, const char *fn, const char *arg,
+                          const fsdp_unit_overrides_t *ov) {
+    int rc = fsdp__abi_check(ctx, fn, arg, ov, &fsdp__unit_overrides_abi);
+    if (rc < 0 || !ov || !ov->has_mixed_precision) return rc;
+    char what[64];
+    snprintf(what, sizeof what, "%s->mixed_precision", arg);
+    return fsdp__abi_check_embedded(ctx, fn, what, &ov->mixed_precision, &fsdp__mixed_precision_abi,
+                                    "fsdp_unit_overrides_init");
 }
 
 bool fsdp_unit_overrides_any(const fsdp_unit_overrides_t *ov) {
-    return ov && (ov->has_pg || ov->has_replicate_pg || ov->has_strategy || ov->has_cpu_offload ||
-                  ov->has_device || ov->has_backward_prefetch || ov->has_forward_prefetch ||
-                  ov->has_limit_all_gathers || ov->has_mixed_precision ||
-                  ov->has_sync_module_states);
+    if (!ov ||
+        fsdp__abi_check(NULL, "fsdp_unit_overrides_any", "ov", ov, &fsdp__unit_overrides_abi) < 0)
+        return false;
+    return ov->has_pg || ov->has_replicate_pg || ov->has_strategy || ov->has_cpu_offload ||
+           ov->has_device || ov->has_backward_prefetch || ov->has_forward_prefetch ||
+           ov->has_limit_all_gathers || ov->has_mixed_precision || ov->has_sync_module_states;
 }
 
-int fsdp_unit_overrides_apply(const fsdp_options_t *root, const fsdp_unit_overrides_t *ov,
-                              fsdp_options_t *out) {
+int(fsdp_unit_overrides_apply)(const fsdp_options_t *root, const fsdp_unit_overrides_t *ov,
+                               fsdp_options_t *out, size_t out_size) {
+    static const char fn[] = "fsdp_unit_overrides_apply";
     if (!root || !out) {
-        fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_unit_overrides_apply: %s is NULL",
-                 !root ? "root" : "out");
+        fsdp_log(NULL, FSDP_LOG_ERROR, "%s: %s is NULL", fn, !root ? "root" : "out");
         return FSDP_EINVAL;
     }
-    fsdp_options_t o = *root;
+    int rc = fsdp__check_options(NULL, fn, "root", root);
+    if (rc == 0) rc = fsdp__check_overrides(NULL, fn, "ov", ov);
+    if (rc < 0) return rc;
+    fsdp_options_t o;
+    fsdp_options_init(&o);
+    fsdp__abi_copy_in(&o, root, &fsdp__options_abi);
     if (ov) {
         if (ov->has_pg) o.pg = ov->pg;
         if (ov->has_replicate_pg) o.replicate_pg = ov->replicate_pg;
@@ -106,12 +127,13 @@ int fsdp_unit_overrides_apply(const fsdp_options_t *root, const fsdp_unit_overri
         if (ov->has_mixed_precision) o.mixed_precision = ov->mixed_precision;
         if (ov->has_sync_module_states) o.sync_module_states = ov->sync_module_states;
     }
-    *out = o;
-    return FSDP_OK;
+    return fsdp__abi_fill(NULL, fn, "sizeof *out", out, out_size, &o, &fsdp__options_abi);
 }
 
 /* Values a custom function may get wrong; reported against the module's type. */
 static int check_overrides(fsdp_module_t *m, const fsdp_unit_overrides_t *ov) {
+    int rc = fsdp__check_overrides(fsdp_module_ctx(m), "custom policy", "ov", ov);
+    if (rc < 0) return rc;
     const char *what = NULL;
     int v = 0;
     if (ov->has_strategy && ((int)ov->strategy < 0 || ov->strategy >= FSDP_SHARDING_COUNT))
@@ -265,18 +287,27 @@ int fsdp_policy_always_create(fsdp_policy_t **out) {
     return FSDP_OK;
 }
 
-void fsdp_size_policy_options_init(fsdp_size_policy_options_t *o) {
+static const fsdp__abi_struct_t size_policy_options_abi = FSDP__ABI_STRUCT(
+    fsdp_size_policy_options_t, "fsdp_size_policy_options_init", extra_exclude_wrap_types);
+
+void(fsdp_size_policy_options_init)(fsdp_size_policy_options_t *o, size_t size) {
     static const char *const force_leaf[] = {"MultiheadAttention", NULL};
     static const char *const exclude[] = {"ModuleList", "ModuleDict", NULL};
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->min_num_params = 100000000;
-    o->force_leaf_types = force_leaf;
-    o->exclude_wrap_types = exclude;
+    fsdp_size_policy_options_t d;
+    memset(&d, 0, sizeof d);
+    d.min_num_params = 100000000;
+    d.force_leaf_types = force_leaf;
+    d.exclude_wrap_types = exclude;
+    fsdp__abi_init(o, size, &d, &size_policy_options_abi);
 }
 
 int fsdp_policy_size_based_create(const fsdp_size_policy_options_t *o, fsdp_policy_t **out) {
     static const char *fn = "fsdp_policy_size_based_create";
+    int rc = fsdp__abi_check(NULL, fn, "o", o, &size_policy_options_abi);
+    if (rc < 0) {
+        if (out) *out = NULL;
+        return rc;
+    }
     fsdp_size_policy_options_t def;
     if (!o) {
         fsdp_size_policy_options_init(&def);
@@ -289,7 +320,7 @@ int fsdp_policy_size_based_create(const fsdp_size_policy_options_t *o, fsdp_poli
         return FSDP_EINVAL;
     }
     fsdp_policy_t *p;
-    int rc = policy_new(&size_ops, fn, out, &p);
+    rc = policy_new(&size_ops, fn, out, &p);
     if (rc < 0) return rc;
     p->min_num_params = o->min_num_params;
     p->force_leaf = strlist_concat(o->force_leaf_types, o->extra_force_leaf_types);
@@ -406,17 +437,24 @@ const char *fsdp_policy_kind(const fsdp_policy_t *p) {
 
 int fsdp_policy_decide(const fsdp_policy_t *p, fsdp_module_t *m, bool recurse,
                        int64_t nonwrapped_numel, fsdp_unit_overrides_t *ov) {
+    static const char fn[] = "fsdp_policy_decide";
+    /* The caller's ov tells its size (it must have been initialised); the decision is made in a
+     * struct of this library's layout and then copied out. */
+    fsdp_ctx_t *ctx = m ? fsdp_module_ctx(m) : NULL;
+    int r = fsdp__abi_check(ctx, fn, "ov", ov, &fsdp__unit_overrides_abi);
+    if (r < 0) return r;
     fsdp_unit_overrides_t local;
-    if (!ov) ov = &local;
-    fsdp_unit_overrides_init(ov);
+    fsdp_unit_overrides_init(&local);
     if (!m) {
-        fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_policy_decide: m is NULL");
-        return FSDP_EINVAL;
+        fsdp_log(NULL, FSDP_LOG_ERROR, "%s: m is NULL", fn);
+        r = FSDP_EINVAL;
+    } else if (!p) {
+        r = fsdp__ctx_err(ctx, FSDP_EINVAL, "%s: p is NULL", fn);
+    } else {
+        r = p->ops->decide(p, m, recurse, nonwrapped_numel, &local);
+        if (r <= 0) fsdp_unit_overrides_init(&local); /* a no carries no overrides */
     }
-    if (!p)
-        return fsdp__ctx_err(fsdp_module_ctx(m), FSDP_EINVAL, "fsdp_policy_decide: p is NULL");
-    int r = p->ops->decide(p, m, recurse, nonwrapped_numel, ov);
-    if (r <= 0) fsdp_unit_overrides_init(ov); /* a no carries no overrides */
+    if (ov) fsdp__abi_fill(ctx, fn, "ov->size", ov, ov->size, &local, &fsdp__unit_overrides_abi);
     return r;
 }
 

@@ -30,11 +30,10 @@ int fsdp_set_state_dict_type(fsdp_unit_t *root, fsdp_state_dict_type_t type,
         return fsdp__unit_err(root, FSDP_EINVAL,
                               "%s: type %d is not FSDP_STATE_DICT_FULL, _SHARDED or _LOCAL", fn,
                               (int)type);
+    if ((rc = fsdp__abi_check(root->ctx, fn, "o", o, &fsdp__full_sd_options_abi)) < 0) return rc;
     root->sd_type = type;
-    if (o)
-        root->sd_full = *o;
-    else
-        fsdp_full_state_dict_options_init(&root->sd_full);
+    fsdp_full_state_dict_options_init(&root->sd_full);
+    if (o) fsdp__abi_copy_in(&root->sd_full, o, &fsdp__full_sd_options_abi);
     return FSDP_OK;
 }
 

@@ -20,8 +20,13 @@
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
 
-void fsdp_full_state_dict_options_init(fsdp_full_state_dict_options_t *o) {
-    if (o) *o = (fsdp_full_state_dict_options_t){0};
+const fsdp__abi_struct_t fsdp__full_sd_options_abi = FSDP__ABI_STRUCT(
+    fsdp_full_state_dict_options_t, "fsdp_full_state_dict_options_init", offload_to_cpu);
+
+void(fsdp_full_state_dict_options_init)(fsdp_full_state_dict_options_t *o, size_t size) {
+    fsdp_full_state_dict_options_t d;
+    memset(&d, 0, sizeof d);
+    fsdp__abi_init(o, size, &d, &fsdp__full_sd_options_abi);
 }
 
 /* The dtype the buffer viewed by t had before a unit of units[0..n) cast it, or -1. */
@@ -56,6 +61,7 @@ int fsdp_full_state_dict(fsdp_unit_t *root, const fsdp_full_state_dict_options_t
     int rc = fsdp__sd_check_root(root, fn);
     if (rc < 0) return rc;
     if (!out) return fsdp__unit_err(root, FSDP_EINVAL, "%s: out is NULL", fn);
+    if ((rc = fsdp__abi_check(root->ctx, fn, "o", o, &fsdp__full_sd_options_abi)) < 0) return rc;
     fsdp_full_state_dict_options_t def;
     if (!o) {
         fsdp_full_state_dict_options_init(&def);

@@ -10,6 +10,7 @@
  * writeback.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "fsdp/fsdp_impl.h"
 #include "nn/nn_impl.h"
@@ -133,11 +134,15 @@ fsdp_device_t *fsdp__host_device(const fsdp_unit_t *u) {
     return fsdp__ctx_cpu_device(u->ctx);
 }
 
-void fsdp_summon_options_init(fsdp_summon_options_t *o) {
-    if (!o) return;
-    *o = (fsdp_summon_options_t){0};
-    o->recurse = true;
-    o->writeback = true;
+static const fsdp__abi_struct_t summon_options_abi =
+    FSDP__ABI_STRUCT(fsdp_summon_options_t, "fsdp_summon_options_init", with_grads);
+
+void(fsdp_summon_options_init)(fsdp_summon_options_t *o, size_t size) {
+    fsdp_summon_options_t d;
+    memset(&d, 0, sizeof d);
+    d.recurse = true;
+    d.writeback = true;
+    fsdp__abi_init(o, size, &d, &summon_options_abi);
 }
 
 /* Points u's module slots at views of `base` (a full flat tensor) with the parameters' shapes;
@@ -357,13 +362,15 @@ static void rollback_summon(fsdp_unit_t *u, bool failed) {
     for (size_t i = 0; i < u->nchildren; i++) rollback_summon(u->children[i], failed);
 }
 
-int fsdp_summon_begin(fsdp_unit_t *u, const fsdp_summon_options_t *o) {
+int fsdp_summon_begin(fsdp_unit_t *u, const fsdp_summon_options_t *user_o) {
     if (!u) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_summon_begin: unit is NULL");
-    fsdp_summon_options_t def;
-    if (!o) {
-        fsdp_summon_options_init(&def);
-        o = &def;
-    }
+    int rc = fsdp__abi_check(u->ctx, "fsdp_summon_begin", "o", user_o, &summon_options_abi);
+    if (rc < 0) return rc;
+    /* The units keep a copy (u->summon), of this library's layout. */
+    fsdp_summon_options_t oc;
+    fsdp_summon_options_init(&oc);
+    if (user_o) fsdp__abi_copy_in(&oc, user_o, &summon_options_abi);
+    const fsdp_summon_options_t *o = &oc;
     if (fsdp_in_backward(u->ctx))
         return fsdp__unit_err(u, FSDP_EINVAL, "fsdp_summon_begin: not allowed during backward");
     if (o->rank0_only && o->writeback)
@@ -376,7 +383,7 @@ int fsdp_summon_begin(fsdp_unit_t *u, const fsdp_summon_options_t *o) {
     if (o->with_grads && o->offload_to_cpu)
         return fsdp__unit_err(
             u, FSDP_EINVAL, "fsdp_summon_begin: with_grads cannot be combined with offload_to_cpu");
-    int rc = summon_rec(u, o, true);
+    rc = summon_rec(u, o, true);
     rollback_summon(u, rc < 0);
     return rc;
 }

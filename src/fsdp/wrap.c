@@ -44,22 +44,38 @@ const char *fsdp_backward_prefetch_name(fsdp_backward_prefetch_t p) {
     return (int)p >= 0 && p < FSDP_BACKWARD_PREFETCH_COUNT ? prefetch_names[p] : "?";
 }
 
-void fsdp_mixed_precision_init(fsdp_mixed_precision_t *mp) {
+const fsdp__abi_struct_t fsdp__mixed_precision_abi =
+    FSDP__ABI_STRUCT(fsdp_mixed_precision_t, "fsdp_mixed_precision_init", module_classes_to_ignore);
+const fsdp__abi_struct_t fsdp__options_abi =
+    FSDP__ABI_STRUCT(fsdp_options_t, "fsdp_options_init", delay_before_free_ms);
+
+void(fsdp_mixed_precision_init)(fsdp_mixed_precision_t *mp, size_t size) {
     static const char *const batchnorm[] = {FSDP_TYPE_BATCHNORM, NULL};
-    if (!mp) return;
-    *mp = (fsdp_mixed_precision_t){0};
-    mp->module_classes_to_ignore = batchnorm;
-    mp->param_dtype = mp->reduce_dtype = mp->buffer_dtype = FSDP_MP_UNSET;
-    mp->cast_root_forward_inputs = true;
+    fsdp_mixed_precision_t d;
+    memset(&d, 0, sizeof d);
+    d.module_classes_to_ignore = batchnorm;
+    d.param_dtype = d.reduce_dtype = d.buffer_dtype = FSDP_MP_UNSET;
+    d.cast_root_forward_inputs = true;
+    fsdp__abi_init(mp, size, &d, &fsdp__mixed_precision_abi);
 }
 
-void fsdp_options_init(fsdp_options_t *o) {
-    if (!o) return;
-    *o = (fsdp_options_t){0};
-    fsdp_mixed_precision_init(&o->mixed_precision);
-    o->strategy = FSDP_FULL_SHARD;
-    o->backward_prefetch = FSDP_BACKWARD_PRE;
-    o->limit_all_gathers = 2;
+void(fsdp_options_init)(fsdp_options_t *o, size_t size) {
+    fsdp_options_t d;
+    memset(&d, 0, sizeof d);
+    fsdp_mixed_precision_init(&d.mixed_precision);
+    d.strategy = FSDP_FULL_SHARD;
+    d.backward_prefetch = FSDP_BACKWARD_PRE;
+    d.limit_all_gathers = 2;
+    fsdp__abi_init(o, size, &d, &fsdp__options_abi);
+}
+
+int fsdp__check_options(fsdp_ctx_t *ctx, const char *fn, const char *arg, const fsdp_options_t *o) {
+    int rc = fsdp__abi_check(ctx, fn, arg, o, &fsdp__options_abi);
+    if (rc < 0 || !o) return rc;
+    char what[64];
+    snprintf(what, sizeof what, "%s->mixed_precision", arg);
+    return fsdp__abi_check_embedded(ctx, fn, what, &o->mixed_precision, &fsdp__mixed_precision_abi,
+                                    "fsdp_options_init");
 }
 
 static bool is_hybrid(fsdp_sharding_strategy_t s) {
@@ -245,7 +261,8 @@ static int wrap_one(fsdp_module_t *m, const fsdp_options_t *o, fsdp_pg_t *pg, co
     u->ctx = m->ctx;
     u->module = fsdp_module_retain(m);
     u->fqn = strdup(fqn ? fqn : "");
-    u->opt = *o;
+    u->opt = *o; /* this library's layout: fsdp_wrap's copy */
+    fsdp_full_state_dict_options_init(&u->sd_full);
     u->opt.ignored_modules = NULL; /* the caller's array: copied below */
     u->opt.num_ignored_modules = 0;
     u->opt.auto_wrap_policy = NULL; /* borrowed for the call only */
@@ -430,17 +447,20 @@ out:
     return rc;
 }
 
-int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
+int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *user_o, fsdp_unit_t **out) {
     if (out) *out = NULL;
     if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_wrap: module is NULL");
     if (!out) return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap: out is NULL");
-    fsdp_options_t def;
-    if (!o) {
-        fsdp_options_init(&def);
-        o = &def;
-    }
+    int rc = fsdp__check_options(m->ctx, "fsdp_wrap", "o", user_o);
+    if (rc < 0) return rc;
+    /* Everything below reads a copy of this library's layout (the defaults, then what the
+     * caller's size covers). */
+    fsdp_options_t oc;
+    fsdp_options_init(&oc);
+    if (user_o) fsdp__abi_copy_in(&oc, user_o, &fsdp__options_abi);
+    const fsdp_options_t *o = &oc;
     fsdp_pg_t *pg = NULL;
-    int rc = check_options(m, o, "fsdp_wrap", &pg);
+    rc = check_options(m, o, "fsdp_wrap", &pg);
     if (rc < 0) return rc;
     if (m->ctx->fsdp)
         for (size_t i = 0; i < m->ctx->fsdp->n; i++) {
@@ -462,28 +482,30 @@ int fsdp_wrap(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
 
 int fsdp_fully_shard(fsdp_module_t *m, const fsdp_options_t *o, fsdp_unit_t **out) {
     fsdp_unit_t *u = NULL;
+    if (out) *out = NULL;
+    int rc = fsdp__check_options(m ? m->ctx : NULL, "fsdp_fully_shard", "o", o);
+    if (rc < 0) return rc;
     fsdp_options_t fo;
-    if (o)
-        fo = *o;
-    else
-        fsdp_options_init(&fo);
+    fsdp_options_init(&fo);
+    if (o) fsdp__abi_copy_in(&fo, o, &fsdp__options_abi);
     fo.use_orig_params = true; /* upstream's fully_shard has no flat parameter to show */
-    int rc = fsdp_wrap(m, &fo, &u);
+    rc = fsdp_wrap(m, &fo, &u);
     if (out) *out = u;
     return rc;
 }
 
-int fsdp_unit_options(const fsdp_unit_t *u, fsdp_options_t *out) {
+int(fsdp_unit_options)(const fsdp_unit_t *u, fsdp_options_t *out, size_t out_size) {
     if (!u || !out) {
         fsdp_log(NULL, FSDP_LOG_ERROR, "fsdp_unit_options: %s is NULL", !u ? "u" : "out");
         return FSDP_EINVAL;
     }
-    *out = u->opt; /* the strategy is the clamped one, ignored_modules u's copy */
-    out->pg = u->pg;
-    out->replicate_pg = u->replicate_pg;
-    out->device = u->dev;
-    out->auto_wrap_policy = NULL;
-    return FSDP_OK;
+    fsdp_options_t o = u->opt; /* the strategy is the clamped one, ignored_modules u's copy */
+    o.pg = u->pg;
+    o.replicate_pg = u->replicate_pg;
+    o.device = u->dev;
+    o.auto_wrap_policy = NULL;
+    return fsdp__abi_fill(u->ctx, "fsdp_unit_options", "sizeof *out", out, out_size, &o,
+                          &fsdp__options_abi);
 }
 
 /* ---- the manual wrap API --------------------------------------------------------------------- */
@@ -501,10 +523,10 @@ int fsdp_enable_wrap(const fsdp_options_t *defaults) {
                  "nest (close it with fsdp_disable_wrap first)");
         return FSDP_EINVAL;
     }
-    if (defaults)
-        scope.defaults = *defaults;
-    else
-        fsdp_options_init(&scope.defaults);
+    int rc = fsdp__check_options(NULL, "fsdp_enable_wrap", "defaults", defaults);
+    if (rc < 0) return rc;
+    fsdp_options_init(&scope.defaults);
+    if (defaults) fsdp__abi_copy_in(&scope.defaults, defaults, &fsdp__options_abi);
     scope.open = true;
     return FSDP_OK;
 }
@@ -529,6 +551,8 @@ int fsdp_wrap_scoped(fsdp_module_t *m, const fsdp_unit_overrides_t *ov, fsdp_uni
     if (!m) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_wrap_scoped: module is NULL");
     if (!out) return fsdp__ctx_err(m->ctx, FSDP_EINVAL, "fsdp_wrap_scoped: out is NULL");
     if (!scope.open) return FSDP_OK; /* PyTorch's wrap() outside enable_wrap: the identity */
+    int rc = fsdp__check_overrides(m->ctx, "fsdp_wrap_scoped", "ov", ov);
+    if (rc < 0) return rc;
     fsdp_options_t o;
     fsdp_unit_overrides_apply(&scope.defaults, ov, &o);
     return fsdp_wrap(m, &o, out);

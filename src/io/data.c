@@ -444,15 +444,19 @@ const char *fsdp_data_default_corpus(void) {
 /* ---- loaders ----------------------------------------------------------------------------------
  */
 
-void fsdp_loader_options_init(fsdp_loader_options_t *opts) {
-    if (!opts) return;
-    memset(opts, 0, sizeof *opts);
-    opts->batch_size = 8;
-    opts->seq_len = 64;
-    opts->rank = 0;
-    opts->world_size = 1;
-    opts->shuffle = false;
-    opts->seed = 0;
+static const fsdp__abi_struct_t loader_options_abi =
+    FSDP__ABI_STRUCT(fsdp_loader_options_t, "fsdp_loader_options_init", seed);
+
+void(fsdp_loader_options_init)(fsdp_loader_options_t *opts, size_t size) {
+    fsdp_loader_options_t d;
+    memset(&d, 0, sizeof d);
+    d.batch_size = 8;
+    d.seq_len = 64;
+    d.rank = 0;
+    d.world_size = 1;
+    d.shuffle = false;
+    d.seed = 0;
+    fsdp__abi_init(opts, size, &d, &loader_options_abi);
 }
 
 int fsdp_loader_create(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, const fsdp_loader_options_t *opts,
@@ -461,6 +465,8 @@ int fsdp_loader_create(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, const fsdp_loa
     if (out) *out = NULL;
     if (!ds || !opts || !out)
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: ds, opts or out is NULL", fn);
+    int rc = fsdp__abi_check(ctx, fn, "opts", opts, &loader_options_abi);
+    if (rc < 0) return rc;
     const char *path = ds->file->path;
     int64_t b = opts->batch_size, t = opts->seq_len;
     int w = opts->world_size, r = opts->rank;
@@ -495,7 +501,8 @@ int fsdp_loader_create(fsdp_ctx_t *ctx, const fsdp_dataset_t *ds, const fsdp_loa
     fsdp_loader_t *l = calloc(1, sizeof *l);
     if (!l) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
     l->ctx = ctx;
-    l->opts = *opts;
+    fsdp_loader_options_init(&l->opts);
+    fsdp__abi_copy_in(&l->opts, opts, &loader_options_abi);
     l->rows = b / w;
     l->ntok = (size_t)(l->rows * t); /* <= N, so it fits */
     l->bt = (uint64_t)b * (uint64_t)t;

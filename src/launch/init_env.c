@@ -21,10 +21,14 @@
 
 #include "internal.h"
 
-void fsdp_init_options_init(fsdp_init_options_t *o) {
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->log_level = -1;
+static const fsdp__abi_struct_t init_options_abi =
+    FSDP__ABI_STRUCT(fsdp_init_options_t, "fsdp_init_options_init", timeout_ms);
+
+void(fsdp_init_options_init)(fsdp_init_options_t *o, size_t size) {
+    fsdp_init_options_t d;
+    memset(&d, 0, sizeof d);
+    d.log_level = -1;
+    fsdp__abi_init(o, size, &d, &init_options_abi);
 }
 
 /* Logs the message on ctx (NULL: stderr), copies it to msg, and returns rc. */
@@ -88,14 +92,16 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
     if (msg && msg_cap) msg[0] = 0;
     if (!out) return init_fail(NULL, msg, msg_cap, FSDP_EINVAL, "fsdp_init_from_env: out is NULL");
     *out = NULL;
+    char why[FSDP_ERR_LEN];
+    int rc = fsdp__abi_check_buf(why, "fsdp_init_from_env", "o", o, &init_options_abi);
+    if (rc < 0) return init_fail(NULL, msg, msg_cap, rc, "%s", why);
     fsdp_init_options_t def;
     if (!o) {
         fsdp_init_options_init(&def);
         o = &def;
     }
-    char why[FSDP_ERR_LEN];
     fsdp_launch_env_t env;
-    int rc = fsdp_launch_env_read(&env, why, sizeof why);
+    rc = fsdp_launch_env_read(&env, why, sizeof why);
     if (rc < 0)
         return init_fail(NULL, msg, msg_cap, rc, "fsdp_init_from_env: launch environment: %s", why);
     int64_t timeout = o->timeout_ms;

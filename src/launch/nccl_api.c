@@ -19,10 +19,14 @@
 #include "launch/plugin.h"
 #endif
 
-void fsdp_nccl_options_init(fsdp_nccl_options_t *o) {
-    if (!o) return;
-    memset(o, 0, sizeof *o);
-    o->device = -1;
+static const fsdp__abi_struct_t nccl_options_abi =
+    FSDP__ABI_STRUCT(fsdp_nccl_options_t, "fsdp_nccl_options_init", timeout_ms);
+
+void(fsdp_nccl_options_init)(fsdp_nccl_options_t *o, size_t size) {
+    fsdp_nccl_options_t d;
+    memset(&d, 0, sizeof d);
+    d.device = -1;
+    fsdp__abi_init(o, size, &d, &nccl_options_abi);
 }
 
 #ifdef FSDP_HAVE_NCCL
@@ -41,18 +45,27 @@ int fsdp_nccl_device(const fsdp_pg_t *pg) {
 
 int fsdp_pg_create_nccl(fsdp_ctx_t *ctx, fsdp_store_t *store, const fsdp_nccl_options_t *o,
                         fsdp_pg_t **out) {
-    /* The arguments are checked here, before anything loads the plugin. */
+    /* The arguments are checked here, before anything loads the plugin, and the plugin (built
+     * with this libfsdp's headers: its version is checked) gets a copy of this layout. */
     int64_t timeout = 0;
-    int rc = fsdp__pg_check_world_args(ctx, "fsdp_pg_create_nccl", store, out,
-                                       o ? o->timeout_ms : 0, &timeout);
+    int rc = fsdp__abi_check(ctx, "fsdp_pg_create_nccl", "o", o, &nccl_options_abi);
+    if (rc < 0) {
+        if (out) *out = NULL;
+        return rc;
+    }
+    rc = fsdp__pg_check_world_args(ctx, "fsdp_pg_create_nccl", store, out, o ? o->timeout_ms : 0,
+                                   &timeout);
     if (rc < 0) return rc;
+    fsdp_nccl_options_t oc;
+    fsdp_nccl_options_init(&oc);
+    if (o) fsdp__abi_copy_in(&oc, o, &nccl_options_abi);
     const struct fsdp_plugin *p = NULL;
     rc = fsdp__plugin_get(ctx, "fsdp_pg_create_nccl", &p);
     if (rc < 0) return rc;
     if (!p->nccl_create)
         return fsdp__ctx_err(ctx, FSDP_ENOTSUP,
                              "fsdp_pg_create_nccl: the CUDA plugin was built without NCCL");
-    return p->nccl_create(ctx, store, o, out);
+    return p->nccl_create(ctx, store, &oc, out);
 }
 
 #else /* !FSDP_HAVE_NCCL */

@@ -43,12 +43,16 @@
 #define COLL_LARGE_REPS 63
 #define COLL_PAUSE_NS 1000000
 
-void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts) {
-    if (!opts) return;
-    memset(opts, 0, sizeof *opts);
-    opts->ranks = 2;
-    opts->backend = NULL;
-    opts->coll_bytes = 0;
+static const fsdp__abi_struct_t calibrate_options_abi =
+    FSDP__ABI_STRUCT(fsdp_calibrate_options_t, "fsdp_calibrate_options_init", coll_bytes);
+
+void(fsdp_calibrate_options_init)(fsdp_calibrate_options_t *opts, size_t size) {
+    fsdp_calibrate_options_t d;
+    memset(&d, 0, sizeof d);
+    d.ranks = 2;
+    d.backend = NULL;
+    d.coll_bytes = 0;
+    fsdp__abi_init(opts, size, &d, &calibrate_options_abi);
 }
 
 static double seconds_since(int64_t t0) {
@@ -274,6 +278,7 @@ int fsdp_cluster_calibrate_cpu(fsdp_ctx_t *ctx, const fsdp_calibrate_options_t *
     fsdp_net_model_t *net = &cl.net;
     int rc;
     memset(&cl, 0, sizeof cl);
+    if ((rc = fsdp__abi_check(ctx, who, "opts", opts, &calibrate_options_abi)) < 0) return rc;
     if (!opts) {
         fsdp_calibrate_options_init(&defaults);
         opts = &defaults;

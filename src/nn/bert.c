@@ -21,26 +21,33 @@
 
 #include "nn/bert_impl.h"
 
-void fsdp_bert_config_init(fsdp_bert_config_t *cfg) {
-    if (!cfg) return;
-    cfg->vocab_size = 30522;
-    cfg->hidden_size = 768;
-    cfg->num_hidden_layers = 12;
-    cfg->num_attention_heads = 12;
-    cfg->intermediate_size = 3072;
-    cfg->max_position_embeddings = 512;
-    cfg->type_vocab_size = 2;
-    cfg->layer_norm_eps = 1e-12;
-    cfg->hidden_dropout_prob = 0.1;
-    cfg->attention_probs_dropout_prob = 0.1;
-    cfg->pad_token_id = 0;
-    cfg->initializer_range = 0.02;
-    cfg->add_pooling_layer = true;
+static const fsdp__abi_struct_t config_abi =
+    FSDP__ABI_STRUCT(fsdp_bert_config_t, "fsdp_bert_config_init", add_pooling_layer);
+
+void(fsdp_bert_config_init)(fsdp_bert_config_t *cfg, size_t size) {
+    fsdp_bert_config_t d;
+    memset(&d, 0, sizeof d);
+    d.vocab_size = 30522;
+    d.hidden_size = 768;
+    d.num_hidden_layers = 12;
+    d.num_attention_heads = 12;
+    d.intermediate_size = 3072;
+    d.max_position_embeddings = 512;
+    d.type_vocab_size = 2;
+    d.layer_norm_eps = 1e-12;
+    d.hidden_dropout_prob = 0.1;
+    d.attention_probs_dropout_prob = 0.1;
+    d.pad_token_id = 0;
+    d.initializer_range = 0.02;
+    d.add_pooling_layer = true;
+    fsdp__abi_init(cfg, size, &d, &config_abi);
 }
 
 /* fsdp_bert_config_check with the calling function's name in the message. */
 static int check_config(fsdp_ctx_t *ctx, const char *fn, const fsdp_bert_config_t *cfg) {
     if (!cfg) return fsdp__ctx_err(ctx, FSDP_EINVAL, "%s: cfg is NULL", fn);
+    int rc = fsdp__abi_check(ctx, fn, "cfg", cfg, &config_abi);
+    if (rc < 0) return rc;
     const struct {
         const char *name;
         int64_t v, min;
@@ -317,14 +324,19 @@ static int init_weights(fsdp_module_t *m, const fsdp_bert_config_t *cfg) {
     return rc;
 }
 
-int fsdp_bert_create(fsdp_ctx_t *ctx, const fsdp_bert_config_t *cfg, fsdp_module_t **m) {
+int fsdp_bert_create(fsdp_ctx_t *ctx, const fsdp_bert_config_t *user_cfg, fsdp_module_t **m) {
     fsdp_module_t *mod = NULL, *c = NULL;
     struct bert_mlm *r = NULL;
     int rc;
     if (!m) return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_bert_create: m is NULL");
     *m = NULL;
     if (!ctx) return FSDP_EINVAL;
-    FSDP_TRY(rc, fail, check_config(ctx, "fsdp_bert_create", cfg));
+    FSDP_TRY(rc, fail, check_config(ctx, "fsdp_bert_create", user_cfg));
+    /* Every module below keeps a copy of this one, of this library's layout. */
+    fsdp_bert_config_t cfg_copy;
+    fsdp_bert_config_init(&cfg_copy);
+    fsdp__abi_copy_in(&cfg_copy, user_cfg, &config_abi);
+    const fsdp_bert_config_t *cfg = &cfg_copy;
     FSDP_TRY(rc, fail, fsdp__module_new(ctx, &bert_mlm_ops, sizeof *r, &mod, (void **)&r));
     r->cfg = *cfg;
     FSDP_TRY(rc, fail, bert_model_create(ctx, cfg, &c));

@@ -20,21 +20,26 @@
 #include "nn/nn_impl.h"
 #include <fsdp/transformer.h>
 
-void fsdp_gpt_config_init(fsdp_gpt_config_t *cfg) {
-    if (!cfg) return;
-    cfg->vocab = 50257;
-    cfg->max_seq = 1024;
-    cfg->n_layer = 12;
-    cfg->n_head = 12;
-    cfg->d_model = 768;
-    cfg->d_ff = 0;
-    cfg->dropout = 0.0;
-    cfg->layer_norm_eps = 1e-5;
-    cfg->init_std = 0.02;
+static const fsdp__abi_struct_t config_abi =
+    FSDP__ABI_STRUCT(fsdp_gpt_config_t, "fsdp_gpt_config_init", init_std);
+
+void(fsdp_gpt_config_init)(fsdp_gpt_config_t *cfg, size_t size) {
+    fsdp_gpt_config_t d;
+    memset(&d, 0, sizeof d);
+    d.vocab = 50257;
+    d.max_seq = 1024;
+    d.n_layer = 12;
+    d.n_head = 12;
+    d.d_model = 768;
+    d.d_ff = 0;
+    d.dropout = 0.0;
+    d.layer_norm_eps = 1e-5;
+    d.init_std = 0.02;
+    fsdp__abi_init(cfg, size, &d, &config_abi);
 }
 
 struct gpt {
-    fsdp_gpt_config_t cfg;               /* d_ff resolved */
+    fsdp_gpt_config_t cfg;               /* d_ff resolved; size this library's */
     fsdp_module_t *wte, *wpe, *h, *ln_f; /* children (borrowed) */
     fsdp_tensor_t *mask; /* (T, T) additive causal mask of the last forward, or NULL */
     fsdp_tensor_t *pos;  /* (T) int64 positions 0..T-1 of the last forward, or NULL */
@@ -364,6 +369,7 @@ int fsdp_gpt_create(fsdp_ctx_t *ctx, const fsdp_gpt_config_t *cfg, fsdp_module_t
     *m = NULL;
     if (!ctx) return FSDP_EINVAL;
     if (!cfg) return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_gpt_create: cfg is NULL");
+    if ((rc = fsdp__abi_check(ctx, "fsdp_gpt_create", "cfg", cfg, &config_abi)) < 0) return rc;
     if (cfg->vocab <= 0 || cfg->max_seq <= 0 || cfg->n_layer < 0 || cfg->n_head <= 0 ||
         cfg->d_model <= 0 || cfg->d_model % cfg->n_head != 0 || cfg->d_ff < 0)
         return fsdp__ctx_err(ctx, FSDP_EINVAL,
@@ -380,7 +386,8 @@ int fsdp_gpt_create(fsdp_ctx_t *ctx, const fsdp_gpt_config_t *cfg, fsdp_module_t
                              "positive and init_std %g not negative",
                              cfg->dropout, cfg->layer_norm_eps, cfg->init_std);
     FSDP_TRY(rc, fail, fsdp__module_new(ctx, &gpt_ops, sizeof *g, &mod, (void **)&g));
-    g->cfg = *cfg;
+    fsdp_gpt_config_init(&g->cfg);
+    fsdp__abi_copy_in(&g->cfg, cfg, &config_abi);
     if (g->cfg.d_ff == 0) g->cfg.d_ff = 4 * cfg->d_model;
     FSDP_TRY(rc, fail, fsdp_embedding_create(ctx, cfg->vocab, cfg->d_model, -1, &c));
     FSDP_TRY(rc, fail, adopt(mod, "wte", c, &g->wte));

@@ -14,22 +14,28 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "nn/nn_impl.h"
 #include <fsdp/transformer.h>
 
-void fsdp_transformer_config_init(fsdp_transformer_config_t *cfg) {
-    if (!cfg) return;
-    cfg->d_model = 512;
-    cfg->nhead = 8;
-    cfg->num_encoder_layers = 6;
-    cfg->num_decoder_layers = 6;
-    cfg->dim_feedforward = 2048;
-    cfg->dropout = 0.1;
-    cfg->activation = FSDP_ACTIVATION_RELU;
-    cfg->layer_norm_eps = 1e-5;
-    cfg->batch_first = false;
-    cfg->norm_first = false;
+static const fsdp__abi_struct_t config_abi =
+    FSDP__ABI_STRUCT(fsdp_transformer_config_t, "fsdp_transformer_config_init", norm_first);
+
+void(fsdp_transformer_config_init)(fsdp_transformer_config_t *cfg, size_t size) {
+    fsdp_transformer_config_t d;
+    memset(&d, 0, sizeof d);
+    d.d_model = 512;
+    d.nhead = 8;
+    d.num_encoder_layers = 6;
+    d.num_decoder_layers = 6;
+    d.dim_feedforward = 2048;
+    d.dropout = 0.1;
+    d.activation = FSDP_ACTIVATION_RELU;
+    d.layer_norm_eps = 1e-5;
+    d.batch_first = false;
+    d.norm_first = false;
+    fsdp__abi_init(cfg, size, &d, &config_abi);
 }
 
 /* The layers of a TransformerEncoderLayer or TransformerDecoderLayer (the decoder's extra
@@ -67,6 +73,8 @@ static int adopt(fsdp_module_t *m, const char *name, fsdp_module_t *child, fsdp_
 
 static int check_config(fsdp_ctx_t *ctx, const char *fn, const fsdp_transformer_config_t *cfg) {
     if (!cfg) return fsdp__ctx_err(ctx, FSDP_EINVAL, "%s: cfg is NULL", fn);
+    int rc = fsdp__abi_check(ctx, fn, "cfg", cfg, &config_abi);
+    if (rc < 0) return rc;
     if (cfg->d_model <= 0 || cfg->nhead <= 0 || cfg->d_model % cfg->nhead != 0)
         return fsdp__ctx_err(ctx, FSDP_EINVAL,
                              "%s: d_model %lld must be positive and divisible by nhead %lld", fn,

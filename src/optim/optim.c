@@ -63,12 +63,31 @@ bool fsdp__optim_hp_valid(fsdp_optim_kind_t kind, const struct fsdp__hparams *h,
     return true;
 }
 
-/* Reads a public option struct (its first member is the kind tag) for an optimizer of `kind`
- * into h and validates it. */
+static const fsdp__abi_struct_t sgd_abi =
+    FSDP__ABI_STRUCT(fsdp_sgd_options_t, "fsdp_sgd_options_init", nesterov);
+const fsdp__abi_struct_t fsdp__adam_options_abi = FSDP__ABI_STRUCT(
+    fsdp_adam_options_t, "fsdp_adam_options_init or fsdp_adamw_options_init", amsgrad);
+
+/* The two structs share their first members, so the kind tag can be read before the struct's
+ * type is known. */
+_Static_assert(offsetof(fsdp_sgd_options_t, kind) == offsetof(fsdp_adam_options_t, kind),
+               "the kind tag of the optimizer options is at one offset");
+
+static const fsdp__abi_struct_t *opts_abi(fsdp_optim_kind_t kind) {
+    return kind == FSDP_OPTIM_SGD ? &sgd_abi : &fsdp__adam_options_abi;
+}
+
+/* Reads a public option struct (its members after size start with the kind tag) for an
+ * optimizer of `kind` into h and validates it. */
 static int read_opts(fsdp_ctx_t *ctx, fsdp_optim_kind_t kind, const void *opts, const char *fn,
                      struct fsdp__hparams *h) {
-    const fsdp_optim_kind_t tag = *(const fsdp_optim_kind_t *)opts;
+    const fsdp_optim_kind_t tag = ((const fsdp_sgd_options_t *)opts)->kind;
     memset(h, 0, sizeof *h);
+    /* The size is checked against the struct the tag names (the optimizer's when the tag is not
+     * a kind), so that a mismatch is reported as one. */
+    const bool tag_ok = tag == FSDP_OPTIM_SGD || tag == FSDP_OPTIM_ADAM || tag == FSDP_OPTIM_ADAMW;
+    int rc = fsdp__abi_check(ctx, fn, "opts", opts, opts_abi(tag_ok ? tag : kind));
+    if (rc < 0) return rc;
     if (tag != FSDP_OPTIM_SGD && tag != FSDP_OPTIM_ADAM && tag != FSDP_OPTIM_ADAMW)
         return fsdp__ctx_err(ctx, FSDP_EINVAL,
                              "%s: the options' kind is %d: fill them with "
@@ -101,51 +120,61 @@ static int read_opts(fsdp_ctx_t *ctx, fsdp_optim_kind_t kind, const void *opts, 
     return FSDP_OK;
 }
 
-static void write_opts(fsdp_optim_kind_t kind, const struct fsdp__hparams *h, void *opts) {
+/* Fills the caller's struct opts of opts_size bytes with h, as the _init functions fill it. */
+static int write_opts(fsdp_ctx_t *ctx, fsdp_optim_kind_t kind, const struct fsdp__hparams *h,
+                      void *opts, size_t opts_size) {
+    static const char fn[] = "fsdp_optim_get_options";
     if (kind == FSDP_OPTIM_SGD) {
-        fsdp_sgd_options_t *o = opts;
-        memset(o, 0, sizeof *o);
-        o->kind = FSDP_OPTIM_SGD;
-        o->lr = h->lr;
-        o->momentum = h->momentum;
-        o->dampening = h->dampening;
-        o->weight_decay = h->weight_decay;
-        o->nesterov = h->nesterov;
-    } else {
-        fsdp_adam_options_t *o = opts;
-        memset(o, 0, sizeof *o);
-        o->kind = kind;
-        o->lr = h->lr;
-        o->beta1 = h->beta1;
-        o->beta2 = h->beta2;
-        o->eps = h->eps;
-        o->weight_decay = h->weight_decay;
-        o->amsgrad = h->amsgrad;
+        fsdp_sgd_options_t o;
+        memset(&o, 0, sizeof o);
+        o.kind = FSDP_OPTIM_SGD;
+        o.lr = h->lr;
+        o.momentum = h->momentum;
+        o.dampening = h->dampening;
+        o.weight_decay = h->weight_decay;
+        o.nesterov = h->nesterov;
+        return fsdp__abi_fill(ctx, fn, "sizeof *opts", opts, opts_size, &o, &sgd_abi);
     }
+    fsdp_adam_options_t o;
+    memset(&o, 0, sizeof o);
+    o.kind = kind;
+    o.lr = h->lr;
+    o.beta1 = h->beta1;
+    o.beta2 = h->beta2;
+    o.eps = h->eps;
+    o.weight_decay = h->weight_decay;
+    o.amsgrad = h->amsgrad;
+    return fsdp__abi_fill(ctx, fn, "sizeof *opts", opts, opts_size, &o, &fsdp__adam_options_abi);
 }
 
-void fsdp_sgd_options_init(fsdp_sgd_options_t *opts) {
-    if (!opts) return;
-    memset(opts, 0, sizeof *opts);
-    opts->kind = FSDP_OPTIM_SGD;
-    opts->lr = 1e-3;
+void(fsdp_sgd_options_init)(fsdp_sgd_options_t *opts, size_t size) {
+    fsdp_sgd_options_t d;
+    memset(&d, 0, sizeof d);
+    d.kind = FSDP_OPTIM_SGD;
+    d.lr = 1e-3;
+    fsdp__abi_init(opts, size, &d, &sgd_abi);
 }
 
-void fsdp_adam_options_init(fsdp_adam_options_t *opts) {
-    if (!opts) return;
-    memset(opts, 0, sizeof *opts);
-    opts->kind = FSDP_OPTIM_ADAM;
-    opts->lr = 1e-3;
-    opts->beta1 = 0.9;
-    opts->beta2 = 0.999;
-    opts->eps = 1e-8;
+static void adam_defaults(fsdp_adam_options_t *d, fsdp_optim_kind_t kind) {
+    memset(d, 0, sizeof *d);
+    d->kind = kind;
+    d->lr = 1e-3;
+    d->beta1 = 0.9;
+    d->beta2 = 0.999;
+    d->eps = 1e-8;
+    if (kind == FSDP_OPTIM_ADAMW) d->weight_decay = 1e-2;
 }
 
-void fsdp_adamw_options_init(fsdp_adam_options_t *opts) {
-    if (!opts) return;
-    fsdp_adam_options_init(opts);
-    opts->kind = FSDP_OPTIM_ADAMW;
-    opts->weight_decay = 1e-2;
+void(fsdp_adam_options_init)(fsdp_adam_options_t *opts, size_t size) {
+    fsdp_adam_options_t d;
+    adam_defaults(&d, FSDP_OPTIM_ADAM);
+    fsdp__abi_init(opts, size, &d, &fsdp__adam_options_abi);
+}
+
+void(fsdp_adamw_options_init)(fsdp_adam_options_t *opts, size_t size) {
+    fsdp_adam_options_t d;
+    adam_defaults(&d, FSDP_OPTIM_ADAMW);
+    fsdp__abi_init(opts, size, &d, &fsdp__adam_options_abi);
 }
 
 /* ---- creation -------------------------------------------------------------------------------- */
@@ -371,12 +400,12 @@ int fsdp_optim_set_lr(fsdp_optim_t *opt, int group, double lr) {
     return FSDP_OK;
 }
 
-int fsdp_optim_get_options(const fsdp_optim_t *opt, int group, void *opts) {
+int(fsdp_optim_get_options)(const fsdp_optim_t *opt, int group, void *opts, size_t opts_size) {
     if (!opt || !opts) return FSDP_EINVAL;
     if (group != -1 && !group_ok(opt, group))
         return bad_group(opt, group, "fsdp_optim_get_options");
-    write_opts(opt->kind, group == -1 ? &opt->defaults : &opt->groups[group].hp, opts);
-    return FSDP_OK;
+    return write_opts(opt->ctx, opt->kind, group == -1 ? &opt->defaults : &opt->groups[group].hp,
+                      opts, opts_size);
 }
 
 int fsdp_optim_set_options(fsdp_optim_t *opt, int group, const void *opts) {

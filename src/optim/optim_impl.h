@@ -28,6 +28,12 @@
 #include <fsdp/optim.h>
 #include <fsdp/tensor.h>
 
+#include "internal.h"
+
+/* The size record of fsdp_adam_options_t (docs/design.md, "ABI policy"), for the GPT recipe's
+ * _init and its optimizer. */
+extern const fsdp__abi_struct_t fsdp__adam_options_abi;
+
 /* ---- the optimizer object ---- */
 
 /* State entries of a parameter; the first FSDP__OPTIM_NBUF are buffers, FSDP__OPTIM_STEP is
