@@ -12,7 +12,7 @@
 # --metrics; the table gives, per run, the median tokens per second over the steps after the
 # first two (warm-up), the ratio of that to sim world 1 of the same model (the baseline, run by
 # this script), and the largest per-rank peak of the memory libfsdp tracks (parameters,
-# gradients, optimizer state, activations, communication buffers; mem_peak_mib_per_rank).
+# gradients, optimizer state, activations, communication buffers; mem_peak_bytes_per_rank, shown in MiB).
 #
 # Threads: fsdp-train's default, the online cores divided by the ranks of the process (so every
 # run uses the whole machine), unless FSDP_NUM_THREADS is set.
@@ -58,8 +58,8 @@ summarize() {
     grep '"type":"train"' "$1" | tail -n +3 |
         sed -e 's/.*"tokens_per_s":\([^,]*\).*/\1/' | sort -g |
         awk '{ v[NR] = $1 } END { if (NR == 0) { print "nan"; exit } m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; print m }' > "$tmp/tps"
-    grep '"type":"train"' "$1" | sed -e 's/.*"mem_peak_mib_per_rank":\[\([^]]*\)\].*/\1/' |
-        tr ',' '\n' | sort -g | tail -1 > "$tmp/peak"
+    grep '"type":"train"' "$1" | sed -e 's/.*"mem_peak_bytes_per_rank":\[\([^]]*\)\].*/\1/' |
+        tr ',' '\n' | sort -g | tail -1 | awk '{ printf "%.1f\n", $1 / 1048576 }' > "$tmp/peak"
     echo "$(cat "$tmp/tps") $(cat "$tmp/peak")"
 }
 

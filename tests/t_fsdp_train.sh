@@ -65,7 +65,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..49"
+echo "1..53"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -574,3 +574,42 @@ st=$?
 [ "$st" -ne 0 ] && grep -q 'no gradient scaler state' "$tmp/f16bad.err"
 ok $? "--precision f16 --resume from an f32 checkpoint fails and says it holds no scaler state (exit $st)" \
   "$tmp/f16bad.err"
+
+# --- 50-53: metrics worth plotting, progress for the terminal at hand -----------------------------
+check="$top_builddir/tests/metrics_check"
+"$train" --steps 3 --val-every 2 --val-steps 2 --sample-tokens 0 --quiet --grad-accum 2 \
+  --metrics "$tmp/m.jsonl" > "$tmp/m.out" 2>&1
+"$check" "$tmp/m.jsonl" > "$tmp/m.check" 2>&1
+st=$?
+[ "$st" -eq 0 ] && grep -qx 'type config 1' "$tmp/m.check" && grep -qx 'type train 3' "$tmp/m.check" &&
+  grep -q '"mem_peak_bytes_per_rank":\[[0-9]*,[0-9]*,[0-9]*,[0-9]*\]' "$tmp/m.jsonl"
+ok $? "--metrics: a config record first, then every record valid JSON with a wall-clock time; memory in bytes (exit $st)" \
+  "$tmp/m.check" "$tmp/m.jsonl"
+# Every flag that --help lists (but --help and --version) is in the config record's flags.
+"$train" --help | sed -n 's/^  --\([a-z0-9-]*\).*/\1/p' | grep -v '^help$\|^version$' | sort > "$tmp/flags.help"
+sed -n 's/^flag //p' "$tmp/m.check" | sort > "$tmp/flags.config"
+missing=$(comm -23 "$tmp/flags.help" "$tmp/flags.config" | tr '\n' ' ')
+[ -s "$tmp/flags.help" ] && [ -z "$missing" ]
+ok $? "the config record has every one of the $(wc -l < "$tmp/flags.help") flags of --help${missing:+ (missing: $missing)}" \
+  "$tmp/flags.help" "$tmp/flags.config"
+# A write that fails (the file size limit) is reported and changes the exit status.
+(trap '' XFSZ; ulimit -f 1; exec "$train" --steps 6 --sample-tokens 0 --quiet \
+  --metrics "$tmp/big.jsonl") > "$tmp/big.out" 2>&1
+st=$?
+[ "$st" -eq 1 ] && grep -q -- "--metrics: writing $tmp/big.jsonl failed" "$tmp/big.out"
+ok $? "a metrics write that fails names the file and exits 1 (exit $st)" "$tmp/big.out"
+# On a terminal: TERM=dumb gets plain lines, others an updating line cut to the width.
+if command -v script > /dev/null 2>&1; then
+  TERM=dumb script -qec "$train --steps 3 --sample-tokens 0" /dev/null > "$tmp/dumb.out" 2>&1
+  TERM=xterm COLUMNS=40 script -qec "$train --steps 3 --sample-tokens 0" /dev/null \
+    > "$tmp/narrow.out" 2>&1
+  widest=$(tr '\r' '\n' < "$tmp/narrow.out" | sed 's/\x1b\[K//g' | grep '^step' |
+    awk '{ if (length($0) > w) w = length($0) } END { print w + 0 }')
+  # (a terminal ends lines with \r\n; the updating line is \r then ESC [K)
+  ! grep -q "$(printf '\033')\[K" "$tmp/dumb.out" && [ "$(grep -c '^step' "$tmp/dumb.out")" -ge 3 ] &&
+    grep -q "$(printf '\033')\[K" "$tmp/narrow.out" && [ "$widest" -gt 0 ] && [ "$widest" -le 39 ]
+  ok $? "progress: TERM=dumb prints plain lines, no cursor control; a 40-column terminal gets one line of at most 39 ($widest)" \
+    "$tmp/dumb.out" "$tmp/narrow.out"
+else
+  echo "ok 53 # SKIP script(1) is not installed"
+fi

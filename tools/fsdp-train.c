@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "tools/train.h"
@@ -174,37 +175,55 @@ static void comm_bytes(const rank_t *k, uint64_t out[FSDP_COLL_COUNT]) {
 }
 
 static void write_metrics(const rank_t *k, int64_t s, const step_result_t *res) {
-    FILE *f = k->j->metrics;
     const train_opts_t *o = k->j->o;
     double tokens = (double)(o->batch_size * o->seq_len * o->grad_accum);
-    fprintf(f,
-            "{\"type\":\"train\",\"step\":%lld,\"loss\":%.17g,\"lr\":%.17g,\"grad_norm\":%.17g,"
-            "\"step_s\":%.6f,\"tokens_per_s\":%.1f,\"mem_rank0\":{",
-            (long long)s + 1, res->loss, res->lr, res->norm, res->seconds, tokens / res->seconds);
+    json_t *rec = train_metrics_record("train"), *mem = json_object(), *peaks = json_array(),
+           *comm = json_object();
+    if (!rec || !mem || !peaks || !comm) {
+        json_decref(mem);
+        json_decref(peaks);
+        json_decref(comm);
+        json_decref(rec);
+        train_metrics_emit(k->j, NULL);
+        return;
+    }
+    json_object_set_new(rec, "step", json_integer(s + 1));
+    json_object_set_new(rec, "loss", train_json_num(res->loss));
+    json_object_set_new(rec, "lr", train_json_num(res->lr));
+    json_object_set_new(rec, "grad_norm", train_json_num(res->norm));
+    json_object_set_new(rec, "step_s", train_json_num(res->seconds));
+    json_object_set_new(rec, "tokens_per_s", train_json_num(tokens / res->seconds));
     for (int c = 0; c < FSDP_MEM_NCAT; c++)
-        fprintf(f, "\"%s\":%zu,", fsdp_mem_cat_name((fsdp_mem_cat_t)c), res->mem.current[c]);
-    fprintf(f, "\"peak_total\":%zu},\"mem_peak_mib_per_rank\":[", res->mem.total_peak);
+        json_object_set_new(mem, fsdp_mem_cat_name((fsdp_mem_cat_t)c),
+                            json_integer((json_int_t)res->mem.current[c]));
+    json_object_set_new(mem, "peak_total", json_integer((json_int_t)res->mem.total_peak));
+    json_object_set_new(rec, "mem_rank0", mem);
+    /* mem_all holds MiB (total_peak / 2^20, exact in a double): back to bytes, one unit. */
     for (int r = 0; r < k->world; r++)
-        fprintf(f, "%s%.3f", r ? "," : "", k->mem_all[r]);
-    fprintf(f, "],\"comm_bytes_rank0\":{");
+        json_array_append_new(peaks, json_integer((json_int_t)(k->mem_all[r] * 1048576.0)));
+    json_object_set_new(rec, "mem_peak_bytes_per_rank", peaks);
     uint64_t b[FSDP_COLL_COUNT];
     comm_bytes(k, b);
     for (int q = 0; q < FSDP_COLL_COUNT; q++)
-        fprintf(f, "%s\"%s\":%llu", q ? "," : "", fsdp_coll_name((fsdp_coll_kind_t)q),
-                (unsigned long long)b[q]);
-    fprintf(f, "}");
-    if (k->scaler)
-        fprintf(f, ",\"grad_scale\":%.17g,\"skipped_steps\":%lld",
-                fsdp_grad_scaler_get_scale(k->scaler), (long long)k->skipped);
-    fprintf(f, "}\n");
-    fflush(f);
+        json_object_set_new(comm, fsdp_coll_name((fsdp_coll_kind_t)q),
+                            json_integer((json_int_t)b[q]));
+    json_object_set_new(rec, "comm_bytes_rank0", comm);
+    if (k->scaler) {
+        json_object_set_new(rec, "grad_scale",
+                            train_json_num(fsdp_grad_scaler_get_scale(k->scaler)));
+        json_object_set_new(rec, "skipped_steps", json_integer(k->skipped));
+    }
+    train_metrics_emit(k->j, rec);
 }
 
 static void write_val(const rank_t *k, int64_t s, double v) {
     if (!k->j->metrics || k->r != 0) return;
-    fprintf(k->j->metrics, "{\"type\":\"val\",\"step\":%lld,\"val_loss\":%.17g}\n", (long long)s,
-            v);
-    fflush(k->j->metrics);
+    json_t *rec = train_metrics_record("val");
+    if (rec) {
+        json_object_set_new(rec, "step", json_integer(s));
+        json_object_set_new(rec, "val_loss", train_json_num(v));
+    }
+    train_metrics_emit(k->j, rec);
 }
 
 static void fmt_duration(double s, char *buf, size_t cap) {
@@ -231,11 +250,17 @@ static void progress(const rank_t *k, int64_t s, const step_result_t *res, doubl
     size_t n = 0;
     for (int r = 0; r < k->world && n + 16 < sizeof mem; r++)
         n += (size_t)snprintf(mem + n, sizeof mem - n, "%s%.1f", r ? "/" : "", k->mem_all[r]);
-    if (k->j->tty)
-        printf("\r\033[Kstep %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  eta %s  mem MiB %s",
-               (long long)done, (long long)o->steps, res->loss, res->lr, tokens / res->seconds, eta,
-               mem);
-    else
+    if (k->j->tty) {
+        /* One line that never wraps, or \r would no longer return to its start. */
+        char line[512];
+        snprintf(line, sizeof line,
+                 "step %lld/%lld  loss %.4f  lr %.2e  %.0f tok/s  eta %s  mem MiB %s",
+                 (long long)done, (long long)o->steps, res->loss, res->lr, tokens / res->seconds,
+                 eta, mem);
+        int width = k->j->columns - 1;
+        if (width >= 0 && (size_t)width < strlen(line)) line[width] = '\0';
+        printf("\r\033[K%s", line);
+    } else
         printf("step %lld/%lld  loss %.4f  lr %.2e  norm %.3f  %.0f tok/s  eta %s  mem MiB %s\n",
                (long long)done, (long long)o->steps, res->loss, res->lr, res->norm,
                tokens / res->seconds, eta, mem);
@@ -511,12 +536,27 @@ static int probe_cuda(void) {
     return status;
 }
 
+/* Whether stdout takes an updating progress line (a terminal that is not TERM=dumb, which has no
+ * cursor control), and how wide it is (the terminal's own size, else $COLUMNS, else 80). */
+static void terminal(job_t *j) {
+    const char *term = getenv("TERM");
+    j->tty = isatty(STDOUT_FILENO) == 1 && term && *term && strcmp(term, "dumb") != 0;
+    j->columns = 80;
+    struct winsize ws;
+    const char *cols = getenv("COLUMNS");
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+        j->columns = ws.ws_col;
+    else if (cols && atoi(cols) > 0)
+        j->columns = atoi(cols);
+}
+
 int main(int argc, char **argv) {
     train_opts_t o;
     int status = train_parse_flags(argc, argv, &o);
     if (status != 0) return status == 1 ? 0 : 2;
 
-    job_t j = {.o = &o, .tty = isatty(STDOUT_FILENO) == 1};
+    job_t j = {.o = &o};
+    terminal(&j);
     fsdp_dataset_t *train = NULL, *val = NULL;
     fsdp_ctx_t *ctx = NULL;
     char *trace_path = NULL;
@@ -555,6 +595,9 @@ int main(int argc, char **argv) {
         status = usage_error("--metrics: cannot open %s", o.metrics);
         goto out;
     }
+    train_metrics_config(&j, o.backend == TRAIN_BACKEND_SIM    ? "sim"
+                             : o.backend == TRAIN_BACKEND_GLOO ? "gloo"
+                                                               : "nccl");
     if (o.trace) {
         /* This process's file, opened now so that a bad path fails before the run rather than
          * after it; written when the ranks are done. */
@@ -595,10 +638,7 @@ int main(int argc, char **argv) {
         }
     }
 out:
-    if (j.metrics && fclose(j.metrics) != 0 && status == 0) {
-        fprintf(stderr, TRAIN_PROG ": --metrics: writing %s failed\n", o.metrics);
-        status = 1;
-    }
+    if (train_metrics_close(&j) < 0 && status == 0) status = 1;
     fsdp_ctx_destroy(ctx);
     fsdp_trace_destroy(j.trace);
     free(trace_path);

@@ -15,6 +15,7 @@
 
 #include <fsdp.h>
 #include <fsdp/grad_scaler.h>
+#include <jansson.h>
 
 #define TRAIN_PROG "fsdp-train"
 
@@ -105,6 +106,11 @@ typedef struct train_opts {
  * flag (one line printed on stderr). */
 int train_parse_flags(int argc, char **argv, train_opts_t *o);
 
+/* Every flag's value in *o as a JSON object keyed by the flag's name without its dashes (enums by
+ * their flag value, unset paths as null); NULL when out of memory. The metrics' config record
+ * and the checkpoints' record of the run are made of it. */
+json_t *train_opts_json(const train_opts_t *o);
+
 /* Checks the flags that depend on the world size (batch rows, hybrid groups); prints one line
  * and returns 2 when they do not fit, else 0. */
 int train_check_world(const train_opts_t *o, int world);
@@ -142,12 +148,27 @@ typedef struct job {
     const train_opts_t *o;
     fsdp_gpt_config_t cfg;
     const fsdp_dataset_t *train, *val;
-    bool text;     /* byte-level data: the sample is printed as text */
-    bool tty;      /* stdout is a terminal: one updating progress line */
-    FILE *metrics; /* rank 0's */
+    bool text;         /* byte-level data: the sample is printed as text */
+    bool tty;          /* stdout is a terminal (not TERM=dumb): one updating progress line */
+    int columns;       /* its width: the progress line is cut to fit */
+    FILE *metrics;     /* rank 0's */
+    int metrics_errno; /* the first write to metrics that failed (0: none) */
     int world;
     fsdp_trace_t *trace; /* --trace: the recorder every rank of this process records into */
 } job_t;
+
+/* train_metrics.c: the --metrics file (its header comment says what each record holds). */
+/* v as a JSON number, or null when it is not finite. */
+json_t *train_json_num(double v);
+/* A new record {"type": type, "time": now}; NULL when out of memory. */
+json_t *train_metrics_record(const char *type);
+/* Writes rec (its reference is taken) as one line; a failure is kept in j->metrics_errno. */
+void train_metrics_emit(job_t *j, json_t *rec);
+/* The first record: version, build, world, backend, device, the model and every flag. */
+void train_metrics_config(job_t *j, const char *backend);
+/* Closes the file; -1 (after one line on stderr naming the file and the error) when any write
+ * failed, else 0. */
+int train_metrics_close(job_t *j);
 
 /* One rank's state. */
 typedef struct rank {

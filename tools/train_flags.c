@@ -392,6 +392,93 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
     return 0;
 }
 
+static const char *const sched_names[] = {"constant", "cosine"};
+static const char *const backend_names[] = {"sim", "gloo", "nccl"};
+static const char *const device_names[] = {"auto", "cpu", "cuda"};
+
+static const char *sharding_name(fsdp_sharding_strategy_t s) {
+    switch (s) {
+    case FSDP_FULL_SHARD:
+        return "full";
+    case FSDP_SHARD_GRAD_OP:
+        return "grad-op";
+    case FSDP_NO_SHARD:
+        return "no-shard";
+    case FSDP_HYBRID_SHARD:
+        return "hybrid";
+    default:
+        return "other";
+    }
+}
+
+static const char *prefetch_name(fsdp_backward_prefetch_t p) {
+    return p == FSDP_BACKWARD_PRE ? "pre" : p == FSDP_BACKWARD_POST ? "post" : "none";
+}
+
+static json_t *str_or_null(const char *s) {
+    return s ? json_string(s) : json_null();
+}
+
+/* Keep in step with apply() and the booleans of train_parse_flags: t_fsdp_train.sh checks that
+ * every flag of --help is a key. */
+json_t *train_opts_json(const train_opts_t *o) {
+    json_t *f = json_object();
+    if (!f) return NULL;
+#define SET(k, v) json_object_set_new(f, k, v)
+    SET("lr", json_real(o->lr));
+    SET("lr-schedule", json_string(sched_names[o->sched]));
+    SET("warmup", json_integer(o->warmup));
+    SET("weight-decay", json_real(o->weight_decay));
+    SET("beta1", json_real(o->beta1));
+    SET("beta2", json_real(o->beta2));
+    SET("eps", json_real(o->eps));
+    SET("grad-clip", json_real(o->grad_clip));
+    SET("batch-size", json_integer(o->batch_size));
+    SET("seq-len", json_integer(o->seq_len));
+    SET("steps", json_integer(o->steps));
+    SET("grad-accum", json_integer(o->grad_accum));
+    SET("reduce-every-micro-batch", json_boolean(o->reduce_every_micro));
+    SET("model", json_string(o->model));
+    SET("n-layer", json_integer(o->n_layer));
+    SET("n-head", json_integer(o->n_head));
+    SET("n-embd", json_integer(o->n_embd));
+    SET("block-size", json_integer(o->block_size));
+    SET("vocab-size", json_integer(o->vocab_size));
+    SET("dropout", json_real(o->dropout));
+    SET("data", str_or_null(o->data));
+    SET("val-data", str_or_null(o->val_data));
+    SET("shuffle", json_boolean(o->shuffle));
+    SET("seed", json_integer((json_int_t)o->seed));
+    SET("backend", json_string(backend_names[o->backend]));
+    SET("world-size", json_integer(o->world_size));
+    SET("device", json_string(device_names[o->device]));
+    SET("sharding", json_string(sharding_name(o->sharding)));
+    SET("shard-group-size", json_integer(o->shard_group_size));
+    SET("cpu-offload", json_boolean(o->cpu_offload));
+    SET("backward-prefetch", json_string(prefetch_name(o->backward_prefetch)));
+    SET("forward-prefetch", json_boolean(o->forward_prefetch));
+    SET("activation-checkpointing", json_boolean(o->activation_checkpointing));
+    SET("limit-all-gathers", json_integer(o->limit_all_gathers));
+    SET("precision", json_string(train_precision_name(o->precision)));
+    SET("val-every", json_integer(o->val_every));
+    SET("val-steps", json_integer(o->val_steps));
+    SET("sample-tokens", json_integer(o->sample_tokens));
+    SET("temperature", json_real(o->temperature));
+    SET("top-k", json_integer(o->top_k));
+    SET("prompt", str_or_null(o->prompt));
+    SET("metrics", str_or_null(o->metrics));
+    SET("trace", str_or_null(o->trace));
+    SET("log-every", json_integer(o->log_every));
+    SET("quiet", json_boolean(o->quiet));
+    SET("export", str_or_null(o->export_path));
+    SET("init", str_or_null(o->init_path));
+    SET("save-every", json_integer(o->save_every));
+    SET("checkpoint-dir", str_or_null(o->checkpoint_dir));
+    SET("resume", str_or_null(o->resume));
+#undef SET
+    return f;
+}
+
 int train_parse_flags(int argc, char **argv, train_opts_t *o) {
     defaults(o);
     for (int i = 1; i < argc; i++) {
