@@ -221,6 +221,69 @@ void fsdp__abi_init(void *o, size_t size, const void *d, const fsdp__abi_struct_
  */
 void fsdp__abi_copy_in(void *dst, const void *src, const fsdp__abi_struct_t *abi);
 
+/* ---- files (core/file.c; docs/design.md, "Checkpoints (safetensors)") -------------------- */
+
+/* What a st_mode is, for messages: "a regular file", "a FIFO (named pipe)", "a directory",
+ * "a character device", "a block device", "a socket", "a symbolic link". */
+const char *fsdp__file_kind(unsigned mode);
+
+/*
+ * Opens path (relative to dirfd, or AT_FDCWD) for a regular file: flags are O_RDONLY or O_RDWR,
+ * plus O_CREAT (with mode) or O_NOFOLLOW as the caller needs; O_NONBLOCK, O_NOCTTY and
+ * O_CLOEXEC are always added, so that opening a FIFO or a device cannot block, and O_NONBLOCK is
+ * cleared again once fstat showed a regular file. Every open of a file the library reads goes
+ * through here. Returns the descriptor (the caller closes it), with its fstat in *st when st is
+ * not NULL; or FSDP_EINVAL when path is not a
+ * regular file (a FIFO, a directory, a device, a socket, or a link under O_NOFOLLOW), and
+ * FSDP_EBACKEND when it cannot be opened or looked at (errno is the system's reason: ENOENT for
+ * a missing file). On failure `why` (cap bytes) says what is wrong, without the path:
+ * "is a FIFO (named pipe), not a regular file", "cannot open: No such file or directory".
+ */
+struct stat;
+int fsdp__open_regular(int dirfd, const char *path, int flags, unsigned mode, struct stat *st,
+                       char *why, size_t cap);
+
+/* fsyncs the directory that holds path (relative to dirfd, or AT_FDCWD), so that a rename in it
+ * is durable: 0, or -1 with errno. File systems that cannot sync a directory (EINVAL) are taken
+ * at their word. */
+int fsdp__sync_dir_of(int dirfd, const char *path);
+
+/*
+ * A file replaced atomically: written under a temporary name beside the destination (rename is
+ * atomic only within one directory's file system), then renamed over it, so a reader sees the
+ * old file or the new one, whole. Only a regular file is ever replaced: the destination is
+ * checked with lstat (a link is not followed) when the write begins and again just before the
+ * rename, and a FIFO, device, directory or link there is refused (FSDP_EINVAL), naming it and
+ * what it is. Every failure removes the temporary file.
+ *
+ *   fsdp__replace_t r;
+ *   rc = fsdp__replace_begin(&r, AT_FDCWD, path, 0666, true, why, sizeof why);
+ *   ... write r.fd; on a write error: fsdp__replace_abort(&r) ...
+ *   rc = fsdp__replace_commit(&r, why, sizeof why);
+ */
+typedef struct fsdp__replace {
+    int dirfd;        /* names are relative to it: AT_FDCWD or a directory the caller verified */
+    const char *path; /* the destination (borrowed from the caller) */
+    char *tmp;        /* "<path>.tmp-<pid>-<hex>", NULL when there is no temporary file */
+    int fd;           /* open for writing on tmp; -1 once closed */
+    bool sync;        /* fsync the file before the rename and its directory after it */
+} fsdp__replace_t;
+
+/* Checks the destination, then creates the temporary file (O_EXCL, O_NOFOLLOW, mode under the
+ * umask), open for writing in r->fd. FSDP_OK; or FSDP_EINVAL (the destination is not a regular
+ * file), FSDP_EBACKEND or FSDP_ENOMEM with `why` (cap bytes) naming the file. r is safe to
+ * abort either way. */
+int fsdp__replace_begin(fsdp__replace_t *r, int dirfd, const char *path, unsigned mode, bool sync,
+                        char *why, size_t cap);
+/* With sync, fsyncs r->fd; closes it (when the caller has not: a caller that wrote through stdio
+ * fcloses and sets r->fd = -1 first), checks the destination again, renames, and with sync
+ * fsyncs the directory. FSDP_OK, or an error as for begin with `why` naming the file; a failed
+ * directory sync is FSDP_EBACKEND although the file is in place (the message says so). The
+ * temporary file never survives a failure. */
+int fsdp__replace_commit(fsdp__replace_t *r, char *why, size_t cap);
+/* Closes and removes the temporary file, if any; keeps errno. */
+void fsdp__replace_abort(fsdp__replace_t *r);
+
 /* Converts n elements of es bytes between little-endian (the file formats') and host order, in
  * place: a no-op on little-endian hosts, a byte reversal per element otherwise. */
 void fsdp__swap_le(void *buf, size_t n, size_t es);

@@ -76,8 +76,10 @@ typedef enum fsdp_data_format {
  *
  * ctx (may be NULL) receives the error message. The caller owns *out (NULL on failure) and
  * frees it with fsdp_dataset_destroy(). Errors: FSDP_EINVAL for a bad argument or a bad file (the
- * message names the path and the header field), FSDP_EBACKEND when the file cannot be opened or
- * read (with the system's reason), FSDP_ENOMEM. Blocking (file I/O). Thread-safe.
+ * message names the path and the header field), or a path that is not a regular file (a FIFO, a
+ * device, a directory: refused without blocking, the message says which), FSDP_EBACKEND when the
+ * file cannot be opened or read (with the system's reason), FSDP_ENOMEM. Blocking (file I/O).
+ * Thread-safe.
  */
 FSDP_EXTERN int fsdp_dataset_open(fsdp_ctx_t *ctx, const char *path, fsdp_data_format_t format,
                                   fsdp_dataset_t **out);

@@ -203,7 +203,10 @@ FSDP_EXTERN int fsdp_module_state_dict(const fsdp_module_t *m, fsdp_named_list_t
 FSDP_EXTERN int fsdp_module_load_state_dict(fsdp_module_t *m, const fsdp_named_list_t *sd,
                                             bool strict);
 /* A state dict in a file (simple binary: names, dtypes, shapes, data). Loading creates CPU
- * tensors on ctx's default device. */
+ * tensors on ctx's default device. Saving writes a temporary file beside path and renames it
+ * over path, which must be absent or a regular file (a FIFO, device, directory or link is
+ * refused); on failure path is untouched. Loading refuses a path that is not a regular file
+ * without blocking on it. */
 FSDP_EXTERN int fsdp_state_dict_save(const fsdp_named_list_t *sd, const char *path);
 FSDP_EXTERN int fsdp_state_dict_load(fsdp_ctx_t *ctx, const char *path, fsdp_named_list_t *out);
 

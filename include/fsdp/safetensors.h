@@ -146,7 +146,9 @@ FSDP_EXTERN int fsdp_safetensors_load_module(fsdp_safetensors_t *st, fsdp_module
  * UTF-8 and not "__metadata__") and nmeta metadata strings (keys unique) to path, atomically
  * (see the top of this file). The data section follows the list's order. Reports on ctx, or
  * when ctx is NULL on the first tensor's context. Blocks until the file and its directory are
- * on stable storage. On failure the temporary file is removed and path is untouched.
+ * on stable storage. On failure the temporary file is removed and path is untouched. Only a
+ * regular file is replaced: a path that is a FIFO, a device, a directory or a symbolic link is
+ * refused (FSDP_EINVAL, naming it and what it is), checked before writing and before the rename.
  */
 FSDP_EXTERN int fsdp_safetensors_save(fsdp_ctx_t *ctx, const char *path,
                                       const fsdp_named_list_t *tensors,

@@ -45,10 +45,18 @@ FSDP_EXTERN int fsdp_store_create_memory(fsdp_ctx_t *ctx, fsdp_store_t **out);
  * handle's timeout. Files are created readable by their owner only: every rank must run as the
  * same user. Nothing is removed from the directory; use a fresh directory per job.
  *
+ * The directory must be private, since whoever can write to it can steer the ranks: directories
+ * the store creates are 0700 whatever the umask, and dir itself must not be a symbolic link,
+ * must be owned by the effective user and writable by no one else, and its parent must not be
+ * writable by group or others unless it is sticky (like /tmp). Key files are never read or
+ * written through a link; a key or lock file that is a link or not a regular file is refused
+ * (FSDP_EINVAL from the operation, naming the file).
+ *
  * Blocks only for the directory checks. The caller owns *out (NULL on failure). Errors, with
- * their message on ctx (may be NULL): FSDP_EINVAL for a NULL or empty dir; FSDP_EBACKEND when
- * the directory cannot be created or written (the message names the path and the system's
- * reason). Thread-safe.
+ * their message on ctx (may be NULL): FSDP_EINVAL for a NULL or empty dir, or a directory that
+ * fails the checks above (the message names the path, its owner uid and mode, and what is
+ * wrong); FSDP_EBACKEND when the directory cannot be created or written (the message names the
+ * path and the system's reason). Thread-safe.
  */
 FSDP_EXTERN int fsdp_store_create_file(fsdp_ctx_t *ctx, const char *dir, fsdp_store_t **out);
 

@@ -478,32 +478,28 @@ int fsdp__ckpt_write_index(fsdp_ckpt_t *ck, const char *dir) {
         return fsdp__ckpt_err(ck, FSDP_ENOMEM, "'%s': building %s: out of memory", dir,
                               FSDP_CKPT_INDEX);
     size_t plen = strlen(dir) + sizeof FSDP_CKPT_INDEX + 16;
-    char *path = malloc(plen), *tmp = malloc(plen);
-    int rc = FSDP_OK, fd = -1;
-    if (!path || !tmp) {
+    char *path = malloc(plen), why[FSDP_ERR_LEN - 64];
+    fsdp__replace_t w = {.fd = -1};
+    int rc = FSDP_OK;
+    if (!path) {
         rc = fsdp__ckpt_err(ck, FSDP_ENOMEM, "'%s': out of memory", dir);
         goto out;
     }
     snprintf(path, plen, "%s/%s", dir, FSDP_CKPT_INDEX);
-    snprintf(tmp, plen, "%s/%s.tmp", dir, FSDP_CKPT_INDEX);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    /* written under a temporary name and renamed, like a rank file (fsdp__replace) */
+    rc = fsdp__replace_begin(&w, AT_FDCWD, path, 0666, true, why, sizeof why);
     size_t len = strlen(text);
-    if (fd < 0 || fsdp__io_write_all(fd, text, len) != 0 || fsdp__io_write_all(fd, "\n", 1) != 0 ||
-        fsync(fd) != 0) {
-        rc = fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': writing failed: %s", tmp, strerror(errno));
-        goto out;
+    if (rc == FSDP_OK &&
+        (fsdp__io_write_all(w.fd, text, len) != 0 || fsdp__io_write_all(w.fd, "\n", 1) != 0)) {
+        snprintf(why, sizeof why, "'%s': writing failed: %s", w.tmp, strerror(errno));
+        fsdp__replace_abort(&w);
+        rc = FSDP_EINVAL;
     }
-    int crc = close(fd);
-    fd = -1;
-    if (crc != 0 || rename(tmp, path) != 0) {
-        rc = fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': writing failed: %s", path, strerror(errno));
-        goto out;
-    }
+    if (rc == FSDP_OK) rc = fsdp__replace_commit(&w, why, sizeof why);
+    if (rc < 0) rc = fsdp__ckpt_err(ck, rc == FSDP_ENOMEM ? rc : FSDP_EINVAL, "%s", why);
 out:
-    if (fd >= 0) close(fd);
-    if (rc < 0 && tmp) unlink(tmp);
+    fsdp__replace_abort(&w);
     free(path);
-    free(tmp);
     free(text);
     return rc;
 }

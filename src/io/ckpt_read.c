@@ -33,18 +33,22 @@ static char *join(const char *dir, const char *name) {
 static int read_index(fsdp_ckpt_t *ck) {
     char *path = join(ck->dir, FSDP_CKPT_INDEX);
     if (!path) return fsdp__ckpt_err(ck, FSDP_ENOMEM, "out of memory");
-    /* O_NONBLOCK: opening a FIFO must not block; fstat then refuses it */
-    int rc = FSDP_OK, fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    char *text = NULL;
+    /* a FIFO or a device is refused without blocking (fsdp__open_regular) */
+    char *text = NULL, why[256];
     struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0) {
+    int rc = FSDP_OK, fd = fsdp__open_regular(AT_FDCWD, path, O_RDONLY, 0, &sb, why, sizeof why);
+    if (fd == FSDP_EINVAL) {
+        rc = fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': %s", path, why);
+        goto out;
+    }
+    if (fd < 0) {
         rc = fsdp__ckpt_err(ck, FSDP_EINVAL,
                             "'%s': %s (a checkpoint directory holds %s, written last: was the "
                             "save interrupted, or is this not a checkpoint?)",
                             path, strerror(errno), FSDP_CKPT_INDEX);
         goto out;
     }
-    if (!S_ISREG(sb.st_mode) || sb.st_size <= 0 || (uint64_t)sb.st_size > MAX_INDEX_BYTES) {
+    if (sb.st_size <= 0 || (uint64_t)sb.st_size > MAX_INDEX_BYTES) {
         rc = fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s': not a regular file of 1 to %u bytes", path,
                             MAX_INDEX_BYTES);
         goto out;

@@ -47,7 +47,9 @@ int fsdp_ckpt_staging_path(const char *dir, char *buf, size_t cap) {
 /* Whether name is something a checkpoint writer leaves in its directory. */
 static bool ours(const char *name) {
     int r = 0, w = 0, k = 0;
-    if (strcmp(name, FSDP_CKPT_INDEX) == 0 || strcmp(name, FSDP_CKPT_INDEX ".tmp") == 0)
+    /* "index.json.tmp" is the temporary index of earlier versions */
+    if (strcmp(name, FSDP_CKPT_INDEX) == 0 || strcmp(name, FSDP_CKPT_INDEX ".tmp") == 0 ||
+        strncmp(name, FSDP_CKPT_INDEX ".tmp-", sizeof FSDP_CKPT_INDEX + 4) == 0)
         return true;
     if (sscanf(name, "rank-%d-of-%d.safetensors%n", &r, &w, &k) == 2 && k > 0) {
         const char *rest = name + k;
@@ -357,14 +359,14 @@ static int publish(fsdp_ctx_t *ctx, const char *stage, const char *dir, const ch
                 return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
                                             "%s: replacing '%s' with '%s' failed: %s", fn, dir,
                                             stage, strerror(errno));
-            if (fsdp__io_sync_dir(dir) != 0)
+            if (fsdp__sync_dir_of(AT_FDCWD, dir) != 0)
                 return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
                                             "%s: syncing the directory of '%s': %s", fn, dir,
                                             strerror(errno));
             return remove_dir(ctx, aside, false, fn);
         }
     }
-    if (fsdp__io_sync_dir(dir) != 0)
+    if (fsdp__sync_dir_of(AT_FDCWD, dir) != 0)
         return fsdp__ctx_err_or_log(
             ctx, FSDP_EINVAL,
             "%s: '%s' is in place, but syncing its parent directory failed: "

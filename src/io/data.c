@@ -7,9 +7,10 @@
  *   which every view of it shares through a reference count; the file is closed with the last.
  *   Immutability is what lets every rank thread share one dataset without locks, and the reason
  *   a dataset has no error buffer: its calls take the caller's context for their message.
- * - Nothing in a file is trusted: the header is checked against the file's size before any
- *   token is read, sizes are compared without overflow, and every read goes through pread(), so
- *   a file that shrinks later gives FSDP_EBACKEND rather than SIGBUS.
+ * - Nothing in a file is trusted: it must be a regular file (fsdp__open_regular, so a FIFO given
+ *   as --data is refused rather than waited on), the header is checked against the file's size
+ *   before any token is read, sizes are compared without overflow, and every read goes through
+ *   pread(), so a file that shrinks later gives FSDP_EBACKEND rather than SIGBUS.
  * - A loader is stateless apart from its position: batch i is a pure function of (dataset, B, T,
  *   rank, W, shuffle, seed, i). The shuffled order is a keyed Feistel permutation of each
  *   epoch's batch positions (Philox as its round function, cycle-walking to the epoch length),
@@ -282,20 +283,12 @@ int fsdp_dataset_open(fsdp_ctx_t *ctx, const char *path, fsdp_data_format_t form
     if (!f) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: %s: out of memory", fn, path);
     memcpy(f->path, path, plen + 1);
     atomic_init(&f->refs, 1);
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        rc = fsdp__ctx_err_or_log(ctx, FSDP_EBACKEND, "%s: %s: cannot open: %s", fn, path,
-                                  errtext(errno, why, sizeof why));
-        goto out;
-    }
+    /* a FIFO given as --data must not hang the open (fsdp__open_regular) */
     struct stat st;
-    if (fstat(f->fd, &st) != 0) {
-        rc = fsdp__ctx_err_or_log(ctx, FSDP_EBACKEND, "%s: %s: cannot stat: %s", fn, path,
-                                  errtext(errno, why, sizeof why));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: %s: not a regular file", fn, path);
+    f->fd = fsdp__open_regular(AT_FDCWD, path, O_RDONLY, 0, &st, why, sizeof why);
+    if (f->fd < 0) {
+        rc = fsdp__ctx_err_or_log(ctx, f->fd, "%s: %s: %s", fn, path, why);
+        f->fd = -1;
         goto out;
     }
     uint64_t size = st.st_size > 0 ? (uint64_t)st.st_size : 0;

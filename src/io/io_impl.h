@@ -68,9 +68,6 @@ void *fsdp__io_host_bytes(const fsdp_tensor_t *t);
 int fsdp__io_write_all(int fd, const void *p, size_t n);
 /* Reads exactly n bytes at off: 0, -1 with errno on an error, or 1 when the file ends first. */
 int fsdp__io_pread_all(int fd, void *buf, size_t n, uint64_t off);
-/* fsyncs the directory holding path, so that a rename in it is durable (0, or -1 with errno).
- * File systems that cannot sync a directory (EINVAL) are taken at their word. */
-int fsdp__io_sync_dir(const char *path);
 
 /* A printable copy of a name taken from a file, for messages: control bytes become '?', and a
  * name over about 200 bytes is cut with "...". Returns buf. */

@@ -95,24 +95,6 @@ int fsdp__io_write_all(int fd, const void *p, size_t n) {
     return 0;
 }
 
-int fsdp__io_sync_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir) {
-        errno = ENOMEM;
-        return -1;
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc != 0 && e == EINVAL) rc = 0;
-    errno = e;
-    return rc;
-}
-
 /* Reads exactly n bytes at off; `what` says what for the message. */
 static int pread_all(fsdp_safetensors_t *st, void *buf, size_t n, uint64_t off, const char *what) {
     int rc = fsdp__io_pread_all(st->fd, buf, n, off);
@@ -149,15 +131,13 @@ int fsdp__st_open(fsdp_ctx_t *ctx, const char *path, char *err, size_t cap,
         rc = fsdp__ctx_err(ctx, FSDP_ENOMEM, "fsdp_safetensors_open: out of memory");
         goto fail_quiet;
     }
-    /* O_NONBLOCK: opening a FIFO must not block; fstat then refuses it. */
-    st->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (st->fd < 0) {
-        rc = fsdp__st_err(st, FSDP_EINVAL, "'%s': cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
+    /* a FIFO or a device is refused without blocking (fsdp__open_regular) */
     struct stat sb;
-    if (fstat(st->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        rc = fsdp__st_err(st, FSDP_EINVAL, "'%s': not a regular file", path);
+    char why[256];
+    st->fd = fsdp__open_regular(AT_FDCWD, path, O_RDONLY, 0, &sb, why, sizeof why);
+    if (st->fd < 0) {
+        st->fd = -1;
+        rc = fsdp__st_err(st, FSDP_EINVAL, "'%s': %s", path, why);
         goto fail;
     }
     st->file_size = (uint64_t)sb.st_size;

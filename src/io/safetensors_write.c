@@ -7,7 +7,9 @@
  * destination's directory (rename is atomic only within one file system), fsync'ed, closed
  * (some file systems report write errors only at close), renamed over the destination, and the
  * directory is fsync'ed so that the rename itself survives a power cut. Until the rename, the
- * destination is the previous file; any failure before it removes the temporary file.
+ * destination is the previous file; any failure before it removes the temporary file. Only a
+ * regular file is replaced: a FIFO, device, directory or symbolic link at the destination is
+ * refused, before writing and again just before the rename (fsdp__replace, internal.h).
  *
  * The header is compact JSON ("__metadata__" first, then the tensors in the caller's order),
  * padded with spaces to a multiple of 8 bytes so that the data section, which starts at
@@ -18,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -41,33 +42,6 @@ static int find_dup(const char *const *s, size_t n, const char **dup) {
         if (strcmp(c[i - 1], c[i]) == 0) *dup = c[i];
     free(c);
     return FSDP_OK;
-}
-
-/* Creates "<path>.tmp-<pid>-<n>" exclusively, with the permissions a new file gets. */
-static int open_temp(const char *path, char **tmp_out) {
-    size_t len = strlen(path) + 64;
-    char *tmp = malloc(len);
-    if (!tmp) {
-        errno = ENOMEM;
-        return -1;
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long k =
-        (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
-    for (int attempt = 0; attempt < 100; attempt++, k++) {
-        snprintf(tmp, len, "%s.tmp-%ld-%llx", path, (long)getpid(), k);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0) {
-            *tmp_out = tmp;
-            return fd;
-        }
-        if (errno != EEXIST) break;
-    }
-    int e = errno;
-    free(tmp);
-    errno = e;
-    return -1;
 }
 
 /* The header: compact JSON padded with spaces to a multiple of 8 bytes. */
@@ -223,24 +197,23 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
         if (tensors[i]) ctx = fsdp_tensor_ctx(tensors[i]);
     int rc = check_args(ctx, fn, path, n, names, tensors, meta, nmeta);
     if (rc < 0) return rc;
-    char *hdr = NULL, *tmp = NULL, nm[224];
+    char *hdr = NULL, nm[224], why[FSDP_ERR_LEN - 256];
     void *buf = NULL;
     size_t hlen = 0, bufcap = 0;
-    int fd = -1;
+    /* the temporary file, with the permissions a plain new file gets (0666 under the umask) */
+    fsdp__replace_t w = {.fd = -1};
     FSDP_TRY(rc, out, build_header(ctx, fn, n, names, tensors, meta, nmeta, &hdr, &hlen));
-    fd = open_temp(path, &tmp);
-    if (fd < 0) {
-        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
-                                  "%s: '%s': cannot create a temporary file beside it: %s", fn,
-                                  path, strerror(errno));
+    rc = fsdp__replace_begin(&w, AT_FDCWD, path, 0666, true, why, sizeof why);
+    if (rc < 0) {
+        rc = fsdp__ctx_err_or_log(ctx, rc == FSDP_ENOMEM ? rc : FSDP_EINVAL, "%s: %s", fn, why);
         goto out;
     }
     unsigned char lenb[8];
     for (int i = 0; i < 8; i++)
         lenb[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    if (fsdp__io_write_all(fd, lenb, 8) != 0 || fsdp__io_write_all(fd, hdr, hlen) != 0) {
+    if (fsdp__io_write_all(w.fd, lenb, 8) != 0 || fsdp__io_write_all(w.fd, hdr, hlen) != 0) {
         rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': writing the header failed: %s", fn,
-                                  tmp, strerror(errno));
+                                  w.tmp, strerror(errno));
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
@@ -251,9 +224,9 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
         const void *direct = fsdp__io_host_bytes(t);
         if (direct) {
             /* a contiguous host tensor in file order: written from where it lies */
-            if (fsdp__io_write_all(fd, direct, nb) != 0) {
+            if (fsdp__io_write_all(w.fd, direct, nb) != 0) {
                 rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
-                                          "%s: '%s': writing tensor '%s' failed: %s", fn, tmp,
+                                          "%s: '%s': writing tensor '%s' failed: %s", fn, w.tmp,
                                           fsdp__st_shown(names[i], nm, sizeof nm), strerror(errno));
                 goto out;
             }
@@ -278,42 +251,17 @@ int fsdp__st_write(fsdp_ctx_t *ctx, const char *path, size_t n, char *const *nam
             goto out;
         }
         fsdp__swap_le(buf, cnt, es);
-        if (fsdp__io_write_all(fd, buf, nb) != 0) {
+        if (fsdp__io_write_all(w.fd, buf, nb) != 0) {
             rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': writing tensor '%s' failed: %s",
-                                      fn, tmp, fsdp__st_shown(names[i], nm, sizeof nm),
+                                      fn, w.tmp, fsdp__st_shown(names[i], nm, sizeof nm),
                                       strerror(errno));
             goto out;
         }
     }
-    if (fsync(fd) != 0) {
-        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': fsync failed: %s", fn, tmp,
-                                  strerror(errno));
-        goto out;
-    }
-    int crc = close(fd);
-    fd = -1;
-    if (crc != 0) {
-        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s': close failed: %s", fn, tmp,
-                                  strerror(errno));
-        goto out;
-    }
-    if (rename(tmp, path) != 0) {
-        rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: renaming '%s' to '%s' failed: %s", fn, tmp,
-                                  path, strerror(errno));
-        goto out;
-    }
-    free(tmp);
-    tmp = NULL;
-    if (fsdp__io_sync_dir(path) != 0)
-        rc = fsdp__ctx_err_or_log(
-            ctx, FSDP_EINVAL,
-            "%s: '%s' is in place, but syncing its directory failed, so the rename may not "
-            "survive a crash: %s",
-            fn, path, strerror(errno));
+    rc = fsdp__replace_commit(&w, why, sizeof why);
+    if (rc < 0) rc = fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: %s", fn, why);
 out:
-    if (fd >= 0) close(fd);
-    if (tmp) unlink(tmp);
-    free(tmp);
+    fsdp__replace_abort(&w);
     free(hdr);
     free(buf);
     return rc;

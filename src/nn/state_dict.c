@@ -25,10 +25,12 @@
  * truncated or corrupted file is an FSDP_EINVAL naming the entry, never a crash.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "nn/nn_impl.h"
 #include "tensor/tensor_impl.h"
@@ -216,10 +218,21 @@ int fsdp_state_dict_save(const fsdp_named_list_t *sd, const char *path) {
     }
     int rc = FSDP_OK;
     void *data = NULL;
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_state_dict_save: cannot open '%s': %s", path,
-                             strerror(errno));
+    char why[FSDP_ERR_LEN - 64];
+    /* written under a temporary name and renamed over path, which must be absent or a regular
+     * file (fsdp__replace): a failed save leaves the previous file, and never touches a device */
+    fsdp__replace_t w;
+    FILE *f = NULL;
+    rc = fsdp__replace_begin(&w, AT_FDCWD, path, 0666, true, why, sizeof why);
+    if (rc < 0)
+        return fsdp__ctx_err(ctx, rc == FSDP_ENOMEM ? rc : FSDP_EINVAL, "fsdp_state_dict_save: %s",
+                             why);
+    if (!(f = fdopen(w.fd, "wb"))) {
+        rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_state_dict_save: '%s': fdopen failed: %s", w.tmp,
+                           strerror(errno));
+        goto fail;
+    }
+    w.fd = -1; /* f owns the descriptor now */
     unsigned char hdr[8 + 8 * FSDP_MAX_DIMS];
     bool ok = fwrite(magic, 1, sizeof magic, f) == sizeof magic;
     put_le(hdr, (uint64_t)sd->n, 8);
@@ -250,18 +263,25 @@ int fsdp_state_dict_save(const fsdp_named_list_t *sd, const char *path) {
         free(data);
         data = NULL;
     }
-    if (fclose(f) != 0) ok = false;
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int e = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        e = errno;
+    }
     f = NULL;
     if (!ok) {
-        rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_state_dict_save: writing '%s' failed: %s",
-                           path, strerror(errno));
+        rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_state_dict_save: writing '%s' failed: %s", w.tmp,
+                           strerror(e));
         goto fail;
     }
+    rc = fsdp__replace_commit(&w, why, sizeof why);
+    if (rc < 0) return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_state_dict_save: %s", why);
     return FSDP_OK;
 fail:
     free(data);
     if (f) fclose(f);
-    remove(path);
+    fsdp__replace_abort(&w);
     return rc;
 }
 
@@ -284,14 +304,16 @@ int fsdp_state_dict_load(fsdp_ctx_t *ctx, const char *path, fsdp_named_list_t *o
     size_t cap = 0;
     uint64_t i = 0, count = 0;
     struct stat stt;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_state_dict_load: cannot open '%s': %s", path,
-                             strerror(errno));
-    if (fstat(fileno(f), &stt) != 0 || !S_ISREG(stt.st_mode)) {
-        rc = fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_state_dict_load: '%s' is not a regular file",
-                           path);
-        goto fail;
+    char why[256];
+    /* a FIFO or a device is refused without blocking (fsdp__open_regular) */
+    int fd = fsdp__open_regular(AT_FDCWD, path, O_RDONLY, 0, &stt, why, sizeof why);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (fd >= 0) {
+            snprintf(why, sizeof why, "fdopen failed: %s", strerror(errno));
+            close(fd);
+        }
+        return fsdp__ctx_err(ctx, FSDP_EINVAL, "fsdp_state_dict_load: '%s': %s", path, why);
     }
     uint64_t left = (uint64_t)stt.st_size;
     unsigned char hdr[8 * FSDP_MAX_DIMS];
