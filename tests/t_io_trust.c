@@ -11,9 +11,9 @@
  * (the file size limit) reports the file and keeps the previous one.
  *
  * Every call that a regression could make block (opening a FIFO) runs under a SIGALRM guard
- * (guard_start), which interrupts the blocked open, so such a regression fails checks instead of
- * hanging the suite. Scratch files live under one mkdtemp directory under $TMPDIR, removed at the
- * end.
+ * (fsu_guard_start, tests/fs_util.h), which interrupts the blocked open, so such a regression fails
+ * checks instead of hanging the suite. Scratch files live under one mkdtemp directory under
+ * $TMPDIR, removed at the end.
  */
 #define _DEFAULT_SOURCE /* mknod, makedev */
 #include <config.h>
@@ -33,6 +33,7 @@
 
 #include <fsdp.h>
 
+#include "fs_util.h"
 #include "tap.h"
 
 /* The longest any single call here may take before it counts as a hang. */
@@ -47,26 +48,6 @@ static const char *in_base(const char *name) {
     char *p = buf[k++ % 4];
     snprintf(p, sizeof buf[0], "%s/%s", base, name);
     return p;
-}
-
-/* rm -r, never following a link. */
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char sub[2048];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            remove_tree(sub);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
 }
 
 /* Entries of directory dir whose name contains ".tmp". */
@@ -123,41 +104,6 @@ static bool says(const char *msg, const char *a, const char *b, const char *c) {
     return ok;
 }
 
-/* The guard around a call that a regression could make block (opening a FIFO): SIGALRM every
- * GUARD_S seconds, without SA_RESTART, interrupts the blocked system call, so the call returns
- * (an error) and the checks after it fail instead of the suite hanging; a call that keeps
- * retrying is stopped at the third signal with a Bail out!. */
-static volatile sig_atomic_t guard_fired;
-
-static void on_guard(int sig) {
-    (void)sig;
-    if (++guard_fired >= 3) {
-        static const char msg[] = "Bail out! a call stayed blocked through three guard signals\n";
-        if (write(1, msg, sizeof msg - 1) < 0) _exit(2);
-        _exit(1);
-    }
-}
-
-static void guard_install(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_guard;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGALRM, &sa, NULL);
-}
-
-static void guard_start(void) {
-    guard_fired = 0;
-    struct itimerval it = {{GUARD_S, 0}, {GUARD_S, 0}};
-    setitimer(ITIMER_REAL, &it, NULL);
-}
-
-static void guard_stop(void) {
-    struct itimerval it = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_REAL, &it, NULL);
-    if (guard_fired) tap_diag("the call blocked until the guard interrupted it");
-}
-
 /* ---- reading -------------------------------------------------------------------------------- */
 
 static void test_read_fifo(void) {
@@ -167,31 +113,31 @@ static void test_read_fifo(void) {
         return;
     }
     fsdp_dataset_t *ds = NULL;
-    guard_start();
+    fsu_guard_start(GUARD_S);
     int rc = fsdp_dataset_open(ctx, fifo, FSDP_DATA_AUTO, &ds);
-    guard_stop();
+    fsu_guard_stop();
     tap_is_int(rc, FSDP_EINVAL, "[read] the token loader refuses a FIFO at once");
     tap_ok(says(fsdp_ctx_last_error(ctx), fifo, "FIFO", "not a regular file"),
            "[read] naming the path and saying it is a FIFO, not a regular file");
-    guard_start();
+    fsu_guard_start(GUARD_S);
     rc = fsdp_dataset_open(ctx, fifo, FSDP_DATA_TEXT, &ds);
-    guard_stop();
+    fsu_guard_stop();
     tap_is_int(rc, FSDP_EINVAL, "[read] as text too");
     fsdp_dataset_destroy(ds);
 
     fsdp_safetensors_t *st = NULL;
-    guard_start();
+    fsu_guard_start(GUARD_S);
     rc = fsdp_safetensors_open(ctx, fifo, &st);
-    guard_stop();
+    fsu_guard_stop();
     tap_is_int(rc, FSDP_EINVAL, "[read] the safetensors reader refuses a FIFO at once");
     tap_ok(says(fsdp_ctx_last_error(ctx), fifo, "FIFO", "not a regular file"),
            "[read] naming the path and saying it is a FIFO");
     fsdp_safetensors_close(st);
 
     fsdp_named_list_t sd;
-    guard_start();
+    fsu_guard_start(GUARD_S);
     rc = fsdp_state_dict_load(ctx, fifo, &sd);
-    guard_stop();
+    fsu_guard_stop();
     tap_is_int(rc, FSDP_EINVAL, "[read] the state-dict loader refuses a FIFO at once");
     tap_ok(says(fsdp_ctx_last_error(ctx), fifo, "FIFO", NULL), "[read] naming it");
     if (rc == FSDP_OK) fsdp_named_list_free(&sd);
@@ -201,9 +147,9 @@ static void test_read_fifo(void) {
     mkdir(ck, 0700);
     if (mkfifo(in_base("ck/index.json"), 0600) != 0) tap_bail("mkfifo index.json");
     fsdp_ckpt_t *h = NULL;
-    guard_start();
+    fsu_guard_start(GUARD_S);
     rc = fsdp_ckpt_open(ctx, ck, &h);
-    guard_stop();
+    fsu_guard_stop();
     tap_is_int(rc, FSDP_EINVAL, "[read] the checkpoint reader refuses a FIFO index.json at once");
     tap_ok(says(fsdp_ctx_last_error(ctx), "index.json", "FIFO", NULL), "[read] naming it");
     fsdp_ckpt_close(h);
@@ -231,16 +177,16 @@ static void test_read_others(void) {
 static void expect_refused(const char *path, mode_t mode, const char *kind, const char *what) {
     fsdp_named_list_t l;
     one_tensor(&l, 4, 1.0f);
-    guard_start();
+    fsu_guard_start(GUARD_S);
     int rc = fsdp_safetensors_save(ctx, path, &l, NULL, 0);
-    guard_stop();
+    fsu_guard_stop();
     tap_is_int(rc, FSDP_EINVAL, "[replace] the safetensors writer refuses %s", what);
     tap_ok(says(fsdp_ctx_last_error(ctx), path, kind, "not a regular file"),
            "[replace] naming the target and what it is (%s)", kind);
     tap_ok(is_kind(path, mode), "[replace] %s is left as it was", what);
-    guard_start();
+    fsu_guard_start(GUARD_S);
     rc = fsdp_state_dict_save(&l, path);
-    guard_stop();
+    fsu_guard_stop();
     tap_is_int(rc, FSDP_EINVAL, "[replace] the state-dict writer refuses %s", what);
     tap_ok(says(fsdp_ctx_last_error(ctx), path, kind, NULL) && is_kind(path, mode),
            "[replace] naming it, and leaving it as it was");
@@ -305,9 +251,9 @@ static void test_index_target(void) {
     if (mkfifo(idx, 0600) != 0) {
         tap_skip(3, "mkfifo failed");
     } else {
-        guard_start();
+        fsu_guard_start(GUARD_S);
         rc = fsdp_ckpt_finish(ctx, dir, 1, NULL, 0);
-        guard_stop();
+        fsu_guard_stop();
         tap_is_int(rc, FSDP_EINVAL, "[replace] the index writer refuses a FIFO at index.json");
         tap_ok(says(fsdp_ctx_last_error(ctx), idx, "FIFO", NULL) && is_kind(idx, S_IFIFO),
                "[replace] naming it and leaving it as it was");
@@ -354,13 +300,13 @@ int main(void) {
     if (!mkdtemp(templ)) tap_bail("mkdtemp %s: %s", templ, strerror(errno));
     snprintf(base, sizeof base, "%s", templ);
     if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK) tap_bail("fsdp_ctx_create");
-    guard_install();
+    fsu_guard_install();
     test_read_fifo();
     test_read_others();
     test_replace();
     test_index_target();
     test_write_error();
     fsdp_ctx_destroy(ctx);
-    remove_tree(base);
+    fsu_remove_tree(base);
     return tap_done();
 }

@@ -20,6 +20,7 @@
 
 #include "store/store_url.h"
 #include "store_suite.h"
+#include "fs_util.h"
 #include "tap.h"
 
 /* What create_redis returns for a bad port: EINVAL, or ENOTSUP before any check without hiredis. */
@@ -36,26 +37,6 @@ static int open_file(void *arg, const char *ns, fsdp_store_t **out) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", (const char *)arg, ns);
     return fsdp_store_create_file(NULL, dir, out);
-}
-
-/* rm -r, for the test's own directory. */
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char sub[2048];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            remove_tree(sub);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
 }
 
 static int exists(const char *path) {
@@ -278,6 +259,6 @@ int main(void) {
     test_dir_errors();
     test_url_parse();
     test_open_url();
-    remove_tree(base);
+    fsu_remove_tree(base);
     return tap_done();
 }

@@ -8,7 +8,8 @@
  * Everything lives under one mkdtemp directory under $TMPDIR, removed at the end. The checks that
  * need a second user chown to an unused uid, which only root may do; they are skipped otherwise.
  * Calls that a regression could make block (a FIFO planted as a key) run under a SIGALRM guard
- * (guard_start), so such a regression fails checks instead of hanging the suite.
+ * (fsu_guard_start, tests/fs_util.h), so such a regression fails checks instead of hanging the
+ * suite.
  */
 #define _DEFAULT_SOURCE /* S_ISVTX, chown of a directory to another uid in the root-only checks */
 #include <config.h>
@@ -26,6 +27,7 @@
 
 #include <fsdp.h>
 
+#include "fs_util.h"
 #include "tap.h"
 
 /* A uid no account on a test machine uses, for the directory of "another user". */
@@ -37,68 +39,12 @@
 static char base[512];
 static fsdp_ctx_t *ctx;
 
-/* The guard around a call that a regression could make block (opening a FIFO): SIGALRM every
- * GUARD_S seconds, without SA_RESTART, interrupts the blocked system call, so the call returns
- * (an error) and the checks after it fail instead of the suite hanging; a call that keeps
- * retrying is stopped at the third signal with a Bail out!. */
-static volatile sig_atomic_t guard_fired;
-
-static void on_guard(int sig) {
-    (void)sig;
-    if (++guard_fired >= 3) {
-        static const char msg[] = "Bail out! a call stayed blocked through three guard signals\n";
-        if (write(1, msg, sizeof msg - 1) < 0) _exit(2);
-        _exit(1);
-    }
-}
-
-static void guard_install(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_guard;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGALRM, &sa, NULL);
-}
-
-static void guard_start(void) {
-    guard_fired = 0;
-    struct itimerval it = {{GUARD_S, 0}, {GUARD_S, 0}};
-    setitimer(ITIMER_REAL, &it, NULL);
-}
-
-static void guard_stop(void) {
-    struct itimerval it = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_REAL, &it, NULL);
-    if (guard_fired) tap_diag("the call blocked until the guard interrupted it");
-}
-
 static const char *in_base(const char *name) {
     static char buf[4][1024];
     static int k;
     char *p = buf[k++ % 4];
     snprintf(p, sizeof buf[0], "%s/%s", base, name);
     return p;
-}
-
-/* rm -r, never following a link. */
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        chmod(path, 0700);
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char sub[2048];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            remove_tree(sub);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
 }
 
 static unsigned mode_of(const char *path) {
@@ -285,9 +231,9 @@ static void test_planted_files(void) {
     char fifo[1100];
     snprintf(fifo, sizeof fifo, "%s/k.pipe", dir);
     if (mkfifo(fifo, 0600) == 0) {
-        guard_start();
+        fsu_guard_start(GUARD_S);
         rc = fsdp_store_get(s, "pipe", buf, sizeof buf, &len);
-        guard_stop();
+        fsu_guard_stop();
         tap_is_int(rc, FSDP_EINVAL,
                    "get of a key whose file is a FIFO is refused without blocking");
         tap_ok(strstr(fsdp_store_last_error(s), "k.pipe") &&
@@ -310,13 +256,13 @@ int main(void) {
     if (!mkdtemp(templ)) tap_bail("mkdtemp %s: %s", templ, strerror(errno));
     snprintf(base, sizeof base, "%s", templ);
     if (fsdp_ctx_create(NULL, &ctx) != FSDP_OK) tap_bail("fsdp_ctx_create");
-    guard_install();
+    fsu_guard_install();
     test_modes();
     test_dir_modes();
     test_other_owner();
     test_symlink_dir();
     test_planted_files();
     fsdp_ctx_destroy(ctx);
-    remove_tree(base);
+    fsu_remove_tree(base);
     return tap_done();
 }
