@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fs_util.h: file-system helpers of the tests that plant files (t_store_file, t_store_trust,
- * t_io_trust): removing a test's own directory tree without following links, and the guard
+ * t_io_trust): paths inside a test's directory, removing that tree without following links,
+ * and the guard
  * around a call that a regression could make block.
  *
  * The guard: SIGALRM every `seconds` seconds, without SA_RESTART, interrupts a blocked system
@@ -20,6 +21,15 @@
 #include <unistd.h>
 
 #include "tap.h"
+
+/* "dir/name" in one of four rotating static buffers, so that a call can take a few at once. */
+static inline const char *fsu_join(const char *dir, const char *name) {
+    static char buf[4][1024];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+    return p;
+}
 
 /* rm -r of path, never following a link. */
 static inline void fsu_remove_tree(const char *path) {

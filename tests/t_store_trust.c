@@ -40,11 +40,7 @@ static char base[512];
 static fsdp_ctx_t *ctx;
 
 static const char *in_base(const char *name) {
-    static char buf[4][1024];
-    static int k;
-    char *p = buf[k++ % 4];
-    snprintf(p, sizeof buf[0], "%s/%s", base, name);
-    return p;
+    return fsu_join(base, name);
 }
 
 static unsigned mode_of(const char *path) {

@@ -32,11 +32,8 @@ json_t *train_metrics_record(const char *type) {
 }
 
 void train_metrics_emit(job_t *j, json_t *rec) {
-    if (!j->metrics) {
-        json_decref(rec);
-        return;
-    }
-    if (j->metrics_errno) { /* the first failure is the one reported */
+    /* No file, or one that failed already: the first failure is the one reported. */
+    if (!j->metrics || j->metrics_errno) {
         json_decref(rec);
         return;
     }
