@@ -11,6 +11,8 @@
  * once). Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, NNODES,
  * FSDP_STORE and FSDP_BACKEND, and execs the program. An exec failure travels back over a
  * close-on-exec pipe, so "no such program" is reported as such rather than as exit status 127.
+ * Before the first fork, fsdprun moves into a network namespace of the job's own when the job
+ * allows one (fsdprun_netns.c), so that other users of the host cannot reach the ranks.
  *
  * Output: every child's stdout and stderr are pipes that one poll loop reads. Bytes are kept per
  * stream until a newline (or EOF, or 64 KiB without one), and each complete line is written with
@@ -386,6 +388,18 @@ int main(int argc, char **argv) {
     }
     if (!job.opt.store && make_store_dir(&job) < 0) goto out;
     if (check_envs(&job) < 0) goto out;
+    if (fsdprun_netns_wanted(&job.opt)) {
+        char why[256] = "";
+        int nrc = fsdprun_netns_enter(why, sizeof why);
+        if (nrc == -2) {
+            say("fsdprun: %s; the ranks cannot run (try --share-network)", why);
+            goto out;
+        }
+        if (nrc < 0)
+            say("fsdprun: warning: the ranks share the host's network, where other users can "
+                "connect to their listeners (%s)",
+                why);
+    }
     if (isatty(0)) {
         job.devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (job.devnull < 0) {

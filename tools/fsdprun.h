@@ -29,6 +29,7 @@ typedef struct options {
     double timeout_s; /* 0: none */
     double grace_s;
     int prefix;  /* 0 with --no-prefix */
+    int isolate_network; /* 0 with --share-network (fsdprun_netns.c) */
     char **argv; /* the program and its arguments */
 } options_t;
 
@@ -69,6 +70,16 @@ typedef struct job {
     char *scratch;      /* assembled output of one write */
     size_t scratch_cap;
 } job_t;
+
+/* fsdprun_netns.c: the ranks' own network namespace. */
+
+/* 1 when the ranks of this job can run in a network of their own (one node, a store on the
+ * file system, no --share-network), else 0. */
+int fsdprun_netns_wanted(const options_t *o);
+/* Moves fsdprun into a new network namespace with its loopback up, for the ranks it starts
+ * from now on. 0 on success; -1 when fsdprun stays in the host's network (why says so); -2
+ * when it is left in a namespace without a working loopback (why says so; the job cannot run). */
+int fsdprun_netns_enter(char *why, size_t cap);
 
 /* fsdprun.c: small helpers. */
 

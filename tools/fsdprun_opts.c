@@ -26,7 +26,8 @@ static const char usage_text[] =
     "\n"
     "SYNOPSIS\n"
     "    fsdprun -n N [--nnodes M --node-rank K] [--store URL] [--backend NAME]\n"
-    "            [--timeout S] [--grace S] [--no-prefix] [--] PROGRAM [ARGS...]\n"
+    "            [--timeout S] [--grace S] [--no-prefix] [--share-network] [--]\n"
+    "            PROGRAM [ARGS...]\n"
     "\n"
     "DESCRIPTION\n"
     "    Starts N copies of PROGRAM, the local ranks of a job of N*M ranks spread over M nodes,\n"
@@ -47,6 +48,11 @@ static const char usage_text[] =
     "    --grace S            seconds between SIGTERM and SIGKILL when stopping ranks\n"
     "                         (default 5)\n"
     "    --no-prefix          let the ranks write to fsdprun's stdout and stderr directly\n"
+    "    --share-network      run the ranks in the host's network. Without it, the ranks of\n"
+    "                         a one-node job with a file store run in a network namespace of\n"
+    "                         their own (only a loopback), so that no other user of the host\n"
+    "                         can connect to their Gloo listeners; a warning says when the\n"
+    "                         kernel refuses one\n"
     "    -h, --help           print this text and exit\n"
     "    --version            print the version and exit\n"
     "    Options end at the first argument that is not one (or at --); everything after\n"
@@ -114,6 +120,7 @@ int parse_options(int argc, char **argv, options_t *o) {
     o->backend = "gloo";
     o->grace_s = 5;
     o->prefix = 1;
+    o->isolate_network = 1;
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -134,6 +141,10 @@ int parse_options(int argc, char **argv, options_t *o) {
         }
         if (strcmp(a, "--no-prefix") == 0) {
             o->prefix = 0;
+            continue;
+        }
+        if (strcmp(a, "--share-network") == 0) {
+            o->isolate_network = 0;
             continue;
         }
         /* Options with a value: -nN, -n N, --name=V, --name V. */
