@@ -199,9 +199,10 @@ static void cuda_fini(fsdp_device_t *dev) {
 
 /* ---- memory, copies, streams, events ---- */
 
-static int cuda_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
+/* A block for work on stream s (NULL: the compute stream), from s's pool. */
+static int cuda_alloc_on(fsdp_device_t *dev, size_t bytes, void *s, void **out) {
     USE(cd, dev);
-    int rc = fsdp__bcache_malloc(cd->alloc, bytes, cd->compute, out);
+    int rc = fsdp__bcache_malloc(cd->alloc, bytes, s ? s : (void *)cd->compute, out);
     if (rc < 0) {
         /* The allocator's message has the reserved and allocated bytes; the device layer
          * replaces an FSDP_ENOMEM message with its own, so it goes to the log as well. */
@@ -211,6 +212,10 @@ static int cuda_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
                              fsdp__bcache_last_error(cd->alloc));
     }
     return FSDP_OK;
+}
+
+static int cuda_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
+    return cuda_alloc_on(dev, bytes, NULL, out);
 }
 
 static void cuda_free(fsdp_device_t *dev, void *ptr) {
@@ -314,8 +319,9 @@ static int cuda_fill(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, double value
     return launched(dev, fsdp__cuda_k_fill(cd->compute, es, pattern, n, y), "fill kernel");
 }
 
-static int cuda_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt, const void *x,
-                     size_t n) {
+/* cast's kernel on stream s (NULL: the compute stream). */
+static int cuda_cast_on(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt,
+                        const void *x, size_t n, void *s) {
     if (!fsdp_dtype_valid((int)dt) || !fsdp_dtype_valid((int)xt))
         return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "cuda cast: invalid dtype (%d from %d)",
                              (int)dt, (int)xt);
@@ -331,7 +337,13 @@ static int cuda_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t 
                              "cuda cast: in place from %s to %s needs equal element sizes",
                              fsdp_dtype_name(xt), fsdp_dtype_name(dt));
     USE(cd, dev);
-    return launched(dev, fsdp__cuda_k_cast(cd->compute, (int)dt, y, (int)xt, x, n), "cast kernel");
+    cudaStream_t st = s ? (cudaStream_t)s : cd->compute;
+    return launched(dev, fsdp__cuda_k_cast(st, (int)dt, y, (int)xt, x, n), "cast kernel");
+}
+
+static int cuda_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt, const void *x,
+                     size_t n) {
+    return cuda_cast_on(dev, dt, y, xt, x, n, NULL);
 }
 
 /* Fills an nd plan from a shape and one or two stride arrays; returns the element count. The
@@ -621,6 +633,9 @@ const struct fsdp_dev_ops fsdp__cuda_dev_ops = {
     .kind = FSDP_DEVICE_CUDA,
 
     .alloc = cuda_alloc,
+    .alloc_on = cuda_alloc_on,
+    .record_stream = fsdp__cuda_record_stream,
+    .cast_on = cuda_cast_on,
     .free = cuda_free,
     .memcpy = cuda_memcpy,
     .memset = cuda_memset,

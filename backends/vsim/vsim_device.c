@@ -202,6 +202,18 @@ static void meta_free(fsdp_device_t *dev, void *ptr) {
     (void)dev, (void)ptr; /* addresses are not reused: the range holds petabytes */
 }
 
+/* Stream pools: an address is never handed out twice, so every stream's pool is the one range
+ * and no block can be reused early; recording a stream's use has nothing to protect. */
+static int meta_alloc_on(fsdp_device_t *dev, size_t bytes, void *stream, void **out) {
+    (void)stream;
+    return meta_alloc(dev, bytes, out);
+}
+
+static int meta_record_stream(fsdp_device_t *dev, void *ptr, void *stream) {
+    (void)dev, (void)ptr, (void)stream;
+    return FSDP_OK;
+}
+
 /* ---- memory and streams --------------------------------------------------------------------- */
 
 static int meta_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,
@@ -317,6 +329,14 @@ static int meta_cast(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t 
     return charge_raw(dev, FSDP_KERNEL_ELEMENTWISE, dt, (double)n,
                       (double)n * (double)(fsdp_dtype_size(dt) + fsdp_dtype_size(xt)),
                       VCALL(FSDP__VOP_CAST, dt, xt, (int64_t)n));
+}
+
+/* The cast queued on `stream`: a pass over both buffers there, as a copy is. */
+static int meta_cast_on(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt,
+                        const void *x, size_t n, void *stream) {
+    (void)y, (void)x;
+    return charge_copy(dev, stream, (double)n * (double)(fsdp_dtype_size(dt) + fsdp_dtype_size(xt)),
+                       false, VCALL(FSDP__VOP_CAST, dt, xt, (int64_t)n));
 }
 
 static size_t shape_numel(int ndim, const int64_t *shape) {
@@ -617,6 +637,9 @@ const struct fsdp_dev_ops fsdp__meta_dev_ops = {
     .kind = FSDP_DEVICE_META,
 
     .alloc = meta_alloc,
+    .alloc_on = meta_alloc_on,
+    .record_stream = meta_record_stream,
+    .cast_on = meta_cast_on,
     .free = meta_free,
     .memcpy = meta_memcpy,
     .memset = meta_memset,

@@ -106,7 +106,8 @@ FSDP_EXTERN int fsdp_device_memset(fsdp_device_t *dev, void *dst, int byte, size
 /* Sets n elements of dtype dt to `value` (converted to dt; f16/bf16 rounded to nearest even). */
 FSDP_EXTERN int fsdp_device_fill(fsdp_device_t *dev, void *dst, fsdp_dtype_t dt, size_t n,
                                  double value, fsdp_stream_t *stream);
-/* Converts n elements from st to dt (device memory on both sides). */
+/* Converts n elements from st to dt (device memory on both sides), queued on `stream` where the
+ * device has per-stream kernels (CUDA), else in order with its compute stream. */
 FSDP_EXTERN int fsdp_device_cast(fsdp_device_t *dev, void *dst, fsdp_dtype_t dt, const void *src,
                                  fsdp_dtype_t st, size_t n, fsdp_stream_t *stream);
 

@@ -315,9 +315,10 @@ int fsdp__device_pin_offload(fsdp_device_t *host, fsdp_device_t *compute) {
     return 1;
 }
 
-/* fsdp_device_alloc, and fsdp__device_alloc_zeroed when zero is set. */
+/* fsdp_device_alloc, fsdp__device_alloc_zeroed when zero is set, and fsdp__device_alloc_on when
+ * stream (the backend's handle of a stream of dev) is not NULL. */
 static int device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, bool zero,
-                        void **out) {
+                        void *stream, void **out) {
     if (!dev) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_device_alloc: dev is NULL");
     if (!out) return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "fsdp_device_alloc: out is NULL");
     *out = NULL;
@@ -335,7 +336,8 @@ static int device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, bo
      * memory when fsdp__device_pin_offload asked for it. */
     const struct fsdp_dev_ops *host_ops = cat == FSDP_MEM_OFFLOAD ? dev->offload_ops : NULL;
     bool cleared = zero && !host_ops && dev->ops->alloc_zeroed;
-    int rc = host_ops ? host_ops->host_alloc(dev, bytes, &p)
+    int rc = host_ops  ? host_ops->host_alloc(dev, bytes, &p)
+             : stream  ? dev->ops->alloc_on(dev, bytes, stream, &p)
              : cleared ? dev->ops->alloc_zeroed(dev, bytes, &p)
                        : dev->ops->alloc(dev, bytes, &p);
     if (rc == FSDP_ENOMEM || (rc >= 0 && !p))
@@ -358,11 +360,43 @@ static int device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, bo
 }
 
 int fsdp_device_alloc(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out) {
-    return device_alloc(dev, cat, bytes, false, out);
+    return device_alloc(dev, cat, bytes, false, NULL, out);
 }
 
 int fsdp__device_alloc_zeroed(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out) {
-    return device_alloc(dev, cat, bytes, true, out);
+    return device_alloc(dev, cat, bytes, true, NULL, out);
+}
+
+bool fsdp__device_stream_pools(const fsdp_device_t *dev) {
+    return dev && dev->ops->alloc_on && dev->ops->record_stream && dev->ops->cast_on;
+}
+
+int fsdp__device_alloc_on(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes,
+                          fsdp_stream_t *stream, void **out) {
+    if (!stream) return device_alloc(dev, cat, bytes, false, NULL, out);
+    if (out) *out = NULL;
+    if (!fsdp__device_stream_pools(dev))
+        return fsdp__ctx_err(dev ? dev->ctx : NULL, FSDP_ENOTSUP,
+                             "fsdp__device_alloc_on: device %s has no per-stream pools",
+                             dev ? dev->name : "(null)");
+    if (stream->dev != dev)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "fsdp__device_alloc_on: stream belongs to device %s, not %s",
+                             stream->dev->name, dev->name);
+    if (cat == FSDP_MEM_OFFLOAD)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL,
+                             "fsdp__device_alloc_on: offloaded memory has no stream pool");
+    return device_alloc(dev, cat, bytes, false, stream->handle, out);
+}
+
+int fsdp__device_record_stream(fsdp_device_t *dev, void *ptr, void *stream) {
+    if (!fsdp__device_stream_pools(dev))
+        return fsdp__ctx_err(dev ? dev->ctx : NULL, FSDP_ENOTSUP,
+                             "fsdp__device_record_stream: device %s has no per-stream pools",
+                             dev ? dev->name : "(null)");
+    if (!ptr)
+        return fsdp__ctx_err(dev->ctx, FSDP_EINVAL, "fsdp__device_record_stream: ptr is NULL");
+    return dev->ops->record_stream(dev, ptr, stream ? stream : fsdp__device_compute_stream(dev));
 }
 
 void fsdp_device_free(fsdp_device_t *dev, void *ptr) {
@@ -493,8 +527,11 @@ int fsdp_device_cast(fsdp_device_t *dev, void *dst, fsdp_dtype_t dt, const void 
         goto out;
     }
     FSDP_TRY(rc, out, stream_handle(dev, stream, fn, &sh));
-    (void)sh;
-    if (n > 0) rc = dev->ops->cast(dev, dt, dst, st, src, n);
+    /* On a stream of its own when the device can queue the kernel there; else in order with
+     * the compute stream's work (the CPU's is done when the call returns). */
+    if (n > 0)
+        rc = sh && dev->ops->cast_on ? dev->ops->cast_on(dev, dt, dst, st, src, n, sh)
+                                     : dev->ops->cast(dev, dt, dst, st, src, n);
 out:
     return rc;
 }
@@ -530,6 +567,10 @@ void fsdp_stream_destroy(fsdp_stream_t *stream) {
 int fsdp_stream_sync(fsdp_stream_t *stream) {
     if (!stream) return fsdp__ctx_err(NULL, FSDP_EINVAL, "fsdp_stream_sync: stream is NULL");
     return stream->dev->ops->stream_sync(stream->dev, stream->handle);
+}
+
+void *fsdp__stream_handle(const fsdp_stream_t *stream) {
+    return stream ? stream->handle : NULL;
 }
 
 void *fsdp_stream_native(const fsdp_stream_t *stream) {

@@ -84,6 +84,17 @@ struct fsdp_dev_ops {
      * collectives are waited on (fsdp_work_wait_stream) so that the host runs ahead. NULL, or a
      * NULL result: the device computes on the calling thread and FSDP waits on the host. */
     void *(*compute_stream)(fsdp_device_t *dev);
+    /* Optional, all three or none (fsdp__device_stream_pools): memory for work queued on
+     * `stream` (a stream of this device, not the compute stream), from that stream's own pool,
+     * so that a block the host frees there is handed out again only to later work on it
+     * (alloc's contract otherwise); the use of a block by work on another stream, so that it is
+     * not reused before that work has completed when it is freed (torch's record_stream); and
+     * cast's kernel queued on `stream`. A device with them lets FSDP allocate and stage the
+     * unsharded parameters on the all-gather stream (streams.c, "the all-gather stream"). */
+    int (*alloc_on)(fsdp_device_t *dev, size_t bytes, void *stream, void **out);
+    int (*record_stream)(fsdp_device_t *dev, void *ptr, void *stream);
+    int (*cast_on)(fsdp_device_t *dev, fsdp_dtype_t dt, void *y, fsdp_dtype_t xt, const void *x,
+                   size_t n, void *stream);
     /* Called once after creation (threads, handles) and once before destruction; may be NULL. */
     int (*init)(fsdp_device_t *dev);
     void (*fini)(fsdp_device_t *dev);
@@ -305,6 +316,18 @@ bool fsdp__device_gemm_native(const fsdp_device_t *dev, fsdp_dtype_t dt);
 /* fsdp_device_alloc() of memory whose every byte is zero: the device's alloc_zeroed when it has
  * one (which clears only memory that is not zero already), else alloc and memset. */
 int fsdp__device_alloc_zeroed(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes, void **out);
+/* The backend's handle of stream (NULL for NULL), which the device entries get; unlike
+ * fsdp_stream_native, also on the CPU. */
+void *fsdp__stream_handle(const fsdp_stream_t *stream);
+/* Whether dev allocates per stream (its alloc_on, record_stream and cast_on entries). */
+bool fsdp__device_stream_pools(const fsdp_device_t *dev);
+/* fsdp_device_alloc() from the pool of `stream` (a stream of dev; NULL: fsdp_device_alloc);
+ * freed with fsdp_device_free. FSDP_ENOTSUP on a device without stream pools. */
+int fsdp__device_alloc_on(fsdp_device_t *dev, fsdp_mem_cat_t cat, size_t bytes,
+                          fsdp_stream_t *stream, void **out);
+/* Notes that work queued on the native stream `stream` (NULL: the compute stream) uses the
+ * block holding ptr, which must be a live allocation of dev from a stream pool. */
+int fsdp__device_record_stream(fsdp_device_t *dev, void *ptr, void *stream);
 
 /* The CPU device's vtable (src/device/cpu*.c). */
 extern const struct fsdp_dev_ops fsdp__cpu_dev_ops;

@@ -196,6 +196,7 @@ struct fsdp_unit {
     fsdp_device_t *side_dev;
     fsdp_stream_t *side;
     fsdp_event_t *side_ev;
+    bool full_on_ag; /* full's memory came from the root's all-gather stream pool */
 
     /* root only */
     bool initialized;       /* lazy init done */
@@ -220,6 +221,16 @@ struct fsdp_unit {
      * device. */
     struct fsdp_event **free_ev;
     size_t nfree_ev, capfree_ev;
+    /* Root only, on a device with stream pools (streams.c, "the all-gather stream"): the stream
+     * the tree's all-gathers of a forward and backward are staged and issued on, into unsharded
+     * parameters from its own pool (of ag_dev), ordered after the compute stream once per
+     * iteration at the root's pre-forward (ag_ev), as PyTorch's unshard stream is. ag_ordered:
+     * from that point to the end of the iteration; at other times all-gathers go through the
+     * side stream. */
+    fsdp_device_t *ag_dev;
+    fsdp_stream_t *ag_stream;
+    fsdp_event_t *ag_ev;
+    bool ag_ordered;
     struct fsdp_unit **red_queue; /* units with a gradient reduction in flight, oldest first */
     size_t nred, capred;
 
@@ -349,6 +360,19 @@ int fsdp__release_after(fsdp_unit_t *u, fsdp_tensor_t *t);
 /* The stream u's next collective is issued on (its descriptor's stream): u's side stream,
  * ordered after the compute stream's work so far; NULL without a compute stream. */
 int fsdp__side_stream(fsdp_unit_t *u, void **stream);
+/* The all-gather stream (streams.c): at the root's pre-forward, orders it after the compute
+ * stream's work so far, creating it on first use (a no-op on a device without stream pools, or
+ * with FSDP_AG_STREAM=0 in the environment); and again wherever the shard is written inside an
+ * iteration (a writeback of replaced parameters). */
+int fsdp__ag_stream_begin(fsdp_unit_t *root);
+/* Ends the iteration's ordering: later all-gathers go through the side stream. */
+void fsdp__ag_stream_end(fsdp_unit_t *root);
+/* The stream u's next all-gather is staged and issued on, with full allocated from its pool, or
+ * NULL: the side stream, with full from the compute stream's pool. */
+fsdp_stream_t *fsdp__ag_stream(fsdp_unit_t *u);
+/* unshard.c: at teardown, frees an unsharded parameter from the all-gather stream's pool after
+ * marking its use by the compute stream. */
+void fsdp__unshard_free(fsdp_unit_t *u);
 /* The message of a failed wait for w: its own failure, or a late failure of its group. */
 const char *fsdp__wait_error(fsdp_pg_t *pg, fsdp_work_t *w);
 /* Frees u's streams, events and deferred buffers (waiting for the device first). */

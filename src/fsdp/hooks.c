@@ -131,7 +131,8 @@ static int root_pre_forward(fsdp_unit_t *root) {
     root->nred = 0; /* a reduction left over by a failed backward is finished by the next
                      * final callback, which goes over every unit */
     root->fwd_pos = 0;
-    return FSDP_OK;
+    /* Last: the optimizer's and the casts' writes to the shards are behind this point. */
+    return fsdp__ag_stream_begin(root);
 }
 
 /* ---- the execution order ----------------------------------------------------------------------
@@ -327,6 +328,9 @@ static int forward_hook(fsdp_unit_t *u, int nout, fsdp_tensor_t **out) {
     bool grad = fsdp_is_grad_enabled(u->ctx) || in_region;
     if (in_region) u->needs_recompute = true;
     if (!grad || (u != root && reshard_after_forward(u->opt.strategy))) rc = fsdp__reshard(u);
+    /* A forward without grad ends its iteration: whatever writes the shards next (a state dict
+     * load, the user) is not ordered before the all-gather stream. */
+    if (u == root && !grad) fsdp__ag_stream_end(root);
     u->state = FSDP_STATE_IDLE;
     return rc;
 }
@@ -482,5 +486,6 @@ static int final_callback(fsdp_ctx_t *ctx, void *arg) {
     }
     root->nred = 0;
     root->cb_queued = false;
+    fsdp__ag_stream_end(root); /* the optimizer writes the shards next */
     return rc;
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * streams.c: a unit's streams and the waits for its collectives (docs/design.md,
- * "Stream-ordered collective waits").
+ * "Stream-ordered collective waits"), and the root's all-gather stream.
  *
  * On a device with a compute stream (CUDA) a unit has two streams of its own, made on first use
  * and remade when the unit moves to another device: the copy stream, on which an offloaded
@@ -184,6 +184,77 @@ int fsdp__side_stream(fsdp_unit_t *u, void **stream) {
     return FSDP_OK;
 }
 
+/* ---- the all-gather stream ------------------------------------------------------------------ */
+
+/*
+ * The side stream waits for all the compute stream's work so far before each collective,
+ * because full comes from the compute stream's pool: memory the host freed a moment ago may
+ * still be read by queued kernels. So an all-gather issued at a unit's pre-forward, after the
+ * host queued the previous unit's kernels, cannot start before they end, and without
+ * forward_prefetch every forward all-gather is exposed. On a device that allocates per stream
+ * (fsdp__device_stream_pools: CUDA, and the shape-only device), the root keeps one all-gather
+ * stream for the whole tree, as PyTorch's unshard stream: full is allocated from that stream's
+ * pool and its low-precision shard is cast there, so that the stream need only be ordered
+ * after the compute stream once an iteration, at the root's pre-forward, where the optimizer's
+ * writes to the shards are behind it. Before full is freed, its use by the compute stream is
+ * recorded (fsdp__device_record_stream), so its block is handed out again only once the compute
+ * stream has passed that point; the rate limiter keeps the host, and so the blocks pending,
+ * within `limit` reshards of the device. Outside an iteration (summon, state dicts), with CPU
+ * offload (the shard arrives on the copy stream) and for NO_SHARD, the side stream serves.
+ */
+static bool ag_stream_wanted(fsdp_unit_t *root) {
+    if (!fsdp__device_compute_stream(root->dev) || !fsdp__device_stream_pools(root->dev))
+        return false;
+    const char *e = getenv("FSDP_AG_STREAM");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+static void ag_drop(fsdp_unit_t *root) {
+    fsdp_event_destroy(root->ag_ev);
+    fsdp_stream_destroy(root->ag_stream);
+    root->ag_ev = NULL;
+    root->ag_stream = NULL;
+    root->ag_dev = NULL;
+    root->ag_ordered = false;
+}
+
+int fsdp__ag_stream_begin(fsdp_unit_t *root) {
+    root->ag_ordered = false;
+    if (!ag_stream_wanted(root)) return FSDP_OK;
+    if (root->ag_dev != root->dev) ag_drop(root); /* the tree moved since the last iteration */
+    int rc = FSDP_OK;
+    if (!root->ag_stream) {
+        rc = fsdp_stream_create(root->dev, &root->ag_stream);
+        if (rc == 0) rc = fsdp_event_create(root->dev, &root->ag_ev);
+        if (rc < 0) {
+            ag_drop(root);
+            return fsdp__unit_err(root, rc, "creating the all-gather stream: %s",
+                                  fsdp_ctx_last_error(root->ctx));
+        }
+        root->ag_dev = root->dev;
+    }
+    rc = fsdp_event_record(root->ag_ev, NULL);
+    if (rc == 0) rc = fsdp_event_wait(root->ag_ev, root->ag_stream);
+    if (rc < 0)
+        return fsdp__unit_err(root, rc,
+                              "ordering the all-gather stream after the compute stream: %s",
+                              fsdp_ctx_last_error(root->ctx));
+    root->ag_ordered = true;
+    return FSDP_OK;
+}
+
+void fsdp__ag_stream_end(fsdp_unit_t *root) {
+    root->ag_ordered = false;
+}
+
+fsdp_stream_t *fsdp__ag_stream(fsdp_unit_t *u) {
+    fsdp_unit_t *root = fsdp__root_of(u);
+    if (!root->ag_ordered || root->ag_dev != u->dev || u->opt.cpu_offload ||
+        !fsdp__is_sharded(u->opt.strategy))
+        return NULL;
+    return root->ag_stream;
+}
+
 /* The message of a failed wait for w: its own failure, or another collective's of its group
  * that the wait reported (a late failure). */
 const char *fsdp__wait_error(fsdp_pg_t *pg, fsdp_work_t *w) {
@@ -202,4 +273,5 @@ void fsdp__unit_streams_free(fsdp_unit_t *u) {
     u->deferred = NULL;
     u->capdeferred = 0;
     side_drop(u);
+    ag_drop(u);
 }

@@ -192,6 +192,7 @@ void fsdp__unit_free(fsdp_unit_t *u) {
     free(u->slots);
     fsdp__layout_free(&u->layout);
     fsdp_tensor_release(u->flat);
+    fsdp__unshard_free(u);
     fsdp_tensor_release(u->full);
     fsdp_tensor_release(u->full_grad);
     fsdp_tensor_release(u->local_grad);

@@ -127,6 +127,32 @@ static size_t full_bytes(const fsdp_unit_t *u) {
     return (size_t)u->layout.padded_numel * fsdp_dtype_size(u->cdt);
 }
 
+/* Frees u's unsharded storage. Memory from the all-gather stream's pool is first marked as used
+ * by the compute stream, which read it, so that the pool hands it out again only once the
+ * compute stream has passed this point; when that cannot be recorded, the compute stream is
+ * synchronized instead: never reused on a guess. */
+static int free_full(fsdp_unit_t *u) {
+    int rc = FSDP_OK;
+    void *p = fsdp_tensor_data(u->full);
+    if (u->full_on_ag && p) {
+        rc = fsdp__device_record_stream(u->dev, p, NULL);
+        if (rc < 0) {
+            rc = fsdp__unit_err(u, rc,
+                                "marking the unsharded parameter as read by the compute "
+                                "stream: %s",
+                                fsdp_ctx_last_error(u->ctx));
+            u->dev->ops->stream_sync(u->dev, NULL);
+        }
+    }
+    u->full_on_ag = false;
+    int rc2 = fsdp_tensor_storage_resize(u->full, 0);
+    return rc < 0 ? rc : rc2;
+}
+
+void fsdp__unshard_free(fsdp_unit_t *u) {
+    if (u->full && u->full_on_ag) free_full(u);
+}
+
 /* Removes u from the root's queue of outstanding all-gathers. */
 static void ag_queue_remove(fsdp_unit_t *root, fsdp_unit_t *u) {
     for (size_t i = 0; i < root->nag; i++)
@@ -150,7 +176,7 @@ static int unshard_wait(fsdp_unit_t *u) {
     ag_queue_remove(fsdp__root_of(u), u);
     if (rc < 0) {
         u->unsharded = false;
-        fsdp_tensor_storage_resize(u->full, 0);
+        free_full(u);
         return fsdp__unit_err(u, rc, "all-gather of the flat parameter failed: %s", why);
     }
     return FSDP_OK;
@@ -184,10 +210,15 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
         int rc = unshard_wait(root->ag_queue[0]);
         if (rc < 0) return rc;
     }
-    int rc = fsdp_tensor_storage_resize(u->full, full_bytes(u));
+    /* In an iteration on a device with stream pools, full comes from the all-gather stream's
+     * pool and everything up to the collective is queued there (streams.c). */
+    fsdp_stream_t *ags = fsdp__ag_stream(u);
+    int rc = ags ? fsdp__tensor_storage_alloc_on(u->full, ags)
+                 : fsdp_tensor_storage_resize(u->full, full_bytes(u));
     if (rc < 0)
         return fsdp__unit_err(u, rc, "cannot allocate the unsharded parameter (%zu bytes)",
                               full_bytes(u));
+    u->full_on_ag = ags != NULL;
     const void *src = fsdp_tensor_data(u->flat);
     if (u->opt.cpu_offload || u->cdt != u->dt || !fsdp__is_sharded(u->opt.strategy)) {
         /* The shard goes to the device and/or to the compute dtype first (PyTorch's
@@ -197,7 +228,7 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
         if (!fsdp__is_sharded(u->opt.strategy)) {
             rc = stage_shard(u, u->full, u->flat);
             if (rc < 0) {
-                fsdp_tensor_storage_resize(u->full, 0);
+                free_full(u);
                 return fsdp__unit_err(u, rc, "preparing the unsharded parameters failed");
             }
             u->unsharded = true;
@@ -209,16 +240,22 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
         fsdp_tensor_t *slot = NULL;
         rc = fsdp__view1d(u->full, (int64_t)u->rank * u->layout.shard_numel, u->layout.shard_numel,
                           &slot);
-        if (rc == 0) rc = stage_shard(u, slot, u->flat);
+        /* On the all-gather stream the shard is on u->dev (no offload) and contiguous: the cast
+         * is queued there, behind the iteration's order after the compute stream. */
+        if (rc == 0 && ags)
+            rc = fsdp_device_cast(u->dev, fsdp_tensor_data(slot), u->cdt, fsdp_tensor_data(u->flat),
+                                  u->dt, (size_t)u->layout.shard_numel, ags);
+        else if (rc == 0)
+            rc = stage_shard(u, slot, u->flat);
         if (rc == 0) src = fsdp_tensor_data(slot);
         fsdp_tensor_release(slot); /* a view: full keeps the storage */
         if (rc < 0) {
-            fsdp_tensor_storage_resize(u->full, 0);
+            free_full(u);
             return fsdp__unit_err(u, rc, "preparing the shard for the all-gather failed");
         }
     }
-    void *stream = NULL;
-    rc = fsdp__side_stream(u, &stream);
+    void *stream = ags ? fsdp_stream_native(ags) : NULL;
+    if (!ags) rc = fsdp__side_stream(u, &stream);
     if (rc == 0) {
         fsdp_coll_desc_t d = {.kind = FSDP_COLL_ALL_GATHER,
                               .send = src,
@@ -232,7 +269,7 @@ int fsdp__unshard_issue(fsdp_unit_t *u, bool prefetch) {
                                 fsdp_pg_last_error(u->pg));
     }
     if (rc < 0) {
-        fsdp_tensor_storage_resize(u->full, 0);
+        free_full(u);
         return rc;
     }
     if (root->nag == root->capag) {
@@ -284,7 +321,7 @@ int fsdp__reshard(fsdp_unit_t *u) {
     int rc = unshard_wait(u);
     if (fsdp__separate_full(u)) {
         if (u->opt.delay_before_free_ms > 0) fsdp__sleep_ms(u->opt.delay_before_free_ms);
-        int rc2 = fsdp_tensor_storage_resize(u->full, 0);
+        int rc2 = free_full(u);
         if (rc == 0) rc = rc2;
         if (rc == 0 && u->opt.limit_all_gathers > 0 && fsdp__device_compute_stream(u->dev))
             rc = note_free_event(u);

@@ -212,6 +212,10 @@ int fsdp__writeback_orig_params(fsdp_unit_t *u, bool from_hook) {
         if (rc == 0) rc = writeback_grad(u, i);
     }
     if (rc == 0 && wrote) fsdp__flat_requires_grad(u);
+    /* The shard was written on the compute stream inside an iteration: the all-gather stream,
+     * ordered after it at the root's pre-forward, is ordered after it again. */
+    fsdp_unit_t *root = fsdp__root_of(u);
+    if (rc == 0 && wrote && root->ag_ordered) rc = fsdp__ag_stream_begin(root);
     return rc;
 }
 

@@ -331,6 +331,18 @@ int fsdp_tensor_storage_resize(fsdp_tensor_t *t, size_t bytes) {
     return FSDP_OK;
 }
 
+int fsdp__tensor_storage_alloc_on(fsdp_tensor_t *t, fsdp_stream_t *stream) {
+    struct fsdp_storage *st = t->st;
+    if (!st->owned || st->bytes != 0)
+        return fsdp__op_err(t, FSDP_EINVAL, "fsdp__tensor_storage_alloc_on",
+                            "the storage of '%s' %s", fsdp_tensor_name(t),
+                            st->owned ? "is allocated already" : "wraps user memory");
+    int rc = fsdp__device_alloc_on(st->dev, st->cat, st->full_bytes, stream, &st->ptr);
+    if (rc < 0) return rc;
+    st->bytes = st->full_bytes;
+    return FSDP_OK;
+}
+
 /* ---- gradients ------------------------------------------------------------------------------ */
 
 int fsdp__tensor_set_data(fsdp_tensor_t *t, fsdp_tensor_t *src) {

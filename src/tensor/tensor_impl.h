@@ -77,6 +77,10 @@ int fsdp__tensor_view(fsdp_tensor_t *t, int64_t offset, int ndim, const int64_t 
 /* Points t at src's elements (storage, offset, shape, strides), keeping t's identity, name,
  * autograd state and gradient: PyTorch's `t.data = src`. dtype, device and context must match. */
 int fsdp__tensor_set_data(fsdp_tensor_t *t, fsdp_tensor_t *src);
+/* fsdp_tensor_storage_resize(t, its full size) with the memory from the pool of `stream`
+ * (fsdp__device_alloc_on; NULL: the compute stream's, as the resize does). The storage must be
+ * freed (0 bytes) and owned. */
+int fsdp__tensor_storage_alloc_on(fsdp_tensor_t *t, fsdp_stream_t *stream);
 /* Contiguous strides of shape into stride. */
 void fsdp__contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 int64_t fsdp__shape_numel(int ndim, const int64_t *shape);
