@@ -219,8 +219,8 @@ ok $? "--nnodes 2 --node-rank 1 -n 2 gives ranks 2 and 3 of 4 with the given sto
   "$tmp/nodes.out" "$tmp/nodes.err"
 "$fsdprun" -n 2 --nnodes 2 --node-rank 1 sh "$tmp/nodes.sh" > "$tmp/ns.out" 2> "$tmp/ns.err"
 rc=$?
-[ "$rc" = 2 ] && has "$tmp/ns.err" 'needs --store' && [ ! -s "$tmp/ns.out" ]
-ok $? "--nnodes 2 without --store is refused with exit status 2 (got $rc)" "$tmp/ns.err"
+[ "$rc" = 2 ] && has "$tmp/ns.err" 'needs --master-addr HOST' && has "$tmp/ns.err" 'or --store URL' && [ ! -s "$tmp/ns.out" ]
+ok $? "--nnodes 2 without --store or --master-addr is refused with exit status 2 (got $rc)" "$tmp/ns.err"
 
 # --- --no-prefix -------------------------------------------------------------------------------
 "$fsdprun" -n 2 --no-prefix sh -c 'echo plain-$RANK' > "$tmp/np.out" 2>&1

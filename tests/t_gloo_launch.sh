@@ -129,7 +129,7 @@ rc=$?
 [ "$rc" -eq 1 ] && has "$tmp/bad.out" "bogus://nowhere"
 ok $? "a wrong store URL is a clear error quoting it (exit $rc)" "$tmp/bad.out"
 t0=$(now)
-RANK=0 WORLD_SIZE=2 FSDP_STORE="redis://127.0.0.1:1/job" FSDP_TIMEOUT_MS=1000 \
+RANK=0 WORLD_SIZE=2 FSDP_STORE="redis://127.0.0.1:1?prefix=job" FSDP_TIMEOUT_MS=1000 \
   timeout 30 "$worker" allreduce > "$tmp/redis.out" 2>&1
 rc=$?
 t=$(($(now) - t0))
@@ -138,7 +138,7 @@ ok $? "an unreachable Redis is an error naming host:port (exit $rc, ${t} s for a
   "$tmp/redis.out"
 RANK=0 WORLD_SIZE=2 timeout 30 "$worker" allreduce > "$tmp/nostore.out" 2>&1
 rc=$?
-[ "$rc" -eq 1 ] && has "$tmp/nostore.out" "FSDP_STORE is not set"
+[ "$rc" -eq 1 ] && has "$tmp/nostore.out" "neither FSDP_STORE nor MASTER_ADDR"
 ok $? "two ranks without FSDP_STORE: the error says so (exit $rc)" "$tmp/nostore.out"
 
 # --- two hosts: network namespaces joined by a veth pair ----------------------------------------

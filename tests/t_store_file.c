@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * t_store_file.c: the file store (the common suite, processes sharing a directory, key file
- * names, directory errors) and store URLs (parsing and fsdp_store_open_url).
+ * names, directory errors) and fsdp_store_open_url (the parsing of URLs is t_store_url.c).
  *
  * Everything lives under one mkdtemp directory, removed at the end.
  */
@@ -18,7 +18,6 @@
 
 #include <fsdp.h>
 
-#include "store/store_url.h"
 #include "store_suite.h"
 #include "fs_util.h"
 #include "tap.h"
@@ -113,78 +112,6 @@ static void test_dir_errors(void) {
 
 /* ---- URLs ---- */
 
-static void parse_ok(const char *url, fsdp__store_url_kind_t kind, const char *a, int port,
-                     const char *prefix) {
-    fsdp__store_url_t u;
-    char err[FSDP_ERR_LEN] = "";
-    int rc = fsdp__store_url_parse(url, &u, err);
-    int same = rc == FSDP_OK && u.kind == kind;
-    if (same && kind == FSDP__STORE_URL_FILE) same = strcmp(u.path, a) == 0;
-    if (same && kind == FSDP__STORE_URL_REDIS)
-        same = strcmp(u.host, a) == 0 && u.port == port && strcmp(u.prefix, prefix) == 0;
-    if (!tap_ok(same, "URL '%s' parses", url))
-        tap_diag("rc %d, kind %d, path '%s', host '%s', port %d, prefix '%s': %s", rc, u.kind,
-                 u.path, u.host, u.port, u.prefix, err);
-}
-
-static void parse_bad(const char *url, const char *why) {
-    fsdp__store_url_t u;
-    char err[FSDP_ERR_LEN] = "";
-    int rc = fsdp__store_url_parse(url, &u, err);
-    int good = rc == FSDP_EINVAL && strstr(err, url) && strstr(err, why) &&
-               strstr(err, "file:///abs/path") && strstr(err, "redis://host[:port][/prefix]") &&
-               strstr(err, "memory:");
-    if (!tap_ok(good, "URL '%s' is refused: %s", url, why)) tap_diag("rc %d: %s", rc, err);
-}
-
-static void test_url_parse(void) {
-    parse_ok("memory:", FSDP__STORE_URL_MEMORY, NULL, 0, NULL);
-    parse_ok("MEMORY:", FSDP__STORE_URL_MEMORY, NULL, 0, NULL);
-    parse_ok("file:///tmp/x", FSDP__STORE_URL_FILE, "/tmp/x", 0, NULL);
-    parse_ok("file:///", FSDP__STORE_URL_FILE, "/", 0, NULL);
-    parse_ok("File://localhost/tmp/x", FSDP__STORE_URL_FILE, "/tmp/x", 0, NULL);
-    parse_ok("file:///tmp/a%20b%2Fc", FSDP__STORE_URL_FILE, "/tmp/a b/c", 0, NULL);
-    parse_ok("redis://h", FSDP__STORE_URL_REDIS, "h", 6379, "");
-    parse_ok("redis://h/", FSDP__STORE_URL_REDIS, "h", 6379, "");
-    parse_ok("redis://redis.example.org:1234/job/42", FSDP__STORE_URL_REDIS, "redis.example.org",
-             1234, "job/42");
-    parse_ok("redis://10.0.0.1:65535/p%3Aq", FSDP__STORE_URL_REDIS, "10.0.0.1", 65535, "p:q");
-    parse_ok("redis://[::1]:7000/p", FSDP__STORE_URL_REDIS, "::1", 7000, "p");
-    parse_ok("redis://[fe80::1]", FSDP__STORE_URL_REDIS, "fe80::1", 6379, "");
-
-    parse_bad("", "no scheme");
-    parse_bad("memory", "no scheme");
-    parse_bad("/tmp/x", "no scheme");
-    parse_bad("memory:x", "nothing may follow");
-    parse_bad("memory://", "nothing may follow");
-    parse_bad("http://h/x", "scheme is not");
-    parse_bad("tcp://h:1", "scheme is not");
-    parse_bad("file:tmp/x", "file://");
-    parse_bad("file://", "path is missing");
-    parse_bad("file://tmp/x", "names no host");
-    parse_bad("file:///tmp/%zz", "bad %-escape");
-    parse_bad("file:///tmp/%00", "encoded NUL");
-    parse_bad("file:///tmp/%4", "bad %-escape");
-    parse_bad("redis:h:1", "redis://");
-    parse_bad("redis://", "host is missing");
-    parse_bad("redis://:6379", "host is missing");
-    parse_bad("redis://h:", "port is empty");
-    parse_bad("redis://h:0", "outside 1..65535");
-    parse_bad("redis://h:65536", "outside 1..65535");
-    parse_bad("redis://h:99999999999999999999", "outside 1..65535");
-    parse_bad("redis://h:12ab", "not a number");
-    parse_bad("redis://h:-1", "not a number");
-    parse_bad("redis://user:pw@h:1", "passwords");
-    parse_bad("redis://h:1/x?db=2", "queries");
-    parse_bad("redis://h#frag", "fragments");
-    parse_bad("redis://[::1:7000", "closing ']'");
-    parse_bad("redis://[::1]7000", "':port'");
-
-    fsdp__store_url_t u;
-    char err[FSDP_ERR_LEN];
-    tap_is_int(fsdp__store_url_parse(NULL, &u, err), FSDP_EINVAL, "a NULL URL is refused");
-}
-
 static void test_open_url(void) {
     fsdp_ctx_t *ctx = store_suite_ctx();
     fsdp_store_t *s = NULL, *t = NULL;
@@ -220,7 +147,8 @@ static void test_open_url(void) {
     tap_ok(s == NULL, "leaves *out NULL");
     tap_has_str(fsdp_ctx_last_error(ctx), "'ftp://x/y'", "the error on the context quotes the URL");
     tap_has_str(fsdp_ctx_last_error(ctx),
-                "file:///abs/path, redis://host[:port][/prefix] or memory:",
+                "file:///abs/path, redis://[[user]:password@]host[:port][/db][?prefix=P], "
+                "tcp://host:port[?prefix=P] or memory:",
                 "and lists the accepted forms");
     tap_is_int(fsdp_store_open_url(ctx, NULL, &s), FSDP_EINVAL, "open_url(NULL) is EINVAL");
     tap_is_int(fsdp_store_open_url(ctx, "memory:", NULL), FSDP_EINVAL, "a NULL out is EINVAL");
@@ -232,11 +160,11 @@ static void test_open_url(void) {
 
 #if FSDP_HAVE_HIREDIS
     /* The Redis store connects lazily, so this needs no server; t_store_redis.c talks to one. */
-    tap_is_int(fsdp_store_open_url(NULL, "redis://127.0.0.1:6390/job", &s), FSDP_OK,
+    tap_is_int(fsdp_store_open_url(NULL, "redis://127.0.0.1:6390/1?prefix=job", &s), FSDP_OK,
                "open_url(redis://...) gives a Redis store (it connects on first use)");
     fsdp_store_destroy(s);
 #else
-    tap_is_int(fsdp_store_open_url(ctx, "redis://127.0.0.1:6390/job", &s), FSDP_ENOTSUP,
+    tap_is_int(fsdp_store_open_url(ctx, "redis://127.0.0.1:6390/1?prefix=job", &s), FSDP_ENOTSUP,
                "open_url(redis://...) is ENOTSUP without hiredis");
     tap_has_str(fsdp_ctx_last_error(ctx), "built without hiredis", "and the error says why");
 #endif
@@ -257,7 +185,6 @@ int main(void) {
     store_suite_cross_process(&f, 4, 1000);
     test_layout();
     test_dir_errors();
-    test_url_parse();
     test_open_url();
     fsu_remove_tree(base);
     return tap_done();

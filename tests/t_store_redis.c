@@ -21,7 +21,9 @@
 
 #if !FSDP_HAVE_HIREDIS
 
-int main(void) { return tap_skip_all("libfsdp was built without hiredis"); }
+int main(void) {
+    return tap_skip_all("libfsdp was built without hiredis");
+}
 
 #else
 
@@ -107,7 +109,7 @@ static void sleep_ms(int ms) {
 
 /* Starts redis-server on `port` and waits until it accepts connections (10 s at most).
  * Returns 0, or -1 with why filled in. */
-static int start_server(const char *exe, int port, char *why, size_t cap) {
+static int start_server(const char *exe, int port, const char *pass, char *why, size_t cap) {
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
     fflush(stdout);
@@ -125,8 +127,12 @@ static int start_server(const char *exe, int port, char *why, size_t cap) {
             dup2(fd, 2);
             close(fd);
         }
-        execl(exe, exe, "--port", portstr, "--save", "", "--appendonly", "no", "--bind",
-              "127.0.0.1", "--daemonize", "no", (char *)NULL);
+        if (pass)
+            execl(exe, exe, "--port", portstr, "--save", "", "--appendonly", "no", "--bind",
+                  "127.0.0.1", "--daemonize", "no", "--requirepass", pass, (char *)NULL);
+        else
+            execl(exe, exe, "--port", portstr, "--save", "", "--appendonly", "no", "--bind",
+                  "127.0.0.1", "--daemonize", "no", (char *)NULL);
         _exit(127);
     }
     server_pid = pid;
@@ -248,6 +254,104 @@ static void test_server_gone(const redis_target_t *t) {
     fsdp_store_destroy(s);
 }
 
+/* Opens url (which must parse) with a short timeout; NULL on failure. */
+static fsdp_store_t *open_url_t(const char *url) {
+    fsdp_store_t *s = NULL;
+    if (fsdp_store_open_url(NULL, url, &s) != FSDP_OK) return NULL;
+    fsdp_store_set_timeout(s, 2000);
+    return s;
+}
+
+/* Issue 25 item 4: the URL's path selects the database, ?prefix= is the key prefix. */
+static void test_db_numbers(int port) {
+    char u3[128], u4[128], u0[128], bare3[128];
+    snprintf(u3, sizeof u3, "redis://127.0.0.1:%d/3?prefix=dbt", port);
+    snprintf(u4, sizeof u4, "redis://127.0.0.1:%d/4?prefix=dbt", port);
+    snprintf(u0, sizeof u0, "redis://127.0.0.1:%d?prefix=dbt", port);
+    snprintf(bare3, sizeof bare3, "redis://127.0.0.1:%d/3", port);
+    fsdp_store_t *a = open_url_t(u3), *b = open_url_t(u4), *z = open_url_t(u0),
+                 *c = open_url_t(bare3);
+    if (!tap_ok(a && b && z && c, "redis: handles on databases 3, 4 and 0")) goto out;
+    tap_is_int(fsdp_store_set(a, "k", "three", 5), FSDP_OK, "redis: set in database 3");
+    int found = -1;
+    fsdp_store_check(b, "k", &found);
+    tap_is_int(found, 0, "redis: database 4 does not see it");
+    found = -1;
+    fsdp_store_check(z, "k", &found);
+    tap_is_int(found, 0, "redis: database 0 does not see it");
+    char buf[8];
+    size_t len = 0;
+    tap_ok(fsdp_store_get(c, "dbt/k", buf, sizeof buf, &len) == FSDP_OK && len == 5,
+           "redis: database 3 without a prefix has it as dbt/k (the prefix is ?prefix=)");
+    fsdp_store_t *bad = NULL;
+    char u99[128];
+    snprintf(u99, sizeof u99, "redis://127.0.0.1:%d/99", port);
+    bad = open_url_t(u99);
+    tap_is_int(bad ? fsdp_store_set(bad, "k", "v", 1) : -1, FSDP_EBACKEND,
+               "redis: a database the server lacks fails the first operation");
+    tap_has_str(bad ? fsdp_store_last_error(bad) : "", "SELECT 99", "redis: naming SELECT 99");
+    fsdp_store_destroy(bad);
+out:
+    fsdp_store_destroy(a);
+    fsdp_store_destroy(b);
+    fsdp_store_destroy(z);
+    fsdp_store_destroy(c);
+}
+
+#define PASS "pw-Hunter2-xyzzy"
+
+/* Issue 25 item 4 and issue 26: AUTH from the URL, and no message shows the password. */
+static void test_auth(int port) {
+    char url[160];
+    snprintf(url, sizeof url, "redis://:" PASS "@127.0.0.1:%d/2?prefix=auth", port);
+    fsdp_store_t *s = open_url_t(url);
+    char buf[8];
+    size_t len = 0;
+    tap_ok(s && fsdp_store_set(s, "k", "v", 1) == FSDP_OK &&
+               fsdp_store_get(s, "k", buf, sizeof buf, &len) == FSDP_OK && len == 1,
+           "redis: redis://:password@host works against a requirepass server");
+    fsdp_store_destroy(s);
+    snprintf(url, sizeof url, "redis://default:" PASS "@127.0.0.1:%d/2?prefix=auth", port);
+    s = open_url_t(url);
+    len = 0;
+    tap_ok(s && fsdp_store_get(s, "k", buf, sizeof buf, &len) == FSDP_OK && len == 1,
+           "redis: redis://user:password@host (AUTH default) sees the same key");
+    fsdp_store_destroy(s);
+
+    snprintf(url, sizeof url, "redis://:wrong-" PASS "@127.0.0.1:%d", port);
+    s = open_url_t(url);
+    double t0 = store_suite_now_ms();
+    int rc = s ? fsdp_store_set(s, "k", "v", 1) : -1;
+    double ms = store_suite_now_ms() - t0;
+    tap_is_int(rc, FSDP_EBACKEND, "redis: a wrong password fails the first operation");
+    const char *e = s ? fsdp_store_last_error(s) : "";
+    tap_ok(strstr(e, "AUTH") && !strstr(e, PASS),
+           "redis: the error says AUTH, not the password: %s", e);
+    tap_ok(ms < 1500, "redis: at once, not after retrying until the timeout (%.0f ms)", ms);
+    fsdp_store_destroy(s);
+
+    snprintf(url, sizeof url, "redis://alice:" PASS "@127.0.0.1:%d", port);
+    s = open_url_t(url);
+    rc = s ? fsdp_store_set(s, "k", "v", 1) : -1;
+    e = s ? fsdp_store_last_error(s) : "";
+    tap_ok(rc == FSDP_EBACKEND && strstr(e, "alice") && !strstr(e, PASS),
+           "redis: an unknown user is refused, naming the user, not the password: %s", e);
+    fsdp_store_destroy(s);
+
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    s = open_url_t(url);
+    rc = s ? fsdp_store_set(s, "k", "v", 1) : -1;
+    tap_ok(rc == FSDP_EBACKEND && strstr(s ? fsdp_store_last_error(s) : "", "NOAUTH"),
+           "redis: no password on a requirepass server: the server's NOAUTH is reported");
+    fsdp_store_destroy(s);
+
+    /* What the launcher and fsdp_init_from_env print: a bad URL's refusal hides the password. */
+    fsdp_ctx_t *ctx = store_suite_ctx();
+    snprintf(url, sizeof url, "redis://:" PASS "@127.0.0.1:%d/x", port);
+    tap_is_int(fsdp_store_open_url(ctx, url, &s), FSDP_EINVAL, "redis: a bad database path");
+    tap_ok(!strstr(fsdp_ctx_last_error(ctx), PASS), "redis: its message hides the password");
+}
+
 int main(void) {
     char exe_buf[1024];
     const char *exe = find_program("redis-server", exe_buf, sizeof exe_buf);
@@ -265,7 +369,7 @@ int main(void) {
     int port = -1;
     for (int attempt = 0; attempt < 3 && server_pid < 0; attempt++) {
         port = free_port(); /* another process may take it before the server binds: retry */
-        if (port > 0 && start_server(exe, port, why, sizeof why) == 0) break;
+        if (port > 0 && start_server(exe, port, NULL, why, sizeof why) == 0) break;
     }
     if (!tap_ok(server_pid > 0, "redis-server started on 127.0.0.1:%d", port)) {
         tap_diag("%s", why);
@@ -277,7 +381,17 @@ int main(void) {
     store_suite_two_processes(&f);
     store_suite_cross_process(&f, 4, 1000);
     test_prefixes(&target);
+    test_db_numbers(port);
     test_server_gone(&target);
+    stop_server();
+    for (int attempt = 0; attempt < 3 && server_pid < 0; attempt++) {
+        port = free_port();
+        if (port > 0 && start_server(exe, port, PASS, why, sizeof why) == 0) break;
+    }
+    if (tap_ok(server_pid > 0, "redis-server with requirepass started on 127.0.0.1:%d", port))
+        test_auth(port);
+    else
+        tap_diag("%s", why);
     stop_server();
     unlink(server_log);
     return tap_done();

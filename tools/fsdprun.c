@@ -9,10 +9,17 @@
  * Process model: fsdprun forks N children, each in its own process group (so a signal reaches
  * everything a rank started, and a terminal's Ctrl-C reaches fsdprun alone, which forwards it
  * once). Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, NNODES,
- * FSDP_STORE and FSDP_BACKEND, and execs the program. An exec failure travels back over a
- * close-on-exec pipe, so "no such program" is reported as such rather than as exit status 127.
- * Before the first fork, fsdprun moves into a network namespace of the job's own when the job
- * allows one (fsdprun_netns.c), so that other users of the host cannot reach the ranks.
+ * FSDP_STORE and FSDP_BACKEND (and MASTER_ADDR, MASTER_PORT with the TCP store), and execs the
+ * program.
+ *
+ * The store: --store as given; else, with --master-addr, --master-port or --rdzv-endpoint (and
+ * always on several nodes), the TCP store at the master address, which node 0's fsdprun serves
+ * from a thread of its own (src/store/store_tcp_server.c, compiled in) until every rank is
+ * reaped; else a temporary file-store directory that fsdprun makes and removes. An exec failure
+ * travels back over a close-on-exec pipe, so "no such program" is reported as such rather than as
+ * exit status 127. Before the store server starts and the first fork, fsdprun moves into a
+ * network namespace of the job's own when the job allows one (fsdprun_netns.c), so that other
+ * users of the host cannot reach the ranks.
  *
  * Output: every child's stdout and stderr are pipes that one poll loop reads. Bytes are kept per
  * stream until a newline (or EOF, or 64 KiB without one), and each complete line is written with
@@ -48,6 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "store/store_tcp_proto.h"
 #include "tools/fsdprun.h"
 
 #define EXIT_USAGE 2     /* bad usage, or the job could not be started */
@@ -262,6 +270,32 @@ static int remove_tree(int dirfd, const char *name, int depth) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The TCP store: served here on node 0, reached at the master address by every rank. */
+
+#define DEFAULT_MASTER_PORT 29500 /* torchrun's */
+
+static int setup_tcp_store(job_t *job) {
+    options_t *o = &job->opt;
+    if (!o->master_addr[0]) snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
+    if (o->master_port < 0) o->master_port = DEFAULT_MASTER_PORT;
+    if (o->node_rank == 0) {
+        /* Only on the master address: the store has no authentication. */
+        char err[512];
+        if (fsdp__tcp_server_start(o->master_addr, o->master_port, &job->server, err, sizeof err) <
+            0) {
+            say("fsdprun: cannot serve the rendezvous store: %s", err);
+            return -1;
+        }
+        o->master_port = fsdp__tcp_server_port(job->server);
+    }
+    const char *host = o->master_addr;
+    snprintf(job->store_url, sizeof job->store_url,
+             strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", host, o->master_port);
+    job->tcp = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* The loop. */
 
 static int poll_timeout_ms(const job_t *job) {
@@ -386,7 +420,11 @@ int main(int argc, char **argv) {
         r->err.out_fd = 2;
         r->prefix_len = (size_t)snprintf(r->prefix, sizeof r->prefix, "[rank %d] ", r->rank);
     }
-    if (!job.opt.store && make_store_dir(&job) < 0) goto out;
+    if (!job.opt.store && (job.opt.master_addr[0] || job.opt.master_port >= 0)) {
+        if (setup_tcp_store(&job) < 0) goto out;
+    } else if (!job.opt.store && make_store_dir(&job) < 0) {
+        goto out;
+    }
     if (check_envs(&job) < 0) goto out;
     if (fsdprun_netns_wanted(&job.opt)) {
         char why[256] = "";
@@ -431,6 +469,7 @@ int main(int argc, char **argv) {
     status = exit_status(&job);
 
 out:
+    fsdp__tcp_server_stop(job.server); /* every rank is reaped: no one here needs it now */
     if (job.store_dir) {
         if (remove_tree(AT_FDCWD, job.store_dir, 0) < 0)
             say("fsdprun: warning: could not remove the store directory '%s': %s", job.store_dir,

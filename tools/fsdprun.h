@@ -2,12 +2,13 @@
 /*
  * fsdprun.h: what the files of fsdprun share: the job, its ranks and their output streams.
  *
- * fsdprun.c holds main, the poll loop, fsdprun's own signal handling and the temporary store;
+ * fsdprun.c holds main, the poll loop, fsdprun's own signal handling and the store (a temporary
+ * directory, or the TCP store that node 0 serves with src/store/store_tcp_server.c);
  * fsdprun_opts.c the command line; fsdprun_ranks.c starting, signalling and reaping the ranks;
  * fsdprun_output.c the prefixed copying of the ranks' output. fsdprun is a program of its own
- * (it compiles src/launch/launch_env.c in and links no libfsdp), so the functions shared here
- * keep short names. Everything runs on the one thread of the poll loop, except what
- * fsdprun_ranks.c runs in a child between fork and exec (async-signal-safe calls only).
+ * (it compiles src/launch/launch_env.c and the TCP store's server in and links no libfsdp), so the
+ * functions shared here keep short names. Everything runs on the one thread of the poll loop,
+ * except what fsdprun_ranks.c runs in a child between fork and exec (async-signal-safe calls only).
  */
 #ifndef FSDP_TOOLS_FSDPRUN_H
 #define FSDP_TOOLS_FSDPRUN_H
@@ -21,10 +22,12 @@
 #define DRAIN_S 2.0    /* how long to keep reading after the last rank was reaped */
 
 typedef struct options {
-    int nproc;         /* -n, 0 until given */
-    int nnodes;        /* --nnodes */
-    int node_rank;     /* --node-rank */
-    const char *store; /* --store, NULL for a temporary file store */
+    int nproc;             /* -n, 0 until given */
+    int nnodes;            /* --nnodes */
+    int node_rank;         /* --node-rank */
+    const char *store;     /* --store, NULL for a temporary file store or the TCP store */
+    char master_addr[256]; /* --master-addr or --rdzv-endpoint's host, "" when not given */
+    int master_port;       /* --master-port or --rdzv-endpoint's port, -1 when not given */
     const char *backend;
     double timeout_s; /* 0: none */
     double grace_s;
@@ -56,11 +59,13 @@ typedef struct job {
     int nopen;       /* open streams */
     char *store_dir; /* the temporary store directory we own, or NULL */
     char store_url[PATH_MAX + 16];
-    int devnull;      /* stdin of the ranks when ours is a terminal, else -1 */
-    int first_fail;   /* index of the first failed rank, or -1 */
-    int first_status; /* its wait status */
-    int stop_signal;  /* the first INT/TERM/HUP fsdprun received, or 0 */
-    int stopping;     /* SIGTERM (or a forwarded signal) went out */
+    struct fsdp__tcp_server *server; /* the TCP store this launcher serves (node 0), or NULL */
+    int tcp;                         /* the ranks meet at the TCP store: MASTER_* are set too */
+    int devnull;                     /* stdin of the ranks when ours is a terminal, else -1 */
+    int first_fail;                  /* index of the first failed rank, or -1 */
+    int first_status;                /* its wait status */
+    int stop_signal;                 /* the first INT/TERM/HUP fsdprun received, or 0 */
+    int stopping;                    /* SIGTERM (or a forwarded signal) went out */
     int timed_out;
     int launch_failed;  /* a rank could not be started */
     double kill_at;     /* when to send SIGKILL (monotonic s), 0: not scheduled */

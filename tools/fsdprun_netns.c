@@ -14,9 +14,10 @@
  * owners), which Debian and most distributions allow.
  *
  * fsdprun_netns_wanted says when that is possible without changing the job: one node, and a
- * store the ranks reach through the file system (the temporary one or file://), since a Redis or
- * TCP store on the host's network would be out of reach, and a backend other than NCCL. When the
- * kernel refuses, the job runs as before and the reason goes to stderr as one warning line.
+ * store the ranks reach through the file system (the temporary one or file://; not a master
+ * address), since a Redis or TCP store on the host's network would be out of reach, and a backend
+ * other than NCCL. When the kernel refuses, the job runs as before and the reason goes to stderr as
+ * one warning line.
  */
 #define _GNU_SOURCE
 
@@ -34,6 +35,8 @@
 
 int fsdprun_netns_wanted(const options_t *o) {
     if (!o->isolate_network || o->nnodes != 1) return 0;
+    /* A TCP store at a master address is on the host's network, served from there. */
+    if (o->master_addr[0] || o->master_port >= 0) return 0;
     /* NCCL's bootstrap and its network plugins have not been run inside one: left as they are. */
     if (strcmp(o->backend, "nccl") == 0) return 0;
     return !o->store || strncmp(o->store, "file://", 7) == 0;

@@ -25,24 +25,35 @@ static const char usage_text[] =
     "    fsdprun - start the ranks of a libfsdp job on this node\n"
     "\n"
     "SYNOPSIS\n"
-    "    fsdprun -n N [--nnodes M --node-rank K] [--store URL] [--backend NAME]\n"
+    "    fsdprun -n N [--nnodes M --node-rank K] [--store URL | --master-addr HOST\n"
+    "            [--master-port P] | --rdzv-endpoint HOST:P] [--backend NAME]\n"
     "            [--timeout S] [--grace S] [--no-prefix] [--share-network] [--]\n"
     "            PROGRAM [ARGS...]\n"
     "\n"
     "DESCRIPTION\n"
     "    Starts N copies of PROGRAM, the local ranks of a job of N*M ranks spread over M nodes,\n"
     "    waits for them, and exits with a status that says whether all of them succeeded.\n"
-    "    On a multi-node job, run one fsdprun per node with the same -n, --nnodes and --store and\n"
-    "    that node's --node-rank.\n"
+    "    On a multi-node job, run one fsdprun per node with the same -n, --nnodes and\n"
+    "    --master-addr (or --store) and that node's --node-rank; as with torchrun, nothing else\n"
+    "    is needed: the fsdprun of node 0 serves the rendezvous store at the master address.\n"
     "\n"
     "OPTIONS\n"
-    "    -n N, --nproc N      ranks to start on this node (required, at least 1)\n"
+    "    -n N, --nproc N, --nproc-per-node N\n"
+    "                         ranks to start on this node (required, at least 1)\n"
     "    --nnodes M           nodes in the job (default 1)\n"
     "    --node-rank K        index of this node, 0 <= K < M (default 0)\n"
-    "    --store URL          rendezvous store every rank opens: file:///dir or\n"
-    "                         redis://host:port/prefix. Default: a new temporary directory\n"
-    "                         under $TMPDIR (or /tmp), removed when fsdprun exits. Required\n"
-    "                         when M > 1, and it must be reachable from every node.\n"
+    "    --master-addr HOST   where the rendezvous store is served: the fsdprun of node 0\n"
+    "                         serves a TCP store on HOST (an address of node 0 that every node\n"
+    "                         reaches; it listens on that address only) and every rank gets\n"
+    "                         FSDP_STORE=tcp://HOST:P. Required when M > 1 without --store.\n"
+    "    --master-port P      the TCP store's port (default 29500; 0 picks a free one, on a\n"
+    "                         single node only)\n"
+    "    --rdzv-endpoint HOST:P  the same as --master-addr HOST --master-port P\n"
+    "    --store URL          a store every rank opens instead: file:///dir,\n"
+    "                         redis://[:password@]host:port[/db][?prefix=P] or tcp://host:port\n"
+    "                         (served by someone else). Without --store and --master-addr: a\n"
+    "                         new temporary directory under $TMPDIR (or /tmp), removed when\n"
+    "                         fsdprun exits (single node only).\n"
     "    --backend NAME       process-group backend the ranks use (default gloo)\n"
     "    --timeout S          stop the ranks if the job is still running after S seconds\n"
     "    --grace S            seconds between SIGTERM and SIGKILL when stopping ranks\n"
@@ -56,11 +67,13 @@ static const char usage_text[] =
     "    -h, --help           print this text and exit\n"
     "    --version            print the version and exit\n"
     "    Options end at the first argument that is not one (or at --); everything after\n"
-    "    belongs to PROGRAM. Long options also take the form --name=value.\n"
+    "    belongs to PROGRAM. Long options also take the form --name=value, and '_' may\n"
+    "    stand for '-' in their names (--nproc_per_node), as torchrun allows.\n"
     "\n"
     "ENVIRONMENT OF EACH RANK\n"
     "    RANK=K*N+i  WORLD_SIZE=N*M  LOCAL_RANK=i  LOCAL_WORLD_SIZE=N  NODE_RANK=K  NNODES=M\n"
     "    FSDP_STORE=URL  FSDP_BACKEND=NAME, for i = 0..N-1; fsdp_launch_env_read() reads them.\n"
+    "    With the TCP store, also MASTER_ADDR=HOST and MASTER_PORT=P.\n"
     "    Everything else is inherited. Standard input is inherited too, unless it is a\n"
     "    terminal: then the ranks read /dev/null, since they run in their own process groups.\n"
     "\n"
@@ -85,7 +98,9 @@ static const char usage_text[] =
     "\n"
     "EXAMPLES\n"
     "    fsdprun -n 4 ./train --steps 100\n"
-    "    fsdprun -n 8 --nnodes 2 --node-rank 0 --store redis://10.0.0.1:6379/job7 ./train\n";
+    "    fsdprun -n 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 ./train   (on 10.0.0.1)\n"
+    "    fsdprun -n 8 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 ./train   (on the other)\n"
+    "    fsdprun -n 8 --nnodes 2 --node-rank 0 --store redis://10.0.0.1:6379 ./train\n";
 
 static int parse_count(const char *opt, const char *v, int min, int *out) {
     long x = 0;
@@ -113,6 +128,49 @@ static int parse_seconds(const char *opt, const char *v, int allow_zero, double 
     return 0;
 }
 
+/* A port: 0..65535. */
+static int parse_port(const char *opt, const char *v, int *out) {
+    long x = 0;
+    const char *p = v;
+    for (; *p >= '0' && *p <= '9' && x <= 65535; p++)
+        x = x * 10 + (*p - '0');
+    if (p == v || *p || x > 65535) {
+        usage_error("%s wants a port number in 0..65535, not '%s'", opt, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int set_host(const char *opt, const char *v, size_t n, options_t *o) {
+    if (n == 0 || n >= sizeof o->master_addr || memchr(v, '/', n) || memchr(v, '@', n)) {
+        usage_error("%s wants a host name or address, not '%.*s'", opt, (int)n, v);
+        return -1;
+    }
+    memcpy(o->master_addr, v, n);
+    o->master_addr[n] = 0;
+    return 0;
+}
+
+/* --rdzv-endpoint HOST:PORT, or [V6ADDR]:PORT. */
+static int parse_endpoint(const char *opt, const char *v, options_t *o) {
+    const char *colon = strrchr(v, ':');
+    if (v[0] == '[') {
+        const char *close = strchr(v, ']');
+        if (!close || close[1] != ':') colon = NULL;
+        if (colon && set_host(opt, v + 1, (size_t)(close - v - 1), o) < 0) return -1;
+    } else if (colon && memchr(v, ':', (size_t)(colon - v))) {
+        colon = NULL; /* an IPv6 address needs its brackets */
+    } else if (colon && set_host(opt, v, (size_t)(colon - v), o) < 0) {
+        return -1;
+    }
+    if (!colon) {
+        usage_error("%s wants HOST:PORT (or [IPV6]:PORT), not '%s'", opt, v);
+        return -1;
+    }
+    return parse_port(opt, colon + 1, &o->master_port);
+}
+
 /* Returns 0 to run, 1 when --help/--version was served, -1 on a usage error. */
 int parse_options(int argc, char **argv, options_t *o) {
     memset(o, 0, sizeof *o);
@@ -121,6 +179,8 @@ int parse_options(int argc, char **argv, options_t *o) {
     o->grace_s = 5;
     o->prefix = 1;
     o->isolate_network = 1;
+    o->master_port = -1;
+    int given_addr = 0, given_port = 0, given_endpoint = 0;
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -158,15 +218,19 @@ int parse_options(int argc, char **argv, options_t *o) {
             name = "-n";
             if (a[2]) val = a + 2;
         } else {
+            /* torchrun spells its options with '-' or '_': --nproc_per_node is --nproc-per-node */
             const char *eq = strchr(a, '=');
-            if (eq) {
-                snprintf(namebuf, sizeof namebuf, "%.*s", (int)(eq - a), a);
-                name = namebuf;
-                val = eq + 1;
-            }
+            size_t len = eq ? (size_t)(eq - a) : strlen(a);
+            snprintf(namebuf, sizeof namebuf, "%.*s", (int)len, a);
+            for (char *c = namebuf + 2; *c; c++)
+                if (*c == '_') *c = '-';
+            name = namebuf;
+            if (eq) val = eq + 1;
         }
-        static const char *const valued[] = {"-n",      "--nproc",   "--nnodes",  "--node-rank",
-                                             "--store", "--backend", "--timeout", "--grace"};
+        static const char *const valued[] = {
+            "-n",          "--nproc",       "--nproc-per-node", "--nnodes",
+            "--node-rank", "--store",       "--backend",        "--timeout",
+            "--grace",     "--master-addr", "--master-port",    "--rdzv-endpoint"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             if (strcmp(name, valued[k]) == 0) known = 1;
@@ -182,7 +246,8 @@ int parse_options(int argc, char **argv, options_t *o) {
             val = argv[++i];
         }
         int rc = 0;
-        if (strcmp(name, "-n") == 0 || strcmp(name, "--nproc") == 0)
+        if (strcmp(name, "-n") == 0 || strcmp(name, "--nproc") == 0 ||
+            strcmp(name, "--nproc-per-node") == 0)
             rc = parse_count(name, val, 1, &o->nproc);
         else if (strcmp(name, "--nnodes") == 0)
             rc = parse_count(name, val, 1, &o->nnodes);
@@ -190,6 +255,12 @@ int parse_options(int argc, char **argv, options_t *o) {
             rc = parse_count(name, val, 0, &o->node_rank);
         else if (strcmp(name, "--store") == 0)
             o->store = val;
+        else if (strcmp(name, "--master-addr") == 0)
+            rc = set_host(name, val, strlen(val), o), given_addr = 1;
+        else if (strcmp(name, "--master-port") == 0)
+            rc = parse_port(name, val, &o->master_port), given_port = 1;
+        else if (strcmp(name, "--rdzv-endpoint") == 0)
+            rc = parse_endpoint(name, val, o), given_endpoint = 1;
         else if (strcmp(name, "--backend") == 0)
             o->backend = val;
         else if (strcmp(name, "--timeout") == 0)
@@ -210,19 +281,35 @@ int parse_options(int argc, char **argv, options_t *o) {
         usage_error("-n %d times --nnodes %d is too many ranks", o->nproc, o->nnodes);
         return -1;
     }
-    if (o->nnodes > 1 && !o->store) {
-        usage_error("--nnodes %d needs --store URL, a store that every node can reach "
-                    "(redis://host:port/prefix, or file:///dir on a file system all nodes "
-                    "share): a temporary store on this node would split the job",
+    if (given_endpoint && (given_addr || given_port)) {
+        usage_error("--rdzv-endpoint is --master-addr and --master-port in one: give one or "
+                    "the other");
+        return -1;
+    }
+    if (o->store && (given_addr || given_port || given_endpoint)) {
+        usage_error("--store names the store itself; --master-addr, --master-port and "
+                    "--rdzv-endpoint say where fsdprun serves one: give one or the other");
+        return -1;
+    }
+    if (o->nnodes > 1 && !o->store && !o->master_addr[0]) {
+        usage_error("--nnodes %d needs --master-addr HOST (node 0's address, where its fsdprun "
+                    "serves the store; or --rdzv-endpoint HOST:PORT) or --store URL, a store "
+                    "that every node can reach: a temporary store on this node would split the "
+                    "job",
                     o->nnodes);
+        return -1;
+    }
+    if (o->nnodes > 1 && o->master_port == 0) {
+        usage_error("--master-port 0 (a free port) works on a single node only: the other "
+                    "nodes could not know it");
         return -1;
     }
     if (o->store) {
         const char *sep = strstr(o->store, "://");
         if (!sep || sep == o->store) {
-            usage_error("--store wants a URL such as file:///shared/dir or "
-                        "redis://host:6379/prefix, not '%s'",
-                        o->store);
+            /* Not echoed: a malformed URL may still hold a password. */
+            usage_error("--store wants a URL such as file:///shared/dir, "
+                        "redis://host:6379 or tcp://host:port");
             return -1;
         }
     }

@@ -97,9 +97,12 @@ void got_signal(job_t *job, int sig) {
 
 /* The environment of one rank: ours without the launch variables, plus them. */
 static const char *const launch_vars[] = {
-    "RANK",      "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "NODE_RANK", "NNODES",     "FSDP_STORE", "FSDP_BACKEND"};
+    "RANK",   "WORLD_SIZE", "LOCAL_RANK",   "LOCAL_WORLD_SIZE", "NODE_RANK",
+    "NNODES", "FSDP_STORE", "FSDP_BACKEND", "MASTER_ADDR",      "MASTER_PORT"};
 #define NLAUNCH (sizeof launch_vars / sizeof launch_vars[0])
+/* The variables a job sets: MASTER_ADDR and MASTER_PORT (the last two) with the TCP store
+ * only; otherwise the ranks inherit whatever fsdprun had. */
+#define NSET(job) ((job)->tcp ? NLAUNCH : NLAUNCH - 2)
 
 typedef struct rank_env {
     char **envp;        /* NULL-terminated */
@@ -113,8 +116,8 @@ static void rank_env_free(rank_env_t *e) {
     memset(e, 0, sizeof *e);
 }
 
-static int is_launch_var(const char *entry) {
-    for (size_t k = 0; k < NLAUNCH; k++) {
+static int is_launch_var(const char *entry, size_t nset) {
+    for (size_t k = 0; k < nset; k++) {
         size_t n = strlen(launch_vars[k]);
         if (strncmp(entry, launch_vars[k], n) == 0 && entry[n] == '=') return 1;
     }
@@ -129,11 +132,11 @@ static int rank_env_build(const job_t *job, int local, rank_env_t *e) {
         n++;
     e->envp = calloc(n + NLAUNCH + 1, sizeof *e->envp);
     if (!e->envp) return -1;
-    size_t m = 0;
+    size_t m = 0, nset = NSET(job);
     for (char **p = environ; *p; p++)
-        if (!is_launch_var(*p)) e->envp[m++] = *p;
+        if (!is_launch_var(*p, nset)) e->envp[m++] = *p;
     const char *vals[NLAUNCH];
-    char num[6][16];
+    char num[7][16];
     snprintf(num[0], sizeof num[0], "%d", o->node_rank * o->nproc + local);
     snprintf(num[1], sizeof num[1], "%d", o->nproc * o->nnodes);
     snprintf(num[2], sizeof num[2], "%d", local);
@@ -144,7 +147,10 @@ static int rank_env_build(const job_t *job, int local, rank_env_t *e) {
         vals[k] = num[k];
     vals[6] = o->store ? o->store : job->store_url;
     vals[7] = o->backend;
-    for (size_t k = 0; k < NLAUNCH; k++) {
+    snprintf(num[6], sizeof num[6], "%d", o->master_port);
+    vals[8] = o->master_addr;
+    vals[9] = num[6];
+    for (size_t k = 0; k < nset; k++) {
         size_t len = strlen(launch_vars[k]) + 1 + strlen(vals[k]) + 1;
         e->own[k] = malloc(len);
         if (!e->own[k]) {

@@ -31,8 +31,9 @@
  *     rank among the processes of a node), so node_rank and nnodes stay -1.
  *  4. None of them: rank 0 of 1, source "none".
  *
- * Every source also reads FSDP_STORE (the rendezvous store URL, e.g. "file:///shared/dir" or
- * "redis://host:6379/job42") and FSDP_BACKEND (the process-group backend, default "gloo").
+ * Every source also reads FSDP_STORE (the rendezvous store URL, e.g. "file:///shared/dir",
+ * "redis://host:6379?prefix=job42" or "tcp://host:29500") and FSDP_BACKEND (the process-group
+ * backend, default "gloo"). MASTER_ADDR and MASTER_PORT are read by fsdp_init_from_env only.
  *
  * A variable set to the empty string counts as unset. Numbers are plain decimal digits
  * (no sign, no spaces) up to INT_MAX.
@@ -106,8 +107,17 @@ FSDP_EXTERN void fsdp_init_options_init(fsdp_init_options_t *o, size_t size);
  * Makes this process's rank from its launch environment, so that one program runs unchanged
  * under fsdprun, torchrun-style launchers, srun and mpirun (fsdp_launch_env_read):
  *   - a context for RANK of WORLD_SIZE;
- *   - the rendezvous store FSDP_STORE names (fsdp_store_open_url: file:///dir,
- *     redis://host:port/prefix); a world of one without FSDP_STORE gets an in-memory store;
+ *   - the rendezvous store, in this order of precedence:
+ *       1. FSDP_STORE, any URL fsdp_store_open_url opens (file:///dir, redis://host:port,
+ *          tcp://host:port);
+ *       2. MASTER_ADDR and MASTER_PORT, as PyTorch's env:// initialisation: rank 0 serves the
+ *          TCP store (fsdp_store_server_start) on MASTER_ADDR:MASTER_PORT, listening on that
+ *          address only, in a thread owned by its context, and every rank (rank 0 too)
+ *          connects to it; one of the two without the other, or a port outside 1..65535, is
+ *          FSDP_EINVAL naming the variable. Rank 0's context must outlive the other ranks'
+ *          use of the store (a last collective, such as a barrier, before fsdp_ctx_destroy);
+ *       3. without either, a world of one gets an in-memory store, and a larger world is
+ *          FSDP_EINVAL saying that neither is set;
  *   - the world group of FSDP_BACKEND ("gloo", the default), connected to every peer and
  *     attached to the context (fsdp_ctx_pg, fsdp_ctx_store).
  * Collective: every rank of the job must call it. The context owns the group and the store:

@@ -7,8 +7,9 @@
  * fsdp_store_clone() share the data of the handle they came from. The in-memory store serves
  * ranks that are threads of one process; the file store serves processes that share a directory
  * (one host, or many over NFS); the Redis store serves processes anywhere that reach one Redis
- * server. Every call on one handle must come from one thread at a time; different handles on
- * the same data may be used concurrently.
+ * server; the TCP store serves processes anywhere that reach one fsdp_store_server (fsdprun's
+ * node 0, or rank 0 of fsdp_init_from_env). Every call on one handle must come from one thread at a
+ * time; different handles on the same data may be used concurrently.
  *
  * The constructors have no store yet to hold error text: they take the calling rank's context
  * and leave the reason there (fsdp_ctx_last_error). ctx may be NULL (a program that has no
@@ -81,15 +82,71 @@ FSDP_EXTERN int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int p
                                         const char *prefix, fsdp_store_t **out);
 
 /*
+ * Opens the TCP store served by a fsdp_store_server (below) at host:port: no Redis and no shared
+ * file system, just one process that every rank can reach, like PyTorch's TCPStore. Keys are
+ * "<prefix>/<key>", or bare when prefix is NULL or empty. set, add and check are one request
+ * each (add is atomic on the server); get and wait poll (1 ms doubling to 50 ms) until the
+ * handle's timeout. Values are at most 64 MiB (FSDP_EINVAL beyond), and the server holds at
+ * most 1 GiB of keys and values (FSDP_ENOMEM beyond).
+ *
+ * Does not connect: the first operation does, retrying a refused connection until the handle's
+ * timeout so ranks may start before the server; an unreachable server gives FSDP_ETIMEDOUT
+ * naming host:port, and a port where something else listens gives FSDP_ETIMEDOUT saying so. No
+ * operation blocks much longer than the handle's timeout. Handles on the same data share one
+ * connection, used under a lock. A request that failed on the wire is not resent (add may have
+ * counted); the error is FSDP_EBACKEND and the next operation reconnects. A closed connection
+ * never raises SIGPIPE.
+ *
+ * The store has no authentication: whoever reaches the port can read and steer the rendezvous.
+ * Serve it on an address only the job's hosts reach. The caller owns *out (NULL on failure).
+ * Errors, with their message on ctx (may be NULL): FSDP_EINVAL for a NULL or empty host, a port
+ * outside 1..65535, or a host or prefix of 256 bytes or more. Thread-safe.
+ */
+FSDP_EXTERN int fsdp_store_create_tcp(fsdp_ctx_t *ctx, const char *host, int port,
+                                      const char *prefix, fsdp_store_t **out);
+
+/* A server of the TCP store, running in a thread of the calling process. */
+typedef struct fsdp_store_server fsdp_store_server_t;
+
+/*
+ * Starts a TCP store server listening on host:port: host NULL or "" listens on every interface,
+ * port 0 picks a free port (fsdp_store_server_port tells which). It serves any number of
+ * clients from one thread of its own, with non-blocking sockets: a client that stalls, sends a
+ * malformed request (answered, then disconnected) or dies mid-request (its partial request is
+ * dropped) never holds up the others, and what a client can make it allocate is bounded by what
+ * it sent (see docs/design.md, "The TCP store"). The data lives in memory until the server
+ * stops. The thread blocks every signal. The caller owns *out, freed by fsdp_store_server_stop.
+ * Errors, with their message on ctx (may be NULL): FSDP_EINVAL for a port outside 0..65535 or a
+ * host that does not resolve; FSDP_EBACKEND when the address cannot be bound (in use, not an
+ * address of this host), naming host:port and the reason. Thread-safe.
+ */
+FSDP_EXTERN int fsdp_store_server_start(fsdp_ctx_t *ctx, const char *host, int port,
+                                        fsdp_store_server_t **out);
+
+/* The port the server listens on (-1 for NULL). */
+FSDP_EXTERN int fsdp_store_server_port(const fsdp_store_server_t *server);
+
+/* Stops the server within milliseconds, whatever its clients do: closes every connection (their
+ * next operation fails with FSDP_EBACKEND or times out) and frees its data. NULL is accepted. */
+FSDP_EXTERN void fsdp_store_server_stop(fsdp_store_server_t *server);
+
+/*
  * Opens the store a URL names:
  *   "file:///abs/path"               fsdp_store_create_file(ctx, "/abs/path")
- *   "redis://host[:port][/prefix]"   fsdp_store_create_redis(ctx, host, port or 6379,
- *                                                            prefix or "")
+ *   "redis://[[user]:password@]host[:port][/db][?prefix=P]"
+ *                                    the Redis store on host:port (6379), after AUTH (with the
+ *                                    user name when there is one) and SELECT db (0 when none),
+ *                                    keys under prefix P ("" when none)
+ *   "tcp://host:port[?prefix=P]"     fsdp_store_create_tcp(ctx, host, port, P or "")
  *   "memory:"                        fsdp_store_create_memory(ctx) (a new, empty store)
- * Schemes are case-insensitive; the path and the prefix are percent-decoded; an IPv6 host is
- * written in brackets ("redis://[::1]:6379"). Anything else (another scheme, a relative path, a
- * host in a file URL, a user name, a query) is FSDP_EINVAL with a message that quotes the URL and
- * lists these forms. Otherwise returns what the constructor returns. Messages go to ctx (may be
+ * Schemes are case-insensitive; the user, password and prefix are percent-decoded; an IPv6 host
+ * is written in brackets ("redis://[::1]:6379"). The Redis path is a database number, as in
+ * every Redis client (it used to be the key prefix; see NEWS). Anything else
+ * (another scheme, a relative path, a host in a file URL, a database that is not a number,
+ * another query) is FSDP_EINVAL with a message that quotes the URL, its password replaced by
+ * "***", and lists these forms. No message of any store ever shows a password. Otherwise returns
+ * what the constructor returns; a Redis server that refuses the password or the database makes
+ * the first operation fail with FSDP_EBACKEND quoting the server. Messages go to ctx (may be
  * NULL), as the constructors'. Thread-safe.
  */
 FSDP_EXTERN int fsdp_store_open_url(fsdp_ctx_t *ctx, const char *url, fsdp_store_t **out);
@@ -105,8 +162,7 @@ FSDP_EXTERN void fsdp_store_destroy(fsdp_store_t *store);
 FSDP_EXTERN int fsdp_store_set_timeout(fsdp_store_t *store, int64_t timeout_ms);
 
 /* Sets key to a copy of the `len` bytes at `value` (len may be 0), waking waiters. */
-FSDP_EXTERN int fsdp_store_set(fsdp_store_t *store, const char *key, const void *value,
-                               size_t len);
+FSDP_EXTERN int fsdp_store_set(fsdp_store_t *store, const char *key, const void *value, size_t len);
 
 /*
  * Waits until key exists, then copies up to `cap` bytes of its value into buf and sets *len to

@@ -6,6 +6,11 @@
  * them together: the launch environment (launch_env.c), a store (src/store) and the world group
  * of the backend that FSDP_BACKEND names, chosen from the table of backends below: adding a
  * backend adds an entry here and touches no lower layer.
+ *
+ * The store, in order of precedence: FSDP_STORE (any store URL); else MASTER_ADDR and
+ * MASTER_PORT, as PyTorch's env:// (rank 0 serves the TCP store on MASTER_ADDR:MASTER_PORT in a
+ * thread of its own, owned by its context, and every rank connects to it); else, for a world of
+ * one, an in-memory store. URLs reach messages only through fsdp__store_url_redact.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -20,6 +25,8 @@
 #include <fsdp/store.h>
 
 #include "internal.h"
+#include "store/store_impl.h"
+#include "store/store_url.h"
 
 static const fsdp__abi_struct_t init_options_abi =
     FSDP__ABI_STRUCT(fsdp_init_options_t, "fsdp_init_options_init", timeout_ms);
@@ -88,6 +95,33 @@ static const struct {
      "the sim backend runs ranks as threads of one process (fsdp_sim_run); processes use gloo"},
 };
 
+/* $MASTER_ADDR and $MASTER_PORT: 1 when both are set (port checked), 0 when neither is, or a
+ * negative code with the message written (a half-set pair, a bad port). */
+static int env_master(fsdp_ctx_t *ctx, int rank, char *msg, size_t cap, const char **addr,
+                      int *port) {
+    const char *a = getenv("MASTER_ADDR"), *p = getenv("MASTER_PORT");
+    if (a && !*a) a = NULL;
+    if (p && !*p) p = NULL;
+    if (!a && !p) return 0;
+    if (!a || !p)
+        return init_fail(ctx, msg, cap, FSDP_EINVAL,
+                         "fsdp_init_from_env: rank %d: %s is set but %s is not; set both (the "
+                         "address and port where rank 0 serves the store) or neither",
+                         rank, a ? "MASTER_ADDR" : "MASTER_PORT",
+                         a ? "MASTER_PORT" : "MASTER_ADDR");
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (errno || *end || v < 1 || v > 65535 || !(*p >= '0' && *p <= '9'))
+        return init_fail(ctx, msg, cap, FSDP_EINVAL,
+                         "fsdp_init_from_env: rank %d: MASTER_PORT='%.32s' is not a port in "
+                         "1..65535",
+                         rank, p);
+    *addr = a;
+    *port = (int)v;
+    return 1;
+}
+
 int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg, size_t msg_cap) {
     if (msg && msg_cap) msg[0] = 0;
     if (!out) return init_fail(NULL, msg, msg_cap, FSDP_EINVAL, "fsdp_init_from_env: out is NULL");
@@ -128,12 +162,33 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
         return init_fail(NULL, msg, msg_cap, rc, "fsdp_init_from_env: rank %d of %d: %s", env.rank,
                          env.world_size, fsdp_strerror(rc));
 
-    /* The store. */
+    /* The store: FSDP_STORE, else MASTER_ADDR/MASTER_PORT, else memory for a world of one. */
     fsdp_store_t *store = NULL;
+    const char *maddr = NULL;
+    int mport = 0;
+    char shown[600]; /* the store's URL as messages show it (no password) */
+    fsdp__store_url_redact(env.store_url[0] ? env.store_url : "memory:", shown, sizeof shown);
     if (env.store_url[0]) {
         if ((rc = fsdp_store_open_url(ctx, env.store_url, &store)) < 0) {
             init_fail(ctx, msg, msg_cap, rc, "fsdp_init_from_env: rank %d: FSDP_STORE='%s': %s",
-                      env.rank, env.store_url, fsdp_ctx_last_error(ctx));
+                      env.rank, shown, fsdp_ctx_last_error(ctx));
+            goto fail;
+        }
+    } else if ((rc = env_master(ctx, env.rank, msg, msg_cap, &maddr, &mport)) < 0) {
+        goto fail;
+    } else if (rc == 1) {
+        snprintf(shown, sizeof shown, strchr(maddr, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", maddr,
+                 mport);
+        /* Rank 0 listens on MASTER_ADDR itself, not on every interface: the store has no
+         * authentication, and the address is the one the other ranks were told to reach. */
+        rc = env.rank == 0 ? fsdp__store_tcp_serve(ctx, maddr, maddr, mport, &store)
+                           : fsdp_store_create_tcp(ctx, maddr, mport, NULL, &store);
+        if (rc < 0) {
+            init_fail(ctx, msg, msg_cap, rc,
+                      "fsdp_init_from_env: rank %d: %s the TCP store of MASTER_ADDR=%s "
+                      "MASTER_PORT=%d: %s",
+                      env.rank, env.rank == 0 ? "cannot serve" : "cannot open", maddr, mport,
+                      fsdp_ctx_last_error(ctx));
             goto fail;
         }
     } else if (env.world_size == 1) {
@@ -143,9 +198,10 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
         }
     } else {
         rc = init_fail(ctx, msg, msg_cap, FSDP_EINVAL,
-                       "fsdp_init_from_env: rank %d of %d: FSDP_STORE is not set; ranks of "
-                       "several processes meet through a shared store (file:///dir or "
-                       "redis://host:port/prefix; fsdprun sets one)",
+                       "fsdp_init_from_env: rank %d of %d: neither FSDP_STORE nor MASTER_ADDR and "
+                       "MASTER_PORT is set; ranks of several processes meet through a shared "
+                       "store (FSDP_STORE=file:///dir, redis://host:port or tcp://host:port; or "
+                       "MASTER_ADDR/MASTER_PORT, where rank 0 serves one; fsdprun sets them)",
                        env.rank, env.world_size);
         goto fail;
     }
@@ -177,8 +233,8 @@ int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg
     if ((rc = backends[b].create(ctx, store, timeout, &pg)) < 0) {
         init_fail(ctx, msg, msg_cap, rc,
                   "fsdp_init_from_env: rank %d of %d: %sthe %s world group over '%s': %s", env.rank,
-                  env.world_size, backends[b].label, backends[b].name,
-                  env.store_url[0] ? env.store_url : "memory:", fsdp_ctx_last_error(ctx));
+                  env.world_size, backends[b].label, backends[b].name, shown,
+                  fsdp_ctx_last_error(ctx));
         goto fail;
     }
     if (fsdp_ctx_pg(ctx) != pg) { /* the group attaches itself to a context without one */

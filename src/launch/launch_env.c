@@ -275,6 +275,9 @@ static int read_string(reader_t *r, const char *name, const char *dflt, char *ds
     const char *v = lookup(r, name);
     if (!v) v = dflt;
     size_t n = strlen(v);
+    /* A store URL may hold a password: its length is told, never its text. */
+    if (n >= cap && strcmp(name, "FSDP_STORE") == 0)
+        return fail(r, "%s is %zu characters long; at most %zu fit", name, n, cap - 1);
     if (n >= cap)
         return fail(r, "%s='%.60s%s' is %zu characters long; at most %zu fit", name, v,
                     n > 60 ? "..." : "", n, cap - 1);

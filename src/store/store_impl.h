@@ -24,8 +24,8 @@ struct fsdp_store_ops {
     const char *name;
     int (*set)(void *data, const char *key, const void *value, size_t len, int64_t timeout_ms,
                char *err);
-    int (*get)(void *data, const char *key, void *buf, size_t cap, size_t *len,
-               int64_t timeout_ms, char *err);
+    int (*get)(void *data, const char *key, void *buf, size_t cap, size_t *len, int64_t timeout_ms,
+               char *err);
     int (*add)(void *data, const char *key, int64_t delta, int64_t *result, int64_t timeout_ms,
                char *err);
     int (*check)(void *data, const char *key, int *found, int64_t timeout_ms, char *err);
@@ -52,5 +52,25 @@ int64_t fsdp__store_backoff_ms(int64_t prev_ms);
 
 /* Parses decimal counter text; returns 0 when `len` bytes at v are a whole int64. */
 int fsdp__store_parse_counter(const void *v, size_t len, int64_t *out);
+
+/* What a Redis URL adds to fsdp_store_create_redis: AUTH ("" user: the password alone) and
+ * SELECT db. Strings may be "" (none), never NULL. */
+typedef struct fsdp__redis_auth {
+    const char *user;
+    const char *password;
+    int db;
+} fsdp__redis_auth_t;
+
+/* fsdp_store_create_redis with AUTH and SELECT on every connection (auth NULL: neither). */
+int fsdp__store_create_redis_auth(fsdp_ctx_t *ctx, const char *host, int port, const char *prefix,
+                                  const fsdp__redis_auth_t *auth, fsdp_store_t **out);
+
+/*
+ * Starts a TCP store server on bind_host:port (fsdp_store_server_start's rules) and returns a
+ * TCP store handle connected to it as host (the address clients use); the server stops when the
+ * last handle on that data is destroyed. For the rank that serves a job's store.
+ */
+int fsdp__store_tcp_serve(fsdp_ctx_t *ctx, const char *bind_host, const char *host, int port,
+                          fsdp_store_t **out);
 
 #endif /* FSDP_STORE_IMPL_H */

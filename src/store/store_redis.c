@@ -6,7 +6,10 @@
  *
  * Commands: SET for set, GET for get (polled, 1 ms doubling to 50 ms, until the handle's timeout),
  * INCRBY for add (atomic on the server; the value is decimal text, as in the other stores),
- * EXISTS for check. Keys are "<prefix>/<key>", or the bare key without a prefix.
+ * EXISTS for check. Keys are "<prefix>/<key>", or the bare key without a prefix. A URL's password
+ * and database (fsdp_store_open_url) become AUTH and SELECT on every new connection; a refusal
+ * is not retried. The password is never written into a message: the server's own replies pass
+ * through scrub() first, and "where" is host:port only.
  *
  * Invariants:
  * - The shared data holds one connection, guarded by `mu`: only one command is on the wire at a
@@ -54,6 +57,9 @@ typedef struct redis_store {
     char host[HOST_CAP];
     char prefix[PREFIX_CAP];
     char where[HOST_CAP + 16]; /* "host:port", for messages */
+    char user[256];            /* AUTH user, "" for the password alone */
+    char password[256];        /* AUTH password, "" for no AUTH; never in a message */
+    int db;                    /* SELECT db when > 0 */
 } redis_store_t;
 
 /* Blocks SIGPIPE in this thread; pipe_restore() discards one that arrived meanwhile. */
@@ -96,21 +102,92 @@ static int64_t ms_left(int64_t deadline_ns) {
     return ns <= 0 ? 0 : (ns + 999999) / 1000000;
 }
 
-/* Makes the connection; the caller holds r->mu. On failure `why` says what went wrong. */
-static void connect_locked(redis_store_t *r, int64_t deadline_ns, char *why, size_t cap) {
+/* Replaces every occurrence of the password in a server's message by "***". */
+static void scrub(const redis_store_t *r, const char *msg, char *out, size_t cap) {
+    size_t pl = strlen(r->password), o = 0;
+    while (*msg && o + 1 < cap) {
+        if (pl && strncmp(msg, r->password, pl) == 0) {
+            o += (size_t)snprintf(out + o, cap - o, "***");
+            if (o >= cap) o = cap - 1;
+            msg += pl;
+        } else {
+            out[o++] = *msg++;
+        }
+    }
+    out[o] = 0;
+}
+
+/* Sends AUTH and SELECT on a new connection; 0, or -1 with why set (the server refused). */
+static int hello_locked(redis_store_t *r, redisContext *c, char *why, size_t cap) {
+    for (int step = 0; step < 2; step++) {
+        char dbs[16];
+        const char *argv[3];
+        size_t argvlen[3];
+        int argc = 0;
+        if (step == 0 && r->password[0]) {
+            argv[argc++] = "AUTH";
+            if (r->user[0]) argv[argc++] = r->user;
+            argv[argc++] = r->password;
+        } else if (step == 1 && r->db > 0) {
+            snprintf(dbs, sizeof dbs, "%d", r->db);
+            argv[argc++] = "SELECT";
+            argv[argc++] = dbs;
+        } else {
+            continue;
+        }
+        for (int i = 0; i < argc; i++)
+            argvlen[i] = strlen(argv[i]);
+        redisReply *rep = redisCommandArgv(c, argc, argv, argvlen);
+        char said[256];
+        if (!rep) {
+            scrub(r, c->errstr[0] ? c->errstr : "connection lost", said, sizeof said);
+            snprintf(why, cap, "%s: %s", step ? "SELECT" : "AUTH", said);
+            return -1;
+        }
+        int ok = rep->type == REDIS_REPLY_STATUS;
+        if (!ok) {
+            scrub(r, rep->type == REDIS_REPLY_ERROR ? rep->str : "an unexpected reply", said,
+                  sizeof said);
+            if (step == 0)
+                snprintf(why, cap, "the server refused AUTH%s%s: %s", r->user[0] ? " as user " : "",
+                         r->user, said);
+            else
+                snprintf(why, cap, "the server refused SELECT %d: %s", r->db, said);
+        }
+        freeReplyObject(rep);
+        if (!ok) return -1;
+    }
+    return 0;
+}
+
+/* Makes the connection; the caller holds r->mu. On failure `why` says what went wrong; -1 when
+ * retrying cannot help (the server refused AUTH or SELECT). */
+static int connect_locked(redis_store_t *r, int64_t deadline_ns, char *why, size_t cap) {
     int64_t ms = ms_left(deadline_ns);
     if (ms > CONNECT_SLICE_MS) ms = CONNECT_SLICE_MS;
     redisContext *c = redisConnectWithTimeout(r->host, r->port, tv_of_ms(ms));
     if (!c) {
         snprintf(why, cap, "out of memory");
-        return;
+        return 0;
     }
     if (c->err) {
         snprintf(why, cap, "%s", c->errstr);
         redisFree(c);
-        return;
+        return 0;
+    }
+    if (r->password[0] || r->db > 0) {
+        redisSetTimeout(c, tv_of_ms(ms_left(deadline_ns)));
+        pipe_guard_t g;
+        pipe_block(&g);
+        int rc = hello_locked(r, c, why, cap);
+        pipe_restore(&g);
+        if (rc < 0) {
+            redisFree(c);
+            return -1;
+        }
     }
     r->c = c;
+    return 0;
 }
 
 /*
@@ -121,11 +198,15 @@ static void connect_locked(redis_store_t *r, int64_t deadline_ns, char *why, siz
 static int command(redis_store_t *r, int argc, const char **argv, const size_t *argvlen,
                    int64_t deadline_ns, int64_t timeout_ms, const char *op, const char *key,
                    redisReply **reply, char *err) {
-    char why[256] = "";
+    char why[768] = "";
     int64_t nap = 0;
     for (;;) {
         pthread_mutex_lock(&r->mu);
-        if (!r->c) connect_locked(r, deadline_ns, why, sizeof why);
+        if (!r->c && connect_locked(r, deadline_ns, why, sizeof why) < 0) {
+            pthread_mutex_unlock(&r->mu);
+            return fsdp__err(err, FSDP_EBACKEND, "redis store %s: %s '%s': %s", r->where, op, key,
+                             why);
+        }
         if (r->c) {
             redisSetTimeout(r->c, tv_of_ms(ms_left(deadline_ns)));
             pipe_guard_t g;
@@ -159,8 +240,8 @@ static int command(redis_store_t *r, int argc, const char **argv, const size_t *
 
 /* The Redis key of a store key (prefix/key). */
 static int redis_key(const redis_store_t *r, const char *key, char *buf, size_t cap, char *err) {
-    int n = r->prefix[0] ? snprintf(buf, cap, "%s/%s", r->prefix, key)
-                         : snprintf(buf, cap, "%s", key);
+    int n =
+        r->prefix[0] ? snprintf(buf, cap, "%s/%s", r->prefix, key) : snprintf(buf, cap, "%s", key);
     if (n < 0 || (size_t)n >= cap)
         return fsdp__err(err, FSDP_EINVAL, "redis store %s: key '%.64s...' is too long", r->where,
                          key);
@@ -170,8 +251,8 @@ static int redis_key(const redis_store_t *r, const char *key, char *buf, size_t 
 #define RKEY_CAP (PREFIX_CAP + 1 + 512)
 
 /* Turns an unexpected reply into an error. */
-static int bad_reply(const redis_store_t *r, const redisReply *rep, const char *op,
-                     const char *key, char *err) {
+static int bad_reply(const redis_store_t *r, const redisReply *rep, const char *op, const char *key,
+                     char *err) {
     if (rep->type == REDIS_REPLY_ERROR)
         return fsdp__err(err, FSDP_EBACKEND, "redis store %s: %s '%s': the server said: %s",
                          r->where, op, key, rep->str);
@@ -179,8 +260,8 @@ static int bad_reply(const redis_store_t *r, const redisReply *rep, const char *
                      r->where, op, key, rep->type);
 }
 
-static int redis_set(void *data, const char *key, const void *value, size_t len,
-                     int64_t timeout_ms, char *err) {
+static int redis_set(void *data, const char *key, const void *value, size_t len, int64_t timeout_ms,
+                     char *err) {
     redis_store_t *r = data;
     char rkey[RKEY_CAP];
     int rc = redis_key(r, key, rkey, sizeof rkey, err);
@@ -266,8 +347,8 @@ static int redis_check(void *data, const char *key, int *found, int64_t timeout_
     const char *argv[2] = {"EXISTS", rkey};
     size_t argvlen[2] = {6, strlen(rkey)};
     redisReply *rep;
-    rc = command(r, 2, argv, argvlen, fsdp__store_deadline_ns(timeout_ms), timeout_ms, "check",
-                 key, &rep, err);
+    rc = command(r, 2, argv, argvlen, fsdp__store_deadline_ns(timeout_ms), timeout_ms, "check", key,
+                 &rep, err);
     if (rc < 0) return rc;
     if (rep->type == REDIS_REPLY_INTEGER)
         *found = rep->integer > 0;
@@ -292,6 +373,7 @@ static void redis_release(void *data) {
     if (!last) return;
     if (r->c) redisFree(r->c);
     pthread_mutex_destroy(&r->mu);
+    memset(r->password, 0, sizeof r->password);
     free(r);
 }
 
@@ -307,6 +389,11 @@ static const struct fsdp_store_ops redis_ops = {
 
 int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int port, const char *prefix,
                             fsdp_store_t **out) {
+    return fsdp__store_create_redis_auth(ctx, host, port, prefix, NULL, out);
+}
+
+int fsdp__store_create_redis_auth(fsdp_ctx_t *ctx, const char *host, int port, const char *prefix,
+                                  const fsdp__redis_auth_t *auth, fsdp_store_t **out) {
     if (!out) return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_store_create_redis: out is NULL");
     *out = NULL;
     if (!host || !*host)
@@ -326,11 +413,21 @@ int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int port, const c
                                     "fsdp_store_create_redis(%s:%d): prefix '%.64s...' is longer "
                                     "than %d bytes",
                                     host, port, prefix, PREFIX_CAP - 1);
+    if (auth && (strlen(auth->user) >= 256 || strlen(auth->password) >= 256))
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "fsdp_store_create_redis(%s:%d): the user name or password is "
+                                    "longer than 255 bytes",
+                                    host, port);
     redis_store_t *r = calloc(1, sizeof *r);
     if (!r) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "fsdp_store_create_redis: out of memory");
     snprintf(r->host, sizeof r->host, "%s", host);
     snprintf(r->prefix, sizeof r->prefix, "%s", prefix ? prefix : "");
     r->port = port;
+    if (auth) {
+        snprintf(r->user, sizeof r->user, "%s", auth->user);
+        snprintf(r->password, sizeof r->password, "%s", auth->password);
+        r->db = auth->db;
+    }
     /* An IPv6 address is written [addr]:port, as in URLs. */
     snprintf(r->where, sizeof r->where, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     pthread_mutex_init(&r->mu, NULL);
@@ -344,7 +441,13 @@ int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int port, const c
 
 int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int port, const char *prefix,
                             fsdp_store_t **out) {
+    return fsdp__store_create_redis_auth(ctx, host, port, prefix, NULL, out);
+}
+
+int fsdp__store_create_redis_auth(fsdp_ctx_t *ctx, const char *host, int port, const char *prefix,
+                                  const fsdp__redis_auth_t *auth, fsdp_store_t **out) {
     (void)prefix;
+    (void)auth;
     if (out) *out = NULL;
     return fsdp__ctx_err_or_log(ctx, FSDP_ENOTSUP,
                                 "fsdp_store_create_redis(%s:%d): libfsdp was built without "
