@@ -281,14 +281,17 @@ void train_say(const rank_t *k, const char *fmt, ...) {
 
 static int export_weights(rank_t *k, int64_t steps) {
     char err[1024] = "";
-    int rc =
-        train_save_full(k->ctx, k->root, k->model, k->j->o->export_path, steps, err, sizeof err);
+    const char *path = k->j->o->export_path;
+    int rc = k->j->o->export_hf
+                 ? train_export_hf(k->ctx, k->root, k->model, path, steps, err, sizeof err)
+                 : train_save_full(k->ctx, k->root, k->model, path, steps, err, sizeof err);
     if (rc < 0) {
         if (rc != FSDP_EREMOTE)
             fprintf(stderr, "%s: rank %d: --export: %s\n", TRAIN_PROG, k->r, err);
         return rc;
     }
-    train_say(k, "exported the weights to %s\n", k->j->o->export_path);
+    train_say(k, "exported the weights to %s%s\n", path,
+              k->j->o->export_hf ? " (Hugging Face GPT-2: model.safetensors, config.json)" : "");
     return 0;
 }
 
