@@ -142,7 +142,38 @@ static size_t arbitrary(unsigned char *buf, size_t max) {
     return n;
 }
 
-int main(void) {
+/* t_tokenize.sh's helpers: --write-vocab DIR writes the golden vocabulary into DIR; --decode DIR
+ * reads ids from stdin and prints their text as fsdp-train prints a sample (control characters
+ * other than newline and tab as '?'). */
+static int helper(char **argv) {
+    snprintf(dir, sizeof dir, "%s", argv[2]);
+    if (strcmp(argv[1], "--write-vocab") == 0) {
+        write_vocab(".", -1, NULL);
+        return 0;
+    }
+    char msg[2048];
+    fsdp_bpe_t *bpe = NULL;
+    if (load(".", &bpe, msg, sizeof msg) < 0) {
+        fprintf(stderr, "%s\n", msg);
+        return 1;
+    }
+    long long id;
+    while (scanf("%lld", &id) == 1) {
+        const char *b;
+        size_t len;
+        if (fsdp_bpe_token_bytes(bpe, id, &b, &len) < 0) return 1;
+        for (size_t i = 0; i < len; i++) {
+            unsigned char c = (unsigned char)b[i];
+            putchar(c == '\n' || c == '\t' || (c >= 32 && c != 127) ? c : '?');
+        }
+    }
+    putchar('\n');
+    fsdp_bpe_destroy(bpe);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3) return helper(argv);
     tap_plan_lazy();
     char tmpl[512], msg[2048];
     tap_tmppath(tmpl, sizeof tmpl, "t_bpe-XXXXXX");

@@ -162,6 +162,8 @@ typedef struct job {
     fsdp_gpt_config_t cfg;
     const fsdp_dataset_t *train, *val;
     bool text;         /* byte-level data: the sample is printed as text */
+    fsdp_bpe_t *bpe;   /* --tokenizer: text data encoded with it, the sample decoded by it */
+    bool encoded;      /* the data was text that bpe encoded (train_open_data) */
     bool tty;          /* stdout is a terminal (not TERM=dumb): one updating progress line */
     int columns;       /* its width: the progress line is cut to fit */
     FILE *metrics;     /* rank 0's */
@@ -223,6 +225,13 @@ int train_build(rank_t *k);
 void train_mixed_precision(train_precision_t p, fsdp_mixed_precision_t *mp);
 int train_make_loaders(rank_t *k);
 void train_teardown(rank_t *k);
+
+/* train_tok.c: opens the dataset at path (fsdp_dataset_open, FSDP_DATA_AUTO, on the silent
+ * context quiet); with a tokenizer, a text file is first encoded with it into a token file under
+ * $TMPDIR, which is opened and unlinked (*encoded says so). The message of a failure goes to err.
+ */
+int train_open_data(fsdp_ctx_t *quiet, fsdp_bpe_t *bpe, const char *path, fsdp_dataset_t **out,
+                    bool *encoded, char *err, size_t cap);
 
 /* train_sample.c: rank 0 prints --sample-tokens tokens after --prompt (every rank runs the
  * forwards, which are collective). */
