@@ -17,6 +17,7 @@
  *     wte as lm_head.weight), and also a bare Conv1D file with no buffers or metadata and an old
  *     libfsdp export with no "layout"; each is loaded bit for bit and named in one line;
  *   - a file with a mismatched shape is refused, naming the tensor and both shapes.
+ * T_KEEP=1 in the environment keeps the scratch directory (under $TMPDIR) for a look.
  */
 #include <errno.h>
 #include <stdio.h>
