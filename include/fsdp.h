@@ -36,6 +36,7 @@
 #include <fsdp/gpt_recipe.h>
 #include <fsdp/launch.h>
 #include <fsdp/data.h>
+#include <fsdp/bpe.h>
 #include <fsdp/cluster.h>
 #include <fsdp/vsim.h>
 

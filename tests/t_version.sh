@@ -9,9 +9,9 @@ srcdir=${srcdir:-.}
 cfg="$top_builddir/config.h"
 version=$(sed -n 's/^#define PACKAGE_VERSION "\(.*\)"/\1/p' "$cfg")
 have() { grep -q "^#define FSDP_HAVE_$1 1" "$cfg"; }
-echo "1..6"
+echo "1..7"
 i=0
-for p in fsdp-train fsdprun fsdp-ckpt fsdp-sim; do
+for p in fsdp-train fsdprun fsdp-ckpt fsdp-sim fsdp-tokenize; do
   i=$((i + 1))
   out=$("$top_builddir/tools/$p" --version 2>&1)
   rc=$?
@@ -42,13 +42,13 @@ for p in fsdp-train fsdprun fsdp-ckpt fsdp-sim; do
 done
 out=$("$top_builddir/tools/fsdp-plot" --version 2>&1)
 if [ $? -eq 0 ] && [ "$out" = "fsdp-plot (libfsdp) $version" ]; then
-  echo "ok 5 - fsdp-plot --version: $out"
+  echo "ok 6 - fsdp-plot --version: $out"
 else
-  echo "not ok 5 - fsdp-plot --version: '$out'"
+  echo "not ok 6 - fsdp-plot --version: '$out'"
 fi
 help=$("$top_builddir/tools/fsdp-train" --help 2>&1)
 if printf '%s' "$help" | grep -q -- '--version'; then
-  echo "ok 6 - fsdp-train --help lists --version"
+  echo "ok 7 - fsdp-train --help lists --version"
 else
-  echo "not ok 6 - fsdp-train --help does not list --version"
+  echo "not ok 7 - fsdp-train --help does not list --version"
 fi

@@ -281,14 +281,17 @@ void train_say(const rank_t *k, const char *fmt, ...) {
 
 static int export_weights(rank_t *k, int64_t steps) {
     char err[1024] = "";
-    int rc =
-        train_save_full(k->ctx, k->root, k->model, k->j->o->export_path, steps, err, sizeof err);
+    const char *path = k->j->o->export_path;
+    int rc = k->j->o->export_hf
+                 ? train_export_hf(k->ctx, k->root, k->model, path, steps, err, sizeof err)
+                 : train_save_full(k->ctx, k->root, k->model, path, steps, err, sizeof err);
     if (rc < 0) {
         if (rc != FSDP_EREMOTE)
             fprintf(stderr, "%s: rank %d: --export: %s\n", TRAIN_PROG, k->r, err);
         return rc;
     }
-    train_say(k, "exported the weights to %s\n", k->j->o->export_path);
+    train_say(k, "exported the weights to %s%s\n", path,
+              k->j->o->export_hf ? " (Hugging Face GPT-2: model.safetensors, config.json)" : "");
     return 0;
 }
 
@@ -320,7 +323,7 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             "%s: GPT %lld layers, %lld heads, width %lld, context %lld, vocabulary %lld: %lld "
             "parameters\n"
             "%s: %d %s ranks%s%s, %s, precision %s, %lld steps of %lld x %lld tokens%s, AdamW lr "
-            "%g (%s, warm-up %lld), data %s (%llu train / %llu val tokens)\n",
+            "%g (%s, warm-up %lld), data %s%s (%llu train / %llu val tokens)\n",
             TRAIN_PROG, (long long)j->cfg.n_layer, (long long)j->cfg.n_head,
             (long long)j->cfg.d_model, (long long)j->cfg.max_seq, (long long)j->cfg.vocab,
             (long long)k.nparams, TRAIN_PROG, k.world, fsdp_pg_backend(k.pg), k.dev ? " on " : "",
@@ -328,7 +331,10 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             train_precision_name(o->precision), (long long)o->steps, (long long)o->batch_size,
             (long long)o->seq_len, o->grad_accum > 1 ? " (accumulated)" : "", o->lr,
             o->sched == TRAIN_SCHED_COSINE ? "cosine" : "constant", (long long)o->warmup,
-            fsdp_dataset_path(j->train), (unsigned long long)fsdp_dataset_num_tokens(j->train),
+            j->encoded ? (o->data ? o->data : fsdp_data_default_corpus())
+                       : fsdp_dataset_path(j->train),
+            j->encoded ? " encoded by --tokenizer" : "",
+            (unsigned long long)fsdp_dataset_num_tokens(j->train),
             (unsigned long long)fsdp_dataset_num_tokens(j->val));
     int64_t start = 0;
     if (o->resume) {
@@ -424,7 +430,7 @@ static int usage_error(const char *fmt, ...) {
 }
 
 /* Fills the model configuration from the preset, the flags and the data. */
-static int resolve_model(const train_opts_t *o, bool text, uint32_t max_token,
+static int resolve_model(const train_opts_t *o, bool text, int64_t tok_vocab, uint32_t max_token,
                          fsdp_gpt_config_t *cfg) {
     fsdp_gpt_config_init(cfg);
     if (strcmp(o->model, "tiny") == 0) {
@@ -442,6 +448,7 @@ static int resolve_model(const train_opts_t *o, bool text, uint32_t max_token,
     if (o->n_head) cfg->n_head = o->n_head;
     if (o->n_embd) cfg->d_model = o->n_embd;
     if (o->block_size) cfg->max_seq = o->block_size;
+    if (tok_vocab) cfg->vocab = tok_vocab; /* --tokenizer: its vocabulary, unless --vocab-size */
     if (o->vocab_size) cfg->vocab = o->vocab_size;
     if (!o->block_size && cfg->max_seq < o->seq_len) cfg->max_seq = o->seq_len;
     cfg->d_ff = 0;
@@ -458,8 +465,23 @@ static int resolve_model(const train_opts_t *o, bool text, uint32_t max_token,
     return 0;
 }
 
+/* --tokenizer DIR: GPT-2's BPE into j->bpe; exit status 2 (one line) when it does not load. */
+static int load_tokenizer(const train_opts_t *o, job_t *j) {
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.log_level = FSDP_LOG_OFF;
+    fsdp_ctx_t *quiet = NULL;
+    if (fsdp_ctx_create(&co, &quiet) < 0) return usage_error("out of memory");
+    int status = 0;
+    if (fsdp_bpe_load_dir(quiet, o->tokenizer, &j->bpe) < 0)
+        status = usage_error("--tokenizer: %s", fsdp_ctx_last_error(quiet));
+    fsdp_ctx_destroy(quiet);
+    return status;
+}
+
 /* Opens the training and validation data; exit status 2 for bad files or sizes. */
-static int open_data(const train_opts_t *o, fsdp_dataset_t **train, fsdp_dataset_t **val) {
+static int open_data(const train_opts_t *o, job_t *j, fsdp_dataset_t **train,
+                     fsdp_dataset_t **val) {
     const char *path = o->data ? o->data : fsdp_data_default_corpus();
     if (!path) return usage_error("the default corpus is not installed; give --data FILE");
     /* A silent context holds the library's message, so that a bad file is reported once, by
@@ -470,10 +492,13 @@ static int open_data(const train_opts_t *o, fsdp_dataset_t **train, fsdp_dataset
     fsdp_ctx_t *quiet = NULL;
     if (fsdp_ctx_create(&co, &quiet) < 0) return usage_error("out of memory");
     fsdp_dataset_t *all = NULL;
-    int rc = fsdp_dataset_open(quiet, path, FSDP_DATA_AUTO, &all);
-    if (rc == 0 && o->val_data) rc = fsdp_dataset_open(quiet, o->val_data, FSDP_DATA_AUTO, val);
+    char err[2048] = "";
+    bool enc_val = false;
+    int rc = train_open_data(quiet, j->bpe, path, &all, &j->encoded, err, sizeof err);
+    if (rc == 0 && o->val_data)
+        rc = train_open_data(quiet, j->bpe, o->val_data, val, &enc_val, err, sizeof err);
     if (rc < 0) {
-        rc = usage_error("%s: %s", all ? "--val-data" : "--data", fsdp_ctx_last_error(quiet));
+        rc = usage_error("%s: %s", all ? "--val-data" : "--data", err);
         goto out;
     }
     if (o->val_data) {
@@ -561,13 +586,16 @@ int main(int argc, char **argv) {
     fsdp_ctx_t *ctx = NULL;
     char *trace_path = NULL;
     status = 2;
-    if (open_data(&o, &train, &val) != 0) goto out;
+    if (o.tokenizer && (status = load_tokenizer(&o, &j)) != 0) goto out;
+    status = 2;
+    if (open_data(&o, &j, &train, &val) != 0) goto out;
     j.train = train;
     j.val = val;
     j.text = fsdp_dataset_format(train) == FSDP_DATA_TEXT;
     uint32_t maxtok = fsdp_dataset_max_token(train);
     if (fsdp_dataset_max_token(val) > maxtok) maxtok = fsdp_dataset_max_token(val);
-    if (resolve_model(&o, j.text, maxtok, &j.cfg) != 0) goto out;
+    if (resolve_model(&o, j.text, j.bpe ? fsdp_bpe_vocab_size(j.bpe) : 0, maxtok, &j.cfg) != 0)
+        goto out;
     if (o.device == TRAIN_DEVICE_CUDA && probe_cuda() != 0) goto out;
     if (o.backend != TRAIN_BACKEND_SIM) {
         const char *name = o.backend == TRAIN_BACKEND_NCCL ? "nccl" : "gloo";
@@ -644,5 +672,6 @@ out:
     free(trace_path);
     fsdp_dataset_destroy(train);
     fsdp_dataset_destroy(val);
+    fsdp_bpe_destroy(j.bpe);
     return status;
 }

@@ -94,8 +94,10 @@ typedef struct train_opts {
     const char *trace;   /* --trace: the timeline's file (rank 0's); NULL: no tracing */
     int64_t log_every;   /* plain-output progress lines; 0: automatic */
     bool quiet;
+    const char *tokenizer; /* --tokenizer: the directory of encoder.json and vocab.bpe */
     /* checkpoints */
-    const char *export_path;
+    const char *export_path; /* a file (libfsdp layout) or, with export_hf, a directory */
+    bool export_hf;          /* --export-format hf: Hugging Face's GPT-2 (see train_export_hf) */
     const char *init_path;
     int64_t save_every; /* 0: no periodic checkpoints */
     const char *checkpoint_dir;
@@ -117,10 +119,21 @@ int train_check_world(const train_opts_t *o, int world);
 /* Ranks per shard group of --sharding hybrid at this world size. */
 int64_t train_shard_group_size(const train_opts_t *o, int world);
 
+/* The "layout" metadata value of each export (and what --init reads first). */
+#define TRAIN_LAYOUT_LIBFSDP "libfsdp"
+#define TRAIN_LAYOUT_HF "huggingface-gpt2"
+
 /* train_ckpt.c: gathers the full model to rank 0, which writes it to path (safetensors,
- * libfsdp names, the step in the metadata). Collective. */
+ * libfsdp names and layout, the step, the producer and "layout": "libfsdp" in the metadata).
+ * Collective. */
 int train_save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
                     const char *path, int64_t step, char *err, size_t cap);
+/* The same in Hugging Face's layout (--export-format hf): rank 0 makes the directory dir (or
+ * uses it when it exists) and writes dir/model.safetensors (fsdp_gpt2_hf_save: GPT2LMHeadModel
+ * names, Conv1D weights, "format": "pt", "layout": "huggingface-gpt2") and dir/config.json.
+ * Collective. */
+int train_export_hf(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model, const char *dir,
+                    int64_t step, char *err, size_t cap);
 /* What a checkpoint holds besides the model and the optimizer: the loader position, and with
  * --precision f16 the gradient scaler (NULL otherwise) and the steps it skipped so far. */
 typedef struct train_ckpt_extra {
@@ -149,6 +162,8 @@ typedef struct job {
     fsdp_gpt_config_t cfg;
     const fsdp_dataset_t *train, *val;
     bool text;         /* byte-level data: the sample is printed as text */
+    fsdp_bpe_t *bpe;   /* --tokenizer: text data encoded with it, the sample decoded by it */
+    bool encoded;      /* the data was text that bpe encoded (train_open_data) */
     bool tty;          /* stdout is a terminal (not TERM=dumb): one updating progress line */
     int columns;       /* its width: the progress line is cut to fit */
     FILE *metrics;     /* rank 0's */
@@ -210,6 +225,13 @@ int train_build(rank_t *k);
 void train_mixed_precision(train_precision_t p, fsdp_mixed_precision_t *mp);
 int train_make_loaders(rank_t *k);
 void train_teardown(rank_t *k);
+
+/* train_tok.c: opens the dataset at path (fsdp_dataset_open, FSDP_DATA_AUTO, on the silent
+ * context quiet); with a tokenizer, a text file is first encoded with it into a token file under
+ * $TMPDIR, which is opened and unlinked (*encoded says so). The message of a failure goes to err.
+ */
+int train_open_data(fsdp_ctx_t *quiet, fsdp_bpe_t *bpe, const char *path, fsdp_dataset_t **out,
+                    bool *encoded, char *err, size_t cap);
 
 /* train_sample.c: rank 0 prints --sample-tokens tokens after --prompt (every rank runs the
  * forwards, which are collective). */

@@ -4,6 +4,8 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #include "tools/train.h"
 
@@ -18,17 +20,79 @@ int train_fail(const rank_t *k, const char *what, int rc) {
 
 /* ---- model and optimizer ------------------------------------------------------------------ */
 
+/* The layouts --init takes. libfsdp's names are those of Hugging Face's GPT2Model (the original
+ * "gpt2" file), so a name alone does not tell the two apart: the Conv1D weights do. */
+typedef enum init_layout { LAYOUT_LIBFSDP, LAYOUT_HF_PREFIXED, LAYOUT_HF_BARE } init_layout_t;
+
+static const char *const layout_desc[] = {
+    [LAYOUT_LIBFSDP] = "the libfsdp layout (Linear weights (out, in))",
+    [LAYOUT_HF_PREFIXED] = "Hugging Face's GPT2LMHeadModel layout (save_pretrained: "
+                           "\"transformer.\" names, Conv1D weights (in, out))",
+    [LAYOUT_HF_BARE] = "Hugging Face's GPT2Model layout (the original gpt2 file: no prefix, "
+                       "Conv1D weights (in, out))",
+};
+
+/* Whether the file's `name` is 2-D with shape (rows, cols). */
+static bool has_shape(const fsdp_safetensors_t *st, const char *name, int64_t rows, int64_t cols) {
+    fsdp_safetensors_info_t in;
+    return fsdp_safetensors_find(st, name, &in) == 0 && in.ndim == 2 && in.shape[0] == rows &&
+           in.shape[1] == cols;
+}
+
+/* Which layout st is in, by the first of: the "layout" an export of fsdp-train names in its
+ * metadata; "transformer." names (save_pretrained); the attn.bias / attn.masked_bias buffers that
+ * only Hugging Face writes; and the orientation of a non-square Conv1D weight of block 0 (c_attn
+ * is (3d, d) in libfsdp and (d, 3d) in Hugging Face). A file none of these decides (one whose
+ * block-0 weights are all square, or with no blocks) is read as libfsdp's, as before. */
+static init_layout_t find_layout(const fsdp_safetensors_t *st, const fsdp_gpt_config_t *c) {
+    const char *lay = fsdp_safetensors_metadata(st, "layout");
+    bool prefixed = false, buffers = false;
+    for (size_t i = 0; i < fsdp_safetensors_count(st); i++) {
+        fsdp_safetensors_info_t in;
+        if (fsdp_safetensors_info(st, i, &in) < 0) continue;
+        prefixed = prefixed || strncmp(in.name, "transformer.", 12) == 0;
+        const char *dot = strstr(in.name, ".attn.");
+        buffers =
+            buffers ||
+            (dot && (strcmp(dot, ".attn.bias") == 0 || strcmp(dot, ".attn.masked_bias") == 0));
+    }
+    if (lay && strcmp(lay, TRAIN_LAYOUT_LIBFSDP) == 0) return LAYOUT_LIBFSDP;
+    if (prefixed) return LAYOUT_HF_PREFIXED;
+    if ((lay && strcmp(lay, TRAIN_LAYOUT_HF) == 0) || buffers) return LAYOUT_HF_BARE;
+    int64_t d = c->d_model, ff = c->d_ff > 0 ? c->d_ff : 4 * d;
+    if (has_shape(st, "h.0.attn.c_attn.weight", d, 3 * d) ||
+        (ff != d && has_shape(st, "h.0.mlp.c_fc.weight", d, ff)))
+        return LAYOUT_HF_BARE;
+    return LAYOUT_LIBFSDP;
+}
+
+/* --init PATH: a safetensors file, or a directory holding model.safetensors (what
+ * --export-format hf and save_pretrained write). Shapes are checked before anything is loaded;
+ * a mismatch names the tensor, the file's shape and the model's. */
 static int load_init(rank_t *k) {
+    const char *path = k->j->o->init_path;
+    char file[4096];
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        int n = snprintf(file, sizeof file, "%s/model.safetensors", path);
+        if (n < 0 || (size_t)n >= sizeof file) {
+            fprintf(stderr, TRAIN_PROG ": rank %d: --init: the path is too long\n", k->r);
+            return FSDP_EINVAL;
+        }
+        path = file;
+    }
     fsdp_safetensors_t *st = NULL;
-    int rc = fsdp_safetensors_open(k->ctx, k->j->o->init_path, &st);
+    int rc = fsdp_safetensors_open(k->ctx, path, &st);
     if (rc < 0) return train_fail(k, "opening --init", rc);
-    fsdp_safetensors_info_t info;
-    if (fsdp_safetensors_find(st, "wte.weight", &info) == 0)
+    init_layout_t lay = find_layout(st, &k->j->cfg);
+    if (lay == LAYOUT_LIBFSDP)
         rc = fsdp_safetensors_load_module(st, k->model, true);
     else
         rc = fsdp_gpt2_hf_load(k->model, st, true);
     fsdp_safetensors_close(st);
-    return rc < 0 ? train_fail(k, "loading --init", rc) : 0;
+    if (rc < 0) return train_fail(k, "loading --init", rc);
+    train_say(k, "--init: %s is in %s\n", path, layout_desc[lay]);
+    return 0;
 }
 
 /* --device cuda: this rank's GPU, the NCCL group's device (LOCAL_RANK under fsdprun). */

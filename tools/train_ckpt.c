@@ -11,7 +11,11 @@
  * a save killed at any point leaves every earlier checkpoint loadable. A resume at any world
  * size, backend or strategy reads, on each rank, only the byte ranges of its own part
  * (fsdp_checkpoint_load). `fsdp-ckpt consolidate DIR/step-S model.safetensors` makes the one
- * full file that --init and other tools take; --export writes that file directly.
+ * full file that --init and other tools take; --export writes that file directly (its metadata
+ * names the layout, "layout": "libfsdp"). --export-format hf writes, instead, a directory that
+ * transformers' GPT2LMHeadModel.from_pretrained() takes: model.safetensors in Hugging Face's
+ * layout ("transformer." names, Conv1D weights (in, out), "format": "pt", "layout":
+ * "huggingface-gpt2") and config.json.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -20,11 +24,85 @@
 #include <string.h>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "tools/train.h"
 
-int train_save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
-                    const char *path, int64_t step, char *err, size_t cap) {
+/* Hugging Face's config.json for GPT m's configuration: what GPT2LMHeadModel.from_pretrained
+ * reads to build the model the weights fit. libfsdp's GPT is GPT-2's architecture: GELU with the
+ * tanh approximation ("gelu_new"), biases everywhere, the head tied to wte, attention scaled by
+ * 1/sqrt(head width). Written atomically (a temporary file renamed over path). */
+static int write_hf_config(const fsdp_gpt_config_t *c, const char *path, char *err, size_t cap) {
+    int64_t inner = c->d_ff > 0 ? c->d_ff : 4 * c->d_model;
+    json_t *j = json_pack(
+        "{s:s, s:[s], s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:f, s:f, s:f, s:f, s:f, s:b, s:b,"
+        " s:b, s:s, s:s}",
+        "model_type", "gpt2", "architectures", "GPT2LMHeadModel", "vocab_size",
+        (json_int_t)c->vocab, "n_positions", (json_int_t)c->max_seq, "n_ctx",
+        (json_int_t)c->max_seq, "n_embd", (json_int_t)c->d_model, "n_layer", (json_int_t)c->n_layer,
+        "n_head", (json_int_t)c->n_head, "n_inner", (json_int_t)inner, "activation_function",
+        "gelu_new", "layer_norm_epsilon", c->layer_norm_eps, "initializer_range", c->init_std,
+        "resid_pdrop", c->dropout, "embd_pdrop", c->dropout, "attn_pdrop", c->dropout,
+        "tie_word_embeddings", 1, "scale_attn_weights", 1, "use_cache", 1, "torch_dtype", "float32",
+        "libfsdp_version", fsdp_version_string());
+    if (!j) {
+        snprintf(err, cap, "writing %s: out of memory", path);
+        return FSDP_ENOMEM;
+    }
+    size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    int rc = FSDP_OK;
+    if (!tmp) {
+        rc = FSDP_ENOMEM;
+        snprintf(err, cap, "writing %s: out of memory", path);
+    } else {
+        snprintf(tmp, n, "%s.tmp-%ld", path, (long)getpid());
+        if (json_dump_file(j, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) != 0 ||
+            rename(tmp, path) != 0) {
+            snprintf(err, cap, "writing %s: %s", path, strerror(errno));
+            unlink(tmp);
+            rc = FSDP_EINVAL;
+        }
+    }
+    free(tmp);
+    json_decref(j);
+    return rc;
+}
+
+/* Rank 0's part of an export: the file, or (hf) the directory with its two files. */
+static int write_export(const fsdp_module_t *model, const char *path, bool hf,
+                        const fsdp_safetensors_kv_t *meta, size_t nmeta, char *err, size_t cap) {
+    fsdp_ctx_t *ctx = fsdp_module_ctx(model);
+    if (!hf) {
+        int rc = fsdp_safetensors_save_module(model, path, meta, nmeta);
+        if (rc < 0) snprintf(err, cap, "writing %s: %s", path, fsdp_ctx_last_error(ctx));
+        return rc;
+    }
+    struct stat sb;
+    if (mkdir(path, 0777) != 0 &&
+        !(errno == EEXIST && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))) {
+        snprintf(err, cap, "--export-format hf: %s must be a directory (or not exist): %s", path,
+                 errno == EEXIST ? "it exists and is not a directory" : strerror(errno));
+        return FSDP_EINVAL;
+    }
+    char file[4096], conf[4096];
+    int n1 = snprintf(file, sizeof file, "%s/model.safetensors", path);
+    int n2 = snprintf(conf, sizeof conf, "%s/config.json", path);
+    if (n1 < 0 || n2 < 0 || (size_t)n1 >= sizeof file || (size_t)n2 >= sizeof conf) {
+        snprintf(err, cap, "--export: the path is too long: %s", path);
+        return FSDP_EINVAL;
+    }
+    int rc = fsdp_gpt2_hf_save(model, file, meta, nmeta);
+    if (rc < 0) {
+        snprintf(err, cap, "writing %s: %s", file, fsdp_ctx_last_error(ctx));
+        return rc;
+    }
+    return write_hf_config(fsdp_gpt_get_config(model), conf, err, cap);
+}
+
+/* Gathers the full model to rank 0, which writes it (write_export); collective. */
+static int save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
+                     const char *path, bool hf, int64_t step, char *err, size_t cap) {
     fsdp_summon_options_t so;
     fsdp_summon_options_init(&so);
     so.writeback = false;
@@ -38,9 +116,12 @@ int train_save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *mod
     if (fsdp_ctx_rank(ctx) == 0) {
         char s_step[32];
         snprintf(s_step, sizeof s_step, "%" PRId64, step);
-        fsdp_safetensors_kv_t meta[] = {{"step", s_step}, {"producer", TRAIN_PROG}};
-        save_rc = fsdp_safetensors_save_module(model, path, meta, 2);
-        if (save_rc < 0) snprintf(err, cap, "writing %s: %s", path, fsdp_ctx_last_error(ctx));
+        /* The layout is named, so that --init never has to guess it from the shapes (the square
+         * attn.c_proj weights read the same either way). */
+        fsdp_safetensors_kv_t meta[] = {{"step", s_step},
+                                        {"producer", TRAIN_PROG},
+                                        {"layout", hf ? TRAIN_LAYOUT_HF : TRAIN_LAYOUT_LIBFSDP}};
+        save_rc = write_export(model, path, hf, meta, 3, err, cap);
     }
     rc = fsdp_summon_end(root);
     if (rc < 0 && save_rc == 0)
@@ -52,6 +133,16 @@ int train_save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *mod
     if ((rc = fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL)) < 0)
         snprintf(err, cap, "the barrier after writing %s: %s", path, fsdp_ctx_last_error(ctx));
     return rc;
+}
+
+int train_save_full(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model,
+                    const char *path, int64_t step, char *err, size_t cap) {
+    return save_full(ctx, root, model, path, false, step, err, cap);
+}
+
+int train_export_hf(fsdp_ctx_t *ctx, fsdp_unit_t *root, const fsdp_module_t *model, const char *dir,
+                    int64_t step, char *err, size_t cap) {
+    return save_full(ctx, root, model, dir, true, step, err, cap);
 }
 
 /* The gradient scaler's state in the optimizer file's metadata (PyTorch's state_dict keys). */

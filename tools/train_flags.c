@@ -86,9 +86,16 @@ static const char usage_text[] =
     "                          in FILE with .json replaced by .rankR.json, else FILE.rankR)\n"
     "  --log-every N           progress lines when stdout is not a terminal (auto)\n"
     "  --quiet                 only the summary lines\n"
+    "  --tokenizer DIR         GPT-2 BPE from DIR/encoder.json and DIR/vocab.bpe: encodes text\n"
+    "                          --data, --val-data and --prompt, and decodes the sample\n"
     "checkpoints:\n"
-    "  --export FILE           write the final weights (safetensors, libfsdp names)\n"
-    "  --init FILE             start from these weights (safetensors, libfsdp or HF GPT-2 names)\n"
+    "  --export PATH           write the final weights: a safetensors file in the libfsdp\n"
+    "                          layout, or with --export-format hf the directory PATH holding\n"
+    "                          model.safetensors and config.json (from_pretrained(PATH))\n"
+    "  --export-format F       libfsdp or hf (Hugging Face GPT2LMHeadModel, Conv1D) (libfsdp)\n"
+    "  --init PATH             start from these weights: a safetensors file (or a directory\n"
+    "                          holding model.safetensors) in the libfsdp layout or either\n"
+    "                          Hugging Face GPT-2 layout (found from the file; said on stdout)\n"
     "  --save-every K          every K steps, write the checkpoint directory DIR/step-<step>/\n"
     "                          (each rank's shard and optimizer state, an index, the data\n"
     "                          position; fsdp-ckpt reads it) (0 = never)\n"
@@ -252,6 +259,8 @@ static const char *const valued[] = {"--lr",
                                      "--trace",
                                      "--log-every",
                                      "--export",
+                                     "--export-format",
+                                     "--tokenizer",
                                      "--init",
                                      "--save-every",
                                      "--checkpoint-dir",
@@ -380,6 +389,12 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
         o->trace = v;
     } else if (strcmp(f, "--export") == 0) {
         o->export_path = v;
+    } else if (strcmp(f, "--export-format") == 0) {
+        if (strcmp(v, "libfsdp") && strcmp(v, "hf"))
+            return bad("%s: '%s' is not libfsdp or hf", f, v);
+        o->export_hf = strcmp(v, "hf") == 0;
+    } else if (strcmp(f, "--tokenizer") == 0) {
+        o->tokenizer = v;
     } else if (strcmp(f, "--init") == 0) {
         o->init_path = v;
     } else if (strcmp(f, "--checkpoint-dir") == 0) {
@@ -471,6 +486,8 @@ json_t *train_opts_json(const train_opts_t *o) {
     SET("log-every", json_integer(o->log_every));
     SET("quiet", json_boolean(o->quiet));
     SET("export", str_or_null(o->export_path));
+    SET("export-format", json_string(o->export_hf ? "hf" : "libfsdp"));
+    SET("tokenizer", str_or_null(o->tokenizer));
     SET("init", str_or_null(o->init_path));
     SET("save-every", json_integer(o->save_every));
     SET("checkpoint-dir", str_or_null(o->checkpoint_dir));

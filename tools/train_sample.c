@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * train_sample.c: fsdp-train's text sample at the end of a run (temperature, top-k).
+ * train_sample.c: fsdp-train's text sample at the end of a run (temperature, top-k). With
+ * --tokenizer the prompt is encoded and the sample decoded by GPT-2's BPE; on byte-level text
+ * data each token is a byte; otherwise the ids are printed.
  */
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +54,21 @@ static int64_t pick(const train_opts_t *o, float *logit, int64_t v, uint64_t *rn
 }
 
 static void print_token(const job_t *j, int64_t t) {
+    const char *b = NULL;
+    size_t len = 0;
+    if (j->bpe && fsdp_bpe_token_bytes(j->bpe, t, &b, &len) == 0) {
+        /* The token's bytes as they are (UTF-8 split over tokens joins up on the terminal),
+         * but no control character other than newline and tab. */
+        for (size_t i = 0; i < len; i++) {
+            unsigned char c = (unsigned char)b[i];
+            putchar(c == '\n' || c == '\t' || (c >= 32 && c != 127) ? c : '?');
+        }
+        return;
+    }
+    if (j->bpe) { /* an id the tokenizer has no text for (the model's vocabulary is larger) */
+        printf("<%lld>", (long long)t);
+        return;
+    }
     if (!j->text) {
         printf("%lld ", (long long)t);
         return;
@@ -74,7 +91,18 @@ int train_sample(rank_t *k) {
         return train_fail(k, "allocating the sample", FSDP_ENOMEM);
     }
     cap = total;
-    if (k->j->text && o->prompt[0]) {
+    if (k->j->bpe && o->prompt[0]) {
+        /* --tokenizer: the prompt in its tokens (at most one per byte, so it fits) */
+        int32_t *ids = malloc(strlen(o->prompt) * sizeof *ids);
+        size_t m = 0;
+        rc = ids ? fsdp_bpe_encode(k->j->bpe, o->prompt, strlen(o->prompt), ids, strlen(o->prompt),
+                                   &m)
+                 : FSDP_ENOMEM;
+        for (size_t i = 0; rc == 0 && i < m; i++)
+            toks[n++] = ids[i];
+        free(ids);
+        if (rc < 0) goto out;
+    } else if (k->j->text && o->prompt[0]) {
         for (const char *p = o->prompt; *p; p++)
             toks[n++] = (unsigned char)*p;
     } else {
