@@ -227,6 +227,15 @@ ok $? "--nnodes 2 without --store or --master-addr is refused with exit status 2
 is "$(sort "$tmp/np.out" | tr '\n' ' ')" "plain-0 plain-1 "
 ok $? "--no-prefix: the ranks write straight to fsdprun's output" "$tmp/np.out"
 
+# --- --force: more ranks than the limit (the CPUs, at least 8) ---------------------------------
+lim=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+[ "$lim" -lt 8 ] && lim=8
+over=$((lim + 1))
+"$fsdprun" -n $over --force --no-prefix sh -c 'echo r' > "$tmp/force.out" 2>&1
+rc=$?
+[ "$rc" = 0 ] && [ "$(grep -c '^r$' "$tmp/force.out")" = "$over" ]
+ok $? "-n $over --force starts $over ranks past the limit of $lim (exit $rc)" "$tmp/force.out"
+
 # --- usage errors: exit status 2 and a clear message ------------------------------------------
 printf 'echo hi\n' > "$tmp/not-executable"
 usage() { # expected-text args...
@@ -238,6 +247,8 @@ usage() { # expected-text args...
   ok $? "usage error '$*': exit 2 (got $rc), says \"$want\"" "$tmp/u.err"
 }
 usage 'missing -n' sh -c true
+usage "-n 100000 is more ranks than this node's" -n 100000 true
+usage "--backend 'nosuch' is not a backend: gloo, nccl or sim" -n 1 --backend nosuch true
 usage "wants a whole number of at least 1, not '0'" -n 0 sh -c true
 usage "not 'x'" -n x sh -c true
 usage "unknown option '--bogus'" -n 2 --bogus sh -c true

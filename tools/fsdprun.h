@@ -33,6 +33,7 @@ typedef struct options {
     double grace_s;
     int prefix;  /* 0 with --no-prefix */
     int isolate_network; /* 0 with --share-network (fsdprun_netns.c) */
+    int force;           /* --force: -n above the limit of CPUs */
     char **argv; /* the program and its arguments */
 } options_t;
 

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/build_info.h"
 #include "tools/fsdprun.h"
@@ -54,7 +55,9 @@ static const char usage_text[] =
     "                         (served by someone else). Without --store and --master-addr: a\n"
     "                         new temporary directory under $TMPDIR (or /tmp), removed when\n"
     "                         fsdprun exits (single node only).\n"
-    "    --backend NAME       process-group backend the ranks use (default gloo)\n"
+    "    --backend NAME       process-group backend the ranks use: gloo (the default), nccl,\n"
+    "                         or sim (for ranks that are not libfsdp processes)\n"
+    "    --force              start more ranks than the limit: the online CPUs, at least 8\n"
     "    --timeout S          stop the ranks if the job is still running after S seconds\n"
     "    --grace S            seconds between SIGTERM and SIGKILL when stopping ranks\n"
     "                         (default 5)\n"
@@ -207,6 +210,10 @@ int parse_options(int argc, char **argv, options_t *o) {
             o->isolate_network = 0;
             continue;
         }
+        if (strcmp(a, "--force") == 0) {
+            o->force = 1;
+            continue;
+        }
         /* Options with a value: -nN, -n N, --name=V, --name V. */
         const char *name = a, *val = NULL;
         char namebuf[64];
@@ -313,8 +320,18 @@ int parse_options(int argc, char **argv, options_t *o) {
             return -1;
         }
     }
-    if (!o->backend[0]) {
-        usage_error("--backend wants a name, such as gloo or nccl");
+    if (strcmp(o->backend, "gloo") != 0 && strcmp(o->backend, "nccl") != 0 &&
+        strcmp(o->backend, "sim") != 0) {
+        usage_error("--backend '%s' is not a backend: gloo, nccl or sim", o->backend);
+        return -1;
+    }
+    /* A typo such as -n 100000 must not fork until the machine gives out. */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int limit = cpus > 8 ? (cpus > INT_MAX ? INT_MAX : (int)cpus) : 8;
+    if (o->nproc > limit && !o->force) {
+        usage_error("-n %d is more ranks than this node's %ld CPUs (the limit is %d); give "
+                    "--force to start them anyway",
+                    o->nproc, cpus, limit);
         return -1;
     }
     if (i >= argc) {
