@@ -21,6 +21,8 @@
 #   - disk full (a file-size limit with SIGXFSZ ignored: EFBIG): the failed save names the file,
 #     exits 1 under --on-save-error stop, the earlier checkpoint is byte for byte as it was and
 #     resumes; under --on-save-error continue the run finishes with the uninterrupted losses;
+#   - fsdprun forwards a signal without its SIGKILL deadline: ranks that need longer than --grace
+#     to stop (to save) are waited for;
 #   - --timeout: a stopped gloo rank is noticed by its peer within --timeout 2 (the run ends in
 #     seconds, naming the timed-out collective); --timeout 0 is a usage error; the config record
 #     has the training timeout (60 s by default).
@@ -78,7 +80,7 @@ steps=400
 sigint_ok=0
 env --default-signal=INT true 2> /dev/null || sigint_ok=1
 
-echo "1..16"
+echo "1..17"
 
 # --- 1-2: SIGINT to a sim run ------------------------------------------------------------------
 "$train" $tiny --steps $steps --world-size 2 --metrics "$tmp/ref.jsonl" > "$tmp/ref.out" 2>&1
@@ -258,13 +260,36 @@ if [ $gloo -eq 0 ]; then
   st=$?
   el=$(($(date +%s) - t0))
   [ "$st0" -eq 2 ] && [ "$cfg" -eq 0 ] && [ "$st" -eq 1 ] && [ "$el" -le 20 ] &&
-    grep -q 'timed out after 2000 ms' "$tmp/t2.out"
+    grep -q 'fsdp-train: rank [01]: .*timed out' "$tmp/t2.out"
   ok $? "--timeout 2: a stopped gloo rank is noticed by its peer, the job ends in ${el} s; --timeout 0 exits 2; the default of 60 s is in the config record" \
     "$tmp/t0.out" "$tmp/t2.out"
 else
   [ "$st0" -eq 2 ] && [ "$cfg" -eq 0 ]
   ok $? "--timeout 0 exits 2; the default of 60 s is in the config record (no Gloo: the stalled peer is not tried)" \
     "$tmp/t0.out"
+fi
+
+# --- 17: fsdprun waits for ranks that take longer than --grace to stop -----------------------------
+# Each rank traps SIGTERM and needs 2 s to "save" (longer than --grace 1): the forwarded signal has
+# no SIGKILL deadline, so both finish, and fsdprun exits 143.
+if [ -x "$fsdprun" ]; then
+  "$fsdprun" -n 2 --grace 1 --timeout 60 sh -c \
+    'trap "sleep 2; echo saved; exit 143" TERM; echo ready; while :; do sleep 0.1; done' \
+    > "$tmp/g17.out" 2>&1 &
+  pid=$!
+  w=0
+  while [ "$(cat "$tmp/g17.out" 2> /dev/null | grep -c ready)" -lt 2 ] && [ $w -lt 500 ]; do
+    sleep 0.02
+    w=$((w + 1))
+  done
+  kill -TERM $pid
+  wait $pid
+  st=$?
+  [ "$st" -eq 143 ] && [ "$(grep -c '\] saved$' "$tmp/g17.out")" -eq 2 ] && ! grep -q SIGKILL "$tmp/g17.out"
+  ok $? "a signal fsdprun forwards has no SIGKILL deadline: ranks that need 2 s (--grace 1) finish (exit $st)" \
+    "$tmp/g17.out"
+else
+  echo "ok 17 # SKIP fsdprun was not built"
 fi
 
 [ $failed -eq 0 ]

@@ -115,8 +115,9 @@ static int replaceable(fsdp_ctx_t *ctx, const char *dir, const char *fn) {
     /* lstat, as publish(): a link at dir is not followed (a rename would replace the link) */
     if (lstat(dir, &sb) != 0) return FSDP_OK;
     if (!S_ISDIR(sb.st_mode))
-        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s' exists and is %s, not a directory",
-                                    fn, dir, fsdp__file_kind(sb.st_mode));
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: '%s' exists and is not a directory (it is %s)", fn, dir,
+                                    fsdp__file_kind(sb.st_mode));
     DIR *d = opendir(dir);
     if (!d)
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot open '%s': %s", fn, dir,
@@ -385,8 +386,8 @@ static int publish(fsdp_ctx_t *ctx, const char *stage, const char *dir, const ch
     bool exists = lstat(dir, &sb) == 0;
     if (exists && !S_ISDIR(sb.st_mode))
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
-                                    "%s: '%s' exists and is %s, not a directory: refusing to "
-                                    "replace it",
+                                    "%s: '%s' exists and is not a directory (it is %s): "
+                                    "refusing to replace it",
                                     fn, dir, fsdp__file_kind(sb.st_mode));
     if (!exists) {
         if (rename(stage, dir) != 0)
