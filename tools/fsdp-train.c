@@ -22,7 +22,8 @@
  *
  * This file runs the steps, the output and main; train_build.c makes the model, units,
  * optimizer and loaders, train_sample.c the sample, train_ckpt.c the checkpoints and export,
- * train_flags.c the command line.
+ * train_flags.c the command line, train_stop.c the interruption (SIGINT, SIGTERM), the timeouts
+ * and what a run takes from the checkpoint it resumes.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -5,10 +5,18 @@
  * A checkpoint of step S is the checkpoint directory DIR/step-S/ (fsdp/checkpoint.h), written by
  * fsdp_checkpoint_save: every rank's file of its pieces of the model ("model.<fqn>") and of the
  * AdamW state keyed by parameter name ("optim.<fqn>.exp_avg", ...), and an index.json whose
- * metadata holds the step, the loader position, the producer and, with --precision f16, the
- * gradient scaler's state (its scale, factors, interval and growth tracker, under PyTorch's
- * state_dict keys, and the steps skipped so far). The directory appears whole or not at all, so
- * a save killed at any point leaves every earlier checkpoint loadable. A resume at any world
+ * metadata holds the step, the loader position, the producer, the run id, every flag (the
+ * "flags" record, compact JSON of train_opts_json) and, with --precision f16, the gradient
+ * scaler's state (its scale, factors, interval and growth tracker, under PyTorch's state_dict
+ * keys, and the steps skipped so far); every rank file carries a copy of that metadata, which
+ * the library compares with the index. The directory appears whole or not at all, so a save
+ * killed at any point leaves every earlier checkpoint loadable.
+ *
+ * Before the ranks start, train_ckpt_resolve finds the checkpoint (--resume latest: the newest
+ * complete one, skipping staging directories, unreadable or mixed ones, and directories whose
+ * name and step disagree), range-checks its step and compares its flags with the run's. Rank 0
+ * removes the staging directories of dead saves before each save (train_ckpt_cleanup) and
+ * prunes after it (train_ckpt_prune, --keep-last). A resume at any world
  * size, backend or strategy reads, on each rank, only the byte ranges of its own part
  * (fsdp_checkpoint_load). `fsdp-ckpt consolidate DIR/step-S model.safetensors` makes the one
  * full file that --init and other tools take; --export writes that file directly.
