@@ -21,6 +21,7 @@
 #   - disk full (a file-size limit with SIGXFSZ ignored: EFBIG): the failed save names the file,
 #     exits 1 under --on-save-error stop, the earlier checkpoint is byte for byte as it was and
 #     resumes; under --on-save-error continue the run finishes with the uninterrupted losses;
+#     and, as root with a mount namespace, a real ENOSPC on a small private tmpfs;
 #   - fsdprun forwards a signal without its SIGKILL deadline: ranks that need longer than --grace
 #     to stop (to save) are waited for;
 #   - --timeout: a stopped gloo rank is noticed by its peer within --timeout 2 (the run ends in
@@ -80,7 +81,7 @@ steps=400
 sigint_ok=0
 env --default-signal=INT true 2> /dev/null || sigint_ok=1
 
-echo "1..17"
+echo "1..18"
 
 # --- 1-2: SIGINT to a sim run ------------------------------------------------------------------
 "$train" $tiny --steps $steps --world-size 2 --metrics "$tmp/ref.jsonl" > "$tmp/ref.out" 2>&1
@@ -115,7 +116,9 @@ fi
 gloo=1
 [ -x "$fsdprun" ] && grep -q 'FSDP_HAVE_GLOO 1' "$top_builddir/config.h" 2> /dev/null && gloo=0
 if [ $sigint_ok -eq 0 ] && [ $gloo -eq 0 ]; then
-  env --default-signal=INT timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $tiny --steps $steps \
+  # (fsdprun's own --timeout: timeout(1) would pass the signal on twice, to fsdprun and to its
+  # process group, and a second signal kills)
+  env --default-signal=INT "$fsdprun" -n 2 --timeout 120 "$train" --backend gloo $tiny --steps $steps \
     --checkpoint-dir "$tmp/ck2" --metrics "$tmp/i2.jsonl" > "$tmp/i2.out" 2>&1 &
   pid=$!
   wait_step "$tmp/i2.jsonl" 3
@@ -125,12 +128,12 @@ if [ $sigint_ok -eq 0 ] && [ $gloo -eq 0 ]; then
   at=$(sed -n 's/.*stopped by SIGINT after step \([0-9]*\) of.*/\1/p' "$tmp/i2.out")
   [ "$st" -eq 130 ] && [ -n "$at" ] && [ -f "$tmp/ck2/step-$at/rank-1-of-2.safetensors" ] &&
     ! grep -q 'SIGKILL\|killed by\|exited with' "$tmp/i2.out" &&
-    grep -q "resume with: $fsdprun -n 2 .*--resume latest\$" "$tmp/i2.out"
+    grep -q "resume with: $fsdprun -n 2 --timeout 120 [^ ]*fsdp-train .*--resume latest\$" "$tmp/i2.out"
   ok $? "fsdprun forwards SIGINT: both gloo ranks stop after step ${at:-?} and save together, exit 130, nothing killed (exit $st)" \
     "$tmp/i2.out"
   cp "$tmp/i2.jsonl" "$tmp/i2.first"
   resume_args "$tmp/i2.out" "$tmp/i2.args" &&
-    run_with_args "$train" "$tmp/i2.args" timeout 120 "$fsdprun" -n 2 > "$tmp/r2.out" 2>&1
+    run_with_args "$train" "$tmp/i2.args" "$fsdprun" -n 2 --timeout 120 > "$tmp/r2.out" 2>&1
   st=$?
   { losses "$tmp/i2.first"; losses "$tmp/i2.jsonl"; } > "$tmp/r2.loss"
   [ "$st" -eq 0 ] && cmp -s "$tmp/ref.loss" "$tmp/r2.loss"
@@ -290,6 +293,34 @@ if [ -x "$fsdprun" ]; then
     "$tmp/g17.out"
 else
   echo "ok 17 # SKIP fsdprun was not built"
+fi
+
+# --- 18: a really full disk (ENOSPC), where a private tmpfs can be mounted ---------------------------
+# A 480 KiB tmpfs holds the step-2 checkpoint (about 320 KiB) but not step 4's as well: the save
+# fails with ENOSPC naming the file, the run stops with status 1, and step 2 still resumes.
+if [ "$(id -u)" -eq 0 ] && unshare -m true 2> /dev/null; then
+  mkdir "$tmp/mnt"
+  # shellcheck disable=SC2016
+  unshare -m sh -c 'mount -t tmpfs -o size=480k tmpfs "$1" || exit 77
+    shift
+    "$@" --save-every 2 --checkpoint-dir "$0/ck" > "$0.full.out" 2>&1
+    echo "save $?"
+    "$@" --resume "$0/ck/step-2" > "$0.res.out" 2>&1
+    echo "resume $?"
+    ls "$0/ck"' "$tmp/mnt" "$tmp/mnt" "$train" $tiny --steps 4 --world-size 2 > "$tmp/e18.out" 2>&1
+  st=$?
+  cat "$tmp/mnt.full.out" "$tmp/mnt.res.out" >> "$tmp/e18.out" 2> /dev/null
+  if [ "$st" -eq 77 ]; then
+    echo "ok 18 # SKIP cannot mount a tmpfs here"
+  else
+    grep -q '^save 1$' "$tmp/e18.out" && grep -q '^resume 0$' "$tmp/e18.out" &&
+      grep -q 'rank-[01]-of-2.safetensors.*No space left on device' "$tmp/e18.out" &&
+      grep -q '^step-2$' "$tmp/e18.out"
+    ok $? "ENOSPC on a full tmpfs: the save names the file, the run exits 1, step-2 stays and resumes" \
+      "$tmp/e18.out"
+  fi
+else
+  echo "ok 18 # SKIP not root, or no mount namespace (the file-size limit above stands in)"
 fi
 
 [ $failed -eq 0 ]
