@@ -26,7 +26,8 @@
 #     to stop (to save) are waited for;
 #   - --timeout: a stopped gloo rank is noticed by its peer within --timeout 2 (the run ends in
 #     seconds, naming the timed-out collective); --timeout 0 is a usage error; the config record
-#     has the training timeout (60 s by default).
+#     has the training timeout (60 s by default);
+#   - on a terminal (script(1)), the stop message starts on a new line after the progress line.
 top_builddir=${top_builddir:-.}
 train="$top_builddir/tools/fsdp-train"
 fsdprun="$top_builddir/tools/fsdprun"
@@ -81,7 +82,7 @@ steps=400
 sigint_ok=0
 env --default-signal=INT true 2> /dev/null || sigint_ok=1
 
-echo "1..18"
+echo "1..19"
 
 # --- 1-2: SIGINT to a sim run ------------------------------------------------------------------
 "$train" $tiny --steps $steps --world-size 2 --metrics "$tmp/ref.jsonl" > "$tmp/ref.out" 2>&1
@@ -321,6 +322,25 @@ if [ "$(id -u)" -eq 0 ] && unshare -m true 2> /dev/null; then
   fi
 else
   echo "ok 18 # SKIP not root, or no mount namespace (the file-size limit above stands in)"
+fi
+
+# --- 19: on a terminal, the interruption ends the progress line first ---------------------------------
+# The updating progress line has no newline; the stop's message must start on a line of its own.
+if command -v script > /dev/null 2>&1 && [ $sigint_ok -eq 0 ]; then
+  loud=$(echo "$tiny" | sed 's/ --quiet//')
+  TERM=xterm COLUMNS=200 script -qec "env --default-signal=INT $train $loud --steps 100000 \
+    --world-size 2 --checkpoint-dir $tmp/ck19 --metrics $tmp/i19.jsonl & echo \$! > $tmp/i19.pid; wait" \
+    /dev/null > "$tmp/i19.out" 2>&1 &
+  spid=$!
+  wait_step "$tmp/i19.jsonl" 3
+  kill -INT "$(cat "$tmp/i19.pid")"
+  wait $spid
+  # (a terminal ends lines with \r\n; the progress line is \r ESC [K, then the text)
+  grep -q 'stopped by SIGINT' "$tmp/i19.out" && grep -q 'mem MiB' "$tmp/i19.out" &&
+    ! grep 'stopped by SIGINT' "$tmp/i19.out" | grep -q 'mem MiB'
+  ok $? "on a terminal the stop message starts on a new line after the progress line" "$tmp/i19.out"
+else
+  echo "ok 19 # SKIP script(1) is not installed"
 fi
 
 [ $failed -eq 0 ]
