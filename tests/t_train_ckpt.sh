@@ -9,6 +9,8 @@
 #   - the same for a two-process gloo run under fsdprun (skipped without Gloo): fsdprun forwards
 #     the signal, every rank stops after the same step and saves, fsdprun exits 130 and kills
 #     nothing, and the printed command (with fsdprun's own words) resumes to the same losses;
+#   - SIGINT to one gloo rank process only: the other, never signalled, stops after the same
+#     step, and the checkpoint is whole (the agreement, not the signal, stops the ranks);
 #   - a second signal exits at once (128 + its number), with nothing saved;
 #   - flags recorded in a checkpoint: a resume with another --lr and --batch-size is refused
 #     with both differences listed (flag, saved value, given value); --resume-override accepts
@@ -40,6 +42,10 @@ export FSDP_NUM_THREADS
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/tap.sh"
+skip() {
+  n=$((n + 1))
+  echo "ok $n # SKIP $1"
+}
 
 # The loss of every train record, as printed (so that equal means bit for bit).
 losses() { grep '"type":"train"' "$1" | sed -e 's/.*"loss":\([^,}]*\).*/\1/'; }
@@ -82,7 +88,7 @@ steps=400
 sigint_ok=0
 env --default-signal=INT true 2> /dev/null || sigint_ok=1
 
-echo "1..19"
+echo "1..20"
 
 # --- 1-2: SIGINT to a sim run ------------------------------------------------------------------
 "$train" $tiny --steps $steps --world-size 2 --metrics "$tmp/ref.jsonl" > "$tmp/ref.out" 2>&1
@@ -108,9 +114,8 @@ if [ $sigint_ok -eq 0 ]; then
   ok $? "the printed command resumes from step-${at:-?} to the uninterrupted run's $steps losses, bit for bit (exit $st)" \
     "$tmp/r1.out"
 else
-  echo "ok 1 # SKIP env --default-signal is missing"
-  echo "ok 2 # SKIP env --default-signal is missing"
-  n=2
+  skip "env --default-signal is missing"
+  skip "env --default-signal is missing"
 fi
 
 # --- 3-4: SIGINT to fsdprun -n 2 --backend gloo ---------------------------------------------------
@@ -141,29 +146,55 @@ if [ $sigint_ok -eq 0 ] && [ $gloo -eq 0 ]; then
   ok $? "and the printed fsdprun command resumes to the uninterrupted run's losses, bit for bit (exit $st)" \
     "$tmp/r2.out"
 else
-  echo "ok 3 # SKIP no Gloo (or no env --default-signal)"
-  echo "ok 4 # SKIP no Gloo (or no env --default-signal)"
-  n=4
+  skip "no Gloo (or no env --default-signal)"
+  skip "no Gloo (or no env --default-signal)"
+fi
+
+# --- a signal that reaches one rank only (reported after test 18) ------------------------------------
+# SIGINT to the rank-1 process alone: rank 0, never signalled, must stop after the same step
+# (the ranks agree through the step's all-reduce) and the checkpoint must be whole.
+if [ $sigint_ok -eq 0 ] && [ $gloo -eq 0 ] && [ -r /proc/self/environ ]; then
+  env --default-signal=INT "$fsdprun" -n 2 --timeout 120 "$train" --backend gloo $tiny \
+    --steps 100000 --checkpoint-dir "$tmp/ck20" --metrics "$tmp/i20.jsonl" > "$tmp/i20.out" 2>&1 &
+  pid=$!
+  wait_step "$tmp/i20.jsonl" 3
+  victim=
+  for p in $(ps -o pid= --ppid $pid 2> /dev/null); do
+    tr '\0' '\n' < /proc/$p/environ 2> /dev/null | grep -q '^RANK=1$' && victim=$p
+  done
+  [ -n "$victim" ] && kill -INT "$victim"
+  wait $pid
+  st20=$?
+  at20=$(sed -n 's/^\[rank 0\] fsdp-train: stopped by SIGINT after step \([0-9]*\) of.*/\1/p' "$tmp/i20.out")
+  # (fsdprun did not get the signal: it reports rank 1's exit status 130 as the first failure)
+  [ -n "$victim" ] && [ -n "$at20" ] && [ -f "$tmp/ck20/step-$at20/index.json" ] &&
+    [ -f "$tmp/ck20/step-$at20/rank-1-of-2.safetensors" ] && ! grep -q 'SIGKILL\|killed by' "$tmp/i20.out"
+  ok20=$?
+else
+  ok20=skip
 fi
 
 # --- 5: a second signal exits at once -----------------------------------------------------------------
 # Both signals are made pending while the run is stopped, so the second comes during the first's
 # handling, whatever the machine's load.
-env --default-signal=INT "$train" $tiny --steps 100000 --world-size 2 --checkpoint-dir "$tmp/ck5" \
-  --metrics "$tmp/i5.jsonl" > "$tmp/i5.out" 2>&1 &
-pid=$!
-wait_step "$tmp/i5.jsonl" 2
-kill -STOP $pid
-kill -INT $pid
-kill -TERM $pid
-kill -CONT $pid
-wait $pid
-st=$?
-# (Linux runs the handler of the signal it delivers last first: either may be the second.)
-{ [ "$st" -eq 130 ] || [ "$st" -eq 143 ]; } && grep -q 'a second signal: exiting at once' "$tmp/i5.out" &&
-  ! grep -q 'resume with\|stopped by' "$tmp/i5.out" && [ ! -e "$tmp/ck5" ]
-ok $? "SIGINT and SIGTERM together: the second exits at once, saving nothing (exit $st)" "$tmp/i5.out"
-
+if [ $sigint_ok -eq 0 ]; then
+  env --default-signal=INT "$train" $tiny --steps 100000 --world-size 2 --checkpoint-dir "$tmp/ck5" \
+    --metrics "$tmp/i5.jsonl" > "$tmp/i5.out" 2>&1 &
+  pid=$!
+  wait_step "$tmp/i5.jsonl" 2
+  kill -STOP $pid
+  kill -INT $pid
+  kill -TERM $pid
+  kill -CONT $pid
+  wait $pid
+  st=$?
+  # (Linux runs the handler of the signal it delivers last first: either may be the second.)
+  { [ "$st" -eq 130 ] || [ "$st" -eq 143 ]; } && grep -q 'a second signal: exiting at once' "$tmp/i5.out" &&
+    ! grep -q 'resume with\|stopped by' "$tmp/i5.out" && [ ! -e "$tmp/ck5" ]
+  ok $? "SIGINT and SIGTERM together: the second exits at once, saving nothing (exit $st)" "$tmp/i5.out"
+else
+  skip "env --default-signal is missing"
+fi
 # --- 6-8: the flags a checkpoint records ------------------------------------------------------------
 "$train" $tiny --steps 6 --world-size 2 --save-every 3 --checkpoint-dir "$tmp/ck6" > "$tmp/s6.out" 2>&1
 "$train" $tiny --steps 6 --world-size 2 --checkpoint-dir "$tmp/ck6" --resume latest --lr 0.002 \
@@ -293,7 +324,7 @@ if [ -x "$fsdprun" ]; then
   ok $? "a signal fsdprun forwards has no SIGKILL deadline: ranks that need 2 s (--grace 1) finish (exit $st)" \
     "$tmp/g17.out"
 else
-  echo "ok 17 # SKIP fsdprun was not built"
+  skip "fsdprun was not built"
 fi
 
 # --- 18: a really full disk (ENOSPC), where a private tmpfs can be mounted ---------------------------
@@ -312,7 +343,7 @@ if [ "$(id -u)" -eq 0 ] && unshare -m true 2> /dev/null; then
   st=$?
   cat "$tmp/mnt.full.out" "$tmp/mnt.res.out" >> "$tmp/e18.out" 2> /dev/null
   if [ "$st" -eq 77 ]; then
-    echo "ok 18 # SKIP cannot mount a tmpfs here"
+    skip "cannot mount a tmpfs here"
   else
     grep -q '^save 1$' "$tmp/e18.out" && grep -q '^resume 0$' "$tmp/e18.out" &&
       grep -q 'rank-[01]-of-2.safetensors.*No space left on device' "$tmp/e18.out" &&
@@ -321,10 +352,17 @@ if [ "$(id -u)" -eq 0 ] && unshare -m true 2> /dev/null; then
       "$tmp/e18.out"
   fi
 else
-  echo "ok 18 # SKIP not root, or no mount namespace (the file-size limit above stands in)"
+  skip "not root, or no mount namespace (the file-size limit above stands in)"
 fi
 
-# --- 19: on a terminal, the interruption ends the progress line first ---------------------------------
+if [ "$ok20" = skip ]; then
+  skip "no Gloo (or no env --default-signal, or no /proc)"
+else
+  ok $ok20 "SIGINT to rank 1 alone: rank 0 stops after the same step (${at20:-?}) and the checkpoint is whole (fsdprun exit $st20)" \
+    "$tmp/i20.out"
+fi
+
+# --- 20: on a terminal, the interruption ends the progress line first ---------------------------------
 # The updating progress line has no newline; the stop's message must start on a line of its own.
 if command -v script > /dev/null 2>&1 && [ $sigint_ok -eq 0 ]; then
   loud=$(echo "$tiny" | sed 's/ --quiet//')
@@ -340,7 +378,7 @@ if command -v script > /dev/null 2>&1 && [ $sigint_ok -eq 0 ]; then
     ! grep 'stopped by SIGINT' "$tmp/i19.out" | grep -q 'mem MiB'
   ok $? "on a terminal the stop message starts on a new line after the progress line" "$tmp/i19.out"
 else
-  echo "ok 19 # SKIP script(1) is not installed"
+  skip "script(1) is not installed"
 fi
 
 [ $failed -eq 0 ]
