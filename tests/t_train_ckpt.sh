@@ -1,5 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
+# shellcheck disable=SC2086 # $tiny holds several flags, split on purpose
 # t_train_ckpt.sh: fsdp-train's checkpoints and interruption (issue 25, "Clean interruption";
 # issue 26 items 5 and 6, "Timeouts a person can set", "Complete checkpoints only", "Disk full"),
 # on a tiny model (1 layer, width 32) so that every run takes a fraction of a second:

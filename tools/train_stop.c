@@ -112,6 +112,7 @@ static void resume_command(const job_t *j, char *buf, size_t cap) {
     }
     if (len < cap) len = put_arg(buf, cap, len, "--resume");
     if (len < cap) put_arg(buf, cap, len, "latest");
+    buf[cap - 1] = '\0'; /* a command longer than the buffer is cut, never unterminated */
 }
 
 /* The collectives' timeout on every group of rank k. */
