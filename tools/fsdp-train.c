@@ -22,16 +22,20 @@
  *
  * This file runs the steps, the output and main; train_build.c makes the model, units,
  * optimizer and loaders, train_sample.c the sample, train_ckpt.c the checkpoints and export,
- * train_flags.c the command line.
+ * train_flags.c the command line, train_stop.c the interruption (SIGINT, SIGTERM), the timeouts
+ * and what a run takes from the checkpoint it resumes.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tools/train.h"
@@ -89,6 +93,7 @@ static int validate(rank_t *k, double *out) {
 typedef struct step_result {
     double loss, lr, norm, seconds;
     fsdp_mem_stats_t mem;
+    int stop; /* the signal the ranks agreed to stop on after this step, or 0 */
 } step_result_t;
 
 static int train_step(rank_t *k, int64_t s, step_result_t *res) {
@@ -152,11 +157,14 @@ static int train_step(rank_t *k, int64_t s, step_result_t *res) {
     double peak = (double)res->mem.total_peak / 1048576.0;
     if ((rc = fsdp_pg_all_gather(k->pg, &peak, k->mem_all, 1, FSDP_DTYPE_F64, NULL)) < 0)
         return train_fail(k, "gathering memory statistics", rc);
-    /* Every rank's step time counts: the slowest rank's is the step's. */
-    double t = res->seconds;
-    if ((rc = fsdp_pg_all_reduce(k->pg, &t, &res->seconds, 1, FSDP_DTYPE_F64, FSDP_REDOP_MAX,
-                                 NULL)) < 0)
+    /* Every rank's step time counts: the slowest rank's is the step's. The same all-reduce
+     * carries the stop request (the largest signal number any rank got), so that every rank
+     * stops after the same step without a collective of its own. */
+    double t[2] = {res->seconds, (double)train_pending_signal()}, mx[2];
+    if ((rc = fsdp_pg_all_reduce(k->pg, t, mx, 2, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL)) < 0)
         return train_fail(k, "all-reducing the step time", rc);
+    res->seconds = mx[0];
+    res->stop = (int)mx[1];
     return 0;
 }
 
@@ -337,24 +345,34 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             (unsigned long long)fsdp_dataset_num_tokens(j->train),
             (unsigned long long)fsdp_dataset_num_tokens(j->val));
     int64_t start = 0;
-    if (o->resume) {
+    if (j->resume_path) {
         char err[1024] = "";
         train_ckpt_extra_t ex = {.scaler = k.scaler};
-        rc = train_ckpt_load(ctx, k.root, k.opt, o->resume, &start, &ex, err, sizeof err);
+        rc = train_ckpt_load(ctx, k.root, k.opt, j->resume_path, &start, &ex, err, sizeof err);
+        if (rc == 0 && start > o->steps) {
+            snprintf(err, sizeof err, "--resume: %s is at step %lld, past --steps %lld",
+                     j->resume_path, (long long)start, (long long)o->steps);
+            rc = FSDP_EINVAL;
+        }
         if (rc == 0) rc = fsdp_loader_set_position(k.train_ld, ex.position);
         if (rc == 0) k.skipped = ex.skipped;
         if (rc < 0) {
             fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err[0] ? err : "resume");
             goto out;
         }
-        train_say(&k, "resumed from %s at step %lld\n", o->resume, (long long)start);
+        train_say(&k, "resumed from %s at step %lld\n", j->resume_path, (long long)start);
     }
     if ((rc = validate(&k, &v0)) < 0) goto out;
     write_val(&k, start, v0);
     if (!o->quiet) train_say(&k, "step %lld: val loss %.4f\n", (long long)start, v0);
     double t_start = now_s();
     double v = v0;
-    for (int64_t s = start; s < o->steps; s++) {
+    /* a stalled peer is noticed within the training timeout (--timeout) from here on */
+    train_set_timeouts(&k, j->train_timeout_ms);
+    int64_t done = start;
+    int stop = 0;
+    bool stopped = false; /* stop_run has run */
+    for (int64_t s = start; s < o->steps && !stop; s++) {
         step_result_t res;
         char span[32];
         snprintf(span, sizeof span, "step %lld", (long long)s + 1);
@@ -375,21 +393,17 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
             if (j->metrics) write_metrics(&k, s, &res);
             progress(&k, s, &res, now_s() - t_start);
         }
-        if (o->save_every > 0 && (s + 1) % o->save_every == 0) {
-            char err[1024] = "";
-            train_ckpt_extra_t ex = {.position = fsdp_loader_get_position(k.train_ld),
-                                     .scaler = k.scaler,
-                                     .skipped = k.skipped};
-            rc =
-                train_ckpt_save(ctx, k.root, k.opt, o->checkpoint_dir, s + 1, &ex, err, sizeof err);
-            if (rc < 0) {
-                if (rc != FSDP_EREMOTE) fprintf(stderr, "%s: rank %d: %s\n", TRAIN_PROG, k.r, err);
-                goto out;
-            }
-            if (!o->quiet && !j->tty)
-                train_say(&k, "step %lld: saved %s/step-%lld\n", (long long)s + 1,
-                          o->checkpoint_dir, (long long)s + 1);
+        done = s + 1;
+        if (res.stop) {
+            /* every rank saw the same request after this step: stop, save, say how to resume */
+            stop = res.stop;
+            stopped = true;
+            if ((rc = train_stop_run(&k, s + 1, stop)) < 0) goto out;
+            break;
         }
+        if (o->save_every > 0 && (s + 1) % o->save_every == 0 &&
+            (rc = train_save_checkpoint(&k, s + 1)) < 0)
+            goto out;
         bool val_now = (o->val_every > 0 && (s + 1) % o->val_every == 0) || s + 1 == o->steps;
         if (val_now) {
             if ((rc = validate(&k, &v)) < 0) goto out;
@@ -398,6 +412,12 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
                 train_say(&k, "step %lld: val loss %.4f\n", (long long)s + 1, v);
         }
     }
+    train_set_timeouts(&k, j->setup_timeout_ms);
+    /* A signal after the last step's agreement: agreed on here, so that every rank skips the
+     * collective sample and export alike. */
+    if (!stop && (rc = train_agree_stop(&k, &stop)) < 0) goto out;
+    if (stop && !stopped && (rc = train_stop_run(&k, done, stop)) < 0) goto out;
+    if (stop) goto out;
     v1 = v;
     double elapsed = now_s() - t_start;
     if (j->tty && k.r == 0) putchar('\n');
@@ -580,8 +600,10 @@ int main(int argc, char **argv) {
     int status = train_parse_flags(argc, argv, &o);
     if (status != 0) return status == 1 ? 0 : 2;
 
-    job_t j = {.o = &o};
+    job_t j = {.o = &o, .argc = argc, .argv = argv};
     terminal(&j);
+    train_timeouts(&j);
+    train_install_signals();
     fsdp_dataset_t *train = NULL, *val = NULL;
     fsdp_ctx_t *ctx = NULL;
     char *trace_path = NULL;
@@ -607,6 +629,7 @@ int main(int argc, char **argv) {
         fsdp_init_options_t io;
         fsdp_init_options_init(&io);
         io.seed = o.seed;
+        io.timeout_ms = j.setup_timeout_ms; /* the first rendezvous keeps the long one */
         char msg[512];
         if (fsdp_init_from_env(&io, &ctx, msg, sizeof msg) < 0) {
             status = usage_error("--backend %s: %s (run it under fsdprun)", name, msg);
@@ -619,6 +642,15 @@ int main(int argc, char **argv) {
         j.world = o.world_size;
     }
     bool rank0 = !ctx || fsdp_ctx_rank(ctx) == 0;
+    if ((status = train_start(&j, ctx)) != 0) goto out;
+    status = 2;
+    json_t *flags = train_opts_json(&o);
+    j.flags = flags ? json_dumps(flags, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(flags);
+    if (!j.flags) {
+        status = usage_error("out of memory");
+        goto out;
+    }
     if (o.metrics && rank0 && !(j.metrics = fopen(o.metrics, "w"))) {
         status = usage_error("--metrics: cannot open %s", o.metrics);
         goto out;
@@ -629,17 +661,22 @@ int main(int argc, char **argv) {
     if (o.trace) {
         /* This process's file, opened now so that a bad path fails before the run rather than
          * after it; written when the ranks are done. */
-        FILE *f = NULL;
         if (!(trace_path = train_trace_path(o.trace, ctx ? fsdp_ctx_rank(ctx) : 0)) ||
             fsdp_trace_create(NULL, &j.trace) < 0) {
             status = usage_error("--trace: out of memory");
             goto out;
         }
-        if (!(f = fopen(trace_path, "w"))) {
-            status = usage_error("--trace: cannot open %s: %s", trace_path, strerror(errno));
+        /* not truncated, not followed, never blocking: fsdp_trace_write replaces it atomically
+         * and refuses a target that is not a regular file */
+        int fd = open(trace_path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+        struct stat sb;
+        if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            status = usage_error("--trace: cannot open %s: %s", trace_path,
+                                 fd < 0 ? strerror(errno) : "not a regular file");
+            if (fd >= 0) close(fd);
             goto out;
         }
-        fclose(f);
+        close(fd);
     }
     status = 1;
     int rc;
@@ -650,9 +687,10 @@ int main(int argc, char **argv) {
         fsdp_sim_options_init(&so);
         so.world_size = o.world_size;
         so.seed = o.seed;
+        so.timeout_ms = j.setup_timeout_ms;
         rc = fsdp_sim_run(&so, rank_main, &j, NULL);
     }
-    if (rc == 0) status = 0;
+    if (rc == 0) status = j.stop_signal ? 128 + j.stop_signal : 0;
     /* The timeline is written whether the run succeeded or not: a failed run's is the one to
      * look at. */
     if (j.trace) {
@@ -670,6 +708,8 @@ out:
     fsdp_ctx_destroy(ctx);
     fsdp_trace_destroy(j.trace);
     free(trace_path);
+    free(j.flags);
+    free(j.resume_path);
     fsdp_dataset_destroy(train);
     fsdp_dataset_destroy(val);
     fsdp_bpe_destroy(j.bpe);

@@ -27,8 +27,11 @@
  *
  * Failure policy: the first rank that exits non-zero or by a signal is reported; the others get
  * SIGTERM, and SIGKILL if they are still there a grace period later. SIGINT, SIGTERM and SIGHUP
- * sent to fsdprun are forwarded the same way; a second one kills at once. Every child is reaped
- * before fsdprun exits, and the temporary store directory it made is removed.
+ * sent to fsdprun are forwarded to every rank, and fsdprun waits for them with no deadline, so
+ * that they can finish their step and save (fsdp-train does, collectively); a second one kills
+ * at once. Every child is reaped before fsdprun exits, and the temporary store directory it made
+ * is removed. The ranks get fsdprun's own command line (up to the program) in $FSDPRUN_COMMAND,
+ * quoted for a shell, so that a rank can print the command that resumes the job.
  *
  * The invariant of the loop: a rank is "live" until waitpid has returned it; a stream is open
  * until EOF (or the drain deadline after the last rank was reaped, when something the rank left
@@ -395,6 +398,32 @@ static int exit_status(const job_t *job) {
     return 0;
 }
 
+/* $FSDPRUN_COMMAND: fsdprun's argv up to the program, each word quoted for a POSIX shell. */
+static void export_command(int argc, char **argv, char **prog) {
+    size_t cap = 64;
+    for (int i = 0; i < argc && argv + i != prog; i++)
+        cap += 4 * strlen(argv[i]) + 3;
+    char *buf = malloc(cap), *p = buf;
+    if (!buf) return;
+    for (int i = 0; i < argc && argv + i != prog; i++) {
+        const char *a = argv[i];
+        int plain = *a != '\0' && strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                            "0123456789_-+./:=,@%") == strlen(a);
+        if (p != buf) *p++ = ' ';
+        if (plain) {
+            p += sprintf(p, "%s", a);
+            continue;
+        }
+        *p++ = '\'';
+        for (; *a; a++)
+            p += *a == '\'' ? sprintf(p, "'\\''") : sprintf(p, "%c", *a);
+        *p++ = '\'';
+    }
+    *p = '\0';
+    setenv("FSDPRUN_COMMAND", buf, 1);
+    free(buf);
+}
+
 int main(int argc, char **argv) {
     job_t job;
     memset(&job, 0, sizeof job);
@@ -406,6 +435,7 @@ int main(int argc, char **argv) {
     int prc = parse_options(argc, argv, &job.opt);
     if (prc != 0) return prc > 0 ? 0 : EXIT_USAGE;
     int n = job.opt.nproc;
+    export_command(argc, argv, job.opt.argv);
 
     job.ranks = calloc((size_t)n, sizeof *job.ranks);
     if (!job.ranks) {

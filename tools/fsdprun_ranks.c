@@ -86,9 +86,15 @@ void reap(job_t *job) {
 
 void got_signal(job_t *job, int sig) {
     if (!job->stop_signal) {
+        /* Forwarded with no SIGKILL deadline: the ranks finish their step together and save
+         * (fsdp-train), which may take longer than the grace period; a second signal kills. */
         job->stop_signal = sig;
-        if (job->nlive > 0) say("fsdprun: got %s; forwarding it to the ranks", signal_name(sig));
-        stop_ranks(job, sig);
+        if (job->nlive > 0)
+            say("fsdprun: got %s; forwarding it to the ranks and waiting for them (a second "
+                "signal kills them)",
+                signal_name(sig));
+        job->stopping = 1;
+        signal_ranks(job, sig);
     } else {
         if (job->nlive > 0) say("fsdprun: got %s again; killing the ranks", signal_name(sig));
         signal_ranks(job, SIGKILL);

@@ -100,9 +100,19 @@ typedef struct train_opts {
     bool export_hf;          /* --export-format hf: Hugging Face's GPT-2 (see train_export_hf) */
     const char *init_path;
     int64_t save_every; /* 0: no periodic checkpoints */
+    /* where checkpoints go: NULL when neither --checkpoint-dir nor --save-every was given (no
+     * checkpoint on an interruption); "checkpoints" when only --save-every was */
     const char *checkpoint_dir;
-    const char *resume; /* a step directory written by --save-every */
+    const char *resume;          /* "latest" or a step directory written by --save-every */
+    const char *resume_override; /* comma-separated flags a resume may change; NULL: none */
+    int64_t keep_last;           /* keep this many checkpoints after each save; 0: all */
+    bool save_error_continue;    /* --on-save-error continue (default: stop) */
+    double timeout_s;            /* --timeout: the collectives' timeout in training; 0: default */
 } train_opts_t;
+
+/* The default collective timeout while training (a stalled peer is noticed within it); setup,
+ * loading and saving keep the longer one of $FSDP_TIMEOUT_MS or FSDP_PG_DEFAULT_TIMEOUT_MS. */
+#define TRAIN_TIMEOUT_DEFAULT_S 60.0
 
 /* Parses argv into *o. Returns 0 to run, 1 after --help or --version (printed), 2 after a bad
  * flag (one line printed on stderr). */
@@ -112,6 +122,12 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o);
  * their flag value, unset paths as null); NULL when out of memory. The metrics' config record
  * and the checkpoints' record of the run are made of it. */
 json_t *train_opts_json(const train_opts_t *o);
+
+/* Whether a resume may change flag `name` (a key of train_opts_json) without --resume-override:
+ * the flags of distribution (backend, world size, sharding, ...), of evaluation and of output,
+ * which do not change the trained weights. Every other flag is recorded in a checkpoint and
+ * compared on a resume. */
+bool train_flag_resume_free(const char *name);
 
 /* Checks the flags that depend on the world size (batch rows, hybrid groups); prints one line
  * and returns 2 when they do not fit, else 0. */
@@ -140,7 +156,29 @@ typedef struct train_ckpt_extra {
     uint64_t position;
     fsdp_grad_scaler_t *scaler;
     int64_t skipped;
+    const char *run_id; /* save: the run's id (a resumed run keeps its checkpoint's) */
+    const char *flags;  /* save: train_opts_json as compact JSON text */
 } train_ckpt_extra_t;
+
+/* The most steps a checkpoint's metadata may claim (--steps' bound). */
+#define TRAIN_MAX_STEPS (INT64_C(1) << 40)
+
+/* Before any rank starts. With --resume latest: the newest complete checkpoint of
+ * --checkpoint-dir into path (incomplete ones, staging directories of saves that died and
+ * checkpoints that do not open are skipped, each said on stderr when `say`); else --resume's
+ * directory, refused when it is a staging directory or incomplete. Then the flags: every flag
+ * recorded in the checkpoint that a resume may not change (train_flag_resume_free) must have
+ * the value given now, unless --resume-override names it; otherwise every difference is listed
+ * (flag, saved value, given value). run_id receives the checkpoint's run id ("" when it has
+ * none). 0, or 2 after the reason was printed (when `say`). */
+int train_ckpt_resolve(const train_opts_t *o, bool say, char *path, size_t cap, char *run_id,
+                       size_t idcap);
+/* Rank 0, before a save into dir: removes the staging directories of saves that died
+ * (step-N.partial, step-N.partial.old), saying so on stderr; a failure is only warned about. */
+void train_ckpt_cleanup(const char *dir);
+/* Rank 0, after the save of step `kept`: removes all but the newest keep checkpoints of dir
+ * (by step; the one just saved is always kept). Failures are warned about. */
+void train_ckpt_prune(const char *dir, int64_t keep, int64_t kept);
 /* Writes the checkpoint of `step` as the checkpoint directory dir/step-<step>/ (sharded model and
  * optimizer, the loader position and the gradient scaler's state in the index's metadata).
  * Collective; every rank returns the same status. */
@@ -170,6 +208,15 @@ typedef struct job {
     int metrics_errno; /* the first write to metrics that failed (0: none) */
     int world;
     fsdp_trace_t *trace; /* --trace: the recorder every rank of this process records into */
+    /* checkpoints and interruption (fsdp-train.c) */
+    int argc; /* the command line, for the resume command */
+    char **argv;
+    char *resume_path;        /* --resume resolved (latest: the newest complete checkpoint) */
+    char run_id[40];          /* this run's id, kept across resumes; in every checkpoint */
+    char *flags;              /* train_opts_json as compact text, recorded in checkpoints */
+    int64_t setup_timeout_ms; /* collectives of setup, loading, saving and the end */
+    int64_t train_timeout_ms; /* collectives of the steps (--timeout) */
+    int stop_signal;          /* the signal the ranks agreed to stop on (0: none) */
 } job_t;
 
 /* train_metrics.c: the --metrics file (its header comment says what each record holds). */
@@ -208,6 +255,28 @@ typedef struct rank {
  * else path with a final ".json" replaced by ".rank<R>.json" (or ".rank<R>" appended). malloc'ed;
  * NULL when out of memory. */
 char *train_trace_path(const char *path, int rank);
+
+/* train_stop.c: interruption, timeouts and the start of a run (its header says how). */
+/* Installs the SIGINT and SIGTERM handlers (an ignored SIGINT stays ignored). */
+void train_install_signals(void);
+/* The first signal received (SIGINT or SIGTERM), 0 when none. */
+int train_pending_signal(void);
+/* j's setup and training timeouts from --timeout and $FSDP_TIMEOUT_MS. */
+void train_timeouts(job_t *j);
+/* Before the ranks: --resume resolved into j->resume_path (malloc'ed), the flags checked
+ * against the checkpoint's, j->run_id set; rank 0 decides (and prints), ctx's world receives it.
+ * 0, or the exit status. */
+int train_start(job_t *j, fsdp_ctx_t *ctx);
+/* The collectives' timeout on every group of rank k. */
+void train_set_timeouts(rank_t *k, int64_t ms);
+/* Every rank learns the same stop request (the largest signal number any rank got, or 0). */
+int train_agree_stop(rank_t *k, int *stop);
+/* Saves the checkpoint of `step` (collective): 0 when saved; 1 when it failed and the run goes
+ * on (--on-save-error continue); < 0 when it failed and the run stops. */
+int train_save_checkpoint(rank_t *k, int64_t step);
+/* After the ranks agreed to stop on signal sig after `step`: saves (with a checkpoint
+ * directory), and rank 0 prints the resume command. */
+int train_stop_run(rank_t *k, int64_t step, int sig);
 
 /* Reports a failure of rank k on stderr (a peer's failure seen as FSDP_EREMOTE is left to the
  * rank that caused it) and returns rc (FSDP_EINTERNAL when rc is not an error). */

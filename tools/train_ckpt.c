@@ -5,10 +5,18 @@
  * A checkpoint of step S is the checkpoint directory DIR/step-S/ (fsdp/checkpoint.h), written by
  * fsdp_checkpoint_save: every rank's file of its pieces of the model ("model.<fqn>") and of the
  * AdamW state keyed by parameter name ("optim.<fqn>.exp_avg", ...), and an index.json whose
- * metadata holds the step, the loader position, the producer and, with --precision f16, the
- * gradient scaler's state (its scale, factors, interval and growth tracker, under PyTorch's
- * state_dict keys, and the steps skipped so far). The directory appears whole or not at all, so
- * a save killed at any point leaves every earlier checkpoint loadable. A resume at any world
+ * metadata holds the step, the loader position, the producer, the run id, every flag (the
+ * "flags" record, compact JSON of train_opts_json) and, with --precision f16, the gradient
+ * scaler's state (its scale, factors, interval and growth tracker, under PyTorch's state_dict
+ * keys, and the steps skipped so far); every rank file carries a copy of that metadata, which
+ * the library compares with the index. The directory appears whole or not at all, so a save
+ * killed at any point leaves every earlier checkpoint loadable.
+ *
+ * Before the ranks start, train_ckpt_resolve finds the checkpoint (--resume latest: the newest
+ * complete one, skipping staging directories, unreadable or mixed ones, and directories whose
+ * name and step disagree), range-checks its step and compares its flags with the run's. Rank 0
+ * removes the staging directories of dead saves before each save (train_ckpt_cleanup) and
+ * prunes after it (train_ckpt_prune, --keep-last). A resume at any world
  * size, backend or strategy reads, on each rank, only the byte ranges of its own part
  * (fsdp_checkpoint_load). `fsdp-ckpt consolidate DIR/step-S model.safetensors` makes the one
  * full file that --init and other tools take; --export writes that file directly (its metadata
@@ -223,11 +231,13 @@ int train_ckpt_save(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, const
     snprintf(sv[3], sizeof sv[3], "%" PRId64, gs.growth_interval);
     snprintf(sv[4], sizeof sv[4], "%" PRId64, gs.growth_tracker);
     snprintf(sv[5], sizeof sv[5], "%" PRId64, extra->skipped);
-    fsdp_safetensors_kv_t meta[3 + SCALER_KEYS];
+    fsdp_safetensors_kv_t meta[5 + SCALER_KEYS];
     size_t k = 0;
     meta[k++] = (fsdp_safetensors_kv_t){"step", s_step};
     meta[k++] = (fsdp_safetensors_kv_t){"loader_position", s_pos};
     meta[k++] = (fsdp_safetensors_kv_t){"producer", TRAIN_PROG};
+    if (extra->run_id) meta[k++] = (fsdp_safetensors_kv_t){"run_id", extra->run_id};
+    if (extra->flags) meta[k++] = (fsdp_safetensors_kv_t){"flags", extra->flags};
     for (int i = 0; extra->scaler && i < SCALER_KEYS; i++)
         meta[k++] = (fsdp_safetensors_kv_t){SCALER_KEY[i], sv[i]};
     rc = fsdp_checkpoint_save(root, opt, sdir, meta, k);
@@ -243,8 +253,7 @@ int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, const
     int64_t skipped = 0;
     int rc = fsdp_ckpt_open(ctx, sdir, &ck);
     if (rc < 0) goto lib_fail;
-    if (meta_u64(ck, "step", &s) < 0 || meta_u64(ck, "loader_position", &pos) < 0 ||
-        s > INT64_MAX) {
+    if (!fsdp_ckpt_metadata(ck, "step") || !fsdp_ckpt_metadata(ck, "loader_position")) {
         snprintf(err, cap,
                  "--resume: %s lacks fsdp-train's metadata (step, loader_position): not a "
                  "checkpoint written by --save-every",
@@ -252,9 +261,26 @@ int train_ckpt_load(fsdp_ctx_t *ctx, fsdp_unit_t *root, fsdp_optim_t *opt, const
         rc = FSDP_EINVAL;
         goto out;
     }
+    /* Range-checked before use: a step of 2^63 must not wrap to a negative one. */
+    if (meta_u64(ck, "step", &s) < 0 || s > (uint64_t)TRAIN_MAX_STEPS ||
+        meta_u64(ck, "loader_position", &pos) < 0) {
+        bool bad_step = meta_u64(ck, "step", &s) < 0 || s > (uint64_t)TRAIN_MAX_STEPS;
+        snprintf(err, cap, "--resume: %s: the metadata's %s is '%.40s', not %s", sdir,
+                 bad_step ? "step" : "loader_position",
+                 fsdp_ckpt_metadata(ck, bad_step ? "step" : "loader_position"),
+                 bad_step ? "a step count from 0 to 2^40" : "a token position (0 to 2^64-1)");
+        rc = FSDP_EINVAL;
+        goto out;
+    }
     if (extra->scaler && (rc = load_scaler(ck, sdir, extra->scaler, &skipped, err, cap)) < 0) {
         if (err[0]) goto out;
         goto lib_fail;
+    }
+    if (skipped > (int64_t)s) {
+        snprintf(err, cap, "--resume: %s: %lld skipped steps of %llu steps", sdir,
+                 (long long)skipped, (unsigned long long)s);
+        rc = FSDP_EINVAL;
+        goto out;
     }
     /* the optimizer is loaded first (checked whole before anything changes), then the model */
     if ((rc = fsdp_checkpoint_load(root, opt, ck)) < 0) goto lib_fail;
@@ -267,4 +293,292 @@ lib_fail:
 out:
     fsdp_ckpt_close(ck);
     return rc;
+}
+
+/* ---- finding, checking, cleaning and pruning checkpoints (rank 0 or before the ranks) ------ */
+
+/* The step of a directory entry called "step-<digits>" (exactly, at most 2^40); -1 otherwise.
+ * *suffix receives what follows the digits. */
+static int64_t step_of(const char *name, const char **suffix) {
+    if (strncmp(name, "step-", 5) != 0 || name[5] < '0' || name[5] > '9') return -1;
+    int64_t v = 0;
+    const char *p = name + 5;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        v = v * 10 + (*p - '0');
+        if (v > TRAIN_MAX_STEPS) return -1;
+    }
+    if (suffix) *suffix = p;
+    return v;
+}
+
+/* Why checkpoint directory sdir cannot be resumed from, into why; 0 when it can. A directory
+ * named step-N must also say step N in its metadata (a checkpoint is never mixed from two
+ * saves: the library compares every rank file's copy of the metadata with the index). */
+static int unusable(const char *sdir, char *why, size_t cap) {
+    const char *base = strrchr(sdir, '/');
+    base = base ? base + 1 : sdir;
+    const char *suffix = "";
+    int64_t named = step_of(base, &suffix);
+    if (named >= 0 && (strcmp(suffix, ".partial") == 0 || strcmp(suffix, ".partial.old") == 0)) {
+        snprintf(why, cap, "it is the staging directory of a save that did not finish");
+        return -1;
+    }
+    fsdp_ckpt_t *ck = NULL;
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.log_level = FSDP_LOG_OFF;
+    fsdp_ctx_t *quiet = NULL;
+    if (fsdp_ctx_create(&co, &quiet) < 0) {
+        snprintf(why, cap, "out of memory");
+        return -1;
+    }
+    int rc = fsdp_ckpt_open(quiet, sdir, &ck);
+    if (rc < 0) {
+        char stage[4200];
+        struct stat sb;
+        snprintf(stage, sizeof stage, "%s.partial", sdir);
+        if (stat(sdir, &sb) != 0 && stat(stage, &sb) == 0)
+            snprintf(why, cap, "its save did not finish (only %.900s is there)", stage);
+        else
+            snprintf(why, cap, "%s", fsdp_ctx_last_error(quiet));
+    } else {
+        /* every file's header is checked against the index, metadata copies included */
+        rc = fsdp_ckpt_check_files(ck);
+        const char *st = fsdp_ckpt_metadata(ck, "step");
+        uint64_t v = 0;
+        if (rc < 0) {
+            snprintf(why, cap, "%s", fsdp_ckpt_last_error(ck));
+        } else if (!st) {
+            snprintf(why, cap, "its index has no step: not written by --save-every");
+            rc = -1;
+        } else if (meta_u64(ck, "step", &v) < 0 || v > (uint64_t)TRAIN_MAX_STEPS) {
+            /* range-checked here, before any rank starts: 2^63 must not wrap */
+            snprintf(why, cap, "its metadata's step is '%.40s', not a step count from 0 to 2^40",
+                     st);
+            rc = -1;
+        } else if (named >= 0 && (int64_t)v != named) {
+            snprintf(why, cap, "it is named step %lld but its metadata says step %llu",
+                     (long long)named, (unsigned long long)v);
+            rc = -1;
+        }
+    }
+    fsdp_ckpt_close(ck);
+    fsdp_ctx_destroy(quiet);
+    return rc < 0 ? -1 : 0;
+}
+
+typedef struct found_step {
+    int64_t step;
+    char name[64];
+} found_step_t;
+
+static int cmp_step_desc(const void *a, const void *b) {
+    const found_step_t *x = a, *y = b;
+    return x->step < y->step ? 1 : x->step > y->step ? -1 : 0;
+}
+
+/* The entries of dir named step-N (suffix "" for checkpoints, ".partial"... for staging
+ * directories), newest first; -1 (errno set) when dir cannot be read. */
+static int list_steps(const char *dir, bool staging, found_step_t **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    size_t cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *suffix = "";
+        int64_t s = step_of(de->d_name, &suffix);
+        if (s < 0 || strlen(de->d_name) >= sizeof(*out)->name) continue;
+        bool is_stage = strcmp(suffix, ".partial") == 0 || strcmp(suffix, ".partial.old") == 0;
+        if (staging ? !is_stage : *suffix != '\0') continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            found_step_t *g = realloc(*out, cap * sizeof *g);
+            if (!g) {
+                closedir(d);
+                free(*out);
+                *out = NULL;
+                errno = ENOMEM;
+                return -1;
+            }
+            *out = g;
+        }
+        (*out)[*n].step = s;
+        snprintf((*out)[*n].name, sizeof(*out)[*n].name, "%s", de->d_name);
+        (*n)++;
+    }
+    closedir(d);
+    qsort(*out, *n, sizeof **out, cmp_step_desc);
+    return 0;
+}
+
+/* --resume latest: the newest usable checkpoint of dir into path. */
+static int find_latest(const char *dir, bool say, char *path, size_t cap) {
+    found_step_t *f = NULL, *partial = NULL;
+    size_t n = 0, np = 0;
+    if (list_steps(dir, false, &f, &n) < 0) {
+        if (say)
+            fprintf(stderr, "%s: --resume latest: cannot read --checkpoint-dir %s: %s\n",
+                    TRAIN_PROG, dir, strerror(errno));
+        return 2;
+    }
+    int status = 2;
+    for (size_t i = 0; i < n; i++) {
+        char why[1024];
+        snprintf(path, cap, "%s/%s", dir, f[i].name);
+        if (unusable(path, why, sizeof why) == 0) {
+            status = 0;
+            break;
+        }
+        if (say) fprintf(stderr, "%s: --resume latest: skipping %s: %s\n", TRAIN_PROG, path, why);
+    }
+    if (status != 0 && say) {
+        list_steps(dir, true, &partial, &np);
+        fprintf(stderr, "%s: --resume latest: %s holds no complete checkpoint", TRAIN_PROG, dir);
+        if (np > 0)
+            fprintf(stderr, " (%s/%s%s is a save that did not finish)", dir, partial[0].name,
+                    np > 1 ? " and others" : "");
+        else if (n == 0)
+            fprintf(stderr, " (no step-N directory)");
+        fputc('\n', stderr);
+    }
+    free(f);
+    free(partial);
+    return status;
+}
+
+/* A JSON value as text for a message (compact; "?" when out of memory). */
+static void json_text(const json_t *v, char *buf, size_t cap) {
+    char *t = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    snprintf(buf, cap, "%s", v ? (t ? t : "?") : "(not recorded)");
+    free(t);
+}
+
+/* Whether --resume-override lists flag name. */
+static bool overridden(const char *list, const char *name) {
+    size_t len = strlen(name);
+    for (const char *p = list; p && *p;) {
+        while (*p == '-')
+            p++;
+        size_t l = strcspn(p, ",");
+        if (l == len && strncmp(p, name, len) == 0) return true;
+        p += l;
+        if (*p == ',') p++;
+    }
+    return false;
+}
+
+/* Compares the flags recorded in checkpoint sdir with o's. */
+static int check_flags(const train_opts_t *o, const char *sdir, bool say, char *run_id,
+                       size_t idcap) {
+    fsdp_ckpt_t *ck = NULL;
+    if (fsdp_ckpt_open(NULL, sdir, &ck) < 0) return 2; /* unusable() said why already */
+    const char *rid = fsdp_ckpt_metadata(ck, "run_id"), *text = fsdp_ckpt_metadata(ck, "flags");
+    snprintf(run_id, idcap, "%s", rid ? rid : "");
+    json_t *saved = text ? json_loads(text, 0, NULL) : NULL, *given = train_opts_json(o);
+    int status = 0;
+    if (!given) {
+        status = 2;
+        if (say) fprintf(stderr, "%s: out of memory\n", TRAIN_PROG);
+    } else if (!json_is_object(saved)) {
+        if (say)
+            fprintf(stderr,
+                    "%s: warning: %s holds no record of its flags (written by an earlier "
+                    "fsdp-train): they are not compared\n",
+                    TRAIN_PROG, sdir);
+    } else {
+        const char *key;
+        json_t *gv;
+        int ndiff = 0;
+        json_object_foreach(given, key, gv) {
+            if (train_flag_resume_free(key) || overridden(o->resume_override, key)) continue;
+            json_t *sv = json_object_get(saved, key);
+            if (sv && json_equal(sv, gv)) continue;
+            /* a flag that did not exist when the checkpoint was written, at its default */
+            if (!sv) continue;
+            char a[256], b[256];
+            json_text(sv, a, sizeof a);
+            json_text(gv, b, sizeof b);
+            if (say && ndiff++ == 0)
+                fprintf(stderr,
+                        "%s: --resume %s: the checkpoint was written with other flags (give "
+                        "--resume-override FLAG,... to accept a change):\n",
+                        TRAIN_PROG, sdir);
+            if (say) fprintf(stderr, "  --%s: saved %s, given %s\n", key, a, b);
+            status = 2;
+        }
+    }
+    json_decref(saved);
+    json_decref(given);
+    fsdp_ckpt_close(ck);
+    return status;
+}
+
+int train_ckpt_resolve(const train_opts_t *o, bool say, char *path, size_t cap, char *run_id,
+                       size_t idcap) {
+    if (strcmp(o->resume, "latest") == 0) {
+        int st = find_latest(o->checkpoint_dir, say, path, cap);
+        if (st != 0) return st;
+    } else {
+        char why[1024];
+        snprintf(path, cap, "%s", o->resume);
+        if (unusable(path, why, sizeof why) != 0) {
+            if (say) fprintf(stderr, "%s: --resume %s: %s\n", TRAIN_PROG, path, why);
+            return 2;
+        }
+    }
+    return check_flags(o, path, say, run_id, idcap);
+}
+
+/* fsdp_ckpt_remove with the library's message in why. */
+static int remove_ckpt(const char *path, char *why, size_t cap) {
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.log_level = FSDP_LOG_OFF;
+    fsdp_ctx_t *quiet = NULL;
+    if (fsdp_ctx_create(&co, &quiet) < 0) {
+        snprintf(why, cap, "out of memory");
+        return -1;
+    }
+    int rc = fsdp_ckpt_remove(quiet, path);
+    if (rc < 0) snprintf(why, cap, "%s", fsdp_ctx_last_error(quiet));
+    fsdp_ctx_destroy(quiet);
+    return rc;
+}
+
+void train_ckpt_cleanup(const char *dir) {
+    found_step_t *f = NULL;
+    size_t n = 0;
+    if (list_steps(dir, true, &f, &n) < 0) return; /* no directory yet */
+    for (size_t i = 0; i < n; i++) {
+        char path[4200], why[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, f[i].name);
+        if (remove_ckpt(path, why, sizeof why) == 0)
+            fprintf(stderr, "%s: removed %s, left by a save that did not finish\n", TRAIN_PROG,
+                    path);
+        else
+            fprintf(stderr, "%s: warning: %s\n", TRAIN_PROG, why);
+    }
+    free(f);
+}
+
+void train_ckpt_prune(const char *dir, int64_t keep, int64_t kept) {
+    found_step_t *f = NULL;
+    size_t n = 0;
+    if (keep <= 0 || list_steps(dir, false, &f, &n) < 0) return;
+    int64_t left = keep - 1; /* the one just saved is one of them */
+    for (size_t i = 0; i < n; i++) {
+        char path[4200], why[1024];
+        if (f[i].step == kept) continue;
+        if (left > 0) {
+            left--;
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, f[i].name);
+        if (remove_ckpt(path, why, sizeof why) < 0)
+            fprintf(stderr, "%s: warning: --keep-last %lld: %s\n", TRAIN_PROG, (long long)keep,
+                    why);
+    }
+    free(f);
 }

@@ -99,9 +99,15 @@ static const char usage_text[] =
     "  --save-every K          every K steps, write the checkpoint directory DIR/step-<step>/\n"
     "                          (each rank's shard and optimizer state, an index, the data\n"
     "                          position; fsdp-ckpt reads it) (0 = never)\n"
-    "  --checkpoint-dir DIR    where --save-every writes (checkpoints)\n"
-    "  --resume DIR            continue from a checkpoint written by --save-every, with the\n"
-    "                          same model and batch flags (any world size, sharding, backend)\n"
+    "  --checkpoint-dir DIR    where --save-every and an interruption write (checkpoints)\n"
+    "  --resume DIR|latest     continue from a checkpoint written by --save-every (latest: the\n"
+    "                          newest complete one in --checkpoint-dir), with the same flags\n"
+    "                          (any world size, sharding, backend)\n"
+    "  --resume-override F,..  flags that may differ from the checkpoint's record (lr,steps)\n"
+    "  --keep-last N           after each save, keep the newest N checkpoints (0 = all)\n"
+    "  --on-save-error A       stop | continue after a failed save (stop: exit status 1)\n"
+    "  --timeout S             collective timeout while training, in seconds (60); setup and\n"
+    "                          saves keep $FSDP_TIMEOUT_MS, or 300 s\n"
     "  --version               the version, git revision and what is compiled in\n"
     "  --help                  this text\n";
 
@@ -214,7 +220,6 @@ static void defaults(train_opts_t *o) {
         .temperature = 0.8,
         .top_k = 40,
         .prompt = "The ",
-        .checkpoint_dir = "checkpoints",
     };
 }
 
@@ -265,6 +270,10 @@ static const char *const valued[] = {"--lr",
                                      "--save-every",
                                      "--checkpoint-dir",
                                      "--resume",
+                                     "--resume-override",
+                                     "--keep-last",
+                                     "--on-save-error",
+                                     "--timeout",
                                      NULL};
 
 static bool takes_value(const char *name) {
@@ -311,6 +320,8 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
     I64("--top-k", 0, 1 << 24, top_k)
     I64("--log-every", 0, big, log_every)
     I64("--save-every", 0, big, save_every)
+    I64("--keep-last", 0, big, keep_last)
+    F64("--timeout", 1, 1e7, false, timeout_s)
 #undef I64
 #undef F64
     if (strcmp(f, "--seed") == 0) {
@@ -400,7 +411,14 @@ static int apply(train_opts_t *o, const char *f, const char *v) {
     } else if (strcmp(f, "--checkpoint-dir") == 0) {
         o->checkpoint_dir = v;
     } else if (strcmp(f, "--resume") == 0) {
+        if (!*v) return bad("--resume: give a checkpoint directory or 'latest'");
         o->resume = v;
+    } else if (strcmp(f, "--resume-override") == 0) {
+        o->resume_override = v;
+    } else if (strcmp(f, "--on-save-error") == 0) {
+        if (strcmp(v, "stop") && strcmp(v, "continue"))
+            return bad("%s: '%s' is not stop or continue", f, v);
+        o->save_error_continue = strcmp(v, "continue") == 0;
     } else {
         return bad("internal: unhandled flag %s", f);
     }
@@ -492,8 +510,81 @@ json_t *train_opts_json(const train_opts_t *o) {
     SET("save-every", json_integer(o->save_every));
     SET("checkpoint-dir", str_or_null(o->checkpoint_dir));
     SET("resume", str_or_null(o->resume));
+    SET("resume-override", str_or_null(o->resume_override));
+    SET("keep-last", json_integer(o->keep_last));
+    SET("on-save-error", json_string(o->save_error_continue ? "continue" : "stop"));
+    SET("timeout", json_real(o->timeout_s > 0 ? o->timeout_s : TRAIN_TIMEOUT_DEFAULT_S));
 #undef SET
     return f;
+}
+
+/* Flags that do not change the trained weights: a resume may change them freely. */
+static const char *const resume_free[] = {"backend",
+                                          "world-size",
+                                          "device",
+                                          "sharding",
+                                          "shard-group-size",
+                                          "cpu-offload",
+                                          "backward-prefetch",
+                                          "forward-prefetch",
+                                          "activation-checkpointing",
+                                          "limit-all-gathers",
+                                          "reduce-every-micro-batch",
+                                          "val-every",
+                                          "val-steps",
+                                          "sample-tokens",
+                                          "temperature",
+                                          "top-k",
+                                          "prompt",
+                                          "metrics",
+                                          "trace",
+                                          "log-every",
+                                          "quiet",
+                                          "export",
+                                          "export-format",
+                                          "init",
+                                          "save-every",
+                                          "checkpoint-dir",
+                                          "resume",
+                                          "resume-override",
+                                          "keep-last",
+                                          "on-save-error",
+                                          "timeout",
+                                          NULL};
+
+bool train_flag_resume_free(const char *name) {
+    for (int i = 0; resume_free[i]; i++)
+        if (strcmp(resume_free[i], name) == 0) return true;
+    return false;
+}
+
+/* --resume-override: every name (dashes optional) must be a flag of train_opts_json. */
+static int check_override(const train_opts_t *o) {
+    if (!o->resume_override) return 0;
+    if (!o->resume) return bad("--resume-override applies to --resume only");
+    json_t *all = train_opts_json(o);
+    if (!all) return bad("out of memory");
+    int rc = 0;
+    const char *p = o->resume_override;
+    while (rc == 0 && *p) {
+        while (*p == '-')
+            p++;
+        size_t len = strcspn(p, ",");
+        char name[64];
+        if (len == 0 || len >= sizeof name) {
+            rc = bad("--resume-override: '%s' is not a list of flags (lr,batch-size,...)",
+                     o->resume_override);
+            break;
+        }
+        memcpy(name, p, len);
+        name[len] = '\0';
+        if (!json_object_get(all, name))
+            rc = bad("--resume-override: '%s' is not a flag of " TRAIN_PROG, name);
+        p += len;
+        if (*p == ',') p++;
+    }
+    json_decref(all);
+    return rc;
 }
 
 int train_parse_flags(int argc, char **argv, train_opts_t *o) {
@@ -567,5 +658,11 @@ int train_parse_flags(int argc, char **argv, train_opts_t *o) {
     if (o->n_head && o->n_embd && o->n_embd % o->n_head != 0)
         return bad("--n-head %lld does not divide --n-embd %lld", (long long)o->n_head,
                    (long long)o->n_embd);
-    return 0;
+    /* Checkpoints: --save-every and --resume latest use "checkpoints" unless told otherwise;
+     * with none of them, an interruption saves nothing. */
+    if (!o->checkpoint_dir &&
+        (o->save_every > 0 || o->keep_last > 0 || (o->resume && strcmp(o->resume, "latest") == 0)))
+        o->checkpoint_dir = "checkpoints";
+    if (o->checkpoint_dir && !*o->checkpoint_dir) return bad("--checkpoint-dir: the name is empty");
+    return check_override(o);
 }

@@ -101,10 +101,23 @@ FSDP_EXTERN int fsdp_ckpt_prepare(fsdp_ctx_t *ctx, const char *dir);
  * (names unique; pieces of one global tensor on one rank must be one piece). */
 FSDP_EXTERN int fsdp_ckpt_write_rank(fsdp_ctx_t *ctx, const char *dir, int rank, int world,
                                      const fsdp_shard_list_t *pieces);
+/* The same, with the checkpoint's metadata (the meta that fsdp_ckpt_finish will be given, on
+ * every rank) copied into the file as "meta:<key>" entries. fsdp_ckpt_finish and every load
+ * check that a file's copies are exactly the index's metadata, so a file left by another save
+ * (another step or run id) is never taken for part of this one. */
+FSDP_EXTERN int fsdp_ckpt_write_rank_meta(fsdp_ctx_t *ctx, const char *dir, int rank, int world,
+                                          const fsdp_shard_list_t *pieces,
+                                          const fsdp_safetensors_kv_t *meta, size_t nmeta);
 /* Rank 0's last step, once every rank's file is in the staging directory: builds and checks the
  * index (meta: nmeta strings for its "metadata"), writes it and publishes the directory. */
 FSDP_EXTERN int fsdp_ckpt_finish(fsdp_ctx_t *ctx, const char *dir, int world,
                                  const fsdp_safetensors_kv_t *meta, size_t nmeta);
+
+/* Removes path, a checkpoint directory or the staging directory of a save that died
+ * ("<dir>.partial", "<dir>.partial.old"), when it holds nothing but what a checkpoint writer
+ * makes; anything else there (or path being a symbolic link or not a directory) is FSDP_EINVAL
+ * and nothing is removed. An absent path is success. Not collective: one process calls it. */
+FSDP_EXTERN int fsdp_ckpt_remove(fsdp_ctx_t *ctx, const char *path);
 
 /* ---- reading ----------------------------------------------------------------------------------
  */
@@ -170,6 +183,9 @@ FSDP_EXTERN int fsdp_ckpt_read(fsdp_ckpt_t *ck, const char *name, int64_t offset
  * otherwise); everything is checked before anything is read. */
 FSDP_EXTERN int fsdp_ckpt_read_pieces(fsdp_ckpt_t *ck, const char *prefix,
                                       const fsdp_shard_list_t *want);
+/* Checks every file's header against the index (its pieces, and its copy of the metadata: a
+ * file of another save is refused) without reading the data: cheap, for choosing a checkpoint. */
+FSDP_EXTERN int fsdp_ckpt_check_files(fsdp_ckpt_t *ck);
 /* Checks every file's header against the index and reads every byte of every chunk. */
 FSDP_EXTERN int fsdp_ckpt_verify(fsdp_ckpt_t *ck);
 

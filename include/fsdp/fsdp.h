@@ -512,7 +512,8 @@ FSDP_EXTERN int fsdp_unit_load_optim_state_dict(fsdp_unit_t *root, fsdp_optim_t 
  * Writes root's SHARDED state dict (names "model.<fqn>") and, when opt is not NULL, opt's
  * SHARDED state dict keyed by parameter name ("optim.<key>", fsdp_sharded_optim_state_dict) as
  * the checkpoint directory dir (fsdp/checkpoint.h): every rank writes its own file in parallel,
- * rank 0 writes the index with the nmeta metadata strings, and dir appears complete or not at
+ * rank 0 writes the index with the nmeta metadata strings (which every rank also copies into its
+ * own file, so meta must be the same on every rank), and dir appears complete or not at
  * all (an existing dir is replaced atomically). Collective over the context's world group: every
  * rank fails or succeeds together; a rank whose own step failed returns its error, the others
  * FSDP_EREMOTE naming the rank that failed.

@@ -17,6 +17,7 @@
  * then trace->mu, then lane->mu.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,8 +278,8 @@ void fsdp__trace_end(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name) {
 }
 
 /* Appends a collective's span [start, end] to l (locked). */
-static void coll_span(struct fsdp__trace_lane *l, const char *kind, const char *group,
-                      uint64_t seq, uint64_t bytes, int64_t issued, int64_t start, int64_t end) {
+static void coll_span(struct fsdp__trace_lane *l, const char *kind, const char *group, uint64_t seq,
+                      uint64_t bytes, int64_t issued, int64_t start, int64_t end) {
     fsdp_trace_t *t = l->trace;
     uint32_t k = intern(l, kind), g = intern(l, group);
     struct ev *e = k != UINT32_MAX && g != UINT32_MAX ? append(t, l) : NULL;
@@ -309,8 +310,8 @@ void fsdp__trace_coll(fsdp_ctx_t *ctx, const char *kind, const char *group, uint
     unlock_lane(ctx, l);
 }
 
-void fsdp__trace_span_at(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name,
-                         int64_t start_ns, int64_t end_ns) {
+void fsdp__trace_span_at(fsdp_ctx_t *ctx, fsdp__trace_cat_t cat, const char *name, int64_t start_ns,
+                         int64_t end_ns) {
     if (!ctx || !name || (int)cat < 0 || cat >= FSDP__TRACE_NCAT || end_ns < start_ns) return;
     struct fsdp__trace_lane *l = lock_lane(ctx, true);
     if (!l) return;
@@ -664,12 +665,22 @@ int fsdp_trace_write(fsdp_trace_t *trace, const char *path) {
     if (!path || !path[0])
         return write_err(trace, FSDP_EINVAL, "fsdp_trace_write: the path is %s",
                          path ? "empty" : "NULL");
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return write_err(trace, FSDP_EINVAL, "fsdp_trace_write: cannot open '%s' for writing: %s",
-                         path, strerror(errno));
+    /* Written to a temporary file beside path and renamed over it when whole (fsdp__replace):
+     * a failed or killed write leaves any earlier file as it was, and a path that is not a
+     * regular file (a device, a FIFO, a link) is refused rather than written through. */
+    char why[FSDP_ERR_LEN - 64];
+    fsdp__replace_t r;
+    int rc = fsdp__replace_begin(&r, AT_FDCWD, path, 0666, false, why, sizeof why);
+    if (rc < 0) return write_err(trace, FSDP_EINVAL, "fsdp_trace_write: %s", why);
+    FILE *f = fdopen(r.fd, "w");
+    if (!f) {
+        int e = errno;
+        fsdp__replace_abort(&r);
+        return write_err(trace, FSDP_ENOMEM, "fsdp_trace_write: '%s': fdopen: %s", path,
+                         strerror(e));
+    }
+    r.fd = -1; /* the stream owns the descriptor now */
     setvbuf(f, NULL, _IOFBF, (size_t)1 << 20);
-    int rc = FSDP_OK;
     size_t dropped = 0;
     bool first = true;
     fputs("{\"traceEvents\":[", f);
@@ -688,13 +699,15 @@ int fsdp_trace_write(fsdp_trace_t *trace, const char *path) {
     int werr = ferror(f) ? errno : 0;
     if (fclose(f) != 0 && !werr) werr = errno ? errno : EIO;
     if (rc == FSDP_OK && werr) {
-        remove(path);
+        fsdp__replace_abort(&r);
         return write_err(trace, FSDP_EINVAL, "fsdp_trace_write: writing '%s' failed: %s", path,
                          strerror(werr));
     }
     if (rc < 0) {
-        remove(path);
+        fsdp__replace_abort(&r);
         return write_err(trace, rc, "fsdp_trace_write: out of memory writing '%s'", path);
     }
+    if ((rc = fsdp__replace_commit(&r, why, sizeof why)) < 0)
+        return write_err(trace, FSDP_EINVAL, "fsdp_trace_write: %s", why);
     return FSDP_OK;
 }

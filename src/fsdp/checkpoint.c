@@ -143,7 +143,7 @@ int fsdp_checkpoint_save(fsdp_unit_t *root, const fsdp_optim_t *opt, const char 
     }
     if (rc == 0) {
         drop_copies(&all, rank, replica_copy(root));
-        rc = fsdp_ckpt_write_rank(ctx, dir, rank, world, &all);
+        rc = fsdp_ckpt_write_rank_meta(ctx, dir, rank, world, &all, meta, nmeta);
     }
     fsdp_shard_list_free(&o);
     fsdp_shard_list_free(&all);

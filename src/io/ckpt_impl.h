@@ -21,6 +21,8 @@
 /* The rank files' name pattern and the piece metadata's key prefix. */
 #define FSDP__CKPT_RANK_FMT "rank-%d-of-%d.safetensors"
 #define FSDP__CKPT_PIECE_KEY "piece:"
+/* The prefix of the checkpoint's metadata copied into every rank file ("meta:step", ...). */
+#define FSDP__CKPT_META_KEY "meta:"
 
 struct fsdp__ckpt_chunk {
     size_t file;
@@ -75,6 +77,11 @@ int fsdp__ckpt_check(fsdp_ckpt_t *ck, const char *src);
 int fsdp__ckpt_parse_index(fsdp_ckpt_t *ck, const char *text, size_t len, const char *path);
 /* Writes ck as index.json into directory dir (atomically, fsync'ed). */
 int fsdp__ckpt_write_index(fsdp_ckpt_t *ck, const char *dir);
+/* Checks that rank file st (path) belongs to the checkpoint ck describes: its "meta:<key>" copies
+ * are exactly ck's metadata (same keys, same values), so that a file of another save (another
+ * step, another run) is refused, naming the key and both values. A file with no copy at all was
+ * written without them (by fsdp_ckpt_write_rank, or an earlier libfsdp) and is accepted. */
+int fsdp__ckpt_check_file_meta(fsdp_ckpt_t *ck, const fsdp_safetensors_t *st, const char *path);
 /* Parses a "piece:<name>" metadata value. */
 int fsdp__ckpt_parse_piece(const char *v, bool *replicated, int64_t *offset, int *ndim,
                            int64_t *shape);

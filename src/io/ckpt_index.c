@@ -169,6 +169,36 @@ int fsdp__ckpt_check(fsdp_ckpt_t *ck, const char *src) {
     return FSDP_OK;
 }
 
+int fsdp__ckpt_check_file_meta(fsdp_ckpt_t *ck, const fsdp_safetensors_t *st, const char *path) {
+    const size_t plen = sizeof FSDP__CKPT_META_KEY - 1;
+    size_t copies = 0, n = fsdp_safetensors_metadata_count(st);
+    char ks[224], v1[160], v2[160];
+    for (size_t i = 0; i < n; i++) {
+        fsdp_safetensors_kv_t kv;
+        if (fsdp_safetensors_metadata_at(st, i, &kv) < 0 ||
+            strncmp(kv.key, FSDP__CKPT_META_KEY, plen) != 0)
+            continue;
+        copies++;
+        const char *key = kv.key + plen, *want = NULL;
+        for (size_t j = 0; j < ck->nmeta && !want; j++)
+            if (strcmp(ck->mk[j], key) == 0) want = ck->mv[j];
+        if (!want || strcmp(want, kv.value) != 0)
+            return fsdp__ckpt_err(
+                ck, FSDP_EINVAL,
+                "'%s' belongs to another save: its metadata '%s' is '%s' where the checkpoint's "
+                "is %s%s%s (a checkpoint mixed from two saves is refused)",
+                path, fsdp__st_shown(key, ks, sizeof ks), fsdp__st_shown(kv.value, v1, sizeof v1),
+                want ? "'" : "", want ? fsdp__st_shown(want, v2, sizeof v2) : "absent",
+                want ? "'" : "");
+    }
+    if (copies != 0 && copies != ck->nmeta)
+        return fsdp__ckpt_err(ck, FSDP_EINVAL,
+                              "'%s' belongs to another save: it carries %zu of the checkpoint's "
+                              "%zu metadata entries",
+                              path, copies, ck->nmeta);
+    return FSDP_OK;
+}
+
 int fsdp__ckpt_parse_piece(const char *v, bool *replicated, int64_t *offset, int *ndim,
                            int64_t *shape) {
     int repl = 0, nd = 0, used = 0;
@@ -367,9 +397,10 @@ int fsdp__ckpt_parse_index(fsdp_ckpt_t *ck, const char *text, size_t len, const 
     ck->world = (int)json_nonneg(world);
     FSDP_TRY(rc, out, parse_files(ck, files, path));
     if (ck->nfiles != (size_t)ck->world) {
-        rc = fsdp__ckpt_err(ck, FSDP_EINVAL,
-                            "'%s': world_size %d but %zu files (a checkpoint has one file per rank)",
-                            path, ck->world, ck->nfiles);
+        rc =
+            fsdp__ckpt_err(ck, FSDP_EINVAL,
+                           "'%s': world_size %d but %zu files (a checkpoint has one file per rank)",
+                           path, ck->world, ck->nfiles);
         goto out;
     }
     size_t nm = json_object_size(meta);

@@ -203,6 +203,7 @@ static int file_ready(fsdp_ckpt_t *ck, size_t fi) {
         rc =
             fsdp__ckpt_err(ck, FSDP_EINVAL, "'%s' holds %" PRIu64 " bytes; the index says %" PRIu64,
                            path, st->file_size, f->size);
+    if (rc == 0) rc = fsdp__ckpt_check_file_meta(ck, st, path);
     for (size_t i = 0; rc == 0 && i < ck->n; i++) {
         const struct fsdp__ckpt_tensor *t = &ck->t[i];
         for (size_t j = 0; rc == 0 && j < t->nchunks; j++) {
@@ -419,11 +420,17 @@ int fsdp_ckpt_read_pieces(fsdp_ckpt_t *ck, const char *prefix, const fsdp_shard_
     return rc;
 }
 
-int fsdp_ckpt_verify(fsdp_ckpt_t *ck) {
+int fsdp_ckpt_check_files(fsdp_ckpt_t *ck) {
     if (!ck) return FSDP_EINVAL;
     int rc = FSDP_OK;
     for (size_t i = 0; rc == 0 && i < ck->nfiles; i++)
         rc = file_ready(ck, i);
+    return rc;
+}
+
+int fsdp_ckpt_verify(fsdp_ckpt_t *ck) {
+    int rc = fsdp_ckpt_check_files(ck);
+    if (rc < 0) return rc;
     const size_t bufsz = 4u << 20;
     unsigned char *buf = rc == 0 ? malloc(bufsz) : NULL;
     if (rc == 0 && !buf) rc = fsdp__ckpt_err(ck, FSDP_ENOMEM, "out of memory");

@@ -76,6 +76,17 @@ static int only_ours(fsdp_ctx_t *ctx, DIR *d, const char *path, const char *fn) 
 /* Removes directory path and the files in it; with check, refuses (removing nothing) when it
  * holds anything a checkpoint writer does not write. ENOENT is success. */
 static int remove_dir(fsdp_ctx_t *ctx, const char *path, bool check, const char *fn) {
+    struct stat sb;
+    /* lstat: a symbolic link planted at path is refused, never followed into its target */
+    if (lstat(path, &sb) != 0) {
+        if (errno == ENOENT) return FSDP_OK;
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot stat '%s': %s", fn, path,
+                                    strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: '%s' is %s, not a directory: not removing it", fn, path,
+                                    fsdp__file_kind(sb.st_mode));
     DIR *d = opendir(path);
     if (!d && errno == ENOENT) return FSDP_OK;
     if (!d)
@@ -101,10 +112,12 @@ static int remove_dir(fsdp_ctx_t *ctx, const char *path, bool check, const char 
  * checkpoint writer makes (publishing removes the replaced directory's files). */
 static int replaceable(fsdp_ctx_t *ctx, const char *dir, const char *fn) {
     struct stat sb;
-    if (stat(dir, &sb) != 0) return FSDP_OK;
+    /* lstat, as publish(): a link at dir is not followed (a rename would replace the link) */
+    if (lstat(dir, &sb) != 0) return FSDP_OK;
     if (!S_ISDIR(sb.st_mode))
-        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s' exists and is not a directory", fn,
-                                    dir);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: '%s' exists and is not a directory (it is %s)", fn, dir,
+                                    fsdp__file_kind(sb.st_mode));
     DIR *d = opendir(dir);
     if (!d)
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: cannot open '%s': %s", fn, dir,
@@ -131,6 +144,12 @@ static int make_parents(const char *path) {
     return 0;
 }
 
+int fsdp_ckpt_remove(fsdp_ctx_t *ctx, const char *path) {
+    if (!path || !path[0])
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "fsdp_ckpt_remove: path is NULL or empty");
+    return remove_dir(ctx, path, true, "fsdp_ckpt_remove");
+}
+
 int fsdp_ckpt_prepare(fsdp_ctx_t *ctx, const char *dir) {
     static const char fn[] = "fsdp_ckpt_prepare";
     char stage[4096];
@@ -148,21 +167,33 @@ int fsdp_ckpt_prepare(fsdp_ctx_t *ctx, const char *dir) {
 
 int fsdp_ckpt_write_rank(fsdp_ctx_t *ctx, const char *dir, int rank, int world,
                          const fsdp_shard_list_t *pieces) {
+    return fsdp_ckpt_write_rank_meta(ctx, dir, rank, world, pieces, NULL, 0);
+}
+
+int fsdp_ckpt_write_rank_meta(fsdp_ctx_t *ctx, const char *dir, int rank, int world,
+                              const fsdp_shard_list_t *pieces, const fsdp_safetensors_kv_t *cmeta,
+                              size_t ncmeta) {
     static const char fn[] = "fsdp_ckpt_write_rank";
     char stage[4096], path[4200], nm[224];
-    if (!pieces || world < 1 || rank < 0 || rank >= world)
+    if (!pieces || world < 1 || rank < 0 || rank >= world || (ncmeta && !cmeta))
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: rank %d of world %d%s", fn, rank, world,
-                                    pieces ? "" : ", pieces NULL");
+                                    !pieces            ? ", pieces NULL"
+                                    : ncmeta && !cmeta ? ", metadata NULL"
+                                                       : "");
+    for (size_t i = 0; i < ncmeta; i++)
+        if (!cmeta[i].key || !cmeta[i].value)
+            return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                        "%s: metadata entry %zu has a NULL key or value", fn, i);
     if (fsdp_ckpt_staging_path(dir, stage, sizeof stage) < 0 ||
         snprintf(path, sizeof path, "%s/" FSDP__CKPT_RANK_FMT, stage, rank, world) >=
             (int)sizeof path)
         return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: the directory name is empty or too long",
                                     fn);
-    size_t n = pieces->n;
+    size_t n = pieces->n, nv = n + ncmeta;
     char **names = calloc(n ? n : 1, sizeof *names);
     fsdp_tensor_t **ts = calloc(n ? n : 1, sizeof *ts);
-    fsdp_safetensors_kv_t *meta = calloc(n ? n : 1, sizeof *meta);
-    char **vals = calloc(2 * (n ? n : 1), sizeof *vals);
+    fsdp_safetensors_kv_t *meta = calloc(nv ? nv : 1, sizeof *meta);
+    char **vals = calloc(2 * (nv ? nv : 1), sizeof *vals);
     int rc = FSDP_OK;
     size_t k = 0;
     if (!names || !ts || !meta || !vals) {
@@ -206,9 +237,22 @@ int fsdp_ckpt_write_rank(fsdp_ctx_t *ctx, const char *dir, int rank, int world,
         meta[k] = (fsdp_safetensors_kv_t){vals[2 * k], vals[2 * k + 1]};
         k++;
     }
-    rc = fsdp__st_write(ctx, path, k, names, ts, meta, k, fn);
+    /* the checkpoint's own metadata, copied into every rank file: the files of one save carry
+     * the same step and run id, which the index build and every load compare */
+    size_t nk = k;
+    for (size_t i = 0; i < ncmeta; i++) {
+        size_t kcap = strlen(cmeta[i].key) + sizeof FSDP__CKPT_META_KEY;
+        if (!(vals[2 * nk] = malloc(kcap))) {
+            rc = fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "%s: out of memory", fn);
+            goto out;
+        }
+        snprintf(vals[2 * nk], kcap, FSDP__CKPT_META_KEY "%s", cmeta[i].key);
+        meta[nk] = (fsdp_safetensors_kv_t){vals[2 * nk], cmeta[i].value};
+        nk++;
+    }
+    rc = fsdp__st_write(ctx, path, k, names, ts, meta, nk, fn);
 out:
-    for (size_t i = 0; i < 2 * k; i++)
+    for (size_t i = 0; vals && i < 2 * nv; i++)
         free(vals[i]);
     free(vals);
     free(meta);
@@ -337,10 +381,14 @@ static int sync_this_dir(const char *path) {
 /* Puts staging directory stage at dir (see the top of this file). */
 static int publish(fsdp_ctx_t *ctx, const char *stage, const char *dir, const char *fn) {
     struct stat sb;
-    bool exists = stat(dir, &sb) == 0;
+    /* lstat: a symbolic link (or anything but a directory) at dir is refused, not followed; an
+     * exchange with a link would publish the checkpoint while the link's target stayed */
+    bool exists = lstat(dir, &sb) == 0;
     if (exists && !S_ISDIR(sb.st_mode))
-        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: '%s' exists and is not a directory", fn,
-                                    dir);
+        return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL,
+                                    "%s: '%s' exists and is not a directory (it is %s): "
+                                    "refusing to replace it",
+                                    fn, dir, fsdp__file_kind(sb.st_mode));
     if (!exists) {
         if (rename(stage, dir) != 0)
             return fsdp__ctx_err_or_log(ctx, FSDP_EINVAL, "%s: renaming '%s' to '%s' failed: %s",
@@ -432,6 +480,7 @@ int fsdp_ckpt_finish(fsdp_ctx_t *ctx, const char *dir, int world, const fsdp_saf
             goto out;
         }
         ck->f[r].size = sts[r]->file_size;
+        FSDP_TRY(rc, out, fsdp__ckpt_check_file_meta(ck, sts[r], path));
         FSDP_TRY(rc, out, collect(ck, sts[r], (size_t)r, &fo, &nf, &fcap));
     }
     FSDP_TRY(rc, out, build(ck, fo, nf));
