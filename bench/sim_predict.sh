@@ -56,7 +56,7 @@ median() {
 
 common="--steps $steps --val-every 0 --val-steps 1 --sample-tokens 0 --quiet"
 backends=sim
-if [ -n "$fsdprun" ] && "$train" --backend gloo --steps 0 --val-steps 1 --sample-tokens 0 --quiet > /dev/null 2>&1; then
+if [ -n "$fsdprun" ] && "$train" --version 2>/dev/null | grep -q 'backends:.*gloo'; then
     backends="sim gloo"
 fi
 status=0

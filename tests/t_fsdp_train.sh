@@ -4,7 +4,8 @@
 #   - a short run (40 steps) lowers the validation loss by at least 1.0 nat from ~5.5;
 #   - sim world sizes 1, 2 and 4 with the same seed give the same training losses, step by step,
 #     within the fp32 tolerance (rtol 1.3e-6, atol 1e-5), read from --metrics;
-#   - bad flags exit with status 2 and exactly one line on stderr;
+#   - bad flags exit with status 2 and exactly one line on stderr; --backend gloo without a
+#     launcher is refused unless --world-size 1; --steps 0 only evaluates;
 #   - --export then --init round-trips: the exported weights give the run that loads them the
 #     validation loss the exporting run ended with;
 #   - --save-every then --resume: the resumed run's losses equal the uninterrupted run's, bit
@@ -65,7 +66,7 @@ close() {
     END { if (rows == 0) { print "#   no rows"; exit 1 } exit bad > 0 }'
 }
 
-echo "1..53"
+echo "1..56"
 
 # --- 1-2: a short run learns ----------------------------------------------------------------------
 short="--steps 40 --warmup 5 --val-every 0 --val-steps 4 --sample-tokens 16"
@@ -160,8 +161,30 @@ done
 ok $res_ok "--resume of a world-2 checkpoint at world 4 and at world 1 gives steps 4-6 within rtol 1.3e-6, atol 1e-5"
 
 # --- 14: gloo under fsdprun ------------------------------------------------------------------------
-if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
-  > /dev/null 2>&1; then
+# Issue 26 item 7: --backend gloo outside a launcher is refused unless a world of one is asked.
+if "$train" --version 2>/dev/null | grep -q 'backends:.*gloo'; then
+  env -u RANK -u WORLD_SIZE -u MASTER_ADDR "$train" --backend gloo --steps 1 --val-steps 1 \
+    --sample-tokens 0 --quiet > "$tmp/nolaunch.out" 2> "$tmp/nolaunch.err"
+  st=$?
+  [ "$st" -eq 2 ] && [ "$(wc -l < "$tmp/nolaunch.err")" -eq 1 ] &&
+    grep -q 'fsdprun -n N' "$tmp/nolaunch.err" && grep -q -- '--world-size 1' "$tmp/nolaunch.err"
+  ok $? "--backend gloo with no launcher exits 2 with one line naming fsdprun and --world-size 1 (exit $st)" \
+    "$tmp/nolaunch.err"
+  env -u RANK -u WORLD_SIZE -u MASTER_ADDR "$train" --backend gloo --world-size 1 --steps 1 \
+    --val-steps 1 --sample-tokens 0 --quiet > "$tmp/one.out" 2>&1
+  st=$?
+  ok $st "--backend gloo --world-size 1 with no launcher trains a world of one (exit $st)" "$tmp/one.out"
+else
+  n=$((n + 2))
+  echo "ok $((n - 1)) # SKIP no Gloo"
+  echo "ok $n # SKIP no Gloo"
+fi
+"$train" --steps 0 --val-steps 1 --sample-tokens 0 > "$tmp/zero.out" 2>&1
+st=$?
+[ "$st" -eq 0 ] && grep -q '^done: no training steps; val loss [0-9]' "$tmp/zero.out" && ! grep -q nan "$tmp/zero.out"
+ok $? "--steps 0 evaluates and says no steps were trained, with no nan (exit $st)" "$tmp/zero.out"
+
+if [ -x "$fsdprun" ] && "$train" --version 2>/dev/null | grep -q 'backends:.*gloo'; then
   timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $same --metrics "$tmp/gloo.jsonl" \
     > "$tmp/gloo.out" 2>&1
   st=$?
@@ -239,8 +262,7 @@ st=$?
   grep -q -- "--trace: cannot open /nonexistent-dir/t.json" "$tmp/tbad.err"
 ok $? "--trace into a missing directory exits 2 before the run with one line naming the file (exit $st)" \
   "$tmp/tbad.err"
-if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
-  > /dev/null 2>&1; then
+if [ -x "$fsdprun" ] && "$train" --version 2>/dev/null | grep -q 'backends:.*gloo'; then
   # shellcheck disable=SC2086
   timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $ac --activation-checkpointing \
     --trace "$tmp/g.json" > "$tmp/g.out" 2>&1
@@ -333,8 +355,7 @@ for sh in "--world-size 4 --sharding hybrid --shard-group-size 2" "--world-size 
   fi
 done
 ok $strat_ok "a FULL_SHARD world-2 checkpoint resumes under HYBRID_SHARD and SHARD_GRAD_OP at world 4 within rtol 1.3e-6, atol 1e-5"
-if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
-  > /dev/null 2>&1; then
+if [ -x "$fsdprun" ] && "$train" --version 2>/dev/null | grep -q 'backends:.*gloo'; then
   # shellcheck disable=SC2086
   timeout 120 "$fsdprun" -n 2 "$train" --backend gloo $ck --resume "$tmp/ck/step-3" \
     --metrics "$tmp/rg.jsonl" > "$tmp/rg.out" 2>&1
@@ -352,8 +373,7 @@ fi
 # staging directory step-3.partial, or step-3, exists) rank 1's process is killed with SIGKILL.
 # Wherever the kill lands, step-2 must be byte for byte what it was, any step the run published
 # must verify, and the run must resume from step 2 to the uninterrupted run's losses.
-if [ -x "$fsdprun" ] && "$train" --backend gloo --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
-  > /dev/null 2>&1; then
+if [ -x "$fsdprun" ] && "$train" --version 2>/dev/null | grep -q 'backends:.*gloo'; then
   rm -rf "$tmp/gk"
   "$train" $ck --save-every 2 --checkpoint-dir "$tmp/gk" > "$tmp/gk0.out" 2>&1
   before=$(sum_dir "$tmp/gk/step-2")
@@ -424,7 +444,7 @@ ok $dev_ok "four device/backend combinations that cannot run each exit 2 with on
 
 # --backend nccl: no NCCL in the build, or no GPU, or a GPU (then 25-26 run on it).
 gpu=0
-"$train" --backend nccl --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
+"$train" --backend nccl --world-size 1 --steps 1 --val-steps 1 --sample-tokens 0 --quiet \
   > "$tmp/nccl.out" 2> "$tmp/nccl.err"
 st=$?
 lines=$(wc -l < "$tmp/nccl.err")

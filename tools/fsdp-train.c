@@ -421,8 +421,12 @@ static int rank_main(fsdp_ctx_t *ctx, void *arg) {
     v1 = v;
     double elapsed = now_s() - t_start;
     if (j->tty && k.r == 0) putchar('\n');
-    train_say(&k, "done: %lld steps in %.1f s; train loss %.4f -> %.4f, val loss %.4f -> %.4f\n",
-              (long long)(o->steps - start), elapsed, first, last, v0, v1);
+    if (o->steps > start)
+        train_say(&k,
+                  "done: %lld steps in %.1f s; train loss %.4f -> %.4f, val loss %.4f -> %.4f\n",
+                  (long long)(o->steps - start), elapsed, first, last, v0, v1);
+    else /* --steps 0 (evaluate, export), or a resume at the last step: nothing was trained */
+        train_say(&k, "done: no training steps; val loss %.4f\n", v1);
     if (k.scaler)
         train_say(&k,
                   "f16 gradient scaler: %lld of %lld steps skipped (inf/NaN gradients), "
@@ -631,8 +635,22 @@ int main(int argc, char **argv) {
         io.seed = o.seed;
         io.timeout_ms = j.setup_timeout_ms; /* the first rendezvous keeps the long one */
         char msg[512];
+        /* Outside a launcher fsdp_init_from_env makes a world of one: a forgotten fsdprun
+         * would train alone, slowly and quietly, unless a world of one is what was asked. */
+        fsdp_launch_env_t le;
+        bool launched = fsdp_launch_env_read(&le, msg, sizeof msg) < 0 ||
+                        strcmp(le.source, "none") != 0 || getenv("MASTER_ADDR");
+        if (!launched && o.world_size != 1) {
+            status = usage_error("--backend %s: no launcher set RANK and WORLD_SIZE: run it as "
+                                 "'fsdprun -n N " TRAIN_PROG " --backend %s ...' (or under "
+                                 "torchrun, srun, mpirun), or give --world-size 1 for a world of "
+                                 "one",
+                                 name, name);
+            goto out;
+        }
         if (fsdp_init_from_env(&io, &ctx, msg, sizeof msg) < 0) {
-            status = usage_error("--backend %s: %s (run it under fsdprun)", name, msg);
+            status = usage_error("--backend %s: %s%s", name, msg,
+                                 launched ? "" : " (run it under fsdprun)");
             goto out;
         }
         j.world = fsdp_ctx_world_size(ctx);

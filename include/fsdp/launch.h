@@ -125,8 +125,9 @@ FSDP_EXTERN void fsdp_init_options_init(fsdp_init_options_t *o, size_t size);
  * variable, URL or backend at fault and the rank: FSDP_EINVAL for the environment or an unknown
  * backend (the sim backend runs ranks as threads: fsdp_sim_run), FSDP_ENOTSUP for a backend
  * this build lacks, and the store's and the backend's statuses (FSDP_ETIMEDOUT when peers do
- * not arrive). The message is logged at error level and, when msg is not NULL, copied there
- * (msg_cap bytes). On failure *out is NULL and nothing is left behind.
+ * not arrive). The message is copied to msg (msg_cap bytes) when msg is not NULL, and logged
+ * at error level otherwise, so that it is printed once. On failure *out is NULL and nothing is
+ * left behind.
  */
 FSDP_EXTERN int fsdp_init_from_env(const fsdp_init_options_t *o, fsdp_ctx_t **out, char *msg,
                                    size_t msg_cap);

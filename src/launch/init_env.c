@@ -47,8 +47,11 @@ static int init_fail(fsdp_ctx_t *ctx, char *msg, size_t cap, int rc, const char 
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fsdp_log(ctx, FSDP_LOG_ERROR, "%s", buf);
-    if (msg && cap) snprintf(msg, cap, "%s", buf);
+    /* Once: to the caller who asked for the text, else to the log. */
+    if (msg && cap)
+        snprintf(msg, cap, "%s", buf);
+    else
+        fsdp_log(ctx, FSDP_LOG_ERROR, "%s", buf);
     return rc;
 }
 
