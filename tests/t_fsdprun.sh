@@ -139,7 +139,7 @@ ok $? "the sleeping ranks are terminated quickly ($((t1 - t0)) s, their sleep wa
 
 # --- a rank killed by a signal -------------------------------------------------------------------
 cat > "$tmp/kill.sh" <<'EOF'
-if [ "$RANK" = 0 ]; then kill -9 $$; fi
+if [ "$RANK" = 0 ]; then echo "about to go" >&2; echo; kill -9 $$; fi
 sleep 60
 EOF
 t0=$(date +%s)
@@ -150,6 +150,12 @@ ok "$([ "$rc" = 137 ]; echo $?)" "a rank killed by SIGKILL makes fsdprun exit 12
   "$tmp/kill.err"
 has "$tmp/kill.err" '^fsdprun: rank 0 was killed by signal 9 (SIGKILL)$'
 ok $? "the message names the rank and the signal" "$tmp/kill.err"
+# Issue 26 item 2: a summary once every rank is reaped (its last line: the last non-blank one).
+has "$tmp/kill.err" "^fsdprun: summary: rank 0 failed first (signal 9 (SIGKILL)); its last line: 'about to go'; then, as a consequence, ranks 1 (signal 15 (SIGTERM), stopped by fsdprun)\$"
+ok $? "the summary names the first rank to fail, its signal, its last line and the rank stopped" \
+  "$tmp/kill.err"
+has "$tmp/fail.err" "^fsdprun: summary: rank 1 failed first (status 3); its last line: none; then, as a consequence, ranks 0 (signal 15 (SIGTERM), stopped by fsdprun), 2 (signal 15 (SIGTERM), stopped by fsdprun)\$"
+ok $? "... and a rank that printed nothing, with every rank stopped" "$tmp/fail.err"
 [ $((t1 - t0)) -lt 30 ]
 ok $? "the other rank is stopped quickly ($((t1 - t0)) s)"
 

@@ -496,6 +496,7 @@ int main(int argc, char **argv) {
     }
     if (job.nlive == 0) job.drain_until = now_s() + DRAIN_S;
     run_loop(&job, sigp[0]);
+    report_failure(&job);
     status = exit_status(&job);
 
 out:

@@ -51,6 +51,9 @@ typedef struct rank {
     stream_t out, err;
     char prefix[32];
     size_t prefix_len;
+    char last[160];  /* the last non-empty line it printed (cut), "" while none */
+    int status;      /* its wait status once reaped */
+    int signalled;   /* fsdprun signalled it (stopping the job) before it exited */
 } rank_t;
 
 typedef struct job {
@@ -86,6 +89,10 @@ int fsdprun_netns_wanted(const options_t *o);
  * from now on. 0 on success; -1 when fsdprun stays in the host's network (why says so); -2
  * when it is left in a namespace without a working loopback (why says so; the job cannot run). */
 int fsdprun_netns_enter(char *why, size_t cap);
+
+/* fsdprun_ranks.c: after every rank was reaped, when one failed: one line naming the first to
+ * fail, its cause and the last line it printed, and the ranks stopped as a consequence. */
+void report_failure(const job_t *job);
 
 /* fsdprun.c: small helpers. */
 

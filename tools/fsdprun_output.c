@@ -50,6 +50,19 @@ static int reserve(char **buf, size_t *cap, size_t need) {
     return 0;
 }
 
+/* Keeps line (len bytes, no newline) as r's last line when it has more than blanks, cut to fit
+ * and with control characters shown as '?', for the failure summary. */
+static void note_last(rank_t *r, const char *line, size_t len) {
+    size_t k = 0;
+    while (k < len && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r'))
+        k++;
+    if (k == len) return;
+    size_t n = len < sizeof r->last - 1 ? len : sizeof r->last - 1;
+    for (size_t i = 0; i < n; i++)
+        r->last[i] = (unsigned char)line[i] < 0x20 ? '?' : line[i];
+    r->last[n] = 0;
+}
+
 /* Writes the complete lines of s->buf[0, upto) with prefixes, and keeps the rest. With
  * `all`, the remainder is written too, as a line of its own. */
 static void flush_lines(job_t *job, rank_t *r, stream_t *s, int all) {
@@ -74,6 +87,7 @@ static void flush_lines(job_t *job, rank_t *r, stream_t *s, int all) {
         while (at < upto) {
             const char *nl = memchr(s->buf + at, '\n', upto - at);
             size_t end = nl ? (size_t)(nl - s->buf) : upto;
+            note_last(r, s->buf + at, end - at);
             memcpy(o, r->prefix, r->prefix_len);
             o += r->prefix_len;
             memcpy(o, s->buf + at, end - at);

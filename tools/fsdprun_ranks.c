@@ -38,6 +38,7 @@ void signal_ranks(job_t *job, int sig) {
         rank_t *r = &job->ranks[i];
         if (!r->live) continue;
         if (kill(-r->pid, sig) < 0) kill(r->pid, sig);
+        r->signalled = 1;
     }
 }
 
@@ -51,6 +52,7 @@ void stop_ranks(job_t *job, int sig) {
 static void rank_exited(job_t *job, int i, int status) {
     rank_t *r = &job->ranks[i];
     r->live = 0;
+    r->status = status;
     job->nlive--;
     if (job->nlive == 0) job->drain_until = now_s() + DRAIN_S;
     int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -69,6 +71,44 @@ static void rank_exited(job_t *job, int i, int status) {
             say("fsdprun: rank %d was killed by signal %d", r->rank, sig);
     }
     if (job->nlive > 0) stop_ranks(job, SIGTERM);
+}
+
+/* "status 3" or "signal 9 (SIGKILL)" for a wait status. */
+static void describe_status(int status, char *buf, size_t cap) {
+    if (WIFEXITED(status)) {
+        snprintf(buf, cap, "status %d", WEXITSTATUS(status));
+    } else {
+        const char *name = signal_name(WTERMSIG(status));
+        if (name)
+            snprintf(buf, cap, "signal %d (%s)", WTERMSIG(status), name);
+        else
+            snprintf(buf, cap, "signal %d", WTERMSIG(status));
+    }
+}
+
+void report_failure(const job_t *job) {
+    if (job->first_fail < 0) return;
+    const rank_t *f = &job->ranks[job->first_fail];
+    char cause[64], others[512] = "";
+    describe_status(job->first_status, cause, sizeof cause);
+    size_t at = 0;
+    int nothers = 0;
+    for (int i = 0; i < job->opt.nproc; i++) {
+        const rank_t *r = &job->ranks[i];
+        if (i == job->first_fail || r->pid == 0 ||
+            (WIFEXITED(r->status) && WEXITSTATUS(r->status) == 0))
+            continue;
+        char st[64];
+        describe_status(r->status, st, sizeof st);
+        int w = snprintf(others + at, sizeof others - at, "%s%d (%s%s)", nothers ? ", " : "",
+                         r->rank, st, r->signalled ? ", stopped by fsdprun" : "");
+        if (w < 0 || (size_t)w >= sizeof others - at) break;
+        at += (size_t)w;
+        nothers++;
+    }
+    say("fsdprun: summary: rank %d failed first (%s); its last line: %s%s%s; %s%s", f->rank, cause,
+        f->last[0] ? "'" : "", f->last[0] ? f->last : "none", f->last[0] ? "'" : "",
+        nothers ? "then, as a consequence, ranks " : "no other rank failed", others);
 }
 
 void reap(job_t *job) {

@@ -9,12 +9,18 @@
 
 #include "tools/train.h"
 
-/* Reports a failure of rank r; a peer's failure seen as FSDP_EREMOTE is a consequence and is
- * left to the rank that caused it. */
+/* Reports a failure of rank r. A peer's failure seen as FSDP_EREMOTE is a consequence: sim
+ * ranks leave it to the rank that caused it (its line is in the same output), while a process
+ * says once which peer it lost and where, since the peer may have died without a word (killed,
+ * out of memory) or on another node. */
 int train_fail(const rank_t *k, const char *what, int rc) {
+    const char *why = k->ctx ? fsdp_ctx_last_error(k->ctx) : "";
     if (rc != FSDP_EREMOTE)
         fprintf(stderr, TRAIN_PROG ": rank %d: %s failed: %s (%s)\n", k->r, what, fsdp_strerror(rc),
-                k->ctx ? fsdp_ctx_last_error(k->ctx) : "");
+                why);
+    else if (k->j->o->backend != TRAIN_BACKEND_SIM)
+        fprintf(stderr, TRAIN_PROG ": rank %d: stopped in %s: a peer failed: %s\n", k->r, what,
+                why);
     return rc < 0 ? rc : FSDP_EINTERNAL;
 }
 
