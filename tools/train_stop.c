@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,20 +36,26 @@
 /* The first SIGINT or SIGTERM only sets g_signal; the ranks agree on it at the end of every step
  * (the step time's all-reduce carries it, so it costs no collective of its own), stop together,
  * save and exit with 128 + the signal. A second one exits at once. */
-static volatile sig_atomic_t g_signal;
+/* The ranks are threads (sim) that read it while the handler writes it: an atomic, lock-free
+ * so that the handler may use it (volatile sig_atomic_t orders nothing between threads). */
+#if ATOMIC_INT_LOCK_FREE != 2
+#error "fsdp-train's signal flag needs a lock-free atomic int"
+#endif
+static atomic_int g_signal;
 
 int train_pending_signal(void) {
-    return g_signal;
+    return atomic_load(&g_signal);
 }
 
 static void on_signal(int sig) {
-    if (g_signal) {
+    int saved = errno, none = 0;
+    if (!atomic_compare_exchange_strong(&g_signal, &none, sig)) {
         static const char msg[] = "\n" TRAIN_PROG ": a second signal: exiting at once\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)w;
         _exit(128 + sig);
     }
-    g_signal = sig;
+    errno = saved;
 }
 
 /* Installs on_signal for SIGINT and SIGTERM; an ignored SIGINT (a background job) stays so. */
@@ -125,7 +132,7 @@ void train_set_timeouts(rank_t *k, int64_t ms) {
 /* The all-reduce that makes every rank see the same stop request (the largest signal number
  * any rank got, 0 for none). */
 int train_agree_stop(rank_t *k, int *stop) {
-    double mine = (double)g_signal, all = 0;
+    double mine = (double)atomic_load(&g_signal), all = 0;
     int rc = fsdp_pg_all_reduce(k->pg, &mine, &all, 1, FSDP_DTYPE_F64, FSDP_REDOP_MAX, NULL);
     if (rc < 0) return train_fail(k, "agreeing on a stop", rc);
     *stop = (int)all;
