@@ -147,3 +147,54 @@ AC_DEFUN([FSDP_ARG_SANITIZERS], [
   AC_SUBST([FSDP_SANITIZER_LDFLAGS])
 ])
 
+# FSDP_ARG_FUZZING: --enable-fuzzing builds the libFuzzer targets of fuzz/ (docs/fuzzing.md).
+# Needs a compiler with libFuzzer (clang; on Debian the clang package and libclang-rt-N-dev, which
+# holds libclang_rt.fuzzer). Every C file is then compiled with -fsanitize=fuzzer-no-link, so
+# that coverage guides the fuzzer through the library and not only through the target, and the
+# targets are linked with -fsanitize=fuzzer (libFuzzer's main). Unless --enable-sanitizers says
+# otherwise, it turns on address,undefined: a fuzzer without them finds only crashes. Call before
+# FSDP_ARG_SANITIZERS.
+AC_DEFUN([FSDP_ARG_FUZZING], [
+  AC_ARG_ENABLE([fuzzing],
+    [AS_HELP_STRING([--enable-fuzzing],
+      [build the libFuzzer targets of fuzz/ (clang; implies --enable-sanitizers=address,undefined
+       unless that is given)])],
+    [], [enable_fuzzing=no])
+  FSDP_FUZZ_CFLAGS=
+  FSDP_FUZZ_LDFLAGS=
+  AS_IF([test "x$enable_fuzzing" = xyes], [
+    AS_IF([test "x${enable_sanitizers+set}" != xset], [enable_sanitizers=address,undefined])
+    AS_CASE([,$enable_sanitizers,], [*,thread,*],
+      [AC_MSG_ERROR([--enable-fuzzing: libFuzzer does not run under ThreadSanitizer])])
+    AS_CASE([$enable_sanitizers], [no|""], [fsdp_fuzz_san=], [yes], [fsdp_fuzz_san=address,undefined],
+      [fsdp_fuzz_san=$enable_sanitizers])
+    fsdp_fuzz_san=${fsdp_fuzz_san:+,$fsdp_fuzz_san}
+    AC_MSG_CHECKING([whether $CC builds libFuzzer targets])
+    fsdp_save_CFLAGS=$CFLAGS
+    fsdp_save_LDFLAGS=$LDFLAGS
+    CFLAGS="$CFLAGS -fsanitize=fuzzer$fsdp_fuzz_san"
+    LDFLAGS="$LDFLAGS -fsanitize=fuzzer$fsdp_fuzz_san"
+    AC_LINK_IFELSE([AC_LANG_SOURCE([[
+#include <stddef.h>
+#include <stdint.h>
+int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n);
+int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { return n && d[0] == 'x'; }
+]])], [fsdp_fuzz_ok=yes], [fsdp_fuzz_ok=no])
+    AS_IF([test "$fsdp_fuzz_ok" = yes], [
+      dnl the library and the tests: instrumented, linked without libFuzzer's main
+      CFLAGS="$fsdp_save_CFLAGS -fsanitize=fuzzer-no-link$fsdp_fuzz_san"
+      LDFLAGS="$fsdp_save_LDFLAGS -fsanitize=fuzzer-no-link$fsdp_fuzz_san"
+      AC_LINK_IFELSE([AC_LANG_PROGRAM([], [])], [], [fsdp_fuzz_ok=no])])
+    CFLAGS=$fsdp_save_CFLAGS
+    LDFLAGS=$fsdp_save_LDFLAGS
+    AC_MSG_RESULT([$fsdp_fuzz_ok])
+    AS_IF([test "$fsdp_fuzz_ok" != yes],
+      [AC_MSG_ERROR([--enable-fuzzing needs a compiler with libFuzzer: CC=clang (Debian: the clang
+  and libclang-rt-dev packages)])])
+    FSDP_FUZZ_CFLAGS=-fsanitize=fuzzer-no-link
+    FSDP_FUZZ_LDFLAGS=-fsanitize=fuzzer
+  ])
+  AM_CONDITIONAL([FSDP_FUZZING], [test "x$enable_fuzzing" = xyes])
+  AC_SUBST([FSDP_FUZZ_CFLAGS])
+  AC_SUBST([FSDP_FUZZ_LDFLAGS])
+])
