@@ -14,21 +14,11 @@
 #include <time.h>
 
 #include "coll_check.h"
+#include "core/sanitizer.h"
 #include "mp_fork.h"
 #include "tap.h"
 
 #define KEEP_MSGS 3
-
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-#ifndef UNDER_TSAN
-#define UNDER_TSAN 0
-#endif
 
 const fsdp_coll_kind_t cm_kinds[CM_NKINDS] = {FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER,
                                               FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST,
@@ -36,7 +26,7 @@ const fsdp_coll_kind_t cm_kinds[CM_NKINDS] = {FSDP_COLL_ALL_GATHER, FSDP_COLL_RE
 
 size_t cm_large_bytes(long mb, long tsan_mb) {
     const char *e = getenv("FSDP_TEST_LARGE_MB");
-    if (UNDER_TSAN) mb = tsan_mb;
+    if (FSDP_UNDER_TSAN) mb = tsan_mb;
     if (e && *e) mb = strtol(e, NULL, 10);
     if (mb < 0) mb = 0;
     return (size_t)mb << 20;

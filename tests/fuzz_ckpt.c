@@ -14,15 +14,18 @@
  * fsdp_ckpt_verify and reads of every tensor (raw, as f64, and a middle range), and asserts only
  * that each call returns a known status with a message when it fails, and that a checkpoint that
  * verified reads whole. A crash, an out-of-bounds access or a leak (ASan/LSan in the sanitizer
- * build) is the failure; the function aborts on a broken assertion.
+ * build) is the failure; the function aborts on a broken assertion. It returns 1 when the
+ * checkpoint opened and verified, 0 when it was refused (fuzz/fuzz.h).
  *
- * Built two ways from this file:
+ * Built three ways from this file:
  *   tests/t_fuzz_ckpt.tap (make check): the deterministic driver at the bottom mutates the valid
  *     index and rank files with a seeded splitmix64 (FUZZ_CKPT_N inputs, default 20,000: about
  *     2 s, and 5 s under ASan and UBSan; FUZZ_CKPT_SEED; FUZZ_CKPT_DEBUG=1 prints each refusal
  *     at open to stderr);
- *   `make fuzz-ckpt` (opt-in, clang): with -DFUZZ_CKPT_LIBFUZZER, a libFuzzer binary whose
- *     LLVMFuzzerTestOneInput is fuzz_ckpt_one (see docs/design.md, "Corrupted checkpoints").
+ *   tests/t_fuzz_corpus.tap (make check, -DFUZZ_REPLAY): no main; fuzz/replay.c replays the
+ *     corpus fuzz/corpus/ckpt/ through fuzz_ckpt_one;
+ *   fuzz/fuzz_ckpt (configure --enable-fuzzing, -DFUZZ_LIBFUZZER): a libFuzzer binary whose
+ *     LLVMFuzzerTestOneInput is fuzz_ckpt_one (make fuzz; docs/fuzzing.md).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -295,17 +298,18 @@ int fuzz_ckpt_one(const uint8_t *data, size_t size) {
     if (vrc == 0 && failed)
         die("the checkpoint verified, but %d reads failed: %s", failed, fsdp_ckpt_last_error(ck));
     fsdp_ckpt_close(ck);
-    return 0;
+    return vrc == 0;
 }
 
-#ifdef FUZZ_CKPT_LIBFUZZER
+#if defined(FUZZ_LIBFUZZER)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    return fuzz_ckpt_one(data, size);
+    fuzz_ckpt_one(data, size);
+    return 0;
 }
 
-#else /* the deterministic driver of make check */
+#elif !defined(FUZZ_REPLAY) /* the deterministic driver of make check */
 
 #include "tap.h"
 

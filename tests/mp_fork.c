@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/sanitizer.h"
 #include "tap.h"
 
 /* What mp_shared_alloc() puts before the caller's bytes: the mapping's length. */
@@ -142,9 +143,9 @@ static int reap(int n, pid_t *pid, int *rc) {
 
 /* ThreadSanitizer slows the rank processes several times over (and make check runs tests in
  * parallel on a small machine), so the deadlines, which only catch hangs, stretch with it. */
-#if defined(__SANITIZE_THREAD__)
+#if FSDP_UNDER_TSAN
 #define MP_DEADLINE_SCALE 5
-#elif defined(__SANITIZE_ADDRESS__)
+#elif FSDP_UNDER_ASAN
 #define MP_DEADLINE_SCALE 2
 #else
 #define MP_DEADLINE_SCALE 1

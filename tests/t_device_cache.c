@@ -14,6 +14,7 @@
 
 #include <fsdp.h>
 
+#include "core/sanitizer.h"
 #include "device/cpu_impl.h"
 #include "device/device_impl.h"
 #include "tap.h"
@@ -32,7 +33,7 @@ static void test_cache(void) {
     fsdp_mem_get_stats(c, &st);
     tap_is_size(st.current[FSDP_MEM_ACTIVATIONS], 0, "cache: a freed block is not counted");
     fsdp_device_alloc(d, FSDP_MEM_GRADS, (size_t)1 << 20, &b);
-#if defined(__SANITIZE_ADDRESS__)
+#if FSDP_UNDER_ASAN
     tap_ok(1, "cache: off under AddressSanitizer (use-after-free stays visible)");
 #else
     tap_ok(a == b, "cache: the same size gets the cached block back");
@@ -65,7 +66,7 @@ static void test_cache_bound(void) {
     fsdp_bcache_stats_t st;
     fsdp_ctx_create(NULL, &c);
     fsdp_device_create(c, FSDP_DEVICE_CPU, NULL, &d);
-#if defined(__SANITIZE_ADDRESS__)
+#if FSDP_UNDER_ASAN
     tap_ok(!fsdp__cpu_cache_stats(d, &st), "cache bound: off under AddressSanitizer");
     tap_skip(6, "the cache is off under AddressSanitizer");
 #else
@@ -118,7 +119,7 @@ static void test_cache_bound(void) {
     setenv("FSDP_CPU_CACHE_MB", "2", 1);
     fsdp_ctx_create(NULL, &c);
     fsdp_device_create(c, FSDP_DEVICE_CPU, NULL, &d);
-#if !defined(__SANITIZE_ADDRESS__)
+#if !FSDP_UNDER_ASAN
     void *h = NULL;
     fsdp_device_alloc(d, FSDP_MEM_ACTIVATIONS, 4 * M, &h);
     fsdp_device_free(d, h);

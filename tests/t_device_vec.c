@@ -8,7 +8,10 @@
  * exactly. GELU and its derivative are compared with a double evaluation of the same formulas.
  * The reductions are compared with long double sums. Finally every kernel must give the same
  * bits for an element whether it sits in a full vector or in the tail, and whatever the length
- * of the array (the property that keeps results independent of shapes and of the vector width).
+ * of the array (the property that keeps results independent of shapes and of the vector width),
+ * and every instruction set the build and the CPU have (AVX-512, AVX2, the baseline) must give
+ * the baseline's bits in every kernel (issue 26, item 9: the run-time dispatch that replaced
+ * target_clones so that clang builds the file).
  */
 #include <float.h>
 #include <math.h>
@@ -250,8 +253,101 @@ static void test_position_independent(void) {
     tap_is_int(bad, 0, "exp, tanh, gelu and its gradient: same bits at every offset and length");
 }
 
+/* Runs every kernel over inputs of many lengths and appends the result bits to out (at most
+ * cap bytes); returns the number of bytes. x holds wide-ranging finite values, then infinities,
+ * NaN, zeros and subnormals; g is finite (two different NaNs meeting could keep either). */
+static size_t run_all_kernels(unsigned char *out, size_t cap) {
+    enum { N = 203 };
+    static float x[N], fin[N], g[N], w[N], y[N];
+    uint64_t s = 0x9E3779B97F4A7C15u;
+    for (int i = 0; i < N; i++) {
+        s = s * 6364136223846793005u + 1442695040888963407u;
+        const float m = (float)(s >> 40) / (float)(1u << 24) * 2.0f - 1.0f; /* [-1, 1) */
+        x[i] = ldexpf(m, (int)(s >> 20) % 16 - 6); /* |x| up to 512: exp overflows */
+        g[i] = ldexpf(m, (int)(s >> 28) % 8 - 4);
+        w[i] = 1.0f - m / 4.0f;
+    }
+    memcpy(fin, x, sizeof fin); /* finite, for the reductions (inf - inf has no sign to agree on) */
+    const float sp[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-42f, -3e-39f, 88.72f, -103.9f};
+    memcpy(x + N - 9, sp, sizeof sp);
+    size_t n = 0;
+#define PUTN(p, bytes)                                                                             \
+    do {                                                                                           \
+        if (n + (bytes) <= cap) memcpy(out + n, (p), (bytes));                                     \
+        n += (bytes);                                                                              \
+    } while (0)
+#define PUT(v) PUTN(&(v), sizeof(v))
+#define PUTY() PUTN(y, len * sizeof(float))
+    for (size_t len = 1; len <= N; len += len < 40 ? 1 : 23) {
+        const float *xs = x + (N - len); /* the specials are in every length's tail */
+        fsdp__vec_exp_f32(len, xs, 0.25f, y);
+        PUTY();
+        double d = fsdp__vec_exp_sum_f32(len, fin, 3.0f, y);
+        PUT(d);
+        PUTY();
+        fsdp__vec_tanh_f32(len, xs, y);
+        PUTY();
+        fsdp__vec_gelu_tanh_f32(len, xs, y);
+        PUTY();
+        fsdp__vec_gelu_tanh_bwd_f32(len, xs, g, y);
+        PUTY();
+        float f = fsdp__vec_max_f32(len, fin);
+        PUT(f);
+        d = fsdp__vec_sum_f32(len, fin);
+        PUT(d);
+        d = fsdp__vec_sumsq_dev_f32(len, fin, 0.125);
+        PUT(d);
+        d = fsdp__vec_dot_f32(len, fin, g);
+        PUT(d);
+        fsdp__vec_ln_bwd_row_f32(len, fin, w, 0.5f, 1.5f, g, y);
+        PUTY();
+        fsdp__vec_ln_bwd_row_f32(len, fin, NULL, -0.5f, 0.75f, g, y);
+        PUTY();
+    }
+#undef PUTY
+#undef PUT
+#undef PUTN
+    return n;
+}
+
+/* The dispatch picks the best instruction set the CPU has, and every one gives the same bits. */
+static void test_instruction_sets(void) {
+    const int chosen = fsdp__vec_isa();
+    int best = FSDP_VEC_BASE;
+    for (int isa = FSDP_VEC_BASE; isa < FSDP_VEC_NISA; isa++)
+        if (fsdp__vec_set_isa(isa) == 0) best = isa;
+    tap_is_int(chosen, best,
+               "the kernels run on the best instruction set of this CPU and build (%s)",
+               fsdp__vec_isa_name(chosen));
+    tap_ok(fsdp__vec_set_isa(-1) != 0 && fsdp__vec_set_isa(FSDP_VEC_NISA) != 0,
+           "an unknown instruction set is refused");
+
+    static unsigned char ref[1 << 20], got[1 << 20];
+    if (fsdp__vec_set_isa(FSDP_VEC_BASE) != 0) tap_bail("the baseline kernels are missing");
+    const size_t n = run_all_kernels(ref, sizeof ref);
+    if (n > sizeof ref) tap_bail("run_all_kernels needs %zu bytes", n);
+    uint64_t h = 1469598103934665603u; /* FNV-1a of the bits, to compare builds by eye */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ ref[i]) * 1099511628211u;
+    tap_diag("base: %zu bytes of results, FNV-1a %016llx", n, (unsigned long long)h);
+    for (int isa = FSDP_VEC_AVX2; isa < FSDP_VEC_NISA; isa++) {
+        if (fsdp__vec_set_isa(isa) != 0) {
+            char why[64];
+            snprintf(why, sizeof why, "this CPU or build has no %s", fsdp__vec_isa_name(isa));
+            tap_skip(1, why);
+            continue;
+        }
+        const size_t m = run_all_kernels(got, sizeof got);
+        tap_ok(m == n && memcmp(got, ref, n) == 0,
+               "%s gives the baseline's bits in all ten kernels (%zu bytes compared)",
+               fsdp__vec_isa_name(isa), n);
+    }
+    fsdp__vec_set_isa(chosen);
+}
+
 int main(void) {
-    tap_plan(23);
+    tap_plan(27);
+    test_instruction_sets();
     test_exp();
     test_tanh();
     test_gelu();

@@ -13,12 +13,19 @@ CC=${CC:-cc}
 readme="$srcdir/README.md"
 lib="$top_builddir/.libs/libfsdp.so"
 # A sanitizer build's library needs its runtime loaded first, which a program built here
-# without the sanitizer flags does not do: such programs are compiled and linked, not run.
+# without the sanitizer flags does not do: such programs are compiled and linked, not run. GCC's
+# library depends on the shared runtime (ldd shows it); clang's leaves the runtime's symbols
+# undefined, for the program to bring, so programs are linked with FSDP_SANITIZER_LDFLAGS (from
+# make check's environment) as well.
 run=1
 if command -v ldd >/dev/null 2>&1 && [ -f "$lib" ] &&
    ldd "$lib" 2>/dev/null | grep -q 'lib[atu]*san\.so\|libubsan\.so'; then
   run=0
 fi
+if [ -n "${FSDP_SANITIZER_LDFLAGS:-}" ]; then
+  run=0
+fi
+san_ldflags=${FSDP_SANITIZER_LDFLAGS:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Split the blocks into files: c.N and sh.N, numbered in order.
@@ -56,12 +63,12 @@ for b in $blocks; do
         continue
       fi
       if [ $run = 0 ]; then
-        if $CC $flags -o "$tmp/prog" -x c "$f" -L"$top_builddir/.libs" -lfsdp 2>"$tmp/err"; then
+        if $CC $flags $san_ldflags -o "$tmp/prog" -x c "$f" -L"$top_builddir/.libs" -lfsdp 2>"$tmp/err"; then
           echo "ok $i - C program $b compiles as printed (not run: sanitizer build): $line"
         else
           echo "not ok $i - C program $b: $(grep -m1 -i 'error' "$tmp/err")"
         fi
-      elif $CC $flags -o "$tmp/prog" -x c "$f" -L"$top_builddir/.libs" -lfsdp 2>"$tmp/err" &&
+      elif $CC $flags $san_ldflags -o "$tmp/prog" -x c "$f" -L"$top_builddir/.libs" -lfsdp 2>"$tmp/err" &&
          LD_LIBRARY_PATH="$top_builddir/.libs" "$tmp/prog" >"$tmp/out" 2>&1; then
         echo "ok $i - C program $b compiles as printed and runs: $line"
       else

@@ -19,7 +19,7 @@ fi
 
 list=$(mktemp)
 trap 'rm -f "$list"' EXIT
-(cd "$srcdir" && find src sim backends include tools tests bench data docs \
+(cd "$srcdir" && find src sim backends include tools tests bench data docs fuzz \
     \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cc' -o -name '*.in' \
        -o -name '*.sh' -o -name '*.py' -o -name '*.1' -o -name fsdp-plot \) -type f -print;
  ls m4/fsdp_*.m4 build-aux/cudalt.sh Makefile.am configure.ac fsdp.pc.in) 2>/dev/null |

@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/sanitizer.h"
 #include "device/cpu_impl.h"
 
 #if defined(FSDP_HAVE_BLAS) && defined(__GNUC__)
@@ -127,14 +128,9 @@ int fsdp__cpu_default_threads(int world_size) {
  * Accounting in device.c counts what tensors hold, not what the cache keeps, like PyTorch's
  * allocated vs. reserved.
  */
-#if defined(__SANITIZE_ADDRESS__)
+#if FSDP_UNDER_ASAN
 #define CACHE_DEFAULT_MB 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define CACHE_DEFAULT_MB 0
-#endif
-#endif
-#ifndef CACHE_DEFAULT_MB
+#else
 #define CACHE_DEFAULT_MB 512
 #endif
 

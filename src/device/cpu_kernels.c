@@ -716,13 +716,13 @@ int fsdp__cpu_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans
     if (chk != 0) return chk < 0 ? chk : FSDP_OK;
     for (int64_t i = 0; i < batch; i++) {
         if (dt == FSDP_DTYPE_F32) {
-            const float *ab = (const float *)a + i * stride_a;
-            const float *bb = (const float *)b + i * stride_b;
             float *cb = (float *)c + i * stride_c;
-            if (k == 0) {
+            if (k == 0) { /* a and b may be NULL: no offset is applied to them */
                 scale_c_f32(m, n, (float)beta, cb, ldc);
                 continue;
             }
+            const float *ab = (const float *)a + i * stride_a;
+            const float *bb = (const float *)b + i * stride_b;
 #ifdef FSDP_HAVE_BLAS
             if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
                 ldc > INT_MAX)
@@ -735,13 +735,13 @@ int fsdp__cpu_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans
                          ldc);
 #endif
         } else {
-            const double *ab = (const double *)a + i * stride_a;
-            const double *bb = (const double *)b + i * stride_b;
             double *cb = (double *)c + i * stride_c;
-            if (k == 0) {
+            if (k == 0) { /* a and b may be NULL: no offset is applied to them */
                 scale_c_f64(m, n, beta, cb, ldc);
                 continue;
             }
+            const double *ab = (const double *)a + i * stride_a;
+            const double *bb = (const double *)b + i * stride_b;
 #ifdef FSDP_HAVE_BLAS
             if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
                 ldc > INT_MAX)

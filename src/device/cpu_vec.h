@@ -19,16 +19,20 @@
 
 #include <stddef.h>
 
+#include "core/sanitizer.h"
+
 /*
- * Function multiversioning: on x86-64 with GCC (or a clang that has the attribute) and an ELF
- * target (ifunc), a function carrying FSDP_CPU_CLONES is compiled for AVX-512, AVX2 and the
- * baseline, and the loader picks one for the CPU. Elsewhere it expands to nothing and the
- * portable code runs. The C11 mode of the build keeps -ffp-contract=off, so the AVX2 and
- * AVX-512 clones do not fuse multiply-adds and compute the baseline's bits.
+ * Function multiversioning, for the generic kernels of cpu_kernels.c and cpu_nn_kernels.c: on
+ * x86-64 with GCC (or a clang that has the attribute) and an ELF target (ifunc), a function
+ * carrying FSDP_CPU_CLONES is compiled for AVX-512, AVX2 and the baseline, and the loader picks
+ * one for the CPU. Elsewhere it expands to nothing and the portable code runs. The build passes
+ * -ffp-contract=off (FSDP_KERNEL_CFLAGS), so the AVX2 and AVX-512 clones do not fuse
+ * multiply-adds and compute the baseline's bits. The kernels below are not clones: cpu_vec.c
+ * dispatches them itself (cpu_vec_isa.h says why).
  */
 /* Not under ThreadSanitizer: the clones' ifunc resolvers run while the dynamic loader relocates
  * the program, before the TSan runtime is initialized, and their instrumentation crashes there. */
-#if defined(__SANITIZE_THREAD__) && !defined(FSDP_NO_CLONES)
+#if FSDP_UNDER_TSAN && !defined(FSDP_NO_CLONES)
 #define FSDP_NO_CLONES 1
 #endif
 #if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute) && !defined(FSDP_NO_CLONES)
@@ -39,6 +43,20 @@
 #ifndef FSDP_CPU_CLONES
 #define FSDP_CPU_CLONES
 #endif
+
+/* The instruction sets the kernels below are built for (AVX2 and AVX-512 on x86-64 only). */
+enum { FSDP_VEC_BASE, FSDP_VEC_AVX2, FSDP_VEC_AVX512F, FSDP_VEC_NISA };
+
+/* The instruction set the kernels use: the best that the build and the CPU have, chosen at the
+ * first call, unless fsdp__vec_set_isa changed it. */
+int fsdp__vec_isa(void);
+
+/* "base", "avx2" or "avx512f". */
+const char *fsdp__vec_isa_name(int isa);
+
+/* Makes the kernels use isa from now on (for tests, which compare the instruction sets; all
+ * give the same bits); -1, changing nothing, when the build or the CPU does not have it. */
+int fsdp__vec_set_isa(int isa);
 
 /* y[i] = exp(x[i] - sub). */
 void fsdp__vec_exp_f32(size_t n, const float *x, float sub, float *y);

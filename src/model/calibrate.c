@@ -227,7 +227,7 @@ static int rounds(fsdp_pg_t *pg, float *buf, size_t count, int reps, double *sec
  * time, so that ranks sharing cores end it together, as ranks sharing cores through a step do.
  */
 static int time_all_gather(fsdp_pg_t *pg, float *buf, size_t count, int reps, double *mean) {
-    double with, without, warm;
+    double with = 0, without = 0, warm;
     int rc = rounds(pg, buf, count, 1, &warm);
     if (rc == FSDP_OK) rc = rounds(pg, buf, 0, reps, &without);
     if (rc == FSDP_OK) rc = rounds(pg, buf, count, reps, &with);
