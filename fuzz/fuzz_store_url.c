@@ -52,8 +52,8 @@ int fuzz_store_url_one(const uint8_t *data, size_t size) {
         return 0;
     }
     /* the canonical form of what was accepted */
-    static char canon[3 * sizeof u.path + 3 * (sizeof u.prefix + sizeof u.user + sizeof u.password) +
-                      600];
+    static char
+        canon[3 * sizeof u.path + 3 * (sizeof u.prefix + sizeof u.user + sizeof u.password) + 600];
     size_t o = 0;
     switch (u.kind) {
     case FSDP__STORE_URL_MEMORY:
@@ -85,8 +85,8 @@ int fuzz_store_url_one(const uint8_t *data, size_t size) {
             canon[o++] = '@';
         }
         const int br = strchr(u.host, ':') || u.host[0] == '['; /* as the parser reads it */
-        o += (size_t)snprintf(canon + o, sizeof canon - o, br ? "[%s]:%d" : "%s:%d", u.host,
-                              u.port);
+        o +=
+            (size_t)snprintf(canon + o, sizeof canon - o, br ? "[%s]:%d" : "%s:%d", u.host, u.port);
         if (redis) o += (size_t)snprintf(canon + o, sizeof canon - o, "/%d", u.db);
         if (u.prefix[0]) {
             o += (size_t)snprintf(canon + o, sizeof canon - o, "?prefix=");
