@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsdp/fsdp_impl.h"
 #include "models/models.h"
 #include "tap.h"
 
@@ -243,6 +244,26 @@ bool fu_vals_close(const fu_vals_t *a, const fu_vals_t *b, double rtol, double a
         return false;
     }
     return fu_series_close(a->v, b->v, a->n, rtol, atol, "element", why, len);
+}
+
+int fu_shard_values(const fsdp_unit_t *root, fu_vals_t *out) {
+    fu_vals_free(out);
+    for (size_t i = 0; i < root->nall; i++) {
+        const fsdp_tensor_t *flat = fsdp_unit_flat_param(root->all[i]);
+        if (!flat) continue;
+        int64_t n = 0;
+        float *f = fu_host_f32(flat, &n);
+        double *v = f ? realloc(out->v, (out->n + (size_t)n + 1) * sizeof *v) : NULL;
+        if (!v) {
+            free(f);
+            return FSDP_ENOMEM;
+        }
+        out->v = v;
+        for (int64_t e = 0; e < n; e++)
+            out->v[out->n++] = f[e];
+        free(f);
+    }
+    return FSDP_OK;
 }
 
 int fu_list_values(const fsdp_named_list_t *l, bool grads, fu_vals_t *out) {

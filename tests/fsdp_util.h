@@ -203,6 +203,10 @@ int fu_list_values(const fsdp_named_list_t *l, bool grads, fu_vals_t *out);
 /* The same over the parameters of m's tree (buffers: its buffers), in named order. */
 int fu_module_values(const fsdp_module_t *m, bool buffers, bool grads, fu_vals_t *out);
 
+/* This rank's local shard of every unit of root's tree, in the tree's order, as f32 values
+ * widened, into *out (its old array freed). */
+int fu_shard_values(const fsdp_unit_t *root, fu_vals_t *out);
+
 /* Puts into *v the value for element e of the p-th parameter (k: the element's index over all
  * the parameters in named order); returns 0, or an error that stops fu_store_params(). */
 typedef int (*fu_val_fn)(void *arg, size_t p, int64_t e, size_t k, float *v);

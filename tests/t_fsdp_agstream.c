@@ -270,27 +270,6 @@ static int fwd_bwd(fsdp_ctx_t *ctx, fsdp_module_t *m, int s, bool grad, double *
     return rc;
 }
 
-/* Every unit's local shard, in the units' order. */
-static int shard_values(const fsdp_unit_t *root, fu_vals_t *out) {
-    fu_vals_free(out);
-    for (size_t i = 0; i < root->nall; i++) {
-        const fsdp_tensor_t *flat = fsdp_unit_flat_param(root->all[i]);
-        if (!flat) continue;
-        int64_t n = 0;
-        float *f = fu_host_f32(flat, &n);
-        double *v = f ? realloc(out->v, (out->n + (size_t)n + 1) * sizeof *v) : NULL;
-        if (!v) {
-            free(f);
-            return FSDP_ENOMEM;
-        }
-        out->v = v;
-        for (int64_t e = 0; e < n; e++)
-            out->v[out->n++] = f[e];
-        free(f);
-    }
-    return FSDP_OK;
-}
-
 static int train(fsdp_ctx_t *ctx, ajob_t *j, bool pools, result_t *res) {
     static const char *const types[] = {"Linear", NULL};
     fu_res_t *r = fu_res_of(&j->base, ctx);
@@ -328,7 +307,7 @@ static int train(fsdp_ctx_t *ctx, ajob_t *j, bool pools, result_t *res) {
     bool ended = !root->ag_ordered;
     FU_TRY(out, "summon", fu_summon_nowb(root));
     FU_TRY(out, "summon end", fsdp_summon_end(root));
-    FU_TRY(out, "reading the shards", shard_values(root, &res->params));
+    FU_TRY(out, "reading the shards", fu_shard_values(root, &res->params));
     if (!pools) goto out;
 
     bool sharded = fsdp__is_sharded(j->base.strategy);

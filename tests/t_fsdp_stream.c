@@ -550,27 +550,6 @@ static bool no_deferred(const fsdp_unit_t *root) {
     return true;
 }
 
-/* Every unit's local shard, in the units' order. */
-static int shard_values(const fsdp_unit_t *root, fu_vals_t *out) {
-    fu_vals_free(out);
-    for (size_t i = 0; i < root->nall; i++) {
-        const fsdp_tensor_t *flat = fsdp_unit_flat_param(root->all[i]);
-        if (!flat) continue;
-        int64_t n = 0;
-        float *f = fu_host_f32(flat, &n);
-        double *v = f ? realloc(out->v, (out->n + (size_t)n + 1) * sizeof *v) : NULL;
-        if (!v) {
-            free(f);
-            return FSDP_ENOMEM;
-        }
-        out->v = v;
-        for (int64_t e = 0; e < n; e++)
-            out->v[out->n++] = f[e];
-        free(f);
-    }
-    return FSDP_OK;
-}
-
 static int train(fsdp_ctx_t *ctx, sjob_t *j, bool stream, result_t *res) {
     fu_res_t *r = fu_res_of(&j->base, ctx);
     int rk = fsdp_ctx_rank(ctx);
@@ -661,7 +640,7 @@ static int train(fsdp_ctx_t *ctx, sjob_t *j, bool stream, result_t *res) {
               "STREAM: buffers whose events completed are released at the next wait of any unit",
               "%zu listed at once", sr[rk].max_listed);
     }
-    FU_TRY(out, "reading the shards", shard_values(root, &res->params));
+    FU_TRY(out, "reading the shards", fu_shard_values(root, &res->params));
 out:
     sr[rk].root = NULL;
     fsdp_ctx_set_device(ctx, NULL);

@@ -43,19 +43,7 @@
 #     the build has no NCCL or (exit 2) when no GPU is visible, naming CUDA's error; on a GPU
 #     machine, fsdprun -n 1 --backend nccl learns, with and without --cpu-offload.
 # Each rank computes on one thread (FSDP_NUM_THREADS=1) so that runs are comparable.
-top_builddir=${top_builddir:-.}
-train="$top_builddir/tools/fsdp-train"
-fsdprun="$top_builddir/tools/fsdprun"
-if [ ! -x "$train" ]; then
-  echo "Bail out! $train was not built"
-  exit 1
-fi
-FSDP_NUM_THREADS=1
-export FSDP_NUM_THREADS
-tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
-trap 'rm -rf "$tmp"' EXIT
-
-. "$(dirname "$0")/tap.sh"
+. "$(dirname "$0")/train_prelude.sh"
 # The value of "key" in each JSON line of type t, one per line.
 field() { grep "\"type\":\"$2\"" "$1" | sed -e "s/.*\"$3\":\([^,}]*\).*/\1/"; }
 # Compares two columns of numbers: exit 0 when |a-b| <= atol + rtol*|b| everywhere.

@@ -31,18 +31,7 @@
 #     seconds, naming the timed-out collective); --timeout 0 is a usage error; the config record
 #     has the training timeout (60 s by default);
 #   - on a terminal (script(1)), the stop message starts on a new line after the progress line.
-top_builddir=${top_builddir:-.}
-train="$top_builddir/tools/fsdp-train"
-fsdprun="$top_builddir/tools/fsdprun"
-if [ ! -x "$train" ]; then
-  echo "Bail out! $train was not built"
-  exit 1
-fi
-FSDP_NUM_THREADS=1
-export FSDP_NUM_THREADS
-tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
-trap 'rm -rf "$tmp"' EXIT
-. "$(dirname "$0")/tap.sh"
+. "$(dirname "$0")/train_prelude.sh"
 skip() {
   n=$((n + 1))
   echo "ok $n # SKIP $1"

@@ -36,19 +36,6 @@ int64_t fsdp__store_backoff_ms(int64_t prev_ms) {
     return prev_ms >= 25 ? 50 : prev_ms * 2;
 }
 
-int fsdp__store_parse_counter(const void *v, size_t len, int64_t *out) {
-    char buf[32];
-    if (len == 0 || len >= sizeof buf) return -1;
-    memcpy(buf, v, len);
-    buf[len] = 0;
-    char *end;
-    errno = 0;
-    long long x = strtoll(buf, &end, 10);
-    if (errno || *end) return -1;
-    *out = (int64_t)x;
-    return 0;
-}
-
 /* Writes prefix/key into buf; fails when the key is empty or the result does not fit. */
 static int full_key(fsdp_store_t *s, const char *key, char *buf, size_t cap, const char *fn) {
     if (!key || !*key) return fsdp__err(s->err, FSDP_EINVAL, "%s: the key is empty", fn);

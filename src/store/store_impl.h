@@ -12,6 +12,7 @@
 
 #include <fsdp/store.h>
 
+#include "store/store_counter.h"
 #include "internal.h"
 
 /*
@@ -50,8 +51,6 @@ int64_t fsdp__store_deadline_ns(int64_t timeout_ms);
 /* The wait between two polls of a key: starts at 1 ms and doubles up to 50 ms. */
 int64_t fsdp__store_backoff_ms(int64_t prev_ms);
 
-/* Parses decimal counter text; returns 0 when `len` bytes at v are a whole int64. */
-int fsdp__store_parse_counter(const void *v, size_t len, int64_t *out);
 
 /* What a Redis URL adds to fsdp_store_create_redis: AUTH ("" user: the password alone) and
  * SELECT db. Strings may be "" (none), never NULL. */

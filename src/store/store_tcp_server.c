@@ -43,6 +43,7 @@
 
 #include <fsdp/errno.h>
 
+#include "store/store_counter.h"
 #include "store/store_tcp_proto.h"
 
 typedef struct item {
@@ -171,20 +172,6 @@ static int put(struct fsdp__tcp_server *s, const char *k, size_t n, const void *
     return TCP_OK;
 }
 
-/* Decimal counter text as int64; 0 on success. */
-static int parse_counter(const unsigned char *v, size_t len, int64_t *out) {
-    char buf[32];
-    if (len == 0 || len >= sizeof buf) return -1;
-    memcpy(buf, v, len);
-    buf[len] = 0;
-    char *end;
-    errno = 0;
-    long long x = strtoll(buf, &end, 10);
-    if (errno || *end) return -1;
-    *out = (int64_t)x;
-    return 0;
-}
-
 /* ---- connections ------------------------------------------------------------------------- */
 
 static void conn_free(conn_t *c) {
@@ -266,7 +253,7 @@ static int serve(struct fsdp__tcp_server *s, conn_t *c) {
         return emit_status(c, it ? TCP_OK : TCP_MISSING);
     default: { /* 'A' */
         int64_t cur = 0, delta = (int64_t)be64(c->in + 3 + k), sum;
-        if (it && parse_counter(it->val, it->vlen, &cur) != 0)
+        if (it && fsdp__store_parse_counter(it->val, it->vlen, &cur) != 0)
             return emit_status(c, TCP_NOT_COUNTER);
         if (__builtin_add_overflow(cur, delta, &sum)) return emit_status(c, TCP_NOT_COUNTER);
         char text[32];
