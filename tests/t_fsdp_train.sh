@@ -332,6 +332,7 @@ ok $? "the next save clears the killed save's staging directory and publishes a 
 strat_ok=0
 for sh in "--world-size 4 --sharding hybrid --shard-group-size 2" "--world-size 4 --sharding grad-op"; do
   # shellcheck disable=SC2086
+  rm -f "$tmp/rs.jsonl" # a resume appends to its metrics file
   "$train" $ck $sh --resume "$tmp/ck/step-3" --metrics "$tmp/rs.jsonl" > "$tmp/rs.out" 2>&1
   st=$?
   field "$tmp/rs.jsonl" train loss > "$tmp/rs.loss"

@@ -669,7 +669,9 @@ int main(int argc, char **argv) {
         status = usage_error("out of memory");
         goto out;
     }
-    if (o.metrics && rank0 && !(j.metrics = fopen(o.metrics, "w"))) {
+    /* A resumed run continues the file it was started with (the resume command repeats
+     * --metrics): its config record and steps follow the earlier ones. */
+    if (o.metrics && rank0 && !(j.metrics = fopen(o.metrics, o.resume ? "a" : "w"))) {
         status = usage_error("--metrics: cannot open %s", o.metrics);
         goto out;
     }
