@@ -97,3 +97,12 @@ bench_torch() {
         echo "$1: no PyTorch ($_mods) for $py (set PYTHON); printing libfsdp's numbers only" >&2
     fi
 }
+
+# find_tool NAME ENV_VALUE: prints the program NAME, from the environment (ENV_VALUE, when set)
+# or the build tree (./tools/NAME, ./NAME, or tools/ beside $here); nothing when not found.
+find_tool() {
+    if [ -n "$2" ]; then echo "$2"; return; fi
+    for _c in "./tools/$1" "./$1" "$here/../tools/$1" "$here/../_build/tools/$1"; do
+        if [ -x "$_c" ]; then echo "$_c"; return; fi
+    done
+}

@@ -34,12 +34,7 @@ done
 case $steps in ''|*[!0-9]*|[0-7]) echo "sim_predict.sh: --steps must be an integer >= 8" >&2; exit 2 ;; esac
 case $runs in ''|*[!0-9]*|0) echo "sim_predict.sh: --runs must be a positive integer" >&2; exit 2 ;; esac
 
-find_tool() { # NAME ENV_VALUE: the program, from the environment or the build tree
-    if [ -n "$2" ]; then echo "$2"; return; fi
-    for c in "./tools/$1" "./$1" "$here/../tools/$1" "$here/../_build/tools/$1"; do
-        if [ -x "$c" ]; then echo "$c"; return; fi
-    done
-}
+. "$here/lib.sh"
 train=$(find_tool fsdp-train "${FSDP_TRAIN:-}")
 sim=$(find_tool fsdp-sim "${FSDP_SIM:-}")
 fsdprun=$(find_tool fsdprun "${FSDPRUN:-}")

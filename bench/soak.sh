@@ -44,12 +44,7 @@ for v in "$sim_steps" "$gloo_steps" "$every"; do
 done
 [ "$every" -gt 0 ] || { echo "soak.sh: --every must be positive" >&2; exit 2; }
 
-find_tool() { # NAME ENV_VALUE: the program, from the environment or the build tree
-    if [ -n "$2" ]; then echo "$2"; return; fi
-    for c in "./tools/$1" "./$1" "$here/../tools/$1" "$here/../_build/tools/$1"; do
-        if [ -x "$c" ]; then echo "$c"; return; fi
-    done
-}
+. "$here/lib.sh"
 train=$(find_tool fsdp-train "${FSDP_TRAIN:-}")
 fsdprun=$(find_tool fsdprun "${FSDPRUN:-}")
 [ -n "$train" ] || { echo "soak.sh: fsdp-train not found (build it, or set FSDP_TRAIN)" >&2; exit 2; }
