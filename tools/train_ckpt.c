@@ -409,7 +409,7 @@ static int list_steps(const char *dir, bool staging, found_step_t **out, size_t 
         (*n)++;
     }
     closedir(d);
-    qsort(*out, *n, sizeof **out, cmp_step_desc);
+    if (*n > 1) qsort(*out, *n, sizeof **out, cmp_step_desc); /* *out may be NULL for none */
     return 0;
 }
 
