@@ -22,12 +22,15 @@
 
 #include "tap.h"
 
-/* "dir/name" in one of four rotating static buffers, so that a call can take a few at once. */
+/* "dir/name" in one of four rotating static buffers, so that a call can take a few at once.
+ * dir may be an earlier result (it is joined in a local buffer first, so no overlap). */
 static inline const char *fsu_join(const char *dir, const char *name) {
     static char buf[4][1024];
     static int k;
+    char tmp[sizeof buf[0]];
+    snprintf(tmp, sizeof tmp, "%s/%s", dir, name);
     char *p = buf[k++ % 4];
-    snprintf(p, sizeof buf[0], "%s/%s", dir, name);
+    memcpy(p, tmp, sizeof tmp);
     return p;
 }
 
