@@ -491,11 +491,8 @@ static int resolve_model(const train_opts_t *o, bool text, int64_t tok_vocab, ui
 
 /* --tokenizer DIR: GPT-2's BPE into j->bpe; exit status 2 (one line) when it does not load. */
 static int load_tokenizer(const train_opts_t *o, job_t *j) {
-    fsdp_ctx_options_t co;
-    fsdp_ctx_options_init(&co);
-    co.log_level = FSDP_LOG_OFF;
-    fsdp_ctx_t *quiet = NULL;
-    if (fsdp_ctx_create(&co, &quiet) < 0) return usage_error("out of memory");
+    fsdp_ctx_t *quiet = train_quiet_ctx();
+    if (!quiet) return usage_error("out of memory");
     int status = 0;
     if (fsdp_bpe_load_dir(quiet, o->tokenizer, &j->bpe) < 0)
         status = usage_error("--tokenizer: %s", fsdp_ctx_last_error(quiet));
@@ -510,11 +507,8 @@ static int open_data(const train_opts_t *o, job_t *j, fsdp_dataset_t **train,
     if (!path) return usage_error("the default corpus is not installed; give --data FILE");
     /* A silent context holds the library's message, so that a bad file is reported once, by
      * the usage error below, and not also logged by the library. */
-    fsdp_ctx_options_t co;
-    fsdp_ctx_options_init(&co);
-    co.log_level = FSDP_LOG_OFF;
-    fsdp_ctx_t *quiet = NULL;
-    if (fsdp_ctx_create(&co, &quiet) < 0) return usage_error("out of memory");
+    fsdp_ctx_t *quiet = train_quiet_ctx();
+    if (!quiet) return usage_error("out of memory");
     fsdp_dataset_t *all = NULL;
     char err[2048] = "";
     bool enc_val = false;
@@ -566,11 +560,8 @@ out:
  * rank. It probes the GPU the rank will use ($LOCAL_RANK under fsdprun, as fsdp/nccl.h picks
  * it), so that no process opens a context on another rank's GPU. */
 static int probe_cuda(void) {
-    fsdp_ctx_options_t co;
-    fsdp_ctx_options_init(&co);
-    co.log_level = FSDP_LOG_OFF;
-    fsdp_ctx_t *quiet = NULL;
-    if (fsdp_ctx_create(&co, &quiet) < 0) return usage_error("out of memory");
+    fsdp_ctx_t *quiet = train_quiet_ctx();
+    if (!quiet) return usage_error("out of memory");
     fsdp_device_options_t d;
     fsdp_device_options_init(&d);
     const char *lr = getenv("LOCAL_RANK");

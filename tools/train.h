@@ -306,4 +306,14 @@ int train_open_data(fsdp_ctx_t *quiet, fsdp_bpe_t *bpe, const char *path, fsdp_d
  * forwards, which are collective). */
 int train_sample(rank_t *k);
 
+/* A context that logs nothing, to hold the library's message of a check whose failure the tool
+ * reports itself, in one line; NULL when out of memory. */
+static inline fsdp_ctx_t *train_quiet_ctx(void) {
+    fsdp_ctx_options_t co;
+    fsdp_ctx_options_init(&co);
+    co.log_level = FSDP_LOG_OFF;
+    fsdp_ctx_t *quiet = NULL;
+    return fsdp_ctx_create(&co, &quiet) < 0 ? NULL : quiet;
+}
+
 #endif /* FSDP_TOOLS_TRAIN_H */

@@ -324,11 +324,8 @@ static int unusable(const char *sdir, char *why, size_t cap) {
         return -1;
     }
     fsdp_ckpt_t *ck = NULL;
-    fsdp_ctx_options_t co;
-    fsdp_ctx_options_init(&co);
-    co.log_level = FSDP_LOG_OFF;
-    fsdp_ctx_t *quiet = NULL;
-    if (fsdp_ctx_create(&co, &quiet) < 0) {
+    fsdp_ctx_t *quiet = train_quiet_ctx();
+    if (!quiet) {
         snprintf(why, cap, "out of memory");
         return -1;
     }
@@ -533,11 +530,8 @@ int train_ckpt_resolve(const train_opts_t *o, bool say, char *path, size_t cap, 
 
 /* fsdp_ckpt_remove with the library's message in why. */
 static int remove_ckpt(const char *path, char *why, size_t cap) {
-    fsdp_ctx_options_t co;
-    fsdp_ctx_options_init(&co);
-    co.log_level = FSDP_LOG_OFF;
-    fsdp_ctx_t *quiet = NULL;
-    if (fsdp_ctx_create(&co, &quiet) < 0) {
+    fsdp_ctx_t *quiet = train_quiet_ctx();
+    if (!quiet) {
         snprintf(why, cap, "out of memory");
         return -1;
     }
