@@ -367,16 +367,9 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     memset(&pl, 0, sizeof pl);
     int rc = train(ctx, j, false, &blk);
     if (rc == 0) rc = train(ctx, j, true, &pl);
-    if (rc == 0) {
-        fu_ck(r, memcmp(blk.loss, pl.loss, sizeof blk.loss) == 0,
-              "F03: the losses are bitwise those of a plain CPU device", "step 0: %.9g vs %.9g",
-              pl.loss[0], blk.loss[0]);
-        fu_ck(r,
-              blk.params.n > 0 && blk.params.n == pl.params.n &&
-                  memcmp(blk.params.v, pl.params.v, blk.params.n * sizeof *blk.params.v) == 0,
-              "F03: the shards after two steps are bitwise those of a plain CPU device",
-              "%zu vs %zu values", pl.params.n, blk.params.n);
-    }
+    if (rc == 0)
+        fu_ck_bitwise_run(r, pl.loss, blk.loss, STEPS, &pl.params, &blk.params,
+                          "the stream-pool run's", "those of a plain CPU device");
     fu_vals_free(&blk.params);
     fu_vals_free(&pl.params);
     return rc;

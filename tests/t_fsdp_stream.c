@@ -660,16 +660,9 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     memset(&str, 0, sizeof str);
     int rc = train(ctx, j, false, &blk);
     if (rc == 0) rc = train(ctx, j, true, &str);
-    if (rc == 0) {
-        bool same = memcmp(blk.loss, str.loss, sizeof blk.loss) == 0;
-        fu_ck(r, same, "F03: STREAM's losses are bitwise BLOCK's", "step 0: %.9g vs %.9g",
-              str.loss[0], blk.loss[0]);
-        fu_ck(r,
-              blk.params.n > 0 && blk.params.n == str.params.n &&
-                  memcmp(blk.params.v, str.params.v, blk.params.n * sizeof *blk.params.v) == 0,
-              "F03: STREAM's shards after two steps are bitwise BLOCK's", "%zu vs %zu values",
-              str.params.n, blk.params.n);
-    }
+    if (rc == 0)
+        fu_ck_bitwise_run(r, str.loss, blk.loss, STEPS, &str.params, &blk.params, "STREAM's",
+                          "BLOCK's");
     fu_vals_free(&blk.params);
     fu_vals_free(&str.params);
     return rc;
