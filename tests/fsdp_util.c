@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsdp/fsdp_impl.h"
 #include "models/models.h"
 #include "tap.h"
 
@@ -244,40 +243,6 @@ bool fu_vals_close(const fu_vals_t *a, const fu_vals_t *b, double rtol, double a
         return false;
     }
     return fu_series_close(a->v, b->v, a->n, rtol, atol, "element", why, len);
-}
-
-void fu_ck_bitwise_run(fu_res_t *r, const double *loss, const double *ref_loss, size_t n,
-                       const fu_vals_t *params, const fu_vals_t *ref_params, const char *run,
-                       const char *ref) {
-    char name[300];
-    snprintf(name, sizeof name, "F03: %s losses are bitwise %s", run, ref);
-    fu_ck(r, memcmp(loss, ref_loss, n * sizeof *loss) == 0, name, "step 0: %.9g vs %.9g", loss[0],
-          ref_loss[0]);
-    snprintf(name, sizeof name, "F03: %s shards after %zu steps are bitwise %s", run, n, ref);
-    fu_ck(r,
-          ref_params->n > 0 && ref_params->n == params->n &&
-              memcmp(ref_params->v, params->v, ref_params->n * sizeof *params->v) == 0,
-          name, "%zu vs %zu values", params->n, ref_params->n);
-}
-
-int fu_shard_values(const fsdp_unit_t *root, fu_vals_t *out) {
-    fu_vals_free(out);
-    for (size_t i = 0; i < root->nall; i++) {
-        const fsdp_tensor_t *flat = fsdp_unit_flat_param(root->all[i]);
-        if (!flat) continue;
-        int64_t n = 0;
-        float *f = fu_host_f32(flat, &n);
-        double *v = f ? realloc(out->v, (out->n + (size_t)n + 1) * sizeof *v) : NULL;
-        if (!v) {
-            free(f);
-            return FSDP_ENOMEM;
-        }
-        out->v = v;
-        for (int64_t e = 0; e < n; e++)
-            out->v[out->n++] = f[e];
-        free(f);
-    }
-    return FSDP_OK;
 }
 
 int fu_list_values(const fsdp_named_list_t *l, bool grads, fu_vals_t *out) {

@@ -203,16 +203,6 @@ int fu_list_values(const fsdp_named_list_t *l, bool grads, fu_vals_t *out);
 /* The same over the parameters of m's tree (buffers: its buffers), in named order. */
 int fu_module_values(const fsdp_module_t *m, bool buffers, bool grads, fu_vals_t *out);
 
-/* F03 (results must not change with the execution path): a run's n losses and its shards are
- * bitwise its reference's. `run` and `ref` name them in the two checks ("STREAM's", "BLOCK's"). */
-void fu_ck_bitwise_run(fu_res_t *r, const double *loss, const double *ref_loss, size_t n,
-                       const fu_vals_t *params, const fu_vals_t *ref_params, const char *run,
-                       const char *ref);
-
-/* This rank's local shard of every unit of root's tree, in the tree's order, as f32 values
- * widened, into *out (its old array freed). */
-int fu_shard_values(const fsdp_unit_t *root, fu_vals_t *out);
-
 /* Puts into *v the value for element e of the p-th parameter (k: the element's index over all
  * the parameters in named order); returns 0, or an error that stops fu_store_params(). */
 typedef int (*fu_val_fn)(void *arg, size_t p, int64_t e, size_t k, float *v);

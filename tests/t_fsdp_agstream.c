@@ -39,6 +39,7 @@
 #include "device/device_impl.h"
 #include "fsdp/fsdp_impl.h"
 #include "fsdp_util.h"
+#include "shard_parity.h"
 #include "models/models.h"
 #include "pg/pg_impl.h"
 #include "tap.h"
@@ -307,7 +308,7 @@ static int train(fsdp_ctx_t *ctx, ajob_t *j, bool pools, result_t *res) {
     bool ended = !root->ag_ordered;
     FU_TRY(out, "summon", fu_summon_nowb(root));
     FU_TRY(out, "summon end", fsdp_summon_end(root));
-    FU_TRY(out, "reading the shards", fu_shard_values(root, &res->params));
+    FU_TRY(out, "reading the shards", sp_shard_values(root, &res->params));
     if (!pools) goto out;
 
     bool sharded = fsdp__is_sharded(j->base.strategy);
@@ -368,7 +369,7 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     int rc = train(ctx, j, false, &blk);
     if (rc == 0) rc = train(ctx, j, true, &pl);
     if (rc == 0)
-        fu_ck_bitwise_run(r, pl.loss, blk.loss, STEPS, &pl.params, &blk.params,
+        sp_ck_bitwise_run(r, pl.loss, blk.loss, STEPS, &pl.params, &blk.params,
                           "the stream-pool run's", "those of a plain CPU device");
     fu_vals_free(&blk.params);
     fu_vals_free(&pl.params);

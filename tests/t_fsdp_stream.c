@@ -55,6 +55,7 @@
 #include "device/device_impl.h"
 #include "fsdp/fsdp_impl.h"
 #include "fsdp_util.h"
+#include "shard_parity.h"
 #include "models/models.h"
 #include "pg/pg_impl.h"
 #include "tap.h"
@@ -640,7 +641,7 @@ static int train(fsdp_ctx_t *ctx, sjob_t *j, bool stream, result_t *res) {
               "STREAM: buffers whose events completed are released at the next wait of any unit",
               "%zu listed at once", sr[rk].max_listed);
     }
-    FU_TRY(out, "reading the shards", fu_shard_values(root, &res->params));
+    FU_TRY(out, "reading the shards", sp_shard_values(root, &res->params));
 out:
     sr[rk].root = NULL;
     fsdp_ctx_set_device(ctx, NULL);
@@ -661,7 +662,7 @@ static int parity_rank(fsdp_ctx_t *ctx, void *arg) {
     int rc = train(ctx, j, false, &blk);
     if (rc == 0) rc = train(ctx, j, true, &str);
     if (rc == 0)
-        fu_ck_bitwise_run(r, str.loss, blk.loss, STEPS, &str.params, &blk.params, "STREAM's",
+        sp_ck_bitwise_run(r, str.loss, blk.loss, STEPS, &str.params, &blk.params, "STREAM's",
                           "BLOCK's");
     fu_vals_free(&blk.params);
     fu_vals_free(&str.params);
