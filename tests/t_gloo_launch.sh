@@ -112,11 +112,11 @@ ok $? "each survivor's error names its rank, the step and the library status" "$
   "$tmp/lk2.out"
 # A survivor names the peer whose connection closed: rank 1 when it saw the death itself, or the
 # other survivor when that one closed its connections first (so which rank is named depends on
-# timing; fsdprun, above, always names the dead rank). The peer is known from the address Gloo
-# prints, which does not always match the addresses the ranks exchanged: then, on a loaded
-# machine now and then for both survivors, the message says "a peer" (known limitation). Each
-# survivor must still say that a peer failed or closed its connection, in the failing collective.
-pat="[a-z_]*([a-z0-9]*, count=[0-9]*) seq [0-9]* on group 'world' (rank [02]): \(peer rank [0-9] (world rank [0-9])\|a peer\) failed or closed its connection"
+# timing; fsdprun, above, always names the dead rank), with its host. The peer is known from the
+# address Gloo prints, matched against each connection's own; a Gloo message that names no
+# address gives "a peer". Each survivor must say that a peer failed or closed its connection, in
+# the failing collective.
+pat="[a-z_]*([a-z0-9]*, count=[0-9]*) seq [0-9]* on group 'world' (rank [02]): \(peer rank [0-9] (world rank [0-9], host 127.0.0.1)\|a peer\) failed or closed its connection"
 has "$tmp/lk0.out" "$pat" && has "$tmp/lk2.out" "$pat"
 ok $? "each survivor's message says a peer failed or closed its connection, naming the collective" \
   "$tmp/lk0.out" "$tmp/lk2.out"

@@ -3,10 +3,13 @@
  * gloo_comm.cc: the Gloo transport of the gloo process group (the only C++ in libfsdp).
  *
  * One comm is one rank's Gloo state for one group: a tcp device (shared by a world group and
- * its sub-groups), a gloo::rendezvous::Context with one pair per peer, and the listening
- * address of every peer's end of its pair with us, so that a Gloo error message that names an
- * address can be turned into a rank. The C side (gloo_pg.c) calls in through gloo_comm.h; every
- * entry point catches every exception and returns a status and a message instead.
+ * its sub-groups), a gloo::Context with one pair per peer, and the address of every peer's end
+ * of its connection with us, so that a Gloo error message that names an address can be turned
+ * into a rank. The connections are not Gloo's: gloo_mesh.c makes them and checks that each peer
+ * holds the job's key, and the pairs here (MeshPair) take those sockets over and never accept
+ * on the listening socket Gloo's pair opens. The C side (gloo_pg.c) calls in through
+ * gloo_comm.h; every entry point catches every exception and returns a status and a message
+ * instead.
  *
  * Collectives use Gloo's algorithms, except the reductions. Reduce-scatter, which Gloo only
  * offers as a class over bound buffers whose chunks are not pg.h's: here every rank posts
@@ -18,6 +21,7 @@
  * (reduce), so every reduction is the library's arithmetic, in rank order.
  */
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -28,17 +32,24 @@
 #include <string>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
+#include <gloo/context.h>
 #include <gloo/transport/device.h>
 #include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
@@ -63,58 +74,6 @@ constexpr size_t kSegmentBytes = size_t(512) << 10;
 constexpr size_t kWindow = 4;
 /* Scratch space larger than this is freed after the collective that needed it. */
 constexpr size_t kKeepScratchBytes = size_t(16) << 20;
-
-/* A failed store call, with its status kept for the error mapping. */
-struct StoreError : public gloo::IoException {
-    StoreError(int rc_, const std::string &msg) : gloo::IoException(msg), rc(rc_) {}
-    int rc;
-};
-
-/* gloo::rendezvous::Store over an fsdp_store_t handle owned by the caller. */
-class StoreAdapter : public gloo::rendezvous::Store {
-  public:
-    explicit StoreAdapter(fsdp_store_t *store) : store_(store) {}
-
-    void set(const std::string &key, const std::vector<char> &data) override {
-        check(fsdp_store_set(store_, key.c_str(), data.data(), data.size()));
-    }
-
-    std::vector<char> get(const std::string &key) override {
-        std::vector<char> value(512);
-        for (;;) {
-            size_t len = 0;
-            int rc = fsdp_store_get(store_, key.c_str(), value.data(), value.size(), &len);
-            if (rc == FSDP_OK) {
-                value.resize(len);
-                return value;
-            }
-            if (rc == FSDP_EINVAL && len > value.size()) { /* the value did not fit */
-                value.resize(len);
-                continue;
-            }
-            check(rc);
-        }
-    }
-
-    /* Without a timeout: the handle's own, which connect() set to the group's. */
-    void wait(const std::vector<std::string> &keys) override {
-        wait(keys, Ms(0));
-    }
-
-    void wait(const std::vector<std::string> &keys, const Ms &timeout) override {
-        if (timeout.count() > 0) check(fsdp_store_set_timeout(store_, timeout.count()));
-        std::vector<const char *> k;
-        for (const auto &key : keys)
-            k.push_back(key.c_str());
-        check(fsdp_store_wait(store_, k.data(), k.size()));
-    }
-
-  private:
-    void check(int rc) {
-        if (rc < 0) throw StoreError(rc, std::string("store: ") + fsdp_store_last_error(store_));
-    }
-    fsdp_store_t *store_;
-};
 
 /* Scratch memory that grows as needed and is not zeroed (a vector would write it once). */
 class Scratch {
@@ -144,8 +103,9 @@ class Scratch {
 
 struct fsdp_gloo_comm {
     std::shared_ptr<gloo::transport::Device> dev;
-    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    std::shared_ptr<gloo::Context> ctx;
     std::vector<std::string> peer_addr; /* [size]: the address of peer q's end of our pair */
+    std::vector<std::string> peer_host; /* [size]: peer q's IP address, for messages */
     Scratch scratch; /* staging for f16/bf16, non-root reduce and reduce-scatter windows */
 };
 
@@ -209,9 +169,6 @@ int translate(const fsdp_gloo_comm *c, int *peer, char *msg, size_t cap) {
     } catch (const std::bad_alloc &) {
         put(msg, cap, "out of memory");
         return FSDP_ENOMEM;
-    } catch (const StoreError &e) {
-        put(msg, cap, e.what());
-        return e.rc;
     } catch (const std::exception &e) {
         std::string what = strip_location(e.what());
         put(msg, cap, what);
@@ -226,40 +183,102 @@ int translate(const fsdp_gloo_comm *c, int *peer, char *msg, size_t cap) {
 /* ---------------------------------------------------------------------------------------- */
 /* Connections */
 
-/* Publishes the address of our end of every pair, and learns the address of each peer's end of
- * its pair with us (what Gloo prints when that connection fails). */
-void exchange_addresses(fsdp_gloo_comm *c, fsdp_store_t *store) {
-    const int n = c->ctx->size, r = c->ctx->rank;
-    std::string mine;
-    for (int q = 0; q < n; q++) {
-        if (q != r) mine += c->ctx->getPair(q)->address().str();
-        mine += '\n';
-    }
-    StoreAdapter s(store);
-    s.set("addr." + std::to_string(r), std::vector<char>(mine.begin(), mine.end()));
-    c->peer_addr.assign((size_t)n, std::string());
-    for (int q = 0; q < n; q++) {
-        if (q == r) continue;
-        std::vector<char> v = s.get("addr." + std::to_string(q));
-        std::string all(v.begin(), v.end());
-        size_t start = 0;
-        for (int i = 0; i < r && start != std::string::npos; i++) {
-            start = all.find('\n', start);
-            if (start != std::string::npos) start++;
+namespace tcp = gloo::transport::tcp;
+
+/* A Gloo tcp pair over a connection made elsewhere. Gloo's constructor opens a listening socket
+ * and registers it with the device's loop; that socket is never accepted on (a stranger who
+ * connects to it is ignored until adopt() closes it), and adopt() replaces it with the
+ * authenticated connection, which Gloo then sets up as if it had accepted it. */
+class MeshPair : public tcp::Pair {
+  public:
+    MeshPair(tcp::Context *context, tcp::Device *device, int peer, Ms timeout)
+        : tcp::Pair(context, device, peer, timeout) {}
+
+    /* Takes over fd, a connected socket to this pair's peer. */
+    void adopt(int fd) {
+        std::lock_guard<std::mutex> lock(m_);
+        if (state_ != LISTENING) {
+            ::close(fd);
+            throw gloo::IoException("a pair was not waiting for its connection");
         }
-        if (start == std::string::npos) continue;
-        size_t end = all.find('\n', start);
-        c->peer_addr[(size_t)q] = all.substr(start, end == std::string::npos ? end : end - start);
+        device_->unregisterDescriptor(fd_, this);
+        ::close(fd_);
+        fd_ = fd;
+        handleConnected(); /* non-blocking, no delay, registered with the loop; CONNECTED */
+        adopted_.store(true, std::memory_order_release);
     }
+
+    void handleEvents(int events) override {
+        if (!adopted_.load(std::memory_order_acquire)) return; /* Gloo's own listener */
+        tcp::Pair::handleEvents(events);
+    }
+
+  private:
+    std::atomic<bool> adopted_{false};
+};
+
+/* The tcp transport context, making MeshPairs. */
+class MeshTransport : public tcp::Context {
+  public:
+    MeshTransport(std::shared_ptr<tcp::Device> device, int self, int n)
+        : tcp::Context(std::move(device), self, n) {}
+
+    std::unique_ptr<gloo::transport::Pair> &createPair(int peer) override {
+        pairs_[peer] = std::unique_ptr<gloo::transport::Pair>(
+            new MeshPair(this, device_.get(), peer, getTimeout()));
+        return pairs_[peer];
+    }
+};
+
+/* A gloo::Context whose pairs are the given connections. */
+class MeshContext : public gloo::Context {
+  public:
+    MeshContext(int self, int n) : gloo::Context(self, n) {}
+
+    /* Takes over fds[q] (every q but our rank), closing those it could not use. */
+    void adopt(const std::shared_ptr<gloo::transport::Device> &dev, int *fds) {
+        device_ = dev;
+        auto tdev = std::dynamic_pointer_cast<tcp::Device>(dev);
+        if (!tdev) throw gloo::IoException("the group's device is not a tcp device");
+        auto t = std::make_shared<MeshTransport>(tdev, rank, size);
+        t->setTimeout(getTimeout());
+        transportContext_ = t;
+        for (int q = 0; q < size; q++) {
+            if (q == rank) continue;
+            int fd = fds[q];
+            fds[q] = -1;
+            static_cast<MeshPair *>(t->createPair(q).get())->adopt(fd);
+        }
+    }
+};
+
+void close_fds(int *fds, int size) {
+    for (int q = 0; q < size; q++)
+        if (fds[q] >= 0) ::close(fds[q]), fds[q] = -1;
 }
 
-void connect(fsdp_gloo_comm *c, fsdp_store_t *store, int rank, int size, int64_t timeout_ms) {
-    fsdp_store_set_timeout(store, timeout_ms);
-    c->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    c->ctx->setTimeout(Ms(timeout_ms));
-    StoreAdapter s(store);
-    c->ctx->connectFullMesh(s, c->dev);
-    exchange_addresses(c, store);
+void connect(fsdp_gloo_comm *c, int rank, int size, int *fds, int64_t timeout_ms) {
+    /* What Gloo will print as the other end of each connection (its peer_ address). */
+    c->peer_addr.assign((size_t)size, std::string());
+    c->peer_host.assign((size_t)size, std::string());
+    for (int q = 0; q < size; q++) {
+        if (q == rank) continue;
+        c->peer_addr[(size_t)q] = tcp::Address::fromPeerName(fds[q]).str();
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        char host[INET6_ADDRSTRLEN] = "";
+        if (getpeername(fds[q], (struct sockaddr *)&ss, &len) == 0) {
+            if (ss.ss_family == AF_INET)
+                inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
+            else if (ss.ss_family == AF_INET6)
+                inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host);
+        }
+        c->peer_host[(size_t)q] = host;
+    }
+    auto ctx = std::make_shared<MeshContext>(rank, size);
+    ctx->setTimeout(Ms(timeout_ms));
+    c->ctx = ctx;
+    ctx->adopt(c->dev, fds);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -529,41 +548,62 @@ void reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
 /* ---------------------------------------------------------------------------------------- */
 /* Entry points */
 
-extern "C" int fsdp__gloo_comm_create(fsdp_store_t *store, int rank, int size, const char *hostname,
-                                      const char *iface, int64_t timeout_ms, fsdp_gloo_comm_t **out,
+namespace {
+tcp::attr device_attr(const char *hostname, const char *iface) {
+    tcp::attr attr;
+    if (iface && *iface)
+        attr.iface = iface;
+    else
+        attr.hostname = hostname && *hostname ? hostname : "127.0.0.1";
+    return attr;
+}
+} // namespace
+
+extern "C" int fsdp__gloo_resolve(const char *hostname, const char *iface,
+                                  struct sockaddr_storage *addr, socklen_t *addrlen, char *msg,
+                                  size_t cap) {
+    try {
+        tcp::attr attr = tcp::CreateDeviceAttr(device_attr(hostname, iface));
+        std::memcpy(addr, &attr.ai_addr, sizeof *addr);
+        *addrlen = (socklen_t)attr.ai_addrlen;
+        return FSDP_OK;
+    } catch (...) {
+        return translate(nullptr, nullptr, msg, cap);
+    }
+}
+
+extern "C" int fsdp__gloo_comm_create(int rank, int size, const char *hostname, const char *iface,
+                                      int *fds, int64_t timeout_ms, fsdp_gloo_comm_t **out,
                                       char *msg, size_t cap) {
     *out = nullptr;
     fsdp_gloo_comm *c = nullptr;
     try {
         std::unique_ptr<fsdp_gloo_comm> owned(new fsdp_gloo_comm());
         c = owned.get();
-        gloo::transport::tcp::attr attr;
-        if (iface && *iface)
-            attr.iface = iface;
-        else
-            attr.hostname = hostname && *hostname ? hostname : "127.0.0.1";
-        c->dev = gloo::transport::tcp::CreateDevice(attr);
-        connect(c, store, rank, size, timeout_ms);
+        c->dev = tcp::CreateDevice(device_attr(hostname, iface));
+        connect(c, rank, size, fds, timeout_ms);
         *out = owned.release();
         return FSDP_OK;
     } catch (...) {
+        close_fds(fds, size);
         return translate(c, nullptr, msg, cap);
     }
 }
 
-extern "C" int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, fsdp_store_t *store, int rank,
-                                          int size, int64_t timeout_ms, fsdp_gloo_comm_t **out,
-                                          char *msg, size_t cap) {
+extern "C" int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, int rank, int size, int *fds,
+                                          int64_t timeout_ms, fsdp_gloo_comm_t **out, char *msg,
+                                          size_t cap) {
     *out = nullptr;
     fsdp_gloo_comm *c = nullptr;
     try {
         std::unique_ptr<fsdp_gloo_comm> owned(new fsdp_gloo_comm());
         c = owned.get();
         c->dev = parent->dev;
-        connect(c, store, rank, size, timeout_ms);
+        connect(c, rank, size, fds, timeout_ms);
         *out = owned.release();
         return FSDP_OK;
     } catch (...) {
+        close_fds(fds, size);
         return translate(c, nullptr, msg, cap);
     }
 }
@@ -604,6 +644,14 @@ extern "C" int fsdp__gloo_comm_run(fsdp_gloo_comm_t *c, const fsdp_gloo_op_t *op
         c->scratch.trim();
         return translate(c, peer, msg, cap);
     }
+}
+
+extern "C" void fsdp__gloo_comm_peer_host(const fsdp_gloo_comm_t *c, int peer, char *buf,
+                                          size_t cap) {
+    if (!cap) return;
+    buf[0] = '\0';
+    if (c && peer >= 0 && (size_t)peer < c->peer_host.size())
+        std::snprintf(buf, cap, "%s", c->peer_host[(size_t)peer].c_str());
 }
 
 extern "C" void fsdp__gloo_comm_close(fsdp_gloo_comm_t *c) {

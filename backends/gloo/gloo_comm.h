@@ -4,8 +4,9 @@
  *
  * The backend is split in two along the language line. gloo_pg.c (C) implements the
  * process-group vtable: the per-rank worker thread and its queue, sticky failures, the mismatch
- * check and the messages. gloo_comm.cc (C++) owns the Gloo objects of one group (a tcp device, a
- * gloo::rendezvous::Context and its pairs) and runs one collective at a time on them. Every
+ * check and the messages; gloo_mesh.c (C) makes the group's authenticated connections.
+ * gloo_comm.cc (C++) owns the Gloo objects of one group (a tcp device, a gloo::Context and its
+ * pairs over those connections) and runs one collective at a time on them. Every
  * function below catches every C++ exception and turns it into a status code, a message and,
  * where Gloo's message names a peer's address, that peer's rank; nothing escapes into C.
  *
@@ -20,11 +21,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include <fsdp/dtype.h>
 #include <fsdp/errno.h>
 #include <fsdp/pg.h>
-#include <fsdp/store.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,19 +46,23 @@ typedef struct fsdp_gloo_op {
     int64_t timeout_ms; /* bounds every wait of the collective */
 } fsdp_gloo_op_t;
 
-/*
- * Creates the comm of a world group: a tcp device listening on `iface` (when non-NULL and
- * non-empty) or `hostname`, a context of `size` ranks, and connections to every peer through
- * `store` (used during the call only; its handle's timeout is set to timeout_ms). Returns
- * FSDP_OK, or a status with its reason in msg (cap bytes).
- */
-int fsdp__gloo_comm_create(fsdp_store_t *store, int rank, int size, const char *hostname,
-                           const char *iface, int64_t timeout_ms, fsdp_gloo_comm_t **out, char *msg,
-                           size_t cap);
+/* The address Gloo's tcp device would use for `iface` (when non-NULL and non-empty) or
+ * `hostname` (NULL or empty: 127.0.0.1), resolved as Gloo resolves it. */
+int fsdp__gloo_resolve(const char *hostname, const char *iface, struct sockaddr_storage *addr,
+                       socklen_t *addrlen, char *msg, size_t cap);
 
-/* Creates the comm of a sub-group on the parent's device, with its own context and pairs,
- * rendezvousing through `store`. */
-int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, fsdp_store_t *store, int rank, int size,
+/*
+ * Creates the comm of a world group: a tcp device on `iface` or `hostname` and a context of
+ * `size` ranks whose pair with rank q is the connected socket fds[q] (fds[rank] is ignored), as
+ * gloo_mesh.c made them. The comm takes every socket over, also on failure (each fds[q] is then
+ * -1). Returns FSDP_OK, or a status with its reason in msg (cap bytes).
+ */
+int fsdp__gloo_comm_create(int rank, int size, const char *hostname, const char *iface, int *fds,
+                           int64_t timeout_ms, fsdp_gloo_comm_t **out, char *msg, size_t cap);
+
+/* Creates the comm of a sub-group on the parent's device, with its own context and pairs over
+ * fds, as fsdp__gloo_comm_create. */
+int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, int rank, int size, int *fds,
                                int64_t timeout_ms, fsdp_gloo_comm_t **out, char *msg, size_t cap);
 
 /*
@@ -68,6 +73,9 @@ int fsdp__gloo_comm_create_sub(fsdp_gloo_comm_t *parent, fsdp_store_t *store, in
  */
 int fsdp__gloo_comm_run(fsdp_gloo_comm_t *comm, const fsdp_gloo_op_t *op, int *peer, char *msg,
                         size_t cap);
+
+/* Peer `peer`'s IP address as seen on our connection to it ("" when unknown), into buf. */
+void fsdp__gloo_comm_peer_host(const fsdp_gloo_comm_t *comm, int peer, char *buf, size_t cap);
 
 /* Closes every connection of the comm, so that peers waiting on this rank fail at once. */
 void fsdp__gloo_comm_close(fsdp_gloo_comm_t *comm);

@@ -28,6 +28,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@
 #include <fsdp/gloo.h>
 
 #include "backends/gloo/gloo_comm.h"
+#include "backends/gloo/gloo_mesh.h"
 #include "backends/gloo/gloo_shm.h"
 #include "core/timeutil.h"
 #include "pg/pg_impl.h"
@@ -48,6 +50,11 @@ typedef struct gloo_pg {
     fsdp_gloo_shm_t *shm; /* NULL: the collectives go over TCP */
     fsdp_store_t *store; /* "gloo.<world number>" on the user's store; sub-groups clone it */
     int check;           /* FSDP_GLOO_CHECK: exchange descriptors before each collective */
+    /* Where the group's ranks listen, and the job's key their connections prove (gloo_mesh.h);
+     * sub-groups take both from their parent. */
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    uint8_t key[FSDP_GLOO_KEY_BYTES];
     /* Sticky failure (0: none) and its message; used only in the execution slot. */
     int broken_rc;
     char broken_msg[FSDP_ERR_LEN];
@@ -116,11 +123,14 @@ static void fail(gloo_pg_t *gp, fsdp_work_t *w, int rc, int peer, const char *wh
                  int64_t waited_ms) {
     const fsdp_coll_t *c = &w->coll;
     fsdp_pg_t *pg = &gp->base;
-    char desc[160], who[96], msg[FSDP_ERR_LEN];
+    char desc[160], who[160], host[64], msg[FSDP_ERR_LEN];
     fsdp__coll_describe(c, desc, sizeof desc);
     who[0] = 0;
-    if (peer >= 0 && peer < pg->size)
-        snprintf(who, sizeof who, "peer rank %d (world rank %d)", peer, pg->world_ranks[peer]);
+    if (peer >= 0 && peer < pg->size) {
+        fsdp__gloo_comm_peer_host(gp->comm, peer, host, sizeof host);
+        snprintf(who, sizeof who, "peer rank %d (world rank %d%s%s)", peer, pg->world_ranks[peer],
+                 host[0] ? ", host " : "", host);
+    }
     if (rc == FSDP_EREMOTE &&
         waited_ms * REMOTE_AS_TIMEOUT_DEN >= c->timeout_ms * REMOTE_AS_TIMEOUT_NUM) {
         fsdp__err(msg, FSDP_ETIMEDOUT,
@@ -393,16 +403,36 @@ static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *p
         fsdp_store_destroy(rdv);
         goto fail;
     }
-    /* Gloo's event-loop thread, started with the device, inherits the blocked SIGPIPE. */
-    sigpipe_guard_t guard;
-    sigpipe_block(&guard);
-    if (parent)
-        rc = fsdp__gloo_comm_create_sub(parent->comm, rdv, rank, size, timeout_ms, &gp->comm, msg,
-                                        cap);
-    else
-        rc = fsdp__gloo_comm_create(rdv, rank, size, hostname, iface, timeout_ms, &gp->comm, msg,
-                                    cap);
-    sigpipe_restore(&guard);
+    if (parent) {
+        gp->addr = parent->addr;
+        gp->addrlen = parent->addrlen;
+        memcpy(gp->key, parent->key, sizeof gp->key);
+    } else {
+        rc = fsdp__gloo_resolve(hostname, iface, &gp->addr, &gp->addrlen, msg, cap);
+        if (rc == FSDP_OK) rc = fsdp__gloo_mesh_key(gp->store, rank, gp->key, msg, cap);
+    }
+    int *fds = rc == FSDP_OK ? malloc((size_t)size * sizeof *fds) : NULL;
+    if (rc == FSDP_OK && !fds) {
+        snprintf(msg, cap, "out of memory");
+        rc = FSDP_ENOMEM;
+    }
+    int dropped = 0;
+    if (rc == FSDP_OK)
+        rc = fsdp__gloo_mesh_connect(ctx, rdv, rank, size, (const struct sockaddr *)&gp->addr,
+                                     gp->addrlen, gp->key, timeout_ms, fds, &dropped, msg, cap);
+    if (rc == FSDP_OK) {
+        /* Gloo's event-loop thread, started with the device, inherits the blocked SIGPIPE. */
+        sigpipe_guard_t guard;
+        sigpipe_block(&guard);
+        if (parent)
+            rc = fsdp__gloo_comm_create_sub(parent->comm, rank, size, fds, timeout_ms, &gp->comm,
+                                            msg, cap);
+        else
+            rc = fsdp__gloo_comm_create(rank, size, hostname, iface, fds, timeout_ms, &gp->comm,
+                                        msg, cap);
+        sigpipe_restore(&guard);
+    }
+    free(fds);
     if (rc == FSDP_ETIMEDOUT) name_absent_ranks(rdv, size, world_ranks, msg, cap);
     if (rc == FSDP_OK) {
         /* Shared memory when every rank is on this host (gloo_shm.h); else TCP alone. */
