@@ -496,6 +496,8 @@ int main(int argc, char **argv) {
     }
     if (job.nlive == 0) job.drain_until = now_s() + DRAIN_S;
     run_loop(&job, sigp[0]);
+    record_failure(&job);
+    print_records(&job);
     report_failure(&job);
     status = exit_status(&job);
 

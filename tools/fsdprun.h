@@ -5,7 +5,8 @@
  * fsdprun.c holds main, the poll loop, fsdprun's own signal handling and the store (a temporary
  * directory, or the TCP store that node 0 serves with src/store/store_tcp_server.c);
  * fsdprun_opts.c the command line; fsdprun_ranks.c starting, signalling and reaping the ranks;
- * fsdprun_output.c the prefixed copying of the ranks' output. fsdprun is a program of its own
+ * fsdprun_output.c the prefixed copying of the ranks' output; fsdprun_record.c the failure
+ * records that nodes leave for each other in the store. fsdprun is a program of its own
  * (it compiles src/launch/launch_env.c and the TCP store's server in and links no libfsdp), so the
  * functions shared here keep short names. Everything runs on the one thread of the poll loop,
  * except what fsdprun_ranks.c runs in a child between fork and exec (async-signal-safe calls only).
@@ -20,6 +21,7 @@
 
 #define MAX_LINE 65536 /* a longer line without a newline is split */
 #define DRAIN_S 2.0    /* how long to keep reading after the last rank was reaped */
+#define RECORD_CAP 512 /* bytes of a failure record (fsdprun_record.c) */
 
 typedef struct options {
     int nproc;             /* -n, 0 until given */
@@ -68,6 +70,8 @@ typedef struct job {
     int devnull;                     /* stdin of the ranks when ours is a terminal, else -1 */
     int first_fail;                  /* index of the first failed rank, or -1 */
     int first_status;                /* its wait status */
+    long long first_fail_ms;         /* when it was reaped (ms since the epoch), for records */
+    char first_in_job[RECORD_CAP];   /* an earlier failure another node recorded, or "" */
     int stop_signal;                 /* the first INT/TERM/HUP fsdprun received, or 0 */
     int stopping;                    /* SIGTERM (or a forwarded signal) went out */
     int timed_out;
@@ -93,6 +97,14 @@ int fsdprun_netns_enter(char *why, size_t cap);
 /* fsdprun_ranks.c: after every rank was reaped, when one failed: one line naming the first to
  * fail, its cause and the last line it printed, and the ranks stopped as a consequence. */
 void report_failure(const job_t *job);
+
+/* fsdprun_record.c, for jobs on several nodes with a TCP or file store: leaves this node's first
+ * failure in the store as "fsdprun/failed/<node>" (nothing when no rank failed here). */
+void record_failure(const job_t *job);
+/* When a rank failed here, prints the other nodes' records ("fsdprun: node N reports: ..."),
+ * waiting a few seconds for them, and keeps in job->first_in_job the one that happened before
+ * this node's failure, if any; returns how many it printed. */
+int print_records(job_t *job);
 
 /* fsdprun.c: small helpers. */
 

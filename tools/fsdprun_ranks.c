@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -60,6 +61,9 @@ static void rank_exited(job_t *job, int i, int status) {
     if (!failed || job->first_fail >= 0 || job->stopping) return;
     job->first_fail = i;
     job->first_status = status;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    job->first_fail_ms = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     if (WIFEXITED(status)) {
         say("fsdprun: rank %d exited with status %d", r->rank, WEXITSTATUS(status));
     } else {
@@ -106,9 +110,12 @@ void report_failure(const job_t *job) {
         at += (size_t)w;
         nothers++;
     }
-    say("fsdprun: summary: rank %d failed first (%s); its last line: %s%s%s; %s%s", f->rank, cause,
-        f->last[0] ? "'" : "", f->last[0] ? f->last : "none", f->last[0] ? "'" : "",
-        nothers ? "then, as a consequence, ranks " : "no other rank failed", others);
+    char here[48] = "";
+    if (job->opt.nnodes > 1) snprintf(here, sizeof here, " on node %d", job->opt.node_rank);
+    say("fsdprun: summary: rank %d failed first%s (%s); its last line: %s%s%s; %s%s%s%s", f->rank,
+        here, cause, f->last[0] ? "'" : "", f->last[0] ? f->last : "none", f->last[0] ? "'" : "",
+        nothers ? "then, as a consequence, ranks " : "no other rank failed", others,
+        job->first_in_job[0] ? "; before it, " : "", job->first_in_job);
 }
 
 void reap(job_t *job) {

@@ -9,12 +9,15 @@
 
 #include "tools/train.h"
 
-/* Reports a failure of rank r. A peer's failure seen as FSDP_EREMOTE is a consequence: sim
+/* Reports a failure of rank r, with the context's last error or else the world group's. A
+ * peer's failure seen as FSDP_EREMOTE is a consequence: sim
  * ranks leave it to the rank that caused it (its line is in the same output), while a process
  * says once which peer it lost and where, since the peer may have died without a word (killed,
  * out of memory) or on another node. */
 int train_fail(const rank_t *k, const char *what, int rc) {
     const char *why = k->ctx ? fsdp_ctx_last_error(k->ctx) : "";
+    /* A collective fsdp-train issues itself records its error on the group only. */
+    if (!why[0] && k->pg) why = fsdp_pg_last_error(k->pg);
     if (rc != FSDP_EREMOTE)
         fprintf(stderr, TRAIN_PROG ": rank %d: %s failed: %s (%s)\n", k->r, what, fsdp_strerror(rc),
                 why);

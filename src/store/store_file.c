@@ -43,12 +43,9 @@
 #include <unistd.h>
 
 #include "core/timeutil.h"
+#include "store/store_file_name.h"
 #include "store/store_impl.h"
 
-/* Longest encoded name: "t." + name + ".XXXXXX" stays well below NAME_MAX (255). */
-#define NAME_BYTES 200
-/* Bytes of the encoded key kept in front of the hash of a long name. */
-#define NAME_HEAD 160
 /* Room for any path the store builds (directory + '/' + kind + '.' + name + suffix). */
 #define PATH_CAP 4096
 #define DIR_MAX (PATH_CAP - NAME_BYTES - 32)
@@ -66,46 +63,6 @@ typedef struct file_store {
 static const char *errtext(int e, char *buf, size_t cap) {
     if (strerror_r(e, buf, cap) != 0) snprintf(buf, cap, "errno %d", e);
     return buf;
-}
-
-/* A 64-bit FNV-1a hash of s from `seed`, finished with a strong mixer. */
-static uint64_t hash64(const char *s, uint64_t seed) {
-    uint64_t h = 0xcbf29ce484222325ULL ^ seed;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 0x100000001b3ULL;
-    }
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    h ^= h >> 33;
-    return h;
-}
-
-/* Writes key's file name (without the kind) into name (NAME_BYTES + 1 bytes). */
-static void encode_name(const char *key, char *name) {
-    static const char hex[] = "0123456789ABCDEF";
-    char full[3 * 512 + 1];
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)key; *p && n + 4 < sizeof full; p++) {
-        int plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-                    (*p >= '0' && *p <= '9') || *p == '_' || *p == '-';
-        if (plain) {
-            full[n++] = (char)*p;
-        } else {
-            full[n++] = '%';
-            full[n++] = hex[*p >> 4];
-            full[n++] = hex[*p & 15];
-        }
-    }
-    full[n] = 0;
-    if (n <= NAME_BYTES) {
-        memcpy(name, full, n + 1);
-        return;
-    }
-    snprintf(name, NAME_BYTES + 1, "%.*s~%016" PRIx64 "%016" PRIx64, NAME_HEAD, full,
-             hash64(key, 0), hash64(key, 0x9e3779b97f4a7c15ULL));
 }
 
 /* The name of key file kind ('k' value, 'l' lock) of an encoded name, relative to f->dfd. */
@@ -243,7 +200,7 @@ static int file_set(void *data, const char *key, const void *value, size_t len, 
                     char *err) {
     file_store_t *f = data;
     char name[NAME_BYTES + 1];
-    encode_name(key, name);
+    fsdp__store_file_name(key, name);
     int fd;
     int rc = lock_key(f, key, name, timeout_ms, "set", &fd, err);
     if (rc < 0) return rc;
@@ -256,7 +213,7 @@ static int file_get(void *data, const char *key, void *buf, size_t cap, size_t *
                     int64_t timeout_ms, char *err) {
     file_store_t *f = data;
     char name[NAME_BYTES + 1], file[FILE_CAP], why[FSDP_ERR_LEN / 2];
-    encode_name(key, name);
+    fsdp__store_file_name(key, name);
     file_of('k', name, file);
     int64_t deadline = fsdp__store_deadline_ns(timeout_ms), nap = 0;
     for (;;) {
@@ -277,7 +234,7 @@ static int file_add(void *data, const char *key, int64_t delta, int64_t *result,
                     char *err) {
     file_store_t *f = data;
     char name[NAME_BYTES + 1], file[FILE_CAP], why[FSDP_ERR_LEN / 2];
-    encode_name(key, name);
+    fsdp__store_file_name(key, name);
     file_of('k', name, file);
     int fd;
     int rc = lock_key(f, key, name, timeout_ms, "add", &fd, err);
@@ -304,7 +261,7 @@ static int file_add(void *data, const char *key, int64_t delta, int64_t *result,
 static int file_check(void *data, const char *key, int *found, int64_t timeout_ms, char *err) {
     file_store_t *f = data;
     char name[NAME_BYTES + 1], file[FILE_CAP], e[128];
-    encode_name(key, name);
+    fsdp__store_file_name(key, name);
     file_of('k', name, file);
     (void)timeout_ms;
     struct stat st;
