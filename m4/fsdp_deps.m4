@@ -205,6 +205,29 @@ AC_DEFUN([FSDP_CHECK_NCCL], [
   AC_SUBST([NCCL_LIBS])
 ])
 
+# FSDP_CHECK_CRYPTO: OpenSSL's libcrypto (Debian's libssl-dev) for HMAC-SHA256: the gloo
+# backend's connections and the TCP store's clients prove they hold the job's key with it.
+# Without it there is no gloo backend and the TCP store refuses a key (FSDP_STORE_KEY_FILE).
+AC_DEFUN([FSDP_CHECK_CRYPTO], [
+  fsdp_have_crypto=no
+  CRYPTO_LIBS=
+  fsdp_save_LIBS=$LIBS
+  LIBS="-lcrypto $LIBS"
+  AC_MSG_CHECKING([for OpenSSL's libcrypto (openssl/hmac.h, -lcrypto)])
+  AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <openssl/evp.h>
+#include <openssl/hmac.h>]],
+      [[unsigned n = 0; unsigned char k[32] = {0}, o[32];
+        return HMAC(EVP_sha256(), k, 32, k, 32, o, &n) == 0;]])],
+    [fsdp_have_crypto=yes])
+  AC_MSG_RESULT([$fsdp_have_crypto])
+  LIBS=$fsdp_save_LIBS
+  AS_IF([test $fsdp_have_crypto = yes],
+    [CRYPTO_LIBS=-lcrypto
+     AC_DEFINE([FSDP_HAVE_CRYPTO], [1], [Define to 1 when OpenSSL's libcrypto is available.])])
+  AM_CONDITIONAL([HAVE_CRYPTO], [test $fsdp_have_crypto = yes])
+  AC_SUBST([CRYPTO_LIBS])
+])
+
 # FSDP_CHECK_GLOO: Debian's libgloo-dev (C++) for the gloo process group.
 AC_DEFUN([FSDP_CHECK_GLOO], [
   AC_ARG_WITH([gloo],
@@ -238,28 +261,15 @@ AC_DEFUN([FSDP_CHECK_GLOO], [
     LIBS=$fsdp_save_LIBS
     AC_LANG_POP([C++])
     dnl The backend's connections prove membership of the job with HMAC-SHA256 (gloo_mesh.c).
-    fsdp_have_crypto=no
     fsdp_crypto_missing=no
-    AS_IF([test $fsdp_have_gloo = yes], [
-      fsdp_save_LIBS=$LIBS
-      LIBS="-lcrypto $LIBS"
-      AC_MSG_CHECKING([for OpenSSL's libcrypto (openssl/hmac.h, -lcrypto)])
-      AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <openssl/evp.h>
-#include <openssl/hmac.h>]],
-          [[unsigned n = 0; unsigned char k[32] = {0}, o[32];
-            return HMAC(EVP_sha256(), k, 32, k, 32, o, &n) == 0;]])],
-        [fsdp_have_crypto=yes])
-      AC_MSG_RESULT([$fsdp_have_crypto])
-      LIBS=$fsdp_save_LIBS
-      AS_IF([test $fsdp_have_crypto = no], [
-        fsdp_have_gloo=no
-        fsdp_crypto_missing=yes
-        AS_IF([FSDP_DEP_REQUIRED([$with_gloo])],
-          [AC_MSG_ERROR([the gloo backend authenticates its connections with OpenSSL's libcrypto, which was not found; install libssl-dev])],
-          [AC_MSG_WARN([Gloo found but OpenSSL's libcrypto not: building without the gloo backend (install libssl-dev)])])])
-    ])
+    AS_IF([test $fsdp_have_gloo = yes && test $fsdp_have_crypto = no], [
+      fsdp_have_gloo=no
+      fsdp_crypto_missing=yes
+      AS_IF([FSDP_DEP_REQUIRED([$with_gloo])],
+        [AC_MSG_ERROR([the gloo backend authenticates its connections with OpenSSL's libcrypto, which was not found; install libssl-dev])],
+        [AC_MSG_WARN([Gloo found but OpenSSL's libcrypto not: building without the gloo backend (install libssl-dev)])])])
     dnl Gloo is C++: programs linked with the C driver need its runtime too.
-    AS_IF([test $fsdp_have_gloo = yes], [GLOO_LIBS="-lgloo -lcrypto -lstdc++"], [
+    AS_IF([test $fsdp_have_gloo = yes], [GLOO_LIBS="-lgloo -lstdc++"], [
       GLOO_CPPFLAGS=
       GLOO_LDFLAGS=
       AS_IF([FSDP_DEP_REQUIRED([$with_gloo]) && test $fsdp_crypto_missing = no],

@@ -3,7 +3,8 @@
 # t_fsdprun_nodes.sh: a rank killed on one node is reported on the others (issue 26, item 2).
 #
 # Two fsdprun play nodes 0 and 1 of a two-rank Gloo training on this host, as in the issue's
-# repro, first over a file store, then over the TCP store that node 0 serves. Once rank 0 has
+# repro, over a file store, over the TCP store that node 0 serves, and over that store with the
+# job's key (FSDP_STORE_KEY_FILE). Once rank 0 has
 # logged a step, node 1's rank is killed with SIGKILL: it prints nothing. Checks:
 #   - rank 0 names the peer it lost, with its host, and the collective it was in;
 #   - node 1's fsdprun leaves a record in the store (tools/fsdprun_record.c) and node 0's
@@ -51,13 +52,22 @@ kill_node1() {
   rc1=$?
 }
 
-for kind in file tcp; do
+# tcpkey: the TCP store with the job's key (FSDP_STORE_KEY_FILE), which the launchers, the
+# ranks and the records all use.
+head -c 32 /dev/urandom > "$tmp/key"
+chmod 600 "$tmp/key"
+for kind in file tcp tcpkey; do
+  port=$((20000 + ($$ + ${#kind}) % 20000))
   if [ $kind = file ]; then
     mkdir -m 700 "$tmp/store"
     kill_node1 file --store "file://$tmp/store"
-  else
-    port=$((20000 + $$ % 20000))
+  elif [ $kind = tcp ]; then
     kill_node1 tcp --master-addr 127.0.0.1 --master-port $port
+  else
+    FSDP_STORE_KEY_FILE="$tmp/key"
+    export FSDP_STORE_KEY_FILE
+    kill_node1 tcpkey --master-addr 127.0.0.1 --master-port $port
+    unset FSDP_STORE_KEY_FILE
   fi
   out0="$tmp/$kind.0"
   out1="$tmp/$kind.1"

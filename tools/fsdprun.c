@@ -279,13 +279,20 @@ static int remove_tree(int dirfd, const char *name, int depth) {
 
 static int setup_tcp_store(job_t *job) {
     options_t *o = &job->opt;
+    char why[512];
+    if (fsdp__tcp_key_from_env(&job->tcp_key, why, sizeof why) < 0) {
+        say("fsdprun: %s", why);
+        return -1;
+    }
     if (!o->master_addr[0]) snprintf(o->master_addr, sizeof o->master_addr, "127.0.0.1");
     if (o->master_port < 0) o->master_port = DEFAULT_MASTER_PORT;
     if (o->node_rank == 0) {
-        /* Only on the master address: the store has no authentication. */
+        /* Only on the master address; with FSDP_STORE_KEY_FILE, only to clients that prove
+         * they hold the key. */
         char err[512];
-        if (fsdp__tcp_server_start(o->master_addr, o->master_port, &job->server, err, sizeof err) <
-            0) {
+        int rc = fsdp__tcp_server_start(o->master_addr, o->master_port, &job->tcp_key, &job->server,
+                                        err, sizeof err);
+        if (rc < 0) {
             say("fsdprun: cannot serve the rendezvous store: %s", err);
             return -1;
         }

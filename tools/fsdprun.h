@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "store/store_tcp_proto.h"
+
 #define MAX_LINE 65536 /* a longer line without a newline is split */
 #define DRAIN_S 2.0    /* how long to keep reading after the last rank was reaped */
 #define RECORD_CAP 512 /* bytes of a failure record (fsdprun_record.c) */
@@ -67,6 +69,7 @@ typedef struct job {
     char store_url[PATH_MAX + 16];
     struct fsdp__tcp_server *server; /* the TCP store this launcher serves (node 0), or NULL */
     int tcp;                         /* the ranks meet at the TCP store: MASTER_* are set too */
+    fsdp__tcp_key_t tcp_key;         /* FSDP_STORE_KEY_FILE's key for it; len 0: none */
     int devnull;                     /* stdin of the ranks when ours is a terminal, else -1 */
     int first_fail;                  /* index of the first failed rank, or -1 */
     int first_status;                /* its wait status */

@@ -36,7 +36,6 @@
 #include <unistd.h>
 
 #include "store/store_file_name.h"
-#include "store/store_tcp_proto.h"
 #include "tools/fsdprun.h"
 
 #define RECORD_MAX (RECORD_CAP - 1) /* bytes of one record */
@@ -44,7 +43,8 @@
 #define IO_TIMEOUT_MS 2000          /* each connect, send and receive of the TCP client */
 
 typedef struct where {
-    int kind; /* 0: no store records can go to; 1: TCP; 2: file */
+    int kind;            /* 0: no store records can go to; 1: TCP; 2: file */
+    fsdp__tcp_key_t key; /* the TCP store's key (FSDP_STORE_KEY_FILE); len 0: none */
     char host[256];
     int port;
     char dir[PATH_MAX];
@@ -72,6 +72,11 @@ static void locate(const job_t *job, where_t *w) {
         snprintf(w->host, sizeof w->host, "%.*s", (int)(end - h), h);
     }
     w->port = atoi(end + 1);
+    char why[512];
+    if (job->tcp_key.len)
+        w->key = job->tcp_key;
+    else if (fsdp__tcp_key_from_env(&w->key, why, sizeof why) < 0)
+        return; /* the ranks have said why already */
     if (w->port > 0 && w->port < 65536) w->kind = 1;
 }
 
@@ -109,11 +114,24 @@ static int tcp_open(const where_t *w) {
             close_fd(&fd);
     }
     freeaddrinfo(ai);
-    char magic[TCP_MAGIC_LEN];
-    if (fd >= 0 &&
-        (io_all(fd, TCP_MAGIC, TCP_MAGIC_LEN, 1) < 0 || io_all(fd, magic, sizeof magic, 0) < 0 ||
-         memcmp(magic, TCP_MAGIC, TCP_MAGIC_LEN) != 0))
+    /* The greeting says whether the server wants the key (store_tcp_proto.h). */
+    unsigned char greet[TCP_GREET_AUTH], hello[TCP_HELLO_AUTH], proof[TCP_PROOF];
+    if (fd < 0 || io_all(fd, greet, TCP_MAGIC_LEN, 0) < 0) {
         close_fd(&fd);
+        return -1;
+    }
+    unsigned char *ns = greet + TCP_MAGIC_LEN, *nc = hello + TCP_MAGIC_LEN;
+    int ok = 0;
+    memcpy(hello, TCP_AUTH_MAGIC, TCP_MAGIC_LEN);
+    if (memcmp(greet, TCP_MAGIC, TCP_MAGIC_LEN) == 0) {
+        ok = !w->key.len && io_all(fd, TCP_MAGIC, TCP_MAGIC_LEN, 1) == 0;
+    } else if (memcmp(greet, TCP_AUTH_MAGIC, TCP_MAGIC_LEN) == 0 && w->key.len) {
+        ok = io_all(fd, ns, TCP_NONCE, 0) == 0 && fsdp__tcp_nonce(nc, TCP_NONCE) == 0 &&
+             fsdp__tcp_proof(&w->key, 'C', ns, nc, nc + TCP_NONCE) == 0 &&
+             io_all(fd, hello, sizeof hello, 1) == 0 && io_all(fd, proof, TCP_PROOF, 0) == 0 &&
+             fsdp__tcp_proof_ok(&w->key, 'S', ns, nc, proof);
+    }
+    if (!ok) close_fd(&fd);
     return fd;
 }
 

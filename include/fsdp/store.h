@@ -97,10 +97,17 @@ FSDP_EXTERN int fsdp_store_create_redis(fsdp_ctx_t *ctx, const char *host, int p
  * counted); the error is FSDP_EBACKEND and the next operation reconnects. A closed connection
  * never raises SIGPIPE.
  *
- * The store has no authentication: whoever reaches the port can read and steer the rendezvous.
- * Serve it on an address only the job's hosts reach. The caller owns *out (NULL on failure).
- * Errors, with their message on ctx (may be NULL): FSDP_EINVAL for a NULL or empty host, a port
- * outside 1..65535, or a host or prefix of 256 bytes or more. Thread-safe.
+ * The job's key: when FSDP_STORE_KEY_FILE names a file (16 to 1024 bytes, a regular file of the
+ * user's that nobody else may read), the handle proves it holds that key to the server and
+ * checks that the server holds it too, and refuses a server that does not ask for it; a server
+ * started with the same variable serves only such clients. Without it the store has no
+ * authentication: whoever reaches the port can read and steer the rendezvous, so serve it on an
+ * address only the job's hosts reach. A server and a handle that disagree about the key fail
+ * the operation with FSDP_EINVAL at once, saying which side lacks what. The caller owns *out
+ * (NULL on failure). Errors, with their message on ctx (may be NULL): FSDP_EINVAL for a NULL or
+ * empty host, a port outside 1..65535, a host or prefix of 256 bytes or more, or a key file that
+ * is refused (the message names it and the fault); FSDP_EBACKEND when it cannot be read.
+ * Thread-safe.
  */
 FSDP_EXTERN int fsdp_store_create_tcp(fsdp_ctx_t *ctx, const char *host, int port,
                                       const char *prefix, fsdp_store_t **out);
@@ -115,10 +122,12 @@ typedef struct fsdp_store_server fsdp_store_server_t;
  * malformed request (answered, then disconnected) or dies mid-request (its partial request is
  * dropped) never holds up the others, and what a client can make it allocate is bounded by what
  * it sent (see docs/design.md, "The TCP store"). The data lives in memory until the server
- * stops. The thread blocks every signal. The caller owns *out, freed by fsdp_store_server_stop.
- * Errors, with their message on ctx (may be NULL): FSDP_EINVAL for a port outside 0..65535 or a
- * host that does not resolve; FSDP_EBACKEND when the address cannot be bound (in use, not an
- * address of this host), naming host:port and the reason. Thread-safe.
+ * stops. The thread blocks every signal. With FSDP_STORE_KEY_FILE set it serves only clients
+ * that prove they hold that key (see fsdp_store_create_tcp) and closes the others' connections
+ * before reading a request. The caller owns *out, freed by fsdp_store_server_stop.
+ * Errors, with their message on ctx (may be NULL): FSDP_EINVAL for a port outside 0..65535, a
+ * host that does not resolve or a refused key file; FSDP_EBACKEND when the address cannot be
+ * bound (in use, not an address of this host), naming host:port and the reason. Thread-safe.
  */
 FSDP_EXTERN int fsdp_store_server_start(fsdp_ctx_t *ctx, const char *host, int port,
                                         fsdp_store_server_t **out);

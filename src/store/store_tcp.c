@@ -41,6 +41,7 @@ typedef struct tcp_store {
     int port;
     char host[HOST_CAP];
     char where[HOST_CAP + 16];  /* "host:port", for messages */
+    fsdp__tcp_key_t key;        /* FSDP_STORE_KEY_FILE's key; len 0: none */
     fsdp__tcp_server_t *server; /* a server this data owns (fsdp__store_tcp_serve), or NULL */
 } tcp_store_t;
 
@@ -62,9 +63,31 @@ static int wait_fd(int fd, short events, int64_t deadline_ns) {
     }
 }
 
+/* Reads exactly n bytes by the slice's end: 0, an errno (ECONNRESET at end of file), or -1 with
+ * why set. */
+static int recv_some(int fd, unsigned char *p, size_t n, int64_t slice, char *why, size_t cap) {
+    size_t got = 0;
+    while (got < n) {
+        if (wait_fd(fd, POLLIN, slice) <= 0) {
+            snprintf(why, cap, "the server did not greet within the connect time");
+            return -1;
+        }
+        ssize_t r = recv(fd, p + got, n - got, 0);
+        if (r == 0) return ECONNRESET;
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EINTR) continue;
+            return errno;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
 /* One connect attempt to every address of host:port, each bounded by the slice; on success the
- * magic has been exchanged. The caller holds t->mu. */
-static void connect_locked(tcp_store_t *t, int64_t deadline_ns, char *why, size_t cap) {
+ * magic (and, with a key, the proofs) has been exchanged. *key_fault is set when the server and
+ * this handle disagree about the key, which no retry mends. The caller holds t->mu. */
+static void connect_locked(tcp_store_t *t, int64_t deadline_ns, char *why, size_t cap,
+                           int *key_fault) {
     int64_t slice = fsdp__now_ns() + CONNECT_SLICE_MS * INT64_C(1000000);
     if (slice > deadline_ns) slice = deadline_ns;
     char ps[16];
@@ -97,29 +120,56 @@ static void connect_locked(tcp_store_t *t, int64_t deadline_ns, char *why, size_
             }
         }
         /* Both sides say who they are, so that a port serving something else is named as such
-         * rather than misread. */
-        unsigned char hello[TCP_MAGIC_LEN];
-        size_t got = 0;
-        if (!err && send(fd, TCP_MAGIC, TCP_MAGIC_LEN, MSG_NOSIGNAL) != TCP_MAGIC_LEN)
-            err = errno ? errno : EIO;
-        while (!err && got < TCP_MAGIC_LEN) {
-            if (wait_fd(fd, POLLIN, slice) <= 0) {
-                snprintf(why, cap, "the server did not greet within the connect time");
-                err = -1;
-                break;
-            }
-            ssize_t n = recv(fd, hello + got, TCP_MAGIC_LEN - got, 0);
-            if (n <= 0) {
-                err = n == 0 ? ECONNRESET : errno;
-                if (err == EAGAIN || err == EINTR) err = 0;
-                if (n == 0) break;
-                continue;
-            }
-            got += (size_t)n;
-        }
-        if (!err && memcmp(hello, TCP_MAGIC, TCP_MAGIC_LEN) != 0) {
+         * rather than misread; the server first, since its greeting says whether it wants the
+         * key (and carries its nonce). */
+        unsigned char greet[TCP_GREET_AUTH];
+        if (!err) err = recv_some(fd, greet, TCP_MAGIC_LEN, slice, why, cap);
+        int keyed = !err && memcmp(greet, TCP_AUTH_MAGIC, TCP_MAGIC_LEN) == 0;
+        if (!err && !keyed && memcmp(greet, TCP_MAGIC, TCP_MAGIC_LEN) != 0) {
             snprintf(why, cap, "what listens there is not a libfsdp TCP store server");
             err = -1;
+        } else if (!err && keyed && !t->key.len) {
+            snprintf(why, cap,
+                     "the server requires the job's key: set FSDP_STORE_KEY_FILE to "
+                     "the key file its launcher was given");
+            err = -1;
+            *key_fault = 1;
+        } else if (!err && !keyed && t->key.len) {
+            snprintf(why, cap,
+                     "the server does not ask for the job's key, which "
+                     "FSDP_STORE_KEY_FILE gives: refusing to use it");
+            err = -1;
+            *key_fault = 1;
+        } else if (!err && !keyed) {
+            if (send(fd, TCP_MAGIC, TCP_MAGIC_LEN, MSG_NOSIGNAL) != TCP_MAGIC_LEN)
+                err = errno ? errno : EIO;
+        } else if (!err) {
+            unsigned char hello[TCP_HELLO_AUTH], proof[TCP_PROOF];
+            unsigned char *ns = greet + TCP_MAGIC_LEN, *nc = hello + TCP_MAGIC_LEN;
+            memcpy(hello, TCP_AUTH_MAGIC, TCP_MAGIC_LEN);
+            err = recv_some(fd, ns, TCP_NONCE, slice, why, cap);
+            if (!err && (fsdp__tcp_nonce(nc, TCP_NONCE) < 0 ||
+                         fsdp__tcp_proof(&t->key, 'C', ns, nc, nc + TCP_NONCE) < 0)) {
+                snprintf(why, cap, "cannot make the proof of the key");
+                err = -1;
+            }
+            if (!err && send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello)
+                err = errno ? errno : EIO;
+            if (!err) {
+                err = recv_some(fd, proof, TCP_PROOF, slice, why, cap);
+                if (err == ECONNRESET) {
+                    snprintf(why, cap,
+                             "the server turned the key away: FSDP_STORE_KEY_FILE "
+                             "holds another key than the server's");
+                    err = -1;
+                    *key_fault = 1;
+                }
+            }
+            if (!err && !fsdp__tcp_proof_ok(&t->key, 'S', ns, nc, proof)) {
+                snprintf(why, cap, "the server did not prove it holds the job's key");
+                err = -1;
+                *key_fault = 1;
+            }
         }
         if (err) {
             if (err > 0) snprintf(why, cap, "%s", strerror(err));
@@ -254,8 +304,9 @@ static int command(tcp_store_t *t, exchange_t *x, int64_t deadline_ns, int64_t t
     char why[768] = "";
     int64_t nap = 0;
     for (;;) {
+        int key_fault = 0;
         pthread_mutex_lock(&t->mu);
-        if (t->fd < 0) connect_locked(t, deadline_ns, why, sizeof why);
+        if (t->fd < 0) connect_locked(t, deadline_ns, why, sizeof why, &key_fault);
         if (t->fd >= 0) {
             int rc = exchange_locked(t, x, deadline_ns, why, sizeof why);
             if (rc == 0) {
@@ -271,6 +322,9 @@ static int command(tcp_store_t *t, exchange_t *x, int64_t deadline_ns, int64_t t
                              late ? " (the handle's timeout ran out)" : "");
         }
         pthread_mutex_unlock(&t->mu);
+        if (key_fault)
+            return fsdp__err(err, FSDP_EINVAL, "tcp store %s: %s '%s': %s", t->where, op, x->key,
+                             why);
         if (fsdp__now_ns() >= deadline_ns)
             return fsdp__err(err, FSDP_ETIMEDOUT,
                              "tcp store %s: %s '%s': cannot connect to the store server at %s "
@@ -399,6 +453,12 @@ int fsdp_store_create_tcp(fsdp_ctx_t *ctx, const char *host, int port, const cha
                                     host, port, prefix, sizeof((fsdp_store_t *)0)->prefix - 1);
     tcp_store_t *t = calloc(1, sizeof *t);
     if (!t) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "fsdp_store_create_tcp: out of memory");
+    char why[FSDP_ERR_LEN / 2];
+    int krc = fsdp__tcp_key_from_env(&t->key, why, sizeof why);
+    if (krc < 0) {
+        free(t);
+        return fsdp__ctx_err_or_log(ctx, krc, "fsdp_store_create_tcp(%s:%d): %s", host, port, why);
+    }
     snprintf(t->host, sizeof t->host, "%s", host);
     t->port = port;
     t->fd = -1;
@@ -416,7 +476,9 @@ int fsdp__store_tcp_serve(fsdp_ctx_t *ctx, const char *bind_host, const char *ho
     *out = NULL;
     char err[FSDP_ERR_LEN];
     fsdp__tcp_server_t *srv = NULL;
-    int rc = fsdp__tcp_server_start(bind_host, port, &srv, err, sizeof err);
+    fsdp__tcp_key_t key;
+    int rc = fsdp__tcp_key_from_env(&key, err, sizeof err);
+    if (rc == FSDP_OK) rc = fsdp__tcp_server_start(bind_host, port, &key, &srv, err, sizeof err);
     if (rc < 0) return fsdp__ctx_err_or_log(ctx, rc, "%s", err);
     rc = fsdp_store_create_tcp(ctx, host, fsdp__tcp_server_port(srv), NULL, out);
     if (rc < 0) {
@@ -440,7 +502,9 @@ int fsdp_store_server_start(fsdp_ctx_t *ctx, const char *host, int port,
     fsdp_store_server_t *w = calloc(1, sizeof *w);
     if (!w) return fsdp__ctx_err_or_log(ctx, FSDP_ENOMEM, "fsdp_store_server_start: out of memory");
     char err[FSDP_ERR_LEN];
-    int rc = fsdp__tcp_server_start(host, port, &w->s, err, sizeof err);
+    fsdp__tcp_key_t key;
+    int rc = fsdp__tcp_key_from_env(&key, err, sizeof err);
+    if (rc == FSDP_OK) rc = fsdp__tcp_server_start(host, port, &key, &w->s, err, sizeof err);
     if (rc < 0) {
         free(w);
         return fsdp__ctx_err_or_log(ctx, rc, "fsdp_store_server_start: %s", err);

@@ -20,6 +20,9 @@
  * - A connection that ends or fails mid-request is dropped with its partial request; nothing it
  *   sent is applied unless the request was whole. A malformed request gets TCP_BAD, then close.
  *
+ * With the job's key (FSDP_STORE_KEY_FILE), a connection is served only once its hello proved
+ * the key (store_tcp_proto.h); one that fails is closed before any request is read.
+ *
  * This file uses nothing of libfsdp but the FSDP_E* codes: fsdprun compiles it in.
  */
 /* accept4 and pipe2 are Linux (and BSD) extensions. */
@@ -56,9 +59,10 @@ typedef struct item {
 
 typedef struct conn {
     int fd;
-    int hello;         /* the client's magic has arrived */
-    int closing;       /* close once the output is sent */
-    unsigned char *in; /* the current request, `have` bytes of it so far */
+    int hello;                      /* the client's magic (and proof, with a key) has arrived */
+    unsigned char nonce[TCP_NONCE]; /* Ns, sent in the greeting (with a key) */
+    int closing;                    /* close once the output is sent */
+    unsigned char *in;              /* the current request, `have` bytes of it so far */
     size_t have, cap;
     unsigned char *out; /* the unsent reply: bytes [off, len) */
     size_t off, len, out_cap;
@@ -66,6 +70,8 @@ typedef struct conn {
 
 struct fsdp__tcp_server {
     int lfd, port;
+    fsdp__tcp_key_t key;    /* len 0: no key asked for */
+    unsigned long rejected; /* clients turned away for a missing or wrong proof */
     int wake[2];
     pthread_t thread;
     conn_t **conns;
@@ -204,8 +210,8 @@ static int emit_status(conn_t *c, int status) {
 
 /* How many bytes the current request has in all, as far as its header tells; 0 when what has
  * arrived is already malformed (unknown op, key or value length out of range). */
-static size_t need_of(const conn_t *c) {
-    if (!c->hello) return TCP_MAGIC_LEN;
+static size_t need_of(const struct fsdp__tcp_server *s, const conn_t *c) {
+    if (!c->hello) return s->key.len ? TCP_HELLO_AUTH : TCP_MAGIC_LEN;
     if (c->have < 3) return 3;
     size_t k = (size_t)c->in[1] << 8 | c->in[2];
     if (k == 0 || k > TCP_MAX_KEY) return 0;
@@ -226,6 +232,18 @@ static size_t need_of(const conn_t *c) {
 
 /* Applies the whole request in c->in and queues its reply; -1 to drop the connection. */
 static int serve(struct fsdp__tcp_server *s, conn_t *c) {
+    if (!c->hello && s->key.len) {
+        const unsigned char *nc = c->in + TCP_MAGIC_LEN;
+        unsigned char proof[TCP_PROOF];
+        if (memcmp(c->in, TCP_AUTH_MAGIC, TCP_MAGIC_LEN) != 0 ||
+            !fsdp__tcp_proof_ok(&s->key, 'C', c->nonce, nc, nc + TCP_NONCE) ||
+            fsdp__tcp_proof(&s->key, 'S', c->nonce, nc, proof) < 0) {
+            __atomic_add_fetch(&s->rejected, 1, __ATOMIC_RELAXED);
+            return -1; /* no proof of the key: dropped before it can read or write */
+        }
+        c->hello = 1;
+        return emit(c, proof, sizeof proof);
+    }
     if (!c->hello) {
         if (memcmp(c->in, TCP_MAGIC, TCP_MAGIC_LEN) != 0) return -1; /* not our client */
         c->hello = 1;
@@ -271,7 +289,7 @@ static int serve(struct fsdp__tcp_server *s, conn_t *c) {
 /* Reads what the current request still needs; -1 to drop the connection. */
 static int conn_read(struct fsdp__tcp_server *s, conn_t *c) {
     for (int round = 0; round < 16 && c->len == 0 && !c->closing; round++) {
-        size_t need = need_of(c);
+        size_t need = need_of(s, c);
         if (need == 0) {
             c->closing = 1;
             return emit_status(c, TCP_BAD);
@@ -289,7 +307,7 @@ static int conn_read(struct fsdp__tcp_server *s, conn_t *c) {
         if (got == 0) return -1; /* the client closed, perhaps mid-request */
         if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
         c->have += (size_t)got;
-        if (c->have < need_of(c) || need_of(c) == 0) continue;
+        if (c->have < need_of(s, c) || need_of(s, c) == 0) continue;
         if (serve(s, c) < 0) return -1;
         c->have = 0;
         if (c->cap > 65536) { /* do not keep a big request's buffer on an idle connection */
@@ -336,7 +354,11 @@ static void accept_all(struct fsdp__tcp_server *s) {
             continue;
         }
         c->fd = fd;
-        if (emit(c, TCP_MAGIC, TCP_MAGIC_LEN) < 0) {
+        int greeted = s->key.len ? fsdp__tcp_nonce(c->nonce, TCP_NONCE) == 0 &&
+                                       emit(c, TCP_AUTH_MAGIC, TCP_MAGIC_LEN) == 0 &&
+                                       emit(c, c->nonce, TCP_NONCE) == 0
+                                 : emit(c, TCP_MAGIC, TCP_MAGIC_LEN) == 0;
+        if (!greeted) {
             conn_free(c);
             continue;
         }
@@ -453,14 +475,15 @@ static void free_server(struct fsdp__tcp_server *s) {
     free(s);
 }
 
-int fsdp__tcp_server_start(const char *host, int port, fsdp__tcp_server_t **out, char *err,
-                           size_t errcap) {
+int fsdp__tcp_server_start(const char *host, int port, const fsdp__tcp_key_t *key,
+                           fsdp__tcp_server_t **out, char *err, size_t errcap) {
     *out = NULL;
     if (port < 0 || port > 65535)
         return fail(err, errcap, FSDP_EINVAL, "tcp store server: port %d is outside 0..65535",
                     port);
     struct fsdp__tcp_server *s = calloc(1, sizeof *s);
     if (!s) return fail(err, errcap, FSDP_ENOMEM, "tcp store server: out of memory");
+    if (key && key->len) s->key = *key;
     s->lfd = s->wake[0] = s->wake[1] = -1;
     s->nbuckets = 1024;
     s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
@@ -491,6 +514,10 @@ int fsdp__tcp_server_start(const char *host, int port, fsdp__tcp_server_t **out,
     }
     *out = s;
     return 0;
+}
+
+unsigned long fsdp__tcp_server_rejected(const fsdp__tcp_server_t *s) {
+    return s ? __atomic_load_n(&s->rejected, __ATOMIC_RELAXED) : 0;
 }
 
 int fsdp__tcp_server_port(const fsdp__tcp_server_t *s) {
