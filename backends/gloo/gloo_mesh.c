@@ -27,17 +27,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
-
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 
 #include <fsdp/errno.h>
 #include <fsdp/log.h>
 
 #include "backends/gloo/gloo_mesh.h"
+#include "core/hmac.h"
 #include "core/timeutil.h"
 
 #define NONCE 32
@@ -102,18 +98,6 @@ static uint32_t get_u32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static int random_bytes(uint8_t *p, size_t n) {
-    while (n > 0) {
-        ssize_t got = getrandom(p, n, 0);
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += got, n -= (size_t)got;
-    }
-    return 0;
-}
-
 /* HMAC-SHA256(key, label | hello | nonce_a). */
 static int mac(const uint8_t *key, char label, const uint8_t *hello, const uint8_t *nonce_a,
                uint8_t out[MAC]) {
@@ -121,10 +105,7 @@ static int mac(const uint8_t *key, char label, const uint8_t *hello, const uint8
     data[0] = (uint8_t)label;
     memcpy(data + 1, hello, HELLO_LEN);
     memcpy(data + 1 + HELLO_LEN, nonce_a, NONCE);
-    unsigned len = 0;
-    if (!HMAC(EVP_sha256(), key, FSDP_GLOO_KEY_BYTES, data, sizeof data, out, &len) || len != MAC)
-        return -1;
-    return 0;
+    return fsdp__hmac_sha256(key, FSDP_GLOO_KEY_BYTES, data, sizeof data, out);
 }
 
 static void addr_str(const struct sockaddr_storage *ss, char *out, size_t cap) {
@@ -239,7 +220,8 @@ static void step_out(mesh_t *m, conn_t *c) {
         put_u32(c->hello + 12, (uint32_t)m->rank);
         put_u32(c->hello + 16, (uint32_t)c->peer);
         put_u32(c->hello + 20, (uint32_t)m->size);
-        if (random_bytes(c->hello + 24, NONCE) < 0 || send_all(c->fd, c->hello, HELLO_LEN) < 0) {
+        if (fsdp__random_bytes(c->hello + 24, NONCE) < 0 ||
+            send_all(c->fd, c->hello, HELLO_LEN) < 0) {
             retry(m, c, "cannot send the hello");
             return;
         }
@@ -256,7 +238,7 @@ static void step_out(mesh_t *m, conn_t *c) {
         uint8_t want[MAC], proof[MAC];
         memcpy(c->nonce_a, c->buf, NONCE);
         if (mac(m->key, 'A', c->hello, c->nonce_a, want) < 0 ||
-            CRYPTO_memcmp(want, c->buf + NONCE, MAC) != 0) {
+            !fsdp__mac_equal(want, c->buf + NONCE, MAC)) {
             retry(m, c, "the listener's answer is not the job's (a different key)");
             return;
         }
@@ -301,7 +283,7 @@ static int step_in(mesh_t *m, int i) {
         memcpy(c->hello, h, HELLO_LEN);
         c->peer = from;
         uint8_t challenge[CHALLENGE_LEN];
-        if (random_bytes(c->nonce_a, NONCE) < 0 ||
+        if (fsdp__random_bytes(c->nonce_a, NONCE) < 0 ||
             mac(m->key, 'A', c->hello, c->nonce_a, challenge + NONCE) < 0) {
             drop(m, i, "cannot make a challenge");
             return 1;
@@ -315,7 +297,7 @@ static int step_in(mesh_t *m, int i) {
         return 0;
     }
     uint8_t want[MAC];
-    if (mac(m->key, 'C', c->hello, c->nonce_a, want) < 0 || CRYPTO_memcmp(want, c->buf, MAC) != 0) {
+    if (mac(m->key, 'C', c->hello, c->nonce_a, want) < 0 || !fsdp__mac_equal(want, c->buf, MAC)) {
         drop(m, i, "a wrong proof");
         return 1;
     }
@@ -459,7 +441,7 @@ int fsdp__gloo_mesh_key(fsdp_store_t *store, int rank, uint8_t key[FSDP_GLOO_KEY
                         size_t cap) {
     int rc;
     if (rank == 0) {
-        if (random_bytes(key, FSDP_GLOO_KEY_BYTES) < 0) {
+        if (fsdp__random_bytes(key, FSDP_GLOO_KEY_BYTES) < 0) {
             snprintf(msg, cap, "cannot draw the job's key: %s", strerror(errno));
             return FSDP_EBACKEND;
         }

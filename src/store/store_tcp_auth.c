@@ -16,19 +16,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <config.h>
 #include <fsdp/errno.h>
 
-#ifdef FSDP_HAVE_CRYPTO
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#endif
-
+#include "core/hmac.h"
 #include "store/store_tcp_proto.h"
 
 int fsdp__tcp_key_load(const char *path, fsdp__tcp_key_t *key, char *why, size_t cap) {
@@ -94,40 +88,21 @@ int fsdp__tcp_key_from_env(fsdp__tcp_key_t *key, char *why, size_t cap) {
 }
 
 int fsdp__tcp_nonce(unsigned char *p, size_t n) {
-    while (n > 0) {
-        ssize_t got = getrandom(p, n, 0);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) return -1;
-        p += got, n -= (size_t)got;
-    }
-    return 0;
+    return fsdp__random_bytes(p, n);
 }
 
 int fsdp__tcp_proof(const fsdp__tcp_key_t *key, char label, const unsigned char *ns,
                     const unsigned char *nc, unsigned char out[TCP_PROOF]) {
-#ifdef FSDP_HAVE_CRYPTO
     unsigned char data[1 + 2 * TCP_NONCE];
     data[0] = (unsigned char)label;
     memcpy(data + 1, ns, TCP_NONCE);
     memcpy(data + 1 + TCP_NONCE, nc, TCP_NONCE);
-    unsigned len = 0;
-    if (!HMAC(EVP_sha256(), key->bytes, (int)key->len, data, sizeof data, out, &len) ||
-        len != TCP_PROOF)
-        return -1;
-    return 0;
-#else
-    (void)key, (void)label, (void)ns, (void)nc, (void)out;
-    return -1;
-#endif
+    return fsdp__hmac_sha256(key->bytes, key->len, data, sizeof data, out);
 }
 
 int fsdp__tcp_proof_ok(const fsdp__tcp_key_t *key, char label, const unsigned char *ns,
                        const unsigned char *nc, const unsigned char *got) {
     unsigned char want[TCP_PROOF];
-    if (key->len == 0 || fsdp__tcp_proof(key, label, ns, nc, want) < 0) return 0;
-#ifdef FSDP_HAVE_CRYPTO
-    return CRYPTO_memcmp(want, got, TCP_PROOF) == 0;
-#else
-    return 0;
-#endif
+    return key->len > 0 && fsdp__tcp_proof(key, label, ns, nc, want) == 0 &&
+           fsdp__mac_equal(want, got, TCP_PROOF);
 }
