@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * bench_vec.c: the CPU device's f32 SIMD kernels (src/device/cpu_vec.h), per instruction set.
+ * (ln_bwd_row's per-element figure covers its two passes over the row.)
  *
  *   bench_vec [--rounds N] [--elements N]
  *
@@ -19,9 +20,9 @@
 
 #include "device/cpu_vec.h"
 
-enum { K_EXP, K_EXP_SUM, K_TANH, K_GELU, K_GELU_BWD, K_MAX, K_SUM, K_DOT, NK };
-static const char *const kname[NK] = {"exp",           "exp_sum", "tanh", "gelu_tanh",
-                                      "gelu_tanh_bwd", "max",     "sum",  "dot"};
+enum { K_EXP, K_EXP_SUM, K_TANH, K_GELU, K_GELU_BWD, K_MAX, K_SUM, K_SUMSQ, K_DOT, K_LN_BWD, NK };
+static const char *const kname[NK] = {"exp", "exp_sum", "tanh",      "gelu_tanh", "gelu_tanh_bwd",
+                                      "max", "sum",     "sumsq_dev", "dot",       "ln_bwd_row"};
 static const size_t lens[] = {64, 128, 384, 1536, 8192};
 #define NLEN (sizeof lens / sizeof lens[0])
 #define MAX_ROUNDS 64
@@ -61,6 +62,12 @@ static double run(int k, size_t n, size_t rows, const float *x, const float *g, 
             break;
         case K_SUM:
             acc += fsdp__vec_sum_f32(n, xr);
+            break;
+        case K_SUMSQ:
+            acc += fsdp__vec_sumsq_dev_f32(n, xr, 0.25);
+            break;
+        case K_LN_BWD:
+            fsdp__vec_ln_bwd_row_f32(n, xr, g, 0.1f, 1.3f, g, yr);
             break;
         default:
             acc += fsdp__vec_dot_f32(n, xr, g);

@@ -68,6 +68,18 @@ static const struct fsdp_vec_ops *ops(void) {
     return isa_ops[fsdp__vec_isa()];
 }
 
+/*
+ * The table for the reductions (max, sum, sumsq_dev, dot, ln_bwd_row): the baseline's where
+ * AVX2 was chosen. GCC 12 keeps the AVX2 table's 64-byte vectors and 8-double accumulators in
+ * memory, and bench_vec measured its reductions 1.1 to 3.6 times slower per element than the
+ * baseline's (docs/design.md, "CPU kernels: SIMD and run-time dispatch"). Every table gives the
+ * same bits, so mixing them changes no result.
+ */
+static const struct fsdp_vec_ops *reduce_ops(void) {
+    const int isa = fsdp__vec_isa();
+    return isa_ops[isa == FSDP_VEC_AVX2 ? FSDP_VEC_BASE : isa];
+}
+
 void fsdp__vec_exp_f32(size_t n, const float *x, float sub, float *y) {
     ops()->exp_f32(n, x, sub, y);
 }
@@ -89,22 +101,22 @@ void fsdp__vec_gelu_tanh_bwd_f32(size_t n, const float *x, const float *gy, floa
 }
 
 float fsdp__vec_max_f32(size_t n, const float *x) {
-    return ops()->max_f32(n, x);
+    return reduce_ops()->max_f32(n, x);
 }
 
 double fsdp__vec_sum_f32(size_t n, const float *x) {
-    return ops()->sum_f32(n, x);
+    return reduce_ops()->sum_f32(n, x);
 }
 
 double fsdp__vec_sumsq_dev_f32(size_t n, const float *x, double mu) {
-    return ops()->sumsq_dev_f32(n, x, mu);
+    return reduce_ops()->sumsq_dev_f32(n, x, mu);
 }
 
 double fsdp__vec_dot_f32(size_t n, const float *a, const float *b) {
-    return ops()->dot_f32(n, a, b);
+    return reduce_ops()->dot_f32(n, a, b);
 }
 
 void fsdp__vec_ln_bwd_row_f32(size_t n, const float *x, const float *w, float mt, float rt,
                               const float *gy, float *gx) {
-    ops()->ln_bwd_row_f32(n, x, w, mt, rt, gy, gx);
+    reduce_ops()->ln_bwd_row_f32(n, x, w, mt, rt, gy, gx);
 }

@@ -48,7 +48,8 @@
 enum { FSDP_VEC_BASE, FSDP_VEC_AVX2, FSDP_VEC_AVX512F, FSDP_VEC_NISA };
 
 /* The instruction set the kernels use: the best that the build and the CPU have, chosen at the
- * first call, unless fsdp__vec_set_isa changed it. */
+ * first call, unless fsdp__vec_set_isa changed it. With AVX2 the five reductions (max, sum,
+ * sumsq_dev, dot, ln_bwd_row) run the baseline's code, which is faster there (cpu_vec.c). */
 int fsdp__vec_isa(void);
 
 /* "base", "avx2" or "avx512f". */
