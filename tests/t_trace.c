@@ -123,9 +123,10 @@ static void test_recorder(void) {
     tap_is_int(fsdp_trace_write(tr, tmpdir), FSDP_EINVAL, "a directory: EINVAL");
     tap_is_int(fsdp_trace_write(tr, NULL), FSDP_EINVAL, "a NULL path: EINVAL");
     if (access("/dev/full", W_OK) == 0) {
-        tap_is_int(fsdp_trace_write(tr, "/dev/full"), FSDP_EINVAL, "a full device: EINVAL");
-        tap_has_str(fsdp_trace_last_error(tr), "writing '/dev/full' failed",
-                    "the message names the path");
+        /* A device is refused before anything is written through it (core/file.c). */
+        tap_is_int(fsdp_trace_write(tr, "/dev/full"), FSDP_EINVAL, "a device: EINVAL");
+        tap_has_str(fsdp_trace_last_error(tr), "'/dev/full' is a character device",
+                    "the message names the path and what it is");
     } else {
         tap_skip(2, "no /dev/full");
     }
