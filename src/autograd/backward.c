@@ -50,8 +50,9 @@ static int accumulate_leaf(fsdp_tensor_t *leaf, fsdp_tensor_t *g) {
     } else if (!leaf->grad->st->ptr) {
         rc = fsdp__op_err(leaf, FSDP_EINVAL, "backward",
                           "the gradient of '%s' has had its storage freed", fsdp_tensor_name(leaf));
-    } else if (leaf->grad_fresh && leaf->grad->dt == g->dt) {
-        /* 0 + g is g (but for the sign of a zero gradient): written, not added. */
+    } else if (leaf->grad_fresh) {
+        /* A gradient whose owner has not zeroed it (FSDP's unsharded gradient): g is written,
+         * rounded to its dtype, as 0 + g would be (but for the sign of a zero gradient). */
         rc = fsdp_tensor_copy_(leaf->grad, g);
     } else if (fsdp_tensor_is_contiguous(leaf->grad) && fsdp_tensor_is_contiguous(g) &&
                (leaf->dt == FSDP_DTYPE_F32 || leaf->dt == FSDP_DTYPE_F64)) {

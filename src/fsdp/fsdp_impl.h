@@ -148,6 +148,8 @@ struct fsdp_unit {
     fsdp_tensor_t *flat;       /* local shard leaf */
     fsdp_tensor_t *full;       /* unsharded flat parameter */
     fsdp_tensor_t *full_grad;  /* unsharded flat gradient while backward runs, else NULL */
+    bool full_grad_fresh;      /* full_grad is new and unzeroed: fsdp__settle_grads zeroes
+                                * what backward did not write */
     fsdp_tensor_t *local_grad; /* no_sync: the unsharded gradient accumulated, not reduced */
     bool unsharded;
     fsdp_work_t *ag_work;    /* outstanding all-gather into full */
@@ -299,6 +301,7 @@ bool fsdp__any_requires_grad(const fsdp_unit_t *u);
 int fsdp__prepare_grads(fsdp_unit_t *u);
 /* Drops the .grad of u's compute views. */
 void fsdp__drop_cv_grads(fsdp_unit_t *u);
+int fsdp__settle_grads(fsdp_unit_t *u);
 /* Starts the reduction of u's unsharded gradient (asynchronous). */
 int fsdp__reduce_grad(fsdp_unit_t *u);
 /* Lists u's reduction (just started) on its root and finishes the oldest beyond the bound. */

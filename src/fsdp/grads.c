@@ -55,23 +55,26 @@ bool fsdp__any_requires_grad(const fsdp_unit_t *u) {
 
 /* ---- the unsharded gradient ------------------------------------------------------------------ */
 
-/* Before the unit's backward: a zeroed unsharded flat gradient (or the one accumulated under
+/* Before the unit's backward: the unsharded flat gradient (or the one accumulated under
  * no_sync, which backward goes on adding to), and each compute view's .grad a view into it, so
- * backward accumulates straight into the flat gradient. */
+ * backward writes straight into the flat gradient. A new flat gradient is not zeroed: each
+ * view is marked fresh, backward writes its first gradient into it (a copy where 0 + g would
+ * have been added: the same bits but for the sign of a zero, which autograd keeps as PyTorch's
+ * does), and fsdp__settle_grads zeroes what backward did not write before anything reads it.
+ * That saves a pass that writes the whole buffer and another that reads it. */
 int fsdp__prepare_grads(fsdp_unit_t *u) {
     if (u->nparams == 0 || !fsdp__any_requires_grad(u) || u->full_grad) return FSDP_OK;
     int rc = FSDP_OK;
-    /* A freshly zeroed gradient (not one accumulated under no_sync): backward may write each
-     * 16-bit compute view's first gradient instead of adding it to zeros. */
-    bool fresh = !u->local_grad && u->cdt != FSDP_DTYPE_F32 && u->cdt != FSDP_DTYPE_F64;
+    bool fresh = !u->local_grad;
     if (u->local_grad) {
         u->full_grad = u->local_grad;
         u->local_grad = NULL;
     } else {
-        rc = fsdp__zeros_on(u, u->dev, u->cdt, u->layout.padded_numel, FSDP_MEM_GRADS,
-                            &u->full_grad);
+        const int64_t n[1] = {u->layout.padded_numel};
+        rc = fsdp__tensor_new(u->ctx, u->dev, u->cdt, 1, n, FSDP_MEM_GRADS, &u->full_grad);
         if (rc < 0) return fsdp__unit_err(u, rc, "cannot allocate the unsharded gradient");
     }
+    u->full_grad_fresh = fresh;
     for (int i = 0; i < u->nparams; i++) {
         struct fsdp__param *p = &u->params[i];
         if (!p->cv->requires_grad) continue;
@@ -84,6 +87,40 @@ int fsdp__prepare_grads(fsdp_unit_t *u) {
         p->cv->grad_fresh = fresh;
     }
     return FSDP_OK;
+}
+
+/* Zeroes elements [from, to) of u's unsharded gradient. */
+static int zero_range(fsdp_unit_t *u, int64_t from, int64_t to) {
+    if (to <= from) return FSDP_OK;
+    fsdp_tensor_t *v = NULL;
+    int rc = fsdp__view1d(u->full_grad, from, to - from, &v);
+    if (rc == 0) rc = fsdp_tensor_zero_(v);
+    fsdp_tensor_release(v);
+    return rc;
+}
+
+/* After the unit's backward, before its unsharded gradient is read (reduced, or kept under
+ * no_sync): zeroes what backward did not write in a fresh one (the views of parameters that
+ * got no gradient or need none, the alignment gaps and the padding), as few ranges as they
+ * make, then drops the compute views' .grad. */
+int fsdp__settle_grads(fsdp_unit_t *u) {
+    int rc = FSDP_OK;
+    if (u->full_grad && u->full_grad_fresh) {
+        int64_t from = 0; /* start of the run of elements still to zero */
+        for (int i = 0; i < u->nparams && rc == 0; i++) {
+            const fsdp_tensor_t *cv = u->params[i].cv;
+            int64_t off = u->layout.offset[i];
+            if (cv->requires_grad && cv->grad && !cv->grad_fresh) {
+                rc = zero_range(u, from, off); /* written: ends the run */
+                from = off + u->layout.numel[i];
+            }
+        }
+        if (rc == 0) rc = zero_range(u, from, u->layout.padded_numel);
+        if (rc < 0) rc = fsdp__unit_err(u, rc, "cannot zero the unsharded gradient's unwritten part");
+    }
+    u->full_grad_fresh = false;
+    fsdp__drop_cv_grads(u);
+    return rc;
 }
 
 void fsdp__drop_cv_grads(fsdp_unit_t *u) {
@@ -117,14 +154,17 @@ static int grad_sum(fsdp_unit_t *u, fsdp_pg_t *pg, fsdp_coll_kind_t kind, fsdp_t
 
 /* Starts the reduction of u's unsharded gradient (asynchronous). */
 int fsdp__reduce_grad(fsdp_unit_t *u) {
+    int rc = fsdp__settle_grads(u);
     fsdp_tensor_t *g = u->full_grad;
     u->full_grad = NULL;
-    fsdp__drop_cv_grads(u);
-    if (!g) return FSDP_OK;
+    if (!g || rc < 0) {
+        fsdp_tensor_release(g);
+        return rc;
+    }
     double pre, post;
     int world = u->world * (u->replicate_pg ? fsdp_pg_size(u->replicate_pg) : 1);
     fsdp__divide_factors(world, &pre, &post);
-    int rc = fsdp__mp_grad_for_reduce(u, &g);
+    rc = fsdp__mp_grad_for_reduce(u, &g);
     if (rc < 0) return rc;
     rc = div_inplace(g, pre);
     if (rc < 0) goto fail;

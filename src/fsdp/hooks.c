@@ -414,7 +414,7 @@ static int post_backward(fsdp_unit_t *u) {
     if (rc == 0 && u->opt.backward_prefetch == FSDP_BACKWARD_POST) rc = prefetch_backward(u);
     if (rc == 0 && fsdp__root_of(u)->no_sync) {
         /* No reduction: the unsharded gradient stays with the unit for the next backward. */
-        fsdp__drop_cv_grads(u);
+        rc = fsdp__settle_grads(u);
         u->local_grad = u->full_grad;
         u->full_grad = NULL;
     } else {

@@ -53,10 +53,10 @@ struct fsdp_tensor {
     int64_t slot;                  /* gradient slot on the tape, -1 for leaves and constants */
     uint64_t tape_gen;             /* generation of the tape that gave the slot */
     fsdp_tensor_t *grad;           /* accumulated gradient of a leaf (owned reference) */
-    /* leaf: grad holds zeros that nobody reads before backward writes it (FSDP's view into a
-     * freshly zeroed unsharded gradient), so backward's first gradient of a 16-bit leaf is
-     * copied into it instead of added to it (an add widens, sums and rounds the whole tensor);
-     * cleared by that first write. Never set for f32/f64 leaves, whose add is in place. */
+    /* leaf: grad's contents are not read before backward writes it (FSDP's view into its new
+     * unsharded gradient, which is zeroed after backward only where backward wrote nothing), so
+     * backward's first gradient is copied into it, rounded to its dtype, instead of added to
+     * it; cleared by that first write. */
     bool grad_fresh;
     struct fsdp_grad_hook *hooks;
     char *name;
