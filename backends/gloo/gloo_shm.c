@@ -26,6 +26,7 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,9 +384,10 @@ static char *slot_of(fsdp_gloo_shm_t *s, int q) {
 }
 
 /* Reduces element range [e, e + n) of chunk `base` (an element offset into each slot) over
- * every slot, in rank order, into out. */
+ * every slot, in rank order, into the nout outputs; the rank's own input is `own` (its send
+ * buffer, which it did not copy into its slot) when not NULL. */
 static int reduce_slots(run_t *r, const fsdp_gloo_op_t *op, size_t es, size_t base, size_t n,
-                        void *out) {
+                        const void *own, void *const *outs, int nout) {
     enum { MAXN = 64 };
     fsdp_gloo_shm_t *s = r->s;
     const void *small[MAXN] = {NULL};
@@ -395,9 +397,8 @@ static int reduce_slots(run_t *r, const fsdp_gloo_op_t *op, size_t es, size_t ba
         return FSDP_ENOMEM;
     }
     for (int q = 0; q < s->size; q++)
-        ins[q] = slot_of(s, q) + base * es;
-    void *outs[1] = {out};
-    int rc = fsdp__reduce(outs, 1, ins, s->size, n, op->dtype, op->op, s->size);
+        ins[q] = q == s->rank && own ? own : slot_of(s, q) + base * es;
+    int rc = fsdp__reduce(outs, nout, ins, s->size, n, op->dtype, op->op, s->size);
     if (ins != small) free(ins);
     if (rc < 0) snprintf(r->msg, r->cap, "out of memory reducing");
     return rc;
@@ -452,17 +453,23 @@ static int all_to_all(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     return FSDP_OK;
 }
 
-/* send: size segments of count elements; rank q's result is segment q reduced over the ranks. */
+/* send: size segments of count elements; rank q's result is segment q reduced over the ranks.
+ * A rank copies into its slot only the segments the others reduce, and reads its own from its
+ * send buffer: 1/size less copying, the same inputs in the same order. */
 static int reduce_scatter(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     fsdp_gloo_shm_t *s = r->s;
     const size_t n = (size_t)s->size, per = s->slot / n / es; /* elements of a segment a chunk */
+    const size_t me = (size_t)s->rank;
     for (size_t e = 0; e < op->count; e += per) {
         const size_t m = op->count - e < per ? op->count - e : per;
         for (size_t q = 0; q < n; q++)
-            memcpy(slot_of(s, s->rank) + q * per * es,
-                   (const char *)op->send + (q * op->count + e) * es, m * es);
+            if (q != me)
+                memcpy(slot_of(s, s->rank) + q * per * es,
+                       (const char *)op->send + (q * op->count + e) * es, m * es);
         SYNC(r);
-        int rc = reduce_slots(r, op, es, (size_t)s->rank * per, m, (char *)op->recv + e * es);
+        void *outs[1] = {(char *)op->recv + e * es};
+        int rc = reduce_slots(r, op, es, me * per, m,
+                              (const char *)op->send + (me * op->count + e) * es, outs, 1);
         if (rc < 0) return rc;
         SYNC(r);
     }
@@ -470,22 +477,32 @@ static int reduce_scatter(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
 }
 
 /* All-reduce (root < 0) or reduce to root: chunks of a slot; each rank reduces its share of the
- * chunk into the result area, then every rank (or the root) copies the chunk out. */
+ * chunk into the result area, then every rank (or the root) copies the chunk out. A rank's own
+ * share is read from its send buffer (it copies only the rest into its slot) and, when the rank
+ * keeps the result, written into recv as well as the result area. */
 static int reduce_all(run_t *r, const fsdp_gloo_op_t *op, size_t es, int root) {
     fsdp_gloo_shm_t *s = r->s;
     const size_t n = (size_t)s->size, chunk = s->slot / es;
+    const bool keep = root < 0 || s->rank == root;
     for (size_t e = 0; e < op->count; e += chunk) {
         const size_t m = op->count - e < chunk ? op->count - e : chunk;
-        memcpy(slot_of(s, s->rank), (const char *)op->send + e * es, m * es);
-        SYNC(r);
         /* Rank q's share of the m elements: [q m / n, (q + 1) m / n). */
         const size_t lo = (size_t)s->rank * m / n, hi = ((size_t)s->rank + 1) * m / n;
+        const char *send = (const char *)op->send + e * es;
+        char *recv = (char *)op->recv + e * es;
+        memcpy(slot_of(s, s->rank), send, lo * es);
+        memcpy(slot_of(s, s->rank) + hi * es, send + hi * es, (m - hi) * es);
+        SYNC(r);
         if (hi > lo) {
-            int rc = reduce_slots(r, op, es, lo, hi - lo, s->result + lo * es);
+            void *outs[2] = {s->result + lo * es, recv + lo * es};
+            int rc = reduce_slots(r, op, es, lo, hi - lo, send + lo * es, outs, keep ? 2 : 1);
             if (rc < 0) return rc;
         }
         SYNC(r);
-        if (root < 0 || s->rank == root) memcpy((char *)op->recv + e * es, s->result, m * es);
+        if (keep) {
+            memcpy(recv, s->result, lo * es);
+            memcpy(recv + hi * es, s->result + hi * es, (m - hi) * es);
+        }
         SYNC(r);
     }
     return FSDP_OK;
