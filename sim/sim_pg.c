@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/copy.h"
 #include "core/reduce.h"
 #include "core/timeutil.h"
 #include "sim/sim.h"
@@ -260,7 +261,7 @@ static void slice(size_t count, int n, int r, size_t *lo, size_t *hi) {
 static int copy(fsdp_device_t *dev, void *dst, const void *src, size_t bytes) {
     if (!bytes || dst == src) return FSDP_OK;
     if (!dev) {
-        memcpy(dst, src, bytes);
+        fsdp__copy_large(dst, src, bytes);
         return FSDP_OK;
     }
     return dev->ops->memcpy(dev, dst, src, bytes, FSDP_COPY_D2D, NULL);

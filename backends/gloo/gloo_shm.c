@@ -39,6 +39,7 @@
 #include <fsdp/errno.h>
 
 #include "backends/gloo/gloo_shm.h"
+#include "core/copy.h"
 #include "core/reduce.h"
 #include "core/timeutil.h"
 
@@ -411,11 +412,11 @@ static int all_gather(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     char *recv = op->recv;
     for (size_t off = 0; off < bytes; off += s->slot) {
         const size_t len = bytes - off < s->slot ? bytes - off : s->slot;
-        memcpy(slot_of(s, s->rank), send + off, len);
+        fsdp__copy_large(slot_of(s, s->rank), send + off, len);
         SYNC(r);
         for (int q = 0; q < s->size; q++)
             if (recv + (size_t)q * bytes + off != send + off || q != s->rank)
-                memcpy(recv + (size_t)q * bytes + off, slot_of(s, q), len);
+                fsdp__copy_large(recv + (size_t)q * bytes + off, slot_of(s, q), len);
         SYNC(r);
     }
     return FSDP_OK;
@@ -426,10 +427,11 @@ static int broadcast(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     const size_t bytes = op->count * es;
     for (size_t off = 0; off < bytes; off += s->slot) {
         const size_t len = bytes - off < s->slot ? bytes - off : s->slot;
-        if (s->rank == op->root) memcpy(slot_of(s, op->root), (const char *)op->send + off, len);
+        if (s->rank == op->root)
+            fsdp__copy_large(slot_of(s, op->root), (const char *)op->send + off, len);
         SYNC(r);
         if (s->rank != op->root || op->send != op->recv)
-            memcpy((char *)op->recv + off, slot_of(s, op->root), len);
+            fsdp__copy_large((char *)op->recv + off, slot_of(s, op->root), len);
         SYNC(r);
     }
     return FSDP_OK;
@@ -443,11 +445,12 @@ static int all_to_all(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     for (size_t off = 0; off < bytes; off += part) {
         const size_t len = bytes - off < part ? bytes - off : part;
         for (size_t q = 0; q < n; q++)
-            memcpy(slot_of(s, s->rank) + q * part, (const char *)op->send + q * bytes + off, len);
+            fsdp__copy_large(slot_of(s, s->rank) + q * part,
+                             (const char *)op->send + q * bytes + off, len);
         SYNC(r);
         for (size_t q = 0; q < n; q++)
-            memcpy((char *)op->recv + q * bytes + off, slot_of(s, (int)q) + (size_t)s->rank * part,
-                   len);
+            fsdp__copy_large((char *)op->recv + q * bytes + off,
+                             slot_of(s, (int)q) + (size_t)s->rank * part, len);
         SYNC(r);
     }
     return FSDP_OK;
@@ -464,8 +467,8 @@ static int reduce_scatter(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
         const size_t m = op->count - e < per ? op->count - e : per;
         for (size_t q = 0; q < n; q++)
             if (q != me)
-                memcpy(slot_of(s, s->rank) + q * per * es,
-                       (const char *)op->send + (q * op->count + e) * es, m * es);
+                fsdp__copy_large(slot_of(s, s->rank) + q * per * es,
+                                 (const char *)op->send + (q * op->count + e) * es, m * es);
         SYNC(r);
         void *outs[1] = {(char *)op->recv + e * es};
         int rc = reduce_slots(r, op, es, me * per, m,
@@ -490,8 +493,8 @@ static int reduce_all(run_t *r, const fsdp_gloo_op_t *op, size_t es, int root) {
         const size_t lo = (size_t)s->rank * m / n, hi = ((size_t)s->rank + 1) * m / n;
         const char *send = (const char *)op->send + e * es;
         char *recv = (char *)op->recv + e * es;
-        memcpy(slot_of(s, s->rank), send, lo * es);
-        memcpy(slot_of(s, s->rank) + hi * es, send + hi * es, (m - hi) * es);
+        fsdp__copy_large(slot_of(s, s->rank), send, lo * es);
+        fsdp__copy_large(slot_of(s, s->rank) + hi * es, send + hi * es, (m - hi) * es);
         SYNC(r);
         if (hi > lo) {
             void *outs[2] = {s->result + lo * es, recv + lo * es};
@@ -500,8 +503,8 @@ static int reduce_all(run_t *r, const fsdp_gloo_op_t *op, size_t es, int root) {
         }
         SYNC(r);
         if (keep) {
-            memcpy(recv, s->result, lo * es);
-            memcpy(recv + hi * es, s->result + hi * es, (m - hi) * es);
+            fsdp__copy_large(recv, s->result, lo * es);
+            fsdp__copy_large(recv + hi * es, s->result + hi * es, (m - hi) * es);
         }
         SYNC(r);
     }

@@ -21,17 +21,14 @@
 
 #include <fsdp/errno.h>
 
+#include "core/copy.h"
 #include "core/reduce.h"
-
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #define BLOCK 2048
 /* Messages of at least this many bytes are written with non-temporal stores: their outputs are
  * read later (often by another rank), so pulling them into this core's cache only costs the
  * read-for-ownership traffic that all-reduce, writing every slice N times, is bound by. */
-#define STREAM_MIN_BYTES ((size_t)1 << 20)
+#define STREAM_MIN_BYTES FSDP_COPY_STREAM_MIN
 
 static const char *const redop_names[FSDP_REDOP_COUNT] = {"sum", "avg", "min", "max", "prod"};
 
@@ -171,28 +168,12 @@ static void advance(const void **dst, const void *const *src, int n, size_t off,
         dst[k] = (const char *)src[k] + off * size;
 }
 
-/* Copies a block from the cache to memory without reading the destination into the cache. */
-static void stream_copy(char *dst, const char *src, size_t bytes) {
-#ifdef __SSE2__
-    size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-    if (head > bytes) head = bytes;
-    memcpy(dst, src, head);
-    size_t i = head;
-    for (; i + 16 <= bytes; i += 16)
-        _mm_stream_si128((__m128i *)(void *)(dst + i),
-                         _mm_loadu_si128((const __m128i *)(const void *)(src + i)));
-    memcpy(dst + i, src + i, bytes - i);
-#else
-    memcpy(dst, src, bytes);
-#endif
-}
-
 static void store_all(void *const *outs, int nout, size_t off, const void *block, size_t bytes,
                       size_t esize, int stream) {
     for (int k = 0; k < nout; k++) {
         char *dst = (char *)outs[k] + off * esize;
         if (stream)
-            stream_copy(dst, block, bytes);
+            fsdp__copy_stream(dst, block, bytes);
         else
             memcpy(dst, block, bytes);
     }
@@ -280,10 +261,8 @@ int fsdp__reduce(void *const *outs, int nout, const void *const *ins, int nin, s
             break;
         }
     }
-#ifdef __SSE2__
     /* Non-temporal stores are weakly ordered: make them visible before anybody is told. */
-    if (stream) _mm_sfence();
-#endif
+    if (stream) fsdp__copy_fence();
     if (blk_in != blk_in_small) free(blk_in);
     return FSDP_OK;
 }

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "core/sanitizer.h"
+#include "core/copy.h"
 #include "device/cpu_impl.h"
 
 #if defined(FSDP_HAVE_BLAS) && defined(__GNUC__)
@@ -276,7 +277,8 @@ int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out) {
 static void populate(void *p, size_t bytes) {
 #if defined(MADV_POPULATE_WRITE)
     const size_t page = page_size ? page_size : 4096;
-    uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + bytes) / page * page;
+    uintptr_t lo = ((uintptr_t)p + page - 1) / page * page,
+              hi = ((uintptr_t)p + bytes) / page * page;
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
 #endif
     (void)p, (void)bytes;
@@ -319,8 +321,10 @@ void fsdp__cpu_free(fsdp_device_t *dev, void *ptr) {
 int fsdp__cpu_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t n,
                      fsdp_copy_kind_t kind, void *stream) {
     (void)dev, (void)kind, (void)stream;
-    /* dst == src is allowed by the front end and is a no-op; memcpy would be undefined. */
-    if (dst != src && n > 0) memcpy(dst, src, n);
+    /* dst == src is allowed by the front end and is a no-op (fsdp__copy_large skips it). A
+     * copy of a megabyte or more writes around the cache (core/copy.h): the sim backend's
+     * collectives and the tensor layer's large copies go through here. */
+    fsdp__copy_large(dst, src, n);
     return FSDP_OK;
 }
 

@@ -116,7 +116,8 @@ int fsdp__settle_grads(fsdp_unit_t *u) {
             }
         }
         if (rc == 0) rc = zero_range(u, from, u->layout.padded_numel);
-        if (rc < 0) rc = fsdp__unit_err(u, rc, "cannot zero the unsharded gradient's unwritten part");
+        if (rc < 0)
+            rc = fsdp__unit_err(u, rc, "cannot zero the unsharded gradient's unwritten part");
     }
     u->full_grad_fresh = false;
     fsdp__drop_cv_grads(u);
