@@ -36,8 +36,9 @@ struct fsdp_coll;
 
 /* Bumped whenever either table, or a structure the plugin reads, changes shape (4: the public
  * options structs start with their size, docs/design.md "ABI policy"; 5: the device ops' stream
- * pools, alloc_on, record_stream and cast_on). */
-#define FSDP_PLUGIN_ABI 5
+ * pools, alloc_on, record_stream and cast_on; 6: the collectives' prescale, in fsdp_coll_t and
+ * coll_reduce). */
+#define FSDP_PLUGIN_ABI 6
 /* The file name of the plugin and its entry point (versioned by name as well). */
 #define FSDP_PLUGIN_FILE "libfsdp-cuda.so"
 #define FSDP_PLUGIN_ENTRY "fsdp_cuda_plugin_v1"

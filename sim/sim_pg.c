@@ -112,7 +112,7 @@ static int check_mismatch(sim_group_t *g) {
             bad = a->dtype != b->dtype || a->count != b->count;
         if (!bad && (a->kind == FSDP_COLL_REDUCE_SCATTER || a->kind == FSDP_COLL_ALL_REDUCE ||
                      a->kind == FSDP_COLL_REDUCE))
-            bad = a->op != b->op;
+            bad = a->op != b->op || a->prescale != b->prescale;
         if (!bad && (a->kind == FSDP_COLL_BROADCAST || a->kind == FSDP_COLL_REDUCE))
             bad = a->root != b->root;
     }
@@ -269,8 +269,9 @@ static int copy(fsdp_device_t *dev, void *dst, const void *src, size_t bytes) {
 
 static int reduce(fsdp_device_t *dev, void *const *outs, int nout, const void *const *ins,
                   int nin, size_t n, const fsdp_coll_t *c, int divisor) {
-    if (!dev) return fsdp__reduce(outs, nout, ins, nin, n, c->dtype, c->op, divisor);
-    return dev->ops->coll_reduce(dev, c->dtype, c->op, divisor, outs, nout, ins, nin, n, NULL);
+    if (!dev) return fsdp__reduce(outs, nout, ins, nin, n, c->dtype, c->op, divisor, c->prescale);
+    return dev->ops->coll_reduce(dev, c->dtype, c->op, divisor, c->prescale, outs, nout, ins, nin,
+                                 n, NULL);
 }
 
 /* Moves rank r's share of the data; every descriptor in g->posted is valid. */

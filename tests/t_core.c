@@ -190,7 +190,7 @@ static void test_reduce(void) {
     }
     const void *ins[3] = {a, b, c};
     void *outs[1] = {out};
-    fsdp__reduce(outs, 1, ins, 3, N, FSDP_DTYPE_F32, FSDP_REDOP_SUM, 3);
+    fsdp__reduce(outs, 1, ins, 3, N, FSDP_DTYPE_F32, FSDP_REDOP_SUM, 3, 0.0);
     int ok = 1;
     for (int i = 0; i < N; i++) ok &= out[i] == (a[i] + b[i]) + c[i];
     tap_ok(ok, "f32 sum is ((a + b) + c), not reassociated");
@@ -199,24 +199,24 @@ static void test_reduce(void) {
     memcpy(c2, c, N * sizeof *c2);
     const void *ins2[3] = {a, b, c2};
     void *outs2[1] = {c2};
-    fsdp__reduce(outs2, 1, ins2, 3, N, FSDP_DTYPE_F32, FSDP_REDOP_SUM, 3);
+    fsdp__reduce(outs2, 1, ins2, 3, N, FSDP_DTYPE_F32, FSDP_REDOP_SUM, 3, 0.0);
     tap_is_mem(c2, out, N * sizeof *c2, "output aliasing the last input gives the same result");
     uint16_t h[3] = {fsdp_f32_to_bf16(256.0f), fsdp_f32_to_bf16(1.0f), fsdp_f32_to_bf16(1.0f)};
     const void *hin[3] = {&h[0], &h[1], &h[2]};
     uint16_t hout;
     void *hout_p[1] = {&hout};
-    fsdp__reduce(hout_p, 1, hin, 3, 1, FSDP_DTYPE_BF16, FSDP_REDOP_SUM, 3);
+    fsdp__reduce(hout_p, 1, hin, 3, 1, FSDP_DTYPE_BF16, FSDP_REDOP_SUM, 3, 0.0);
     tap_is_near(fsdp_bf16_to_f32(hout), 258.0, 0, 0,
                 "bf16 256 + 1 + 1 accumulates in f32 (bf16 steps would give 256)");
     int32_t big[2] = {INT32_MAX, 1}, isum;
     const void *iin[2] = {&big[0], &big[1]};
     void *iout[1] = {&isum};
-    fsdp__reduce(iout, 1, iin, 2, 1, FSDP_DTYPE_I32, FSDP_REDOP_SUM, 2);
+    fsdp__reduce(iout, 1, iin, 2, 1, FSDP_DTYPE_I32, FSDP_REDOP_SUM, 2, 0.0);
     tap_is_int(isum, INT32_MIN, "i32 sum wraps around instead of being undefined");
     float nan = NAN, one = 1.0f, fmn;
     const void *nin[2] = {&one, &nan};
     void *nout[1] = {&fmn};
-    fsdp__reduce(nout, 1, nin, 2, 1, FSDP_DTYPE_F32, FSDP_REDOP_MIN, 2);
+    fsdp__reduce(nout, 1, nin, 2, 1, FSDP_DTYPE_F32, FSDP_REDOP_MIN, 2, 0.0);
     tap_ok(isnan(fmn), "min propagates NaN");
     tap_ok(!fsdp__redop_supported(FSDP_DTYPE_BOOL, FSDP_REDOP_AVG), "avg is not defined on bool");
     free(a);

@@ -43,6 +43,7 @@
 
 #include "coll_check.h"
 #include "coll_matrix.h"
+#include "coll_prescale.h"
 #include "gloo_coll_suite.h"
 #include "gloo_world.h"
 #include "tap.h"
@@ -571,6 +572,8 @@ int main(void) {
     test_faults();
     gcs_bitwise(gw_run, "F02 gloo");
     int combos = gcs_matrix(gw_run, "F02 gloo", gcs_large_bytes());
+    static const int pworlds[] = {2, 3};
+    cp_suite(gw_run, "F02 gloo tcp", pworlds, 2, cm_large_bytes(6, 0) / 4, 0);
     tap_diag("matrix: %d combinations per rank over worlds 2, 3, 4; large case %zu MiB; "
              "%.1f s in all",
              combos, gcs_large_bytes() >> 20, gw_now_s() - t0);

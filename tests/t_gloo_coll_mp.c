@@ -23,6 +23,7 @@
 
 #include <fsdp.h>
 
+#include "coll_prescale.h"
 #include "gloo_coll_suite.h"
 #include "gloo_world.h"
 #include "mp_fork.h"
@@ -66,6 +67,8 @@ int main(void) {
     gcs_bitwise(gw_run_procs, NAME);
     size_t large = gcs_large_bytes();
     int combos = gcs_matrix(gw_run_procs, NAME, large);
+    static const int pworlds[] = {2, 3, 4};
+    cp_suite(gw_run_procs, NAME " shm", pworlds, 3, cm_large_bytes(6, 0) / 4, 0);
     tap_diag("matrix: %d combinations per rank over worlds 2, 3, 4; large case %zu MiB; "
              "%.1f s in all",
              combos, large >> 20, gw_now_s() - t0);

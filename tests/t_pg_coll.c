@@ -16,6 +16,7 @@
  *    sequence number and says what is wrong.
  * 4. Counters after a known sequence of collectives, and their reset.
  * 5. The checker itself fails a backend that moves no data (the dummy group).
+ * 6. Prescaled sums (coll_prescale.h), and ranks that disagree on the prescale.
  *
  * FSDP_TEST_LARGE_MB sets the size of the large case in MiB (default 16, 2 under
  * ThreadSanitizer; 0 leaves it out).
@@ -33,6 +34,7 @@
 
 #include "coll_check.h"
 #include "coll_matrix.h"
+#include "coll_prescale.h"
 #include "tap.h"
 
 #define ODD_COUNT CM_ODD_COUNT
@@ -531,6 +533,8 @@ int main(void) {
     const cm_options_t mo = {
         .name = "F02 sim", .worlds = worlds, .nworlds = NWORLDS, .large = cm_large_bytes(16, 2)};
     int combos = cm_matrix(sim_runner, &mo);
+    static const int pworlds[] = {1, 2, 3, 4};
+    cp_suite(sim_runner, "F02 sim", pworlds, 4, cm_large_bytes(6, 0) / 4, 1);
     tap_diag("matrix: %d combinations per rank over worlds 1, 2, 3, 4, 8; large case %zu MiB; "
              "%.1f s in all",
              combos, mo.large >> 20, now_s() - t0);

@@ -67,10 +67,10 @@ static int counted_memcpy(fsdp_device_t *dev, void *dst, const void *src, size_t
     return base_ops->memcpy(dev, dst, src, n, kind, stream);
 }
 static int counted_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
-                          void *const *outs, int nout, const void *const *ins, int nin, size_t n,
-                          void *stream) {
+                          double prescale, void *const *outs, int nout, const void *const *ins,
+                          int nin, size_t n, void *stream) {
     atomic_fetch_add(&n_reduce, 1);
-    return base_ops->coll_reduce(dev, dt, op, divisor, outs, nout, ins, nin, n, stream);
+    return base_ops->coll_reduce(dev, dt, op, divisor, prescale, outs, nout, ins, nin, n, stream);
 }
 static int counted_sync(fsdp_device_t *dev, void *stream) {
     atomic_fetch_add(&n_sync, 1);

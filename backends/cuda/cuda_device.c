@@ -503,8 +503,8 @@ static int cuda_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const
 /* Outputs beyond the kernel's pointer table get further launches over the same inputs: the
  * result of an element does not depend on the launch, so every output gets the same bits. */
 static int cuda_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
-                            void *const *outs, int nout, const void *const *ins, int nin, size_t n,
-                            void *stream) {
+                            double prescale, void *const *outs, int nout, const void *const *ins,
+                            int nin, size_t n, void *stream) {
     USE(cd, dev);
     if (nin < 1 || nin > FSDP_CUDA_COLL_MAX_PTRS)
         return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
@@ -519,7 +519,8 @@ static int cuda_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op
     for (int done = 0; done < nout;) {
         int m = nout - done < FSDP_CUDA_COLL_MAX_PTRS ? nout - done : FSDP_CUDA_COLL_MAX_PTRS;
         for (int k = 0; k < m; k++) p.out[k] = outs[done + k];
-        cudaError_t e = fsdp__cuda_k_coll_reduce(s, (int)dt, (int)op, divisor, &p, nin, m, n);
+        cudaError_t e =
+            fsdp__cuda_k_coll_reduce(s, (int)dt, (int)op, divisor, prescale, &p, nin, m, n);
         if (e != cudaSuccess) return cuda_fail(dev, e, "coll_reduce kernel");
         done += m;
     }

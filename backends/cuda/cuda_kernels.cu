@@ -463,6 +463,8 @@ struct cr_f32 {
     __device__ static A mn(A a, A b) { return (a < b || a != a) ? a : b; }
     __device__ static A mx(A a, A b) { return (a > b || a != a) ? a : b; }
     __device__ static A avg(A a, int d) { return __fdiv_rn(a, (float)d); }
+    /* An input times the sum's prescale, rounded to the input's type (pg.h). */
+    __device__ static A pre(A a, double s) { return __fmul_rn(a, (float)s); }
 };
 struct cr_f64 {
     typedef double A;
@@ -473,6 +475,7 @@ struct cr_f64 {
     __device__ static A mn(A a, A b) { return (a < b || a != a) ? a : b; }
     __device__ static A mx(A a, A b) { return (a > b || a != a) ? a : b; }
     __device__ static A avg(A a, int d) { return __ddiv_rn(a, (double)d); }
+    __device__ static A pre(A a, double s) { return __dmul_rn(a, s); }
 };
 /* f16 and bf16: widened exactly to f32, reduced as f32, rounded once (cuda_cast.h's rules,
  * bitwise those of fsdp_dtype_convert). */
@@ -482,6 +485,11 @@ template <int DT> struct cr_half : cr_f32 {
         return DT == FSDP_DTYPE_F16 ? fsdp_cc_f16_to_f32(h) : fsdp_cc_bf16_to_f32(h);
     }
     __device__ static void store(void *p, size_t i, A v) { fsdp_cc_store_f(DT, p, i, (double)v); }
+    __device__ static A pre(A a, double s) {
+        uint16_t h;
+        store(&h, 0, __fmul_rn(a, (float)s));
+        return load(&h, 0);
+    }
 };
 template <typename U, typename S> struct cr_int {
     typedef U A;
@@ -492,6 +500,7 @@ template <typename U, typename S> struct cr_int {
     __device__ static A mn(A a, A b) { return (S)a < (S)b ? a : b; }
     __device__ static A mx(A a, A b) { return (S)a > (S)b ? a : b; }
     __device__ static A avg(A a, int d) { return (A)(S)((S)a / (S)d); }
+    __device__ static A pre(A a, double) { return a; } /* sums of floats only (pg.c checks) */
 };
 /* u8 arithmetic goes through unsigned int and is truncated back, as the CPU's. */
 struct cr_u8 : cr_int<uint8_t, uint8_t> {
@@ -510,11 +519,14 @@ struct cr_bool : cr_u8 {
 
 template <typename T>
 __global__ void coll_reduce_k(struct fsdp_cuda_coll_ptrs p, int nin, int nout, int op, int divisor,
-                              size_t n) {
+                              double prescale, size_t n) {
+    const bool pre = prescale != 0.0 && op == FSDP_CUDA_REDOP_SUM;
     GRID_LOOP(i, n) {
         typename T::A acc = T::load(p.in[0], i);
+        if (pre) acc = T::pre(acc, prescale);
         for (int k = 1; k < nin; k++) {
             typename T::A x = T::load(p.in[k], i);
+            if (pre) x = T::pre(x, prescale);
             switch (op) {
             case FSDP_CUDA_REDOP_PROD:
                 acc = T::prod(acc, x);
@@ -536,37 +548,37 @@ __global__ void coll_reduce_k(struct fsdp_cuda_coll_ptrs p, int nin, int nout, i
 }
 
 extern "C" cudaError_t fsdp__cuda_k_coll_reduce(cudaStream_t s, int dt, int op, int divisor,
-                                                const struct fsdp_cuda_coll_ptrs *p, int nin,
-                                                int nout, size_t n) {
+                                                double pre, const struct fsdp_cuda_coll_ptrs *p,
+                                                int nin, int nout, size_t n) {
     unsigned g = blocks_for(n);
+#define COLL_REDUCE(...)                                                                           \
+    coll_reduce_k<__VA_ARGS__><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, pre, n)
     switch (dt) {
     case FSDP_DTYPE_F32:
-        coll_reduce_k<cr_f32><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        COLL_REDUCE(cr_f32);
         break;
     case FSDP_DTYPE_F64:
-        coll_reduce_k<cr_f64><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        COLL_REDUCE(cr_f64);
         break;
     case FSDP_DTYPE_F16:
-        coll_reduce_k<cr_half<FSDP_DTYPE_F16>><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        COLL_REDUCE(cr_half<FSDP_DTYPE_F16>);
         break;
     case FSDP_DTYPE_BF16:
-        coll_reduce_k<cr_half<FSDP_DTYPE_BF16>><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor,
-                                                                       n);
+        COLL_REDUCE(cr_half<FSDP_DTYPE_BF16>);
         break;
     case FSDP_DTYPE_I32:
-        coll_reduce_k<cr_int<uint32_t, int32_t>><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor,
-                                                                        n);
+        COLL_REDUCE(cr_int<uint32_t, int32_t>);
         break;
     case FSDP_DTYPE_I64:
-        coll_reduce_k<cr_int<uint64_t, int64_t>><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor,
-                                                                        n);
+        COLL_REDUCE(cr_int<uint64_t, int64_t>);
         break;
     case FSDP_DTYPE_U8:
-        coll_reduce_k<cr_u8><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        COLL_REDUCE(cr_u8);
         break;
     default:
-        coll_reduce_k<cr_bool><<<g, THREADS, 0, s>>>(*p, nin, nout, op, divisor, n);
+        COLL_REDUCE(cr_bool);
         break;
     }
+#undef COLL_REDUCE
     return cudaGetLastError();
 }

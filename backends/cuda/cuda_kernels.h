@@ -107,7 +107,7 @@ struct fsdp_cuda_coll_ptrs {
     void *out[FSDP_CUDA_COLL_MAX_PTRS];
 };
 /* dt: an fsdp_dtype_t; 1 <= nin, nout <= FSDP_CUDA_COLL_MAX_PTRS. */
-cudaError_t fsdp__cuda_k_coll_reduce(cudaStream_t s, int dt, int op, int divisor,
+cudaError_t fsdp__cuda_k_coll_reduce(cudaStream_t s, int dt, int op, int divisor, double pre,
                                      const struct fsdp_cuda_coll_ptrs *p, int nin, int nout,
                                      size_t n);
 

@@ -285,9 +285,9 @@ void connect(fsdp_gloo_comm *c, int rank, int size, int *fds, int64_t timeout_ms
 /* Collectives */
 
 void reduce_or_throw(void *out, const void *const *ins, int nin, size_t n, fsdp_dtype_t dt,
-                     fsdp_redop_t op, int divisor) {
+                     fsdp_redop_t op, int divisor, double prescale) {
     void *outs[1] = {out};
-    if (fsdp__reduce(outs, 1, ins, nin, n, dt, op, divisor) < 0) throw std::bad_alloc();
+    if (fsdp__reduce(outs, 1, ins, nin, n, dt, op, divisor, prescale) < 0) throw std::bad_alloc();
 }
 
 /* Calls f with a value of the unsigned type of `size` bytes (Gloo's options are templates on
@@ -369,7 +369,7 @@ void barrier(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
  * normalized, f16/bf16 go through f32 exactly). */
 void reduce_alone(const fsdp_gloo_op_t *op) {
     const void *ins[1] = {op->send};
-    reduce_or_throw(op->recv, ins, 1, op->count, op->dtype, op->op, 1);
+    reduce_or_throw(op->recv, ins, 1, op->count, op->dtype, op->op, 1, op->prescale);
 }
 
 /*
@@ -382,8 +382,8 @@ void reduce_alone(const fsdp_gloo_op_t *op) {
  * posted, so they never overrun the window). out may be send's chunk r, which no send reads.
  */
 void rs_chunks(fsdp_gloo_comm *c, const void *send_v, void *out_v, const size_t *off,
-               const size_t *len, fsdp_dtype_t dt, fsdp_redop_t rop, uint32_t tag,
-               int64_t timeout_ms) {
+               const size_t *len, fsdp_dtype_t dt, fsdp_redop_t rop, double prescale,
+               uint32_t tag, int64_t timeout_ms) {
     const int n = c->ctx->size, r = c->ctx->rank;
     const size_t es = fsdp_dtype_size(dt);
     const size_t seg_elems = std::max<size_t>(1, kSegmentBytes / es), seg = seg_elems * es;
@@ -439,7 +439,7 @@ void rs_chunks(fsdp_gloo_comm *c, const void *send_v, void *out_v, const size_t 
                 throw gloo::IoException("reduce_scatter: a receive was aborted");
             ins[(size_t)q] = region(q) + (s % win) * seg;
         }
-        reduce_or_throw(out + s * seg, ins.data(), n, seg_len(s) / es, dt, rop, n);
+        reduce_or_throw(out + s * seg, ins.data(), n, seg_len(s) / es, dt, rop, n, prescale);
         if (s + win < nseg)
             for (int q = 0; q < n; q++)
                 if (q != r) win_buf[(size_t)q]->recv(q, slot, (s % win) * seg, seg_len(s + win));
@@ -456,8 +456,8 @@ void reduce_scatter(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
     std::vector<size_t> off((size_t)n), len((size_t)n, op->count);
     for (int q = 0; q < n; q++)
         off[(size_t)q] = (size_t)q * op->count;
-    rs_chunks(c, op->send, op->recv, off.data(), len.data(), op->dtype, op->op, op->tag,
-              op->timeout_ms);
+    rs_chunks(c, op->send, op->recv, off.data(), len.data(), op->dtype, op->op, op->prescale,
+              op->tag, op->timeout_ms);
 }
 
 /*
@@ -479,7 +479,7 @@ void all_reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
     }
     char *recv = static_cast<char *>(op->recv);
     rs_chunks(c, op->send, recv + off[(size_t)r] * es, off.data(), len.data(), op->dtype, op->op,
-              op->tag, op->timeout_ms);
+              op->prescale, op->tag, op->timeout_ms);
     if (op->count == 0) return;
     gloo::AllgathervOptions o(c->ctx);
     with_type(es, [&](auto t) {
@@ -515,7 +515,8 @@ void reduce(fsdp_gloo_comm *c, const fsdp_gloo_op_t *op) {
     const size_t mine = len[(size_t)r] * es;
     std::vector<char> own(root ? 0 : mine);
     char *out = root ? static_cast<char *>(op->recv) + off[(size_t)r] * es : own.data();
-    rs_chunks(c, op->send, out, off.data(), len.data(), op->dtype, op->op, op->tag, op->timeout_ms);
+    rs_chunks(c, op->send, out, off.data(), len.data(), op->dtype, op->op, op->prescale, op->tag,
+              op->timeout_ms);
     if (op->count == 0) return;
     const uint64_t slot = gloo::Slot::build(kReduceGatherSlotPrefix, op->tag);
     const Clock::time_point deadline = Clock::now() + Ms(op->timeout_ms);

@@ -41,6 +41,7 @@ typedef struct fsdp_gloo_op {
     size_t count; /* elements per rank */
     fsdp_dtype_t dtype;
     fsdp_redop_t op;
+    double prescale; /* sums: 0, or each input is multiplied by it first (pg.h) */
     int root;
     uint32_t tag;       /* the same on every rank; the low bits of the sequence number */
     int64_t timeout_ms; /* bounds every wait of the collective */

@@ -168,7 +168,7 @@ static void fail(gloo_pg_t *gp, fsdp_work_t *w, int rc, int peer, const char *wh
 /* ---------------------------------------------------------------------------------------- */
 /* The mismatch check (FSDP_GLOO_CHECK=1) */
 
-enum { DESC_KIND, DESC_COUNT, DESC_DTYPE, DESC_OP, DESC_ROOT, DESC_SEQ, DESC_LEN };
+enum { DESC_KIND, DESC_COUNT, DESC_DTYPE, DESC_OP, DESC_ROOT, DESC_SEQ, DESC_PRESCALE, DESC_LEN };
 
 static void describe_desc(const int64_t *d, char *buf, size_t cap) {
     fsdp_coll_t c;
@@ -178,6 +178,7 @@ static void describe_desc(const int64_t *d, char *buf, size_t cap) {
     c.dtype = (fsdp_dtype_t)d[DESC_DTYPE];
     c.op = (fsdp_redop_t)d[DESC_OP];
     c.root = (int)d[DESC_ROOT];
+    memcpy(&c.prescale, &d[DESC_PRESCALE], sizeof c.prescale); /* its bits, as exchanged */
     fsdp__coll_describe(&c, buf, cap);
 }
 
@@ -189,12 +190,15 @@ static void describe_desc(const int64_t *d, char *buf, size_t cap) {
 static int check_descriptors(gloo_pg_t *gp, const fsdp_coll_t *c, int *peer, char *msg,
                              size_t cap) {
     fsdp_pg_t *pg = &gp->base;
-    int64_t mine[DESC_LEN] = {c->kind, 0, -1, -1, -1, (int64_t)c->seq};
+    int64_t mine[DESC_LEN] = {c->kind, 0, -1, -1, -1, (int64_t)c->seq, 0};
     if (c->kind != FSDP_COLL_BARRIER) {
         mine[DESC_COUNT] = (int64_t)c->count;
         mine[DESC_DTYPE] = c->dtype;
     }
-    if (has_op(c->kind)) mine[DESC_OP] = c->op;
+    if (has_op(c->kind)) {
+        mine[DESC_OP] = c->op;
+        memcpy(&mine[DESC_PRESCALE], &c->prescale, sizeof c->prescale);
+    }
     if (has_root(c->kind)) mine[DESC_ROOT] = c->root;
     int64_t *all = malloc((size_t)pg->size * sizeof mine);
     if (!all) {
@@ -270,6 +274,7 @@ static void execute(fsdp_work_t *w) {
                          .count = c->count,
                          .dtype = c->dtype,
                          .op = c->op,
+                         .prescale = c->prescale,
                          .root = c->root,
                          .tag = (uint32_t)c->seq,
                          .timeout_ms = c->timeout_ms};

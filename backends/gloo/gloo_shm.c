@@ -399,7 +399,7 @@ static int reduce_slots(run_t *r, const fsdp_gloo_op_t *op, size_t es, size_t ba
     }
     for (int q = 0; q < s->size; q++)
         ins[q] = q == s->rank && own ? own : slot_of(s, q) + base * es;
-    int rc = fsdp__reduce(outs, nout, ins, s->size, n, op->dtype, op->op, s->size);
+    int rc = fsdp__reduce(outs, nout, ins, s->size, n, op->dtype, op->op, s->size, op->prescale);
     if (ins != small) free(ins);
     if (rc < 0) snprintf(r->msg, r->cap, "out of memory reducing");
     return rc;

@@ -175,14 +175,29 @@ static int reduce_kinds(nccl_pg_t *gp, const fsdp_coll_t *c, const fsdp_nccl_pla
     }
     /* A non-root's recv of reduce is not used and may be NULL: NCCL gets send there. */
     if (!d) d = (void *)s;
+    /* A prescaled sum is NCCL's PreMulSum, with the factor in the (widened) type it sums in. */
+    ncclRedOp_t rop = p->op;
+    int premul = c->prescale != 0.0 && c->op == FSDP_REDOP_SUM;
+    if (premul) {
+        float f = (float)c->prescale;
+        double v = c->prescale;
+        void *scalar = p->type == ncclFloat64 ? (void *)&v : (void *)&f;
+        rc = nccl_call(gp,
+                       ncclRedOpCreatePreMulSum(&rop, scalar, p->type, ncclScalarHostImmediate,
+                                                gp->comm),
+                       "creating the prescaled sum", c->timeout_ms, msg, cap);
+        if (rc < 0) goto out;
+    }
     ncclResult_t nr;
     if (c->kind == FSDP_COLL_REDUCE_SCATTER)
-        nr = ncclReduceScatter(s, d, cnt, p->type, p->op, gp->comm, gp->cs);
+        nr = ncclReduceScatter(s, d, cnt, p->type, rop, gp->comm, gp->cs);
     else if (c->kind == FSDP_COLL_ALL_REDUCE)
-        nr = ncclAllReduce(s, d, cnt, p->type, p->op, gp->comm, gp->cs);
+        nr = ncclAllReduce(s, d, cnt, p->type, rop, gp->comm, gp->cs);
     else
-        nr = ncclReduce(s, d, cnt, p->type, p->op, c->root, gp->comm, gp->cs);
+        nr = ncclReduce(s, d, cnt, p->type, rop, c->root, gp->comm, gp->cs);
     rc = nccl_call(gp, nr, fsdp_coll_name(c->kind), c->timeout_ms, msg, cap);
+    /* NCCL lets an operator go once the calls that use it are enqueued. */
+    if (premul) ncclRedOpDestroy(rop, gp->comm);
     if (rc < 0 || !to_me) goto out;
     if (p->divide) {
         rc = fsdp__nccl_cuda_err(

@@ -457,9 +457,9 @@ static int meta_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const
 }
 
 static int meta_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
-                            void *const *outs, int nout, const void *const *ins, int nin, size_t n,
-                            void *stream) {
-    (void)op, (void)divisor, (void)outs, (void)ins;
+                            double prescale, void *const *outs, int nout, const void *const *ins,
+                            int nin, size_t n, void *stream) {
+    (void)op, (void)divisor, (void)prescale, (void)outs, (void)ins;
     /* A collective's reduction runs on the collective's stream: charged like a copy there. */
     return charge_copy(dev, stream, (double)n * (double)(nin + nout) * fsdp_dtype_size(dt), false,
                        NULL);

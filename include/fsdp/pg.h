@@ -108,6 +108,12 @@ FSDP_EXTERN int64_t fsdp_pg_timeout(const fsdp_pg_t *pg);
  * stream of its own. `stream` is a native stream handle (a cudaStream_t for nccl, where NULL is
  * the legacy default stream) and is ignored by the CPU backends; op is read by the reductions,
  * root by broadcast and reduce. Zero-initialize it and set what the kind needs.
+ *
+ * `prescale`, when not 0, makes a sum (op FSDP_REDOP_SUM of a reduction on f16, bf16, f32 or
+ * f64) multiply every rank's input by it before adding, each product rounded to the dtype, as
+ * NCCL's ncclRedOpCreatePreMulSum does: FSDP's gradient pre-division without a pass of its own.
+ * With a power of two it gives the bits of dividing each input by 1 / prescale in place and then
+ * summing. Every rank must give the same value; it must be finite.
  */
 typedef struct fsdp_coll_desc {
     fsdp_coll_kind_t kind;
@@ -118,6 +124,7 @@ typedef struct fsdp_coll_desc {
     fsdp_redop_t op;
     int root;
     void *stream;
+    double prescale;
 } fsdp_coll_desc_t;
 
 /* Issues the collective desc describes (checked as the calls below are). */

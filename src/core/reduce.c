@@ -15,6 +15,7 @@
  * kernels. Integer sums and products use unsigned types so that overflow wraps instead of being
  * undefined; float min and max propagate NaN; bool inputs are normalized (nonzero is true).
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,35 @@ DEF_KERNEL(bool_and, uint8_t, OP_AND)
         }                                                                                          \
     } while (0)
 
+/* Prescaled sums: acc[i] = ins[0][i] * s + ins[1][i] * s + ..., left to right, each product
+ * rounded to T before it is added (what dividing every input by 1 / s first, then summing,
+ * gives when s is a power of two). */
+#define DEF_PRESCALED(NAME, T)                                                                     \
+    static void NAME##_first(T *restrict acc, const T *restrict a, T s, size_t m) {                \
+        if (m == BLOCK)                                                                            \
+            for (size_t i = 0; i < BLOCK; i++)                                                     \
+                acc[i] = a[i] * s;                                                                 \
+        else                                                                                       \
+            for (size_t i = 0; i < m; i++)                                                         \
+                acc[i] = a[i] * s;                                                                 \
+    }                                                                                              \
+    static void NAME##_next(T *restrict acc, const T *restrict a, T s, size_t m) {                 \
+        if (m == BLOCK)                                                                            \
+            for (size_t i = 0; i < BLOCK; i++)                                                     \
+                acc[i] += a[i] * s;                                                                \
+        else                                                                                       \
+            for (size_t i = 0; i < m; i++)                                                         \
+                acc[i] += a[i] * s;                                                                \
+    }                                                                                              \
+    static void NAME(T *acc, const void *const *ins, int nin, size_t m, T s) {                     \
+        NAME##_first(acc, (const T *)ins[0], s, m);                                                \
+        for (int k = 1; k < nin; k++)                                                              \
+            NAME##_next(acc, (const T *)ins[k], s, m);                                             \
+    }
+
+DEF_PRESCALED(f32_presum, float)
+DEF_PRESCALED(f64_presum, double)
+
 /* The same for integers: sums and products wrap on the unsigned accumulator `uacc`, min and max
  * compare on the signed view `sacc` of the same storage. */
 #define DISPATCH_INT(uacc, sacc, ins, nin, m, op, SUM, PROD, MIN, MAX)                         \
@@ -138,6 +168,21 @@ DEF_KERNEL(bool_and, uint8_t, OP_AND)
         default: SUM(uacc, ins, nin, m); break;                                                \
         }                                                                                      \
     } while (0)
+
+/* f16/bf16 prescaled sum: each input block widened, multiplied by s in f32 and rounded back to
+ * its type (as dividing it in place first would leave it), then widened and added in f32. */
+static void half_presum(float *acc, float *tmp, uint16_t *half, const void *const *ins, int nin,
+                        size_t m, fsdp_dtype_t dt, float s) {
+    for (int k = 0; k < nin; k++) {
+        float *dst = k == 0 ? acc : tmp;
+        fsdp_dtype_convert(dst, FSDP_DTYPE_F32, ins[k], dt, m);
+        for (size_t i = 0; i < m; i++)
+            dst[i] *= s;
+        fsdp_dtype_convert(half, dt, dst, FSDP_DTYPE_F32, m);
+        fsdp_dtype_convert(dst, FSDP_DTYPE_F32, half, dt, m);
+        if (k > 0) f32_sum_next(acc, tmp, m);
+    }
+}
 
 /* f16/bf16: widen every input block to f32 and reduce with the f32 kernels, in rank order. */
 static void half_reduce(float *acc, float *tmp, const void *const *ins, int nin, size_t m,
@@ -180,7 +225,8 @@ static void store_all(void *const *outs, int nout, size_t off, const void *block
 }
 
 int fsdp__reduce(void *const *outs, int nout, const void *const *ins, int nin, size_t n,
-                 fsdp_dtype_t dt, fsdp_redop_t op, int divisor) {
+                 fsdp_dtype_t dt, fsdp_redop_t op, int divisor, double prescale) {
+    const bool pre = prescale != 0.0 && op == FSDP_REDOP_SUM;
     enum { MAXIN = 64 };
     const void *blk_in_small[MAXIN];
     const void **blk_in = blk_in_small;
@@ -207,14 +253,20 @@ int fsdp__reduce(void *const *outs, int nout, const void *const *ins, int nin, s
         const void *const *in = blk_in;
         switch (dt) {
         case FSDP_DTYPE_F32:
-            DISPATCH(acc.f32, in, nin, m, op, f32_sum, f32_prod, f32_min, f32_max);
+            if (pre)
+                f32_presum(acc.f32, in, nin, m, (float)prescale);
+            else
+                DISPATCH(acc.f32, in, nin, m, op, f32_sum, f32_prod, f32_min, f32_max);
             if (op == FSDP_REDOP_AVG)
                 for (size_t i = 0; i < m; i++)
                     acc.f32[i] /= (float)divisor;
             store_all(outs, nout, off, acc.f32, m * 4, 4, stream);
             break;
         case FSDP_DTYPE_F64:
-            DISPATCH(acc.f64, in, nin, m, op, f64_sum, f64_prod, f64_min, f64_max);
+            if (pre)
+                f64_presum(acc.f64, in, nin, m, prescale);
+            else
+                DISPATCH(acc.f64, in, nin, m, op, f64_sum, f64_prod, f64_min, f64_max);
             if (op == FSDP_REDOP_AVG)
                 for (size_t i = 0; i < m; i++)
                     acc.f64[i] /= (double)divisor;
@@ -222,7 +274,10 @@ int fsdp__reduce(void *const *outs, int nout, const void *const *ins, int nin, s
             break;
         case FSDP_DTYPE_F16:
         case FSDP_DTYPE_BF16:
-            half_reduce(acc.f32, tmp, in, nin, m, dt, op);
+            if (pre)
+                half_presum(acc.f32, tmp, half, in, nin, m, dt, (float)prescale);
+            else
+                half_reduce(acc.f32, tmp, in, nin, m, dt, op);
             if (op == FSDP_REDOP_AVG)
                 for (size_t i = 0; i < m; i++)
                     acc.f32[i] /= (float)divisor;

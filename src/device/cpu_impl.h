@@ -60,8 +60,8 @@ int fsdp__cpu_reduce_max(fsdp_device_t *dev, fsdp_dtype_t dt, size_t outer, size
                          const void *x, void *y, int64_t *idx);
 int fsdp__cpu_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const void *x, void *out);
 int fsdp__cpu_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
-                          void *const *outs, int nout, const void *const *ins, int nin, size_t n,
-                          void *stream);
+                          double prescale, void *const *outs, int nout, const void *const *ins,
+                          int nin, size_t n, void *stream);
 int fsdp__cpu_gemm(fsdp_device_t *dev, fsdp_dtype_t dt, bool trans_a, bool trans_b, int64_t m,
                    int64_t n, int64_t k, double alpha, const void *a, int64_t lda, int64_t stride_a,
                    const void *b, int64_t ldb, int64_t stride_b, double beta, void *c, int64_t ldc,

@@ -654,10 +654,10 @@ int fsdp__cpu_sum_squares(fsdp_device_t *dev, fsdp_dtype_t dt, size_t n, const v
 
 /* The collectives' reduction is the one every CPU backend uses: one copy of the logic. */
 int fsdp__cpu_coll_reduce(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
-                          void *const *outs, int nout, const void *const *ins, int nin, size_t n,
-                          void *stream) {
+                          double prescale, void *const *outs, int nout, const void *const *ins,
+                          int nin, size_t n, void *stream) {
     (void)stream;
-    int rc = fsdp__reduce(outs, nout, ins, nin, n, dt, op, divisor);
+    int rc = fsdp__reduce(outs, nout, ins, nin, n, dt, op, divisor, prescale);
     if (rc < 0)
         return fsdp__ctx_err(dev->ctx, rc, "cpu coll_reduce: out of memory for %d input pointers",
                              nin);

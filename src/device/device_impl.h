@@ -150,13 +150,14 @@ struct fsdp_dev_ops {
      * op in[nin-1][i], evaluated left to right (rank order), is written to every outs[k][i];
      * f16/bf16 accumulate in f32 and round once, integer sums and products wrap, float min/max
      * propagate NaN, bool sum/max are "or" and prod/min "and", avg divides the sum by `divisor`
-     * in the accumulation type (truncating for integers). An output may alias an input at the
+     * in the accumulation type (truncating for integers); a nonzero `prescale` with op sum on a
+     * floating dtype multiplies each input by it first, the product rounded to dt (pg.h). An output may alias an input at the
      * same offsets (each element is read completely before it is written); outputs do not
      * overlap each other. Ordered on `stream` (NULL: the compute stream, and synchronous). The
      * CPU device's implementation is fsdp__reduce() (core/reduce.h). */
     int (*coll_reduce)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
-                       void *const *outs, int nout, const void *const *ins, int nin, size_t n,
-                       void *stream);
+                       double prescale, void *const *outs, int nout, const void *const *ins,
+                       int nin, size_t n, void *stream);
 
     /* ---- matrix products (BLAS on the CPU, cuBLAS on CUDA) ---- */
     /* For each b < batch: C_b = alpha * op(A_b) op(B_b) + beta * C_b, row-major, where op(X) is

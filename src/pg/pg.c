@@ -7,6 +7,8 @@
  * and their state is guarded by their group's mutex; fsdp_pg_destroy() waits until no work of
  * the group is outstanding, which the backends bound by the group's timeout.
  */
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +43,9 @@ void fsdp__coll_describe(const fsdp_coll_t *c, char *buf, size_t cap) {
                  c->count);
     if (n < 0 || (size_t)n >= cap) return;
     if (has_op(c->kind)) n += snprintf(buf + n, cap - (size_t)n, ", op=%s", fsdp_redop_name(c->op));
+    if (n < 0 || (size_t)n >= cap) return;
+    if (has_op(c->kind) && c->prescale != 0.0)
+        n += snprintf(buf + n, cap - (size_t)n, ", prescale=%g", c->prescale);
     if (n < 0 || (size_t)n >= cap) return;
     if (has_root(c->kind)) n += snprintf(buf + n, cap - (size_t)n, ", root=%d", c->root);
     if (n < 0 || (size_t)n >= cap) return;
@@ -234,6 +239,21 @@ static int check_args(fsdp_pg_t *pg, const fsdp_coll_t *c) {
         return fsdp__pg_err(pg, FSDP_EINVAL,
                             "fsdp_pg_%s on group '%s' (rank %d): op %s is not defined on %s", what,
                             pg->name, pg->rank, fsdp_redop_name(c->op), fsdp_dtype_name(c->dtype));
+    if (c->prescale != 0.0) {
+        const bool fp = c->dtype == FSDP_DTYPE_F16 || c->dtype == FSDP_DTYPE_BF16 ||
+                        c->dtype == FSDP_DTYPE_F32 || c->dtype == FSDP_DTYPE_F64;
+        if (!has_op(c->kind) || c->op != FSDP_REDOP_SUM || !fp)
+            return fsdp__pg_err(pg, FSDP_EINVAL,
+                                "fsdp_pg_%s on group '%s' (rank %d): prescale %g needs a sum of "
+                                "f16, bf16, f32 or f64 (this is op %s on %s)",
+                                what, pg->name, pg->rank, c->prescale,
+                                has_op(c->kind) ? fsdp_redop_name(c->op) : "none",
+                                fsdp_dtype_name(c->dtype));
+        if (!isfinite(c->prescale))
+            return fsdp__pg_err(pg, FSDP_EINVAL,
+                                "fsdp_pg_%s on group '%s' (rank %d): prescale %g is not finite",
+                                what, pg->name, pg->rank, c->prescale);
+    }
     if (has_root(c->kind) && (c->root < 0 || c->root >= pg->size))
         return fsdp__pg_err(pg, FSDP_EINVAL,
                             "fsdp_pg_%s on group '%s' (rank %d): root %d is outside [0, %d)", what,
@@ -586,6 +606,7 @@ int fsdp_pg_collective(fsdp_pg_t *pg, const fsdp_coll_desc_t *desc, fsdp_work_t 
                      .count = desc->count,
                      .dtype = desc->kind == FSDP_COLL_BARRIER ? FSDP_DTYPE_U8 : desc->dtype,
                      .op = desc->op,
+                     .prescale = desc->prescale,
                      .root = desc->root,
                      .stream = desc->stream};
     return issue(pg, &c, work);

@@ -29,6 +29,7 @@ typedef struct fsdp_coll {
     size_t count;       /* elements per rank (NCCL meaning) */
     fsdp_dtype_t dtype;
     fsdp_redop_t op;    /* reductions only */
+    double prescale;    /* sums only: 0, or every input is multiplied by it first (pg.h) */
     int root;           /* broadcast and reduce only */
     uint64_t seq;       /* the group's sequence number of this call */
     int64_t timeout_ms; /* the group's timeout when the call was issued */
