@@ -135,9 +135,11 @@ void fsdp__drop_cv_grads(fsdp_unit_t *u) {
 /* ---- reduction ------------------------------------------------------------------------------- */
 
 /* Issues one of u's gradient sums (a reduce-scatter or an all-reduce over pg, in the reduction
- * dtype) on u's side stream; what names it in a failure's message. */
+ * dtype) on u's side stream, each input first multiplied by prescale (0: none); what names it in
+ * a failure's message. */
 static int grad_sum(fsdp_unit_t *u, fsdp_pg_t *pg, fsdp_coll_kind_t kind, fsdp_tensor_t *send,
-                    fsdp_tensor_t *recv, int64_t count, fsdp_work_t **work, const char *what) {
+                    fsdp_tensor_t *recv, int64_t count, double prescale, fsdp_work_t **work,
+                    const char *what) {
     void *stream = NULL;
     int rc = fsdp__side_stream(u, &stream);
     if (rc < 0) return rc;
@@ -147,7 +149,8 @@ static int grad_sum(fsdp_unit_t *u, fsdp_pg_t *pg, fsdp_coll_kind_t kind, fsdp_t
                           .count = (size_t)count,
                           .dtype = u->rdt,
                           .op = FSDP_REDOP_SUM,
-                          .stream = stream};
+                          .stream = stream,
+                          .prescale = prescale};
     rc = fsdp_pg_collective(pg, &d, work);
     if (rc < 0) return fsdp__unit_err(u, rc, "%s failed: %s", what, fsdp_pg_last_error(pg));
     return FSDP_OK;
@@ -167,8 +170,10 @@ int fsdp__reduce_grad(fsdp_unit_t *u) {
     fsdp__divide_factors(world, &pre, &post);
     rc = fsdp__mp_grad_for_reduce(u, &g);
     if (rc < 0) return rc;
-    rc = div_inplace(g, pre);
-    if (rc < 0) goto fail;
+    /* The pre-divide rides on the first collective as its prescale: every rank's input times
+     * 1 / pre, rounded to the reduction dtype, then summed. pre is a power of two, so the
+     * product is the quotient, bit for bit, without a pass over the gradient of its own. */
+    const double prescale = pre == 1.0 ? 0.0 : 1.0 / pre;
     if (u->opt.delay_before_reduce_ms > 0) fsdp__sleep_ms(u->opt.delay_before_reduce_ms);
     if (fsdp__is_sharded(u->opt.strategy)) {
         const int64_t n[1] = {u->layout.shard_numel};
@@ -176,22 +181,23 @@ int fsdp__reduce_grad(fsdp_unit_t *u) {
                  fsdp__tensor_new(u->ctx, u->dev, u->rdt, 1, n, FSDP_MEM_GRADS, &u->rs_out));
         FSDP_TRY(rc, fail,
                  grad_sum(u, u->pg, FSDP_COLL_REDUCE_SCATTER, g, u->rs_out, u->layout.shard_numel,
-                          &u->rs_work, "gradient reduce-scatter"));
+                          prescale, &u->rs_work, "gradient reduce-scatter"));
         u->stats.reduce_scatters++;
         if (u->replicate_pg && fsdp_pg_size(u->replicate_pg) > 1) {
             /* A rank runs its collectives in issue order, so this reads the finished shard. */
             FSDP_TRY(rc, fail,
                      grad_sum(u, u->replicate_pg, FSDP_COLL_ALL_REDUCE, u->rs_out, u->rs_out,
-                              u->layout.shard_numel, &u->ar_work,
+                              u->layout.shard_numel, 0.0, &u->ar_work,
                               "gradient all-reduce across replicas"));
             u->stats.all_reduces++;
         }
     } else {
         u->rs_out = fsdp_tensor_retain(g);
+        if (u->world <= 1 && prescale != 0.0) FSDP_TRY(rc, fail, div_inplace(g, pre));
         if (u->world > 1) {
             FSDP_TRY(rc, fail,
                      grad_sum(u, u->pg, FSDP_COLL_ALL_REDUCE, g, g, u->layout.padded_numel,
-                              &u->ar_work, "gradient all-reduce"));
+                              prescale, &u->ar_work, "gradient all-reduce"));
             u->stats.all_reduces++;
         }
     }
