@@ -487,7 +487,8 @@ static int gloo_create_subgroup(fsdp_pg_t *parent, const int *members, int n, in
 
 int fsdp__gloo_pg_shm(const fsdp_pg_t *pg) {
     if (!pg || pg->ops != &gloo_ops) return -1;
-    return ((const gloo_pg_t *)pg)->shm != NULL;
+    const fsdp_gloo_shm_t *shm = ((const gloo_pg_t *)pg)->shm;
+    return shm ? 1 + fsdp__gloo_shm_cma(shm) : 0;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -3,7 +3,8 @@
  * gloo_shm.c: the shared-memory transport of the gloo process group (see gloo_shm.h).
  *
  * The segment: a header (the barrier's generation and arrival count, the closed mark), every
- * rank's process id, then `size` slots of `slot` bytes and one result area of `slot` bytes.
+ * rank's process id and send address, then `size` slots of `slot` bytes and one result area
+ * of `slot` bytes.
  * Rank 0 creates it under a unique name, the others open it, and rank 0 unlinks the name once
  * every rank has mapped it, so nothing is left in /dev/shm whatever happens later.
  *
@@ -12,6 +13,13 @@
  * of the chunk in rank order); a barrier before the slots are written again. All-reduce adds a
  * third step: the shares are reduced into the result area, a barrier, then every rank copies the
  * whole chunk out.
+ *
+ * With cross-memory attach (decided at creation: every rank could read a word of each peer's
+ * memory with process_vm_readv), all-gather and reduce-scatter skip the slots: each rank
+ * publishes its send buffer's address, and after a barrier every rank has the kernel copy what
+ * it needs from its peers' buffers (an all-gather's blocks straight into recv; a reduce-scatter's
+ * segments a block at a time into its own slot, reduced with its own part in rank order); a
+ * second barrier keeps the send buffers until every rank has read them.
  *
  * The barrier is a generation count in shared memory: the last rank to arrive resets the count,
  * advances the generation and wakes the others with a futex (not private: the waiters are other
@@ -33,6 +41,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,7 +52,10 @@
 #include "core/reduce.h"
 #include "core/timeutil.h"
 
-#define SHM_MAGIC 0x46534d31u /* "FSM1" */
+#define SHM_MAGIC 0x46534d32u /* "FSM2" */
+/* Bytes of a peer's segment a reduce-scatter reads at a time with cross-memory attach: small
+ * enough that the copies stay in this core's cache until they are reduced. */
+#define CMA_BLOCK ((size_t)256 << 10)
 #define SPIN_ITERS 4000
 #define SLICE_NS 50000000LL /* longest futex sleep between liveness checks */
 
@@ -61,8 +73,11 @@ struct fsdp_gloo_shm {
     size_t bytes; /* of the mapping */
     struct shm_hdr *h;
     int32_t *pid;   /* [size] */
+    uint64_t *addr; /* [size]: each rank's send buffer of the collective in progress (CMA) */
     char *slots;    /* size * slot */
     char *result;   /* slot */
+    int cma;        /* peers' send buffers are read in place (process_vm_readv) */
+    uint64_t probe; /* what a peer's probe reads from this rank's memory */
 };
 
 static size_t align_up(size_t v, size_t a) {
@@ -73,8 +88,12 @@ static size_t pid_offset(void) {
     return align_up(sizeof(struct shm_hdr), 64);
 }
 
+static size_t addr_offset(int size) {
+    return align_up(pid_offset() + (size_t)size * sizeof(int32_t), 64);
+}
+
 static size_t slots_offset(int size) {
-    return align_up(pid_offset() + (size_t)size * sizeof(int32_t), 4096);
+    return align_up(addr_offset(size) + (size_t)size * sizeof(uint64_t), 4096);
 }
 
 /* Bytes per slot: 32 MiB shared out, between 256 KiB and 4 MiB a rank. */
@@ -109,6 +128,29 @@ static void host_id(char *buf, size_t cap) {
 static int enabled(void) {
     const char *v = getenv("FSDP_GLOO_SHM");
     return !(v && strcmp(v, "0") == 0);
+}
+
+static int cma_wanted(void) {
+    const char *v = getenv("FSDP_GLOO_CMA");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+/* Reads bytes from address `from` of process pid into dst (process_vm_readv, in as many calls
+ * as the kernel needs). Returns 0, or -1 with errno. */
+static int cma_read(pid_t pid, void *dst, uint64_t from, size_t bytes) {
+    size_t done = 0;
+    while (done < bytes) {
+        struct iovec local = {(char *)dst + done, bytes - done};
+        struct iovec remote = {(void *)(uintptr_t)(from + done), bytes - done};
+        ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            if (n == 0) errno = EFAULT;
+            return -1;
+        }
+        done += (size_t)n;
+    }
+    return 0;
 }
 
 static int store_fail(fsdp_store_t *store, int rc, char *msg, size_t cap) {
@@ -170,6 +212,7 @@ static int map_segment(fsdp_gloo_shm_t *s, const char *name, int create, char *m
     }
     s->h = p;
     s->pid = (int32_t *)((char *)p + pid_offset());
+    s->addr = (uint64_t *)(void *)((char *)p + addr_offset(s->size));
     s->slots = (char *)p + slots_offset(s->size);
     s->result = s->slots + (size_t)s->size * s->slot;
     if (create) {
@@ -276,6 +319,40 @@ int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm
         unmap(s);
         return FSDP_OK;
     }
+    /* 4. Cross-memory attach: every rank publishes where a random word of its own lies, reads
+     * each peer's with process_vm_readv, and says whether every read gave the word; the group
+     * reads peers' buffers in place only when every rank could (the kernel, a seccomp filter or
+     * FSDP_GLOO_CMA=0 may forbid it). */
+    char val[64];
+    int can = cma_wanted();
+    if (can) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s->probe = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ 0x9e3779b97f4a7c15ull;
+        snprintf(val, sizeof val, "%llx %llx", (unsigned long long)(uintptr_t)&s->probe,
+                 (unsigned long long)s->probe);
+    } else {
+        snprintf(val, sizeof val, "off");
+    }
+    rc = put_mine(store, "shm.probe", rank, val);
+    for (int q = 0; q < size && rc == FSDP_OK; q++) {
+        if ((rc = get_theirs(store, "shm.probe", q, theirs, sizeof theirs)) < 0) break;
+        unsigned long long where = 0, word = 0, got = 0;
+        if (q == rank || !can) continue;
+        can = sscanf(theirs, "%llx %llx", &where, &word) == 2 &&
+              cma_read((pid_t)s->pid[q], &got, where, sizeof got) == 0 && got == word;
+    }
+    if (rc == FSDP_OK) rc = put_mine(store, "shm.cma", rank, can ? "1" : "0");
+    int every = can;
+    for (int q = 0; q < size && rc == FSDP_OK; q++) {
+        rc = get_theirs(store, "shm.cma", q, theirs, sizeof theirs);
+        if (rc == FSDP_OK && strcmp(theirs, "1") != 0) every = 0;
+    }
+    if (rc < 0) {
+        unmap(s);
+        return store_fail(store, rc, msg, cap);
+    }
+    s->cma = every;
     *out = s;
     return FSDP_OK;
 }
@@ -405,11 +482,43 @@ static int reduce_slots(run_t *r, const fsdp_gloo_op_t *op, size_t es, size_t ba
     return rc;
 }
 
+/* A failed read of peer q's memory: the peer's end names it, anything else is the kernel's. */
+static int cma_fail(run_t *r, int q, const char *what) {
+    int e = errno;
+    int rc = broken(r->s, r->peer, r->msg, r->cap);
+    if (rc < 0) return rc;
+    *r->peer = q;
+    snprintf(r->msg, r->cap, "%s: reading rank %d's buffer (process_vm_readv): %s", what, q,
+             strerror(e));
+    return e == ESRCH ? FSDP_EREMOTE : FSDP_EBACKEND;
+}
+
+/* With cross-memory attach: each rank publishes its send buffer; after a barrier every rank
+ * reads each peer's block straight into recv (one copy, by the kernel, instead of one into the
+ * slot and one out of it), and a second barrier keeps the send buffers until all have read. */
+static int all_gather_cma(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
+    fsdp_gloo_shm_t *s = r->s;
+    const size_t bytes = op->count * es;
+    char *recv = op->recv;
+    s->addr[s->rank] = (uint64_t)(uintptr_t)op->send;
+    SYNC(r);
+    for (int q = 0; q < s->size; q++) {
+        char *dst = recv + (size_t)q * bytes;
+        if (q == s->rank)
+            fsdp__copy_large(dst, op->send, bytes);
+        else if (cma_read((pid_t)s->pid[q], dst, s->addr[q], bytes) != 0)
+            return cma_fail(r, q, "all_gather");
+    }
+    SYNC(r);
+    return FSDP_OK;
+}
+
 static int all_gather(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     fsdp_gloo_shm_t *s = r->s;
     const size_t bytes = op->count * es;
     const char *send = op->send;
     char *recv = op->recv;
+    if (s->cma) return all_gather_cma(r, op, es);
     for (size_t off = 0; off < bytes; off += s->slot) {
         const size_t len = bytes - off < s->slot ? bytes - off : s->slot;
         fsdp__copy_large(slot_of(s, s->rank), send + off, len);
@@ -459,10 +568,50 @@ static int all_to_all(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
 /* send: size segments of count elements; rank q's result is segment q reduced over the ranks.
  * A rank copies into its slot only the segments the others reduce, and reads its own from its
  * send buffer: 1/size less copying, the same inputs in the same order. */
+/* With cross-memory attach: each rank publishes its send buffer; every rank reads its own
+ * segment of each peer's, a block at a time, into its own slot (which no peer reads in this
+ * mode) and reduces it with its own in rank order. The peers copy nothing for it. */
+static int reduce_scatter_cma(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
+    enum { MAXN = 64 };
+    fsdp_gloo_shm_t *s = r->s;
+    const size_t n = (size_t)s->size, me = (size_t)s->rank;
+    size_t per = (s->slot / n < CMA_BLOCK ? s->slot / n : CMA_BLOCK) / es;
+    if (per == 0) per = 1;
+    const void *small[MAXN];
+    const void **ins = n <= MAXN ? small : malloc(n * sizeof *ins);
+    if (!ins) {
+        snprintf(r->msg, r->cap, "out of memory");
+        return FSDP_ENOMEM;
+    }
+    s->addr[me] = (uint64_t)(uintptr_t)op->send;
+    int rc = barrier(s, r->deadline, r->timeout_ms, r->peer, r->msg, r->cap);
+    for (size_t e = 0; e < op->count && rc == FSDP_OK; e += per) {
+        const size_t m = op->count - e < per ? op->count - e : per;
+        const size_t at = (me * op->count + e) * es; /* this rank's segment, chunk e */
+        for (size_t q = 0; q < n && rc == FSDP_OK; q++) {
+            char *tmp = slot_of(s, s->rank) + q * per * es;
+            ins[q] = q == me ? (const void *)((const char *)op->send + at) : tmp;
+            if (q != me && cma_read((pid_t)s->pid[q], tmp, s->addr[q] + at, m * es) != 0)
+                rc = cma_fail(r, (int)q, "reduce_scatter");
+        }
+        void *outs[1] = {(char *)op->recv + e * es};
+        if (rc == FSDP_OK &&
+            fsdp__reduce(outs, 1, ins, s->size, m, op->dtype, op->op, s->size, op->prescale) < 0) {
+            snprintf(r->msg, r->cap, "out of memory reducing");
+            rc = FSDP_ENOMEM;
+        }
+    }
+    if (ins != small) free(ins);
+    if (rc < 0) return rc;
+    SYNC(r);
+    return FSDP_OK;
+}
+
 static int reduce_scatter(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     fsdp_gloo_shm_t *s = r->s;
     const size_t n = (size_t)s->size, per = s->slot / n / es; /* elements of a segment a chunk */
     const size_t me = (size_t)s->rank;
+    if (s->cma) return reduce_scatter_cma(r, op, es);
     for (size_t e = 0; e < op->count; e += per) {
         const size_t m = op->count - e < per ? op->count - e : per;
         for (size_t q = 0; q < n; q++)
@@ -509,6 +658,10 @@ static int reduce_all(run_t *r, const fsdp_gloo_op_t *op, size_t es, int root) {
         SYNC(r);
     }
     return FSDP_OK;
+}
+
+int fsdp__gloo_shm_cma(const fsdp_gloo_shm_t *s) {
+    return s && s->cma;
 }
 
 int fsdp__gloo_shm_run(fsdp_gloo_shm_t *s, const fsdp_gloo_op_t *op, int *peer, char *msg,

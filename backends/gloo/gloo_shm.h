@@ -47,14 +47,21 @@ int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm
 int fsdp__gloo_shm_run(fsdp_gloo_shm_t *s, const fsdp_gloo_op_t *op, int *peer, char *msg,
                        size_t cap);
 
+/* 1 when the group reads its peers' buffers in place (cross-memory attach, process_vm_readv):
+ * all-gather and reduce-scatter then copy each byte once, by the kernel, instead of into a slot
+ * and out of it. Decided at creation by every rank reading a word of each peer's memory;
+ * FSDP_GLOO_CMA=0 turns it off. 0 otherwise, and for NULL. */
+int fsdp__gloo_shm_cma(const fsdp_gloo_shm_t *s);
+
 /* Marks the group closed by this rank, so that peers waiting on it fail at once. */
 void fsdp__gloo_shm_close(fsdp_gloo_shm_t *s);
 
 /* Unmaps the segment; NULL is accepted. */
 void fsdp__gloo_shm_destroy(fsdp_gloo_shm_t *s);
 
-/* 1 when pg is a gloo group whose collectives go through shared memory, 0 when they go over
- * TCP, -1 when pg is not a gloo group (gloo_pg.c; for tests and the debug log). */
+/* 2 when pg is a gloo group whose collectives go through shared memory and read peers' buffers
+ * in place, 1 through shared memory alone, 0 when they go over TCP, -1 when pg is not a gloo
+ * group (gloo_pg.c; for tests and the debug log). */
 int fsdp__gloo_pg_shm(const fsdp_pg_t *pg);
 
 #endif /* FSDP_GLOO_SHM_H */
