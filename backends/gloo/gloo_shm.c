@@ -641,12 +641,13 @@ static int reduce_all(run_t *r, const fsdp_gloo_op_t *op, size_t es, int root) {
         /* Rank q's share of the m elements: [q m / n, (q + 1) m / n). */
         const size_t lo = (size_t)s->rank * m / n, hi = ((size_t)s->rank + 1) * m / n;
         const char *send = (const char *)op->send + e * es;
-        char *recv = (char *)op->recv + e * es;
+        /* A non-root's recv of reduce may be NULL: no pointer is made from it. */
+        char *recv = keep ? (char *)op->recv + e * es : NULL;
         fsdp__copy_large(slot_of(s, s->rank), send, lo * es);
         fsdp__copy_large(slot_of(s, s->rank) + hi * es, send + hi * es, (m - hi) * es);
         SYNC(r);
         if (hi > lo) {
-            void *outs[2] = {s->result + lo * es, recv + lo * es};
+            void *outs[2] = {s->result + lo * es, keep ? recv + lo * es : NULL};
             int rc = reduce_slots(r, op, es, lo, hi - lo, send + lo * es, outs, keep ? 2 : 1);
             if (rc < 0) return rc;
         }
