@@ -335,10 +335,10 @@ int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm
         snprintf(val, sizeof val, "off");
     }
     rc = put_mine(store, "shm.probe", rank, val);
-    for (int q = 0; q < size && rc == FSDP_OK; q++) {
-        if ((rc = get_theirs(store, "shm.probe", q, theirs, sizeof theirs)) < 0) break;
+    for (int q = 0; q < size && rc == FSDP_OK && can; q++) {
         unsigned long long where = 0, word = 0, got = 0;
-        if (q == rank || !can) continue;
+        if (q == rank || (rc = get_theirs(store, "shm.probe", q, theirs, sizeof theirs)) < 0)
+            continue;
         can = sscanf(theirs, "%llx %llx", &where, &word) == 2 &&
               cma_read((pid_t)s->pid[q], &got, where, sizeof got) == 0 && got == word;
     }
@@ -463,7 +463,7 @@ static char *slot_of(fsdp_gloo_shm_t *s, int q) {
 
 /* Reduces element range [e, e + n) of chunk `base` (an element offset into each slot) over
  * every slot, in rank order, into the nout outputs; the rank's own input is `own` (its send
- * buffer, which it did not copy into its slot) when not NULL. */
+ * buffer, which it did not copy into its slot). */
 static int reduce_slots(run_t *r, const fsdp_gloo_op_t *op, size_t es, size_t base, size_t n,
                         const void *own, void *const *outs, int nout) {
     enum { MAXN = 64 };
@@ -475,7 +475,7 @@ static int reduce_slots(run_t *r, const fsdp_gloo_op_t *op, size_t es, size_t ba
         return FSDP_ENOMEM;
     }
     for (int q = 0; q < s->size; q++)
-        ins[q] = q == s->rank && own ? own : slot_of(s, q) + base * es;
+        ins[q] = q == s->rank ? own : slot_of(s, q) + base * es;
     int rc = fsdp__reduce(outs, nout, ins, s->size, n, op->dtype, op->op, s->size, op->prescale);
     if (ins != small) free(ins);
     if (rc < 0) snprintf(r->msg, r->cap, "out of memory reducing");
@@ -565,9 +565,6 @@ static int all_to_all(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     return FSDP_OK;
 }
 
-/* send: size segments of count elements; rank q's result is segment q reduced over the ranks.
- * A rank copies into its slot only the segments the others reduce, and reads its own from its
- * send buffer: 1/size less copying, the same inputs in the same order. */
 /* With cross-memory attach: each rank publishes its send buffer; every rank reads its own
  * segment of each peer's, a block at a time, into its own slot (which no peer reads in this
  * mode) and reduces it with its own in rank order. The peers copy nothing for it. */
@@ -607,6 +604,9 @@ static int reduce_scatter_cma(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     return FSDP_OK;
 }
 
+/* send: size segments of count elements; rank q's result is segment q reduced over the ranks.
+ * A rank copies into its slot only the segments the others reduce, and reads its own from its
+ * send buffer: 1/size less copying, the same inputs in the same order. */
 static int reduce_scatter(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     fsdp_gloo_shm_t *s = r->s;
     const size_t n = (size_t)s->size, per = s->slot / n / es; /* elements of a segment a chunk */

@@ -21,10 +21,11 @@ int fsdp__redop_supported(fsdp_dtype_t dt, fsdp_redop_t op);
  * Reduces elements [0, n) of the nin inputs and writes the result to each of the nout outputs.
  * `divisor` is what avg divides the sum by (the group size). A nonzero `prescale` with op sum
  * on a floating dtype multiplies every input by it first, each product rounded to the dtype
- * (the collective descriptor's prescale, pg.h); it is ignored otherwise. Outputs may alias inputs (each block
- * of up to 2048 elements is read completely before it is written), but outputs must not overlap
- * each other. dt and op must be valid and supported (the caller has checked). Returns FSDP_OK,
- * or FSDP_ENOMEM when more than 64 inputs need a pointer list that cannot be allocated.
+ * (the collective descriptor's prescale, pg.h); it is ignored otherwise. Outputs may alias
+ * inputs (each block of up to 2048 elements is read completely before it is written), but
+ * outputs must not overlap each other. dt and op must be valid and supported (the caller has
+ * checked). Returns FSDP_OK, or FSDP_ENOMEM when more than 64 inputs need a pointer list that
+ * cannot be allocated.
  */
 int fsdp__reduce(void *const *outs, int nout, const void *const *ins, int nin, size_t n,
                  fsdp_dtype_t dt, fsdp_redop_t op, int divisor, double prescale);

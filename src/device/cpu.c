@@ -27,8 +27,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/sanitizer.h"
 #include "core/copy.h"
+#include "core/sanitizer.h"
 #include "device/cpu_impl.h"
 
 #if defined(FSDP_HAVE_BLAS) && defined(__GNUC__)

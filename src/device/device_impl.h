@@ -151,10 +151,11 @@ struct fsdp_dev_ops {
      * f16/bf16 accumulate in f32 and round once, integer sums and products wrap, float min/max
      * propagate NaN, bool sum/max are "or" and prod/min "and", avg divides the sum by `divisor`
      * in the accumulation type (truncating for integers); a nonzero `prescale` with op sum on a
-     * floating dtype multiplies each input by it first, the product rounded to dt (pg.h). An output may alias an input at the
-     * same offsets (each element is read completely before it is written); outputs do not
-     * overlap each other. Ordered on `stream` (NULL: the compute stream, and synchronous). The
-     * CPU device's implementation is fsdp__reduce() (core/reduce.h). */
+     * floating dtype multiplies each input by it first, the product rounded to dt (pg.h). An
+     * output may alias an input at the same offsets (each element is read completely before it
+     * is written); outputs do not overlap each other. Ordered on `stream` (NULL: the compute
+     * stream, and synchronous). The CPU device's implementation is fsdp__reduce()
+     * (core/reduce.h). */
     int (*coll_reduce)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_redop_t op, int divisor,
                        double prescale, void *const *outs, int nout, const void *const *ins,
                        int nin, size_t n, void *stream);

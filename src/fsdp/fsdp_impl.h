@@ -301,6 +301,8 @@ bool fsdp__any_requires_grad(const fsdp_unit_t *u);
 int fsdp__prepare_grads(fsdp_unit_t *u);
 /* Drops the .grad of u's compute views. */
 void fsdp__drop_cv_grads(fsdp_unit_t *u);
+/* After u's backward, before its unsharded gradient is read: zeroes what backward did not write
+ * in a new one (full_grad_fresh), then drops the compute views' .grad. */
 int fsdp__settle_grads(fsdp_unit_t *u);
 /* Starts the reduction of u's unsharded gradient (asynchronous). */
 int fsdp__reduce_grad(fsdp_unit_t *u);

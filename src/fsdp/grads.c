@@ -193,7 +193,6 @@ int fsdp__reduce_grad(fsdp_unit_t *u) {
         }
     } else {
         u->rs_out = fsdp_tensor_retain(g);
-        if (u->world <= 1 && prescale != 0.0) FSDP_TRY(rc, fail, div_inplace(g, pre));
         if (u->world > 1) {
             FSDP_TRY(rc, fail,
                      grad_sum(u, u->pg, FSDP_COLL_ALL_REDUCE, g, g, u->layout.padded_numel,

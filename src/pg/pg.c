@@ -8,7 +8,6 @@
  * the group is outstanding, which the backends bound by the group's timeout.
  */
 #include <math.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,9 +239,7 @@ static int check_args(fsdp_pg_t *pg, const fsdp_coll_t *c) {
                             "fsdp_pg_%s on group '%s' (rank %d): op %s is not defined on %s", what,
                             pg->name, pg->rank, fsdp_redop_name(c->op), fsdp_dtype_name(c->dtype));
     if (c->prescale != 0.0) {
-        const bool fp = c->dtype == FSDP_DTYPE_F16 || c->dtype == FSDP_DTYPE_BF16 ||
-                        c->dtype == FSDP_DTYPE_F32 || c->dtype == FSDP_DTYPE_F64;
-        if (!has_op(c->kind) || c->op != FSDP_REDOP_SUM || !fp)
+        if (!has_op(c->kind) || c->op != FSDP_REDOP_SUM || !fsdp_dtype_is_float(c->dtype))
             return fsdp__pg_err(pg, FSDP_EINVAL,
                                 "fsdp_pg_%s on group '%s' (rank %d): prescale %g needs a sum of "
                                 "f16, bf16, f32 or f64 (this is op %s on %s)",
