@@ -461,24 +461,47 @@ static char *slot_of(fsdp_gloo_shm_t *s, int q) {
     return s->slots + (size_t)q * s->slot;
 }
 
+/* One input pointer per rank for a reduction: on the stack up to MAX_INS ranks. */
+enum { MAX_INS = 64 };
+struct ins {
+    const void *small[MAX_INS];
+    const void **p;
+};
+
+static int ins_init(run_t *r, struct ins *in) {
+    const size_t n = (size_t)r->s->size;
+    in->p = n <= MAX_INS ? in->small : malloc(n * sizeof *in->p);
+    if (in->p) return FSDP_OK;
+    snprintf(r->msg, r->cap, "out of memory");
+    return FSDP_ENOMEM;
+}
+
+static void ins_fini(struct ins *in) {
+    if (in->p != in->small) free(in->p);
+}
+
+/* Reduces n elements of every rank's input in rank order (in->p[q]) into the nout outputs. */
+static int reduce_ins(run_t *r, const fsdp_gloo_op_t *op, const struct ins *in, size_t n,
+                      void *const *outs, int nout) {
+    int size = r->s->size;
+    int rc = fsdp__reduce(outs, nout, in->p, size, n, op->dtype, op->op, size, op->prescale);
+    if (rc < 0) snprintf(r->msg, r->cap, "out of memory reducing");
+    return rc;
+}
+
 /* Reduces element range [e, e + n) of chunk `base` (an element offset into each slot) over
  * every slot, in rank order, into the nout outputs; the rank's own input is `own` (its send
  * buffer, which it did not copy into its slot). */
 static int reduce_slots(run_t *r, const fsdp_gloo_op_t *op, size_t es, size_t base, size_t n,
                         const void *own, void *const *outs, int nout) {
-    enum { MAXN = 64 };
     fsdp_gloo_shm_t *s = r->s;
-    const void *small[MAXN] = {NULL};
-    const void **ins = s->size <= MAXN ? small : malloc((size_t)s->size * sizeof *ins);
-    if (!ins) {
-        snprintf(r->msg, r->cap, "out of memory");
-        return FSDP_ENOMEM;
-    }
+    struct ins in;
+    int rc = ins_init(r, &in);
+    if (rc < 0) return rc;
     for (int q = 0; q < s->size; q++)
-        ins[q] = q == s->rank ? own : slot_of(s, q) + base * es;
-    int rc = fsdp__reduce(outs, nout, ins, s->size, n, op->dtype, op->op, s->size, op->prescale);
-    if (ins != small) free(ins);
-    if (rc < 0) snprintf(r->msg, r->cap, "out of memory reducing");
+        in.p[q] = q == s->rank ? own : slot_of(s, q) + base * es;
+    rc = reduce_ins(r, op, &in, n, outs, nout);
+    ins_fini(&in);
     return rc;
 }
 
@@ -569,36 +592,28 @@ static int all_to_all(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
  * segment of each peer's, a block at a time, into its own slot (which no peer reads in this
  * mode) and reduces it with its own in rank order. The peers copy nothing for it. */
 static int reduce_scatter_cma(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
-    enum { MAXN = 64 };
     fsdp_gloo_shm_t *s = r->s;
     const size_t n = (size_t)s->size, me = (size_t)s->rank;
     size_t per = (s->slot / n < CMA_BLOCK ? s->slot / n : CMA_BLOCK) / es;
     if (per == 0) per = 1;
-    const void *small[MAXN];
-    const void **ins = n <= MAXN ? small : malloc(n * sizeof *ins);
-    if (!ins) {
-        snprintf(r->msg, r->cap, "out of memory");
-        return FSDP_ENOMEM;
-    }
+    struct ins in;
+    int rc = ins_init(r, &in);
+    if (rc < 0) return rc;
     s->addr[me] = (uint64_t)(uintptr_t)op->send;
-    int rc = barrier(s, r->deadline, r->timeout_ms, r->peer, r->msg, r->cap);
+    rc = barrier(s, r->deadline, r->timeout_ms, r->peer, r->msg, r->cap);
     for (size_t e = 0; e < op->count && rc == FSDP_OK; e += per) {
         const size_t m = op->count - e < per ? op->count - e : per;
         const size_t at = (me * op->count + e) * es; /* this rank's segment, chunk e */
         for (size_t q = 0; q < n && rc == FSDP_OK; q++) {
             char *tmp = slot_of(s, s->rank) + q * per * es;
-            ins[q] = q == me ? (const void *)((const char *)op->send + at) : tmp;
+            in.p[q] = q == me ? (const void *)((const char *)op->send + at) : tmp;
             if (q != me && cma_read((pid_t)s->pid[q], tmp, s->addr[q] + at, m * es) != 0)
                 rc = cma_fail(r, (int)q, "reduce_scatter");
         }
         void *outs[1] = {(char *)op->recv + e * es};
-        if (rc == FSDP_OK &&
-            fsdp__reduce(outs, 1, ins, s->size, m, op->dtype, op->op, s->size, op->prescale) < 0) {
-            snprintf(r->msg, r->cap, "out of memory reducing");
-            rc = FSDP_ENOMEM;
-        }
+        if (rc == FSDP_OK) rc = reduce_ins(r, op, &in, m, outs, 1);
     }
-    if (ins != small) free(ins);
+    ins_fini(&in);
     if (rc < 0) return rc;
     SYNC(r);
     return FSDP_OK;
