@@ -128,35 +128,34 @@ static void count(double t, long long m, long long n, long long k) {
     pthread_mutex_unlock(&lock);
 }
 
-void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
-                 int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+/* Before a product: finds the next definitions once, stops if `next` (the one about to be called)
+ * is missing (the program linked against a BLAS, so the preload is broken: better than returning
+ * a product that was never computed), and returns the start time of an outermost call. */
+static double enter(void *const *next, const char *name) {
     pthread_once(&once, setup);
-    if (!next_cblas) {
-        /* The program linked against a BLAS, so this is a broken preload: stop rather than
-         * return a product that was never computed. */
-        fputs("gemm_clock: no cblas_sgemm after this library\n", stderr);
+    if (!*next) {
+        fprintf(stderr, "gemm_clock: no %s after this library\n", name);
         abort();
     }
-    double t0 = depth == 0 ? now() : 0;
-    depth++;
+    return depth++ == 0 ? now() : 0;
+}
+
+/* After a product: counts an outermost call. */
+static void leave(double t0, long long m, long long n, long long k) {
+    if (--depth == 0) count(now() - t0, m, n, k);
+}
+
+void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                 int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    double t0 = enter((void *const *)&next_cblas, "cblas_sgemm");
     next_cblas(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    depth--;
-    if (depth == 0) count(now() - t0, m, n, k);
+    leave(t0, m, n, k);
 }
 
 void sgemm_(const char *ta, const char *tb, const int *m, const int *n, const int *k,
             const float *alpha, const float *a, const int *lda, const float *b, const int *ldb,
             const float *beta, float *c, const int *ldc) {
-    pthread_once(&once, setup);
-    if (!next_fortran) {
-        /* The program linked against a BLAS, so this is a broken preload: stop rather than
-         * return a product that was never computed. */
-        fputs("gemm_clock: no sgemm_ after this library\n", stderr);
-        abort();
-    }
-    double t0 = depth == 0 ? now() : 0;
-    depth++;
+    double t0 = enter((void *const *)&next_fortran, "sgemm_");
     next_fortran(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    depth--;
-    if (depth == 0) count(now() - t0, *m, *n, *k);
+    leave(t0, *m, *n, *k);
 }
