@@ -52,7 +52,8 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static cblas_sgemm_fn *next_cblas;
 static sgemm_fn *next_fortran;
-static char *record; /* the shared mapping of DIR/gemm.PID, or NULL */
+static char *record;  /* the shared mapping of DIR/gemm.PID, or NULL */
+static pid_t record_pid; /* the process `record` and the totals belong to (0: none yet) */
 static unsigned long long calls;
 static double seconds, gflop;
 static __thread int depth;
@@ -90,10 +91,20 @@ static void *find_next(const char *name, void *self) {
 static void setup(void) {
     next_cblas = (cblas_sgemm_fn *)find_next("cblas_sgemm", (void *)cblas_sgemm);
     next_fortran = (sgemm_fn *)find_next("sgemm_", (void *)sgemm_);
+}
+
+/* Opens this process's record, DIR/gemm.PID, with its totals at zero. A child forked after the
+ * parent's first product opens its own (record_pid tells), so neither adds to the other's. */
+static void open_record(void) {
+    if (record) munmap(record, RECORD_BYTES);
+    record = NULL;
+    calls = 0;
+    seconds = gflop = 0;
+    record_pid = getpid();
     const char *dir = getenv("GEMM_CLOCK_DIR");
     if (!dir || !*dir) return;
     char path[4096];
-    if (snprintf(path, sizeof path, "%s/gemm.%ld", dir, (long)getpid()) >= (int)sizeof path)
+    if (snprintf(path, sizeof path, "%s/gemm.%ld", dir, (long)record_pid) >= (int)sizeof path)
         return;
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return;
@@ -112,8 +123,12 @@ static double now(void) {
 
 /* Adds one product to the totals and rewrites the record (spaces pad it to its full size). */
 static void count(double t, long long m, long long n, long long k) {
-    if (!record) return;
     pthread_mutex_lock(&lock);
+    if (record_pid != getpid()) open_record();
+    if (!record) {
+        pthread_mutex_unlock(&lock);
+        return;
+    }
     calls++;
     seconds += t;
     gflop += 2e-9 * (double)m * (double)n * (double)k;
