@@ -111,11 +111,14 @@ run() {
 
 # gemm_of SHORT LONG: a rank's products in --steps steps, from the clock's records of two runs
 # (one record per process that multiplied; the ranks are averaged): "ms GFLOP", or nothing.
-gemm_of() {
+# gemm_sum DIR: "processes seconds GFLOP", summed over the records in DIR.
+gemm_sum() {
     cat "$1"/gemm.* 2>/dev/null | awk '$1 == "seconds" { s += $2; n++ } $1 == "gflop" { f += $2 }
-        END { printf "%d %.9f %.6f\n", n, s, f }' > "$tmp/g1"
-    cat "$2"/gemm.* 2>/dev/null | awk '$1 == "seconds" { s += $2; n++ } $1 == "gflop" { f += $2 }
-        END { printf "%d %.9f %.6f\n", n, s, f }' > "$tmp/g2"
+        END { printf "%d %.9f %.6f\n", n, s, f }'
+}
+gemm_of() {
+    gemm_sum "$1" > "$tmp/g1"
+    gemm_sum "$2" > "$tmp/g2"
     awk -v steps="$steps" 'NR == 1 { n1 = $1; s1 = $2; f1 = $3 } NR == 2 { n2 = $1; s2 = $2; f2 = $3 }
         END { if (n1 > 0 && n1 == n2 && s2 > s1)
                   printf "%.1f %.2f\n", (s2 - s1) / n1 / steps * 1e3, (f2 - f1) / n1 / steps }' \
