@@ -412,6 +412,8 @@ const struct fsdp_dev_ops fsdp__cpu_dev_ops = {
 
     .softmax = fsdp__cpu_softmax,
     .softmax_backward = fsdp__cpu_softmax_backward,
+    .attention = fsdp__cpu_attention,
+    .attention_backward = fsdp__cpu_attention_backward,
     .layer_norm = fsdp__cpu_layer_norm,
     .layer_norm_backward = fsdp__cpu_layer_norm_backward,
     .batch_norm = fsdp__cpu_batch_norm,

@@ -4,11 +4,11 @@
  *
  * Each fsdp__cpu_<member> has exactly the type of the vtable member it fills, so cpu.c can
  * assemble fsdp__cpu_dev_ops with designated initializers and the compiler checks every entry.
- * They live in three files: cpu.c (memory, copies, streams, init/fini), cpu_kernels.c
- * (elementwise, reductions, gemm) and cpu_nn_kernels.c (row kernels, norms, embedding, losses,
- * dropout, optimizer steps). Nothing outside src/device/ calls them by name: the layers above
- * go through the vtable, so the CUDA device can stand in. (The one exception is
- * fsdp__cpu_cache_stats, which tests call to see the block cache.)
+ * They live in four files: cpu.c (memory, copies, streams, init/fini), cpu_kernels.c
+ * (elementwise, reductions, gemm), cpu_nn_kernels.c (row kernels, norms, embedding, losses,
+ * dropout, optimizer steps) and cpu_attention.c (attention over packed heads). Nothing outside
+ * src/device/ calls them by name: the layers above go through the vtable, so the CUDA device can
+ * stand in. (The one exception is fsdp__cpu_cache_stats, which tests call to see the block cache.)
  */
 #ifndef FSDP_CPU_IMPL_H
 #define FSDP_CPU_IMPL_H
@@ -72,6 +72,15 @@ int fsdp__cpu_softmax(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, size_t rows
                       const void *x, void *y);
 int fsdp__cpu_softmax_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, size_t rows, size_t n,
                                const void *y, const void *gy, void *gx);
+
+/* ---- attention over packed heads (cpu_attention.c) ---- */
+int fsdp__cpu_attention(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
+                        int64_t heads, int64_t hd, double scale, const void *qkv, const void *mask,
+                        void *p, void *y);
+int fsdp__cpu_attention_backward(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
+                                 int64_t heads, int64_t hd, double scale, const void *qkv,
+                                 const void *p, const void *gy, void *gqkv);
+
 int fsdp__cpu_layer_norm(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n, double eps,
                          const void *x, const void *w, const void *b, void *y, void *mean,
                          void *rstd);

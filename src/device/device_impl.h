@@ -194,6 +194,21 @@ struct fsdp_dev_ops {
      * gx = gy - exp(y) sum(gy). */
     int (*softmax_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, size_t rows, size_t n,
                             const void *y, const void *gy, void *gx);
+    /* Scaled dot-product attention of H heads read from a packed projection, one (sequence,
+     * head) at a time; NULL on a device without it (the ops layer then composes attention from
+     * the kernels above). qkv is (batch, t, 3 H hd), contiguous: at each position the H heads
+     * of q, then those of k, then those of v. For sequence b and head h, with q, k, v its
+     * (t, hd) slices: P = softmax((scale q) k^T + mask) goes to p (batch, H, t, t) and P v to
+     * the head's hd columns of y (batch, t, H hd). mask is (t, t), added to every head, or
+     * NULL. The values are those of the composed kernels (unary scale, gemm, binary add,
+     * softmax, gemm), bit for bit. */
+    int (*attention)(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t, int64_t heads,
+                     int64_t hd, double scale, const void *qkv, const void *mask, void *p, void *y);
+    /* Its gradient: gqkv (batch, t, 3 H hd; every element written) from the forward's qkv and p
+     * and gy (batch, t, H hd), again bit for bit the composed kernels' backward. */
+    int (*attention_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
+                              int64_t heads, int64_t hd, double scale, const void *qkv,
+                              const void *p, const void *gy, void *gqkv);
     /* Layer norm of each row: y = (x - mean) * rstd * w + b (w, b of n elements, either may be
      * NULL: 1 and 0). Writes mean and rstd (rows elements each, always f32 for f32 and f64 for
      * f64) for the backward. */

@@ -4,11 +4,14 @@
  * "CausalSelfAttention", "MLP").
  *
  * The forward is written to copy as little as the operations allow: one product for query,
- * key and value; one strided split that lays them out as (B, H, T, hd) for batched products
- * (the key is transposed by a view); one (T, T) causal mask, built once per sequence length and
- * dtype and kept in the model, broadcast over batch and heads by the add; the head shares the
- * token embedding through fsdp_linear(x, wte, NULL), so there is no second weight and the
- * embedding's gradient accumulates both uses.
+ * key and value; one (T, T) causal mask, built once per sequence length and dtype and kept in
+ * the model; the head shares the token embedding through fsdp_linear(x, wte, NULL), so there is
+ * no second weight and the embedding's gradient accumulates both uses. Where the device has a
+ * fused attention kernel (the CPU, f32, no attention dropout) the packed projection goes to it
+ * whole (tensor/ops_attention.h): one pass per sequence and head, q, k and v read in place.
+ * Elsewhere attention is composed: one strided split lays the heads out as (B, H, T, hd) for
+ * batched products (the key transposed by a view), the mask is broadcast over batch and heads by
+ * the add, and one copy merges the heads. Both give the same bits.
  *
  * Invariants: the model's impl caches the mask and the position indices of the last sequence
  * length (released by destroy); a block's children are found through borrowed pointers in its
@@ -18,6 +21,7 @@
 #include <string.h>
 
 #include "nn/nn_impl.h"
+#include "tensor/ops_attention.h"
 #include <fsdp/transformer.h>
 
 static const fsdp__abi_struct_t config_abi =
@@ -107,24 +111,30 @@ static int csa_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int 
         mask = fsdp_tensor_retain(in[1]);
     else
         FSDP_TRY(rc, fail, make_mask(fsdp_module_ctx(m), t, fsdp_tensor_dtype(qkv), &mask));
-    /* (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd) -> three contiguous (B, H, T, hd). */
-    const int64_t s5[5] = {b, t, 3, a->h, hd};
-    FSDP_TRY(rc, fail, fsdp_view(qkv, 5, s5, &q5));
-    const int perm5[5] = {2, 0, 3, 1, 4};
-    FSDP_TRY(rc, fail, fsdp_permute(q5, perm5, &qp));
-    const int64_t ones[3] = {1, 1, 1};
-    FSDP_TRY(rc, fail, fsdp_split(qp, ones, 3, 0, pieces));
-    const int64_t s4[4] = {b, a->h, t, hd};
-    for (int i = 0; i < 3; i++)
-        FSDP_TRY(rc, fail, fsdp_view(pieces[i], 4, s4, &heads[i]));
     bool train = fsdp_module_is_training(m);
-    FSDP_TRY(rc, fail,
-             fsdp_attention(heads[0], heads[1], heads[2], mask, NULL, a->dropout, train, &y));
-    /* (B, H, T, hd) -> (B, T, H, hd) -> (B, T, d): the one copy that merges the heads. */
-    const int perm4[4] = {0, 2, 1, 3};
-    FSDP_TRY(rc, fail, fsdp_permute(y, perm4, &yp));
-    const int64_t s3[3] = {b, t, a->d};
-    FSDP_TRY(rc, fail, fsdp_reshape(yp, 3, s3, &ym));
+    if ((a->dropout == 0.0 || !train) && fsdp__attention_packed_ok(qkv, a->h, mask)) {
+        /* One pass per (sequence, head) reading q, k and v in place: the same bits as the
+         * composed path below, without its copies and whole-batch passes (ops_attention.h). */
+        FSDP_TRY(rc, fail, fsdp__attention_packed(qkv, a->h, 1.0 / sqrt((double)hd), mask, &ym));
+    } else {
+        /* (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd) -> three contiguous (B, H, T, hd). */
+        const int64_t s5[5] = {b, t, 3, a->h, hd};
+        FSDP_TRY(rc, fail, fsdp_view(qkv, 5, s5, &q5));
+        const int perm5[5] = {2, 0, 3, 1, 4};
+        FSDP_TRY(rc, fail, fsdp_permute(q5, perm5, &qp));
+        const int64_t ones[3] = {1, 1, 1};
+        FSDP_TRY(rc, fail, fsdp_split(qp, ones, 3, 0, pieces));
+        const int64_t s4[4] = {b, a->h, t, hd};
+        for (int i = 0; i < 3; i++)
+            FSDP_TRY(rc, fail, fsdp_view(pieces[i], 4, s4, &heads[i]));
+        FSDP_TRY(rc, fail,
+                 fsdp_attention(heads[0], heads[1], heads[2], mask, NULL, a->dropout, train, &y));
+        /* (B, H, T, hd) -> (B, T, H, hd) -> (B, T, d): the one copy that merges the heads. */
+        const int perm4[4] = {0, 2, 1, 3};
+        FSDP_TRY(rc, fail, fsdp_permute(y, perm4, &yp));
+        const int64_t s3[3] = {b, t, a->d};
+        FSDP_TRY(rc, fail, fsdp_reshape(yp, 3, s3, &ym));
+    }
     FSDP_TRY(rc, fail, fsdp_module_forward1(a->c_proj, ym, &z));
     FSDP_TRY(rc, fail, fsdp_dropout(z, a->dropout, train, out));
 fail:
