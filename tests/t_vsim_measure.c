@@ -8,6 +8,7 @@
  * measured anew; the scale multiplies; calls the CPU device does not replay, and every call
  * once measuring is switched off, cost the roofline's time exactly. That the measured times
  * predict a real step is bench/sim_predict.sh's business (docs/simulation.md), not a test's.
+ * A simulated CPU rank takes the fused attention a real one takes, and only while measuring.
  */
 #include <math.h>
 #include <stdio.h>
@@ -146,9 +147,72 @@ static void test_measured(void) {
     fsdp_ctx_destroy(ctx);
 }
 
+static double attention_time(fsdp_vsim_t *vs) {
+    fsdp_vsim_stats_t s;
+    fsdp_vsim_stats(vs, &s);
+    return s.class_time[FSDP_KERNEL_ATTENTION];
+}
+
+/* One GPT step on the simulated rank; returns the attention class time it added. */
+static double gpt_step(fsdp_ctx_t *ctx, fsdp_vsim_t *vs, fsdp_module_t *m) {
+    const int64_t shape[2] = {2, 16};
+    const int64_t ids[32] = {0};
+    fsdp_tensor_t *tok = NULL, *tgt = NULL, *loss = NULL;
+    double before = attention_time(vs);
+    if (fsdp_tensor_from_host(ctx, FSDP_DTYPE_I64, 2, shape, ids, FSDP_MEM_OTHER, &tok) < 0 ||
+        fsdp_tensor_from_host(ctx, FSDP_DTYPE_I64, 2, shape, ids, FSDP_MEM_OTHER, &tgt) < 0 ||
+        fsdp_gpt_forward_loss(m, tok, tgt, &loss, NULL) < 0 || fsdp_backward(loss, NULL) < 0)
+        tap_bail("GPT step on the simulated rank: %s", fsdp_ctx_last_error(ctx));
+    fsdp_tensor_release(tok);
+    fsdp_tensor_release(tgt);
+    fsdp_tensor_release(loss);
+    fsdp_tape_clear(ctx);
+    return attention_time(vs) - before;
+}
+
+/* A simulated CPU rank runs the calls a real one does: the GPT's attention as one fused kernel
+ * a block (src/device/cpu_attention.c), timed on the CPU device, while kernels are measured
+ * there; composed from products and row kernels again once measuring is off, as on the GPU
+ * devices, which have no fused kernel. */
+static void test_attention(void) {
+    fsdp_ctx_t *ctx = mkctx(), *mctx = mkctx();
+    fsdp_cluster_t cl = toy_cluster(1);
+    fsdp_vsim_t *vs = NULL;
+    if (fsdp_vsim_create(ctx, &cl, &vs) < 0) tap_bail("fsdp_vsim_create");
+    fsdp_ctx_set_device(ctx, fsdp_vsim_device(vs));
+    fsdp_gpt_config_t cfg;
+    fsdp_gpt_config_init(&cfg);
+    cfg.vocab = 32;
+    cfg.max_seq = 16;
+    cfg.n_layer = 2;
+    cfg.n_head = 2;
+    cfg.d_model = 16;
+    fsdp_module_t *m = NULL;
+    if (fsdp_gpt_create(ctx, &cfg, &m) < 0) tap_bail("gpt_create: %s", fsdp_ctx_last_error(ctx));
+    double roof = gpt_step(ctx, vs, m);
+    tap_ok(roof == 0, "not measured: the GPT's attention is composed (no attention kernel)");
+    tap_is_int(fsdp_vsim_measure_kernels(vs, fsdp_ctx_device(mctx), 1), FSDP_OK,
+               "kernels measured on the CPU");
+    size_t calls = fsdp_vsim_measured_calls(vs);
+    double fused = gpt_step(ctx, vs, m);
+    tap_ok(fused > 0, "measured: the fused attention kernel runs (%.3g s of attention a step)",
+           fused);
+    tap_ok(fsdp_vsim_measured_calls(vs) >= calls + 2,
+           "  forward and backward timed on the CPU (%zu calls measured)",
+           fsdp_vsim_measured_calls(vs));
+    tap_is_int(fsdp_vsim_measure_kernels(vs, NULL, 0), FSDP_OK, "measuring switched off");
+    tap_ok(gpt_step(ctx, vs, m) == 0, "  composed again");
+    fsdp_module_release(m);
+    fsdp_ctx_set_device(ctx, NULL);
+    fsdp_vsim_destroy(vs);
+    fsdp_ctx_destroy(mctx);
+    fsdp_ctx_destroy(ctx);
+}
+
 int main(void) {
     tap_plan_lazy();
     test_errors();
     test_measured();
+    test_attention();
     return tap_done();
 }

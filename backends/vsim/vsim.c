@@ -310,6 +310,8 @@ int fsdp_vsim_measure_kernels(fsdp_vsim_t *vs, fsdp_device_t *dev, double scale)
         return fsdp__ctx_err(vs->ctx, FSDP_ENOMEM, "%s: out of memory", who);
     fsdp__vmeasure_destroy(vs->clock->measure);
     vs->clock->measure = m;
+    /* The simulated rank takes the fused attention where the measuring CPU device has it. */
+    vs->dev->attn_fused = dev && dev->ops->attention ? dev->attn_fused : 0;
     return FSDP_OK;
 }
 

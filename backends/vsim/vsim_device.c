@@ -515,6 +515,28 @@ static int meta_softmax_backward(fsdp_device_t *dev, fsdp_dtype_t dt, bool log, 
                : charge(dev, &k, VCALL(FSDP__VOP_SOFTMAX_BWD, dt, log, (int64_t)rows, (int64_t)n));
 }
 
+/* Attention over packed heads, as a CPU rank runs it (the device's attn_fused, set where a CPU
+ * device measures the kernels): the measured call, or FlashAttention's count without one. */
+static int meta_attention(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
+                          int64_t heads, int64_t hd, double scale, const void *qkv,
+                          const void *mask, void *p, void *y) {
+    (void)scale, (void)qkv, (void)p, (void)y;
+    fsdp_kernel_cost_t k;
+    int rc = fsdp_kernel_attention(dev->ctx, batch, heads, t, t, hd, false, false, dt, &k);
+    return rc < 0
+               ? rc
+               : charge(dev, &k, VCALL(FSDP__VOP_ATTENTION, dt, batch, t, heads, hd, mask != NULL));
+}
+
+static int meta_attention_backward(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
+                                   int64_t heads, int64_t hd, double scale, const void *qkv,
+                                   const void *p, const void *gy, void *gqkv) {
+    (void)scale, (void)qkv, (void)p, (void)gy, (void)gqkv;
+    fsdp_kernel_cost_t k;
+    int rc = fsdp_kernel_attention(dev->ctx, batch, heads, t, t, hd, false, true, dt, &k);
+    return rc < 0 ? rc : charge(dev, &k, VCALL(FSDP__VOP_ATTENTION_BWD, dt, batch, t, heads, hd));
+}
+
 static int meta_layer_norm(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n, double eps,
                            const void *x, const void *w, const void *b, void *y, void *mean,
                            void *rstd) {
@@ -676,6 +698,8 @@ const struct fsdp_dev_ops fsdp__meta_dev_ops = {
 
     .softmax = meta_softmax,
     .softmax_backward = meta_softmax_backward,
+    .attention = meta_attention,
+    .attention_backward = meta_attention_backward,
     .layer_norm = meta_layer_norm,
     .layer_norm_backward = meta_layer_norm_backward,
     .batch_norm = meta_batch_norm,

@@ -90,6 +90,8 @@ enum fsdp__vop {
     FSDP__VOP_SGD,
     FSDP__VOP_MEMCPY,
     FSDP__VOP_MEMSET,
+    FSDP__VOP_ATTENTION,
+    FSDP__VOP_ATTENTION_BWD,
 };
 
 #define FSDP__VCALL_MAX 32

@@ -17,12 +17,14 @@
  * hot, fsdp-train's kernels predicted its step 25% short; with every buffer flushed, 18% long;
  * this way, within 1 to 12% (docs/simulation.md). Values do not matter to these kernels' speed
  * (zeros are neither NaN nor subnormal; indices and targets of 0 are valid), so the times are
- * those of the real call up to cache state. Calls whose buffers together pass
- * MEASURE_MAX_BYTES, and calls the CPU device cannot run as asked (it fails them, or the
- * scratch buffers cannot be had), keep the roofline.
+ * those of the real call up to cache state; the one exception, an attention's mask, which
+ * decides how much of each row the fused softmax runs, is given the GPT's causal one. Calls whose
+ * buffers together pass MEASURE_MAX_BYTES, and calls the CPU device cannot run as asked (it fails
+ * them, or the scratch buffers cannot be had), keep the roofline.
  */
 #include <config.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -263,6 +265,17 @@ static int buffers(const struct fsdp__vcall *c, size_t *b) {
     case FSDP__VOP_MEMSET: /* u8, n */
         b[0] = (size_t)v[1];
         return 1;
+    case FSDP__VOP_ATTENTION: /* dt, batch, t, heads, hd, has mask: qkv, mask, p, y */
+        b[0] = (size_t)(v[1] * v[2] * 3 * v[3] * v[4]) * es;
+        b[1] = v[5] ? (size_t)(v[2] * v[2]) * es : 0;
+        b[2] = (size_t)(v[1] * v[3] * v[2] * v[2]) * es;
+        b[3] = (size_t)(v[1] * v[2] * v[3] * v[4]) * es;
+        return 4;
+    case FSDP__VOP_ATTENTION_BWD: /* dt, batch, t, heads, hd: qkv, p, gy, gqkv */
+        b[0] = b[3] = (size_t)(v[1] * v[2] * 3 * v[3] * v[4]) * es;
+        b[1] = (size_t)(v[1] * v[3] * v[2] * v[2]) * es;
+        b[2] = (size_t)(v[1] * v[2] * v[3] * v[4]) * es;
+        return 4;
     default:
         return -1;
     }
@@ -282,7 +295,8 @@ static const unsigned written[] = {
     [FSDP__VOP_CROSS_ENTROPY] = 0xc, [FSDP__VOP_CROSS_ENTROPY_BWD] = 0x8,
     [FSDP__VOP_DROPOUT] = 0x6,       [FSDP__VOP_ADAM] = 0x1d,
     [FSDP__VOP_SGD] = 0x5,           [FSDP__VOP_MEMCPY] = 0x1,
-    [FSDP__VOP_MEMSET] = 0x1,
+    [FSDP__VOP_MEMSET] = 0x1,        [FSDP__VOP_ATTENTION] = 0xc,
+    [FSDP__VOP_ATTENTION_BWD] = 0x8,
 };
 
 /* Sends the n bytes at p out of every cache level to memory. */
@@ -294,6 +308,18 @@ static void flush_out(const void *p, size_t n) {
 #else
     (void)p, (void)n; /* no portable flush: the buffers stay in the last-level cache */
 #endif
+}
+
+/* Gives the zeroed buffers of call c what the kernel must see to take the path a step takes: an
+ * attention's mask is the GPT's causal one (0 on and below the diagonal, -inf above), whose
+ * masked tails the fused softmax skips. The CPU device's buffers are host memory. */
+static void prepare(const struct fsdp__vcall *c, void *const *p) {
+    if (c->op != FSDP__VOP_ATTENTION || !p[1] || c->v[0] != FSDP_DTYPE_F32) return;
+    const int64_t t = c->v[2];
+    float *m = p[1];
+    for (int64_t i = 0; i < t; i++)
+        for (int64_t j = i + 1; j < t; j++)
+            m[i * t + j] = -INFINITY;
 }
 
 /* Runs call c once on dev over buffers p (as buffers() lists them). */
@@ -366,6 +392,11 @@ static int run(fsdp_device_t *dev, const struct fsdp__vcall *c, void *const *p) 
         return fsdp_device_memcpy(dev, p[0], p[1], (size_t)v[1], FSDP_COPY_D2D, NULL);
     case FSDP__VOP_MEMSET:
         return fsdp_device_memset(dev, p[0], 0, (size_t)v[1], NULL);
+    case FSDP__VOP_ATTENTION: /* the mask, if any, causal (prepare) */
+        return o->attention(dev, dt, v[1], v[2], v[3], v[4], 0.125, p[0], p[1], p[2], p[3]);
+    case FSDP__VOP_ATTENTION_BWD:
+        return o->attention_backward(dev, dt, v[1], v[2], v[3], v[4], 0.125, p[0], p[1], p[2],
+                                     p[3]);
     default:
         return FSDP_ENOTSUP;
     }
@@ -391,6 +422,7 @@ static double measure(struct fsdp__vmeasure *m, const struct fsdp__vcall *c) {
         rc = fsdp_device_alloc(m->dev, FSDP_MEM_OTHER, bytes[i], &p[i]);
         if (rc == FSDP_OK) rc = fsdp_device_memset(m->dev, p[i], 0, bytes[i], NULL);
     }
+    if (rc == FSDP_OK) prepare(c, p);
     double t[MEASURE_REPS];
     for (int r = -1; r < MEASURE_REPS && rc == FSDP_OK; r++) { /* r = -1 warms up */
         memset(m->evict, r, MEASURE_EVICT_BYTES);

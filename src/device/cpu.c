@@ -219,6 +219,7 @@ int fsdp__cpu_init(fsdp_device_t *dev) {
 #endif
     size_t limit = cache_limit_from_env();
     dev->impl = NULL;
+    dev->attn_fused = FSDP__DT_BIT(FSDP_DTYPE_F32); /* cpu_attention.c */
     if (limit > 0) {
         const fsdp_bcache_opts_t opts = {.name = "cpu",
                                          .zeroed_segments = true,

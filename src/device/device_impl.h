@@ -201,7 +201,8 @@ struct fsdp_dev_ops {
      * (t, hd) slices: P = softmax((scale q) k^T + mask) goes to p (batch, H, t, t) and P v to
      * the head's hd columns of y (batch, t, H hd). mask is (t, t), added to every head, or
      * NULL. The values are those of the composed kernels (unary scale, gemm, binary add,
-     * softmax, gemm), bit for bit. */
+     * softmax, gemm), bit for bit. The ops layer calls it for the dtypes of the device's
+     * attn_fused mask only. */
     int (*attention)(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t, int64_t heads,
                      int64_t hd, double scale, const void *qkv, const void *mask, void *p, void *y);
     /* Its gradient: gqkv (batch, t, 3 H hd; every element written) from the forward's qkv and p
@@ -296,6 +297,12 @@ struct fsdp_device {
      * shape-only device sets it when its compute model says its kernels are native (a kernel
      * library like PyTorch's). Set at creation and not changed while tensors exist. */
     uint32_t lp_native;
+    /* The dtypes (FSDP__DT_BIT mask) in which the ops layer hands a packed projection to the
+     * `attention` kernel instead of composing attention: f32 on the CPU device (set by its
+     * init); on the shape-only device whatever the CPU device that measures its kernels fuses
+     * (fsdp_vsim_measure_kernels), so that a simulated CPU rank runs the calls a real one does;
+     * 0 elsewhere. */
+    uint32_t attn_fused;
     /* Host devices only: where FSDP_MEM_OFFLOAD allocations come from (a compute device's
      * host_alloc/host_free table, set by fsdp__device_pin_offload); NULL: the device's own
      * alloc. Each allocation remembers the table that made it, so changing this is safe. */

@@ -25,8 +25,9 @@ static bool fused_wanted(void) {
 static const char *packed_misfit(const fsdp_tensor_t *qkv, int64_t heads,
                                  const fsdp_tensor_t *mask) {
     if (!qkv) return "qkv is NULL";
-    if (!qkv->dev->ops->attention || !qkv->dev->ops->attention_backward)
-        return "the device has no fused attention kernel";
+    if (!qkv->dev->ops->attention || !qkv->dev->ops->attention_backward ||
+        !(qkv->dev->attn_fused & FSDP__DT_BIT(FSDP_DTYPE_F32)))
+        return "the device has no fused attention kernel for f32";
     if (qkv->dt != FSDP_DTYPE_F32 || qkv->ndim != 3 || !fsdp_tensor_is_contiguous(qkv))
         return "qkv must be a contiguous f32 (B, T, 3 d) tensor";
     const int64_t b = qkv->shape[0], t = qkv->shape[1], d3 = qkv->shape[2];
