@@ -6,9 +6,11 @@
  * Every differentiable operation of t_ops.c is gradient-checked in f64 against central
  * differences (gradcheck.c), on the same operation tables and broadcasting patterns
  * (ops_util.c), plus transposed views and inputs used twice in one graph. Then come gradient
- * accumulation over backwards (f64 and a bf16 leaf), grad mode, and a check that every byte
- * allocated by the tests has been given back.
+ * accumulation over backwards (f64 and a bf16 leaf), grad mode, element-wise backwards that
+ * overwrite a gradient nobody else holds, and a check that every byte allocated by the tests
+ * has been given back.
  */
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -349,6 +351,43 @@ static void test_grad_mode(void) {
     fsdp_tensor_release(z);
 }
 
+/* An element-wise backward overwrites an incoming gradient that nobody else holds
+ * (fsdp__grad_reusable), and only such a one: through sigmoid(tanh(sigmoid(x))) with a
+ * grad_output the caller keeps, the caller's tensor is left as it was, the gradient is the
+ * chain rule's, and the two inner nodes allocate nothing. */
+static void test_grad_in_place(void) {
+    const int64_t s[2] = {4, 5};
+    double v[20], gv[20], want[20];
+    fsdp_tensor_t *x = mk_rand(FSDP_DTYPE_F64, 2, s, -2, 2, 320, v);
+    fsdp_tensor_t *gy = mk_rand(FSDP_DTYPE_F64, 2, s, -1, 1, 321, gv);
+    fsdp_tensor_t *a = NULL, *b = NULL, *c = NULL;
+    fsdp_tensor_set_requires_grad(x, true);
+    fsdp_sigmoid(x, &a);
+    fsdp_tanh(a, &b);
+    fsdp_sigmoid(b, &c);
+    fsdp_mem_stats_t m0, m1;
+    fsdp_mem_get_stats(ops_ctx, &m0);
+    tap_is_int(c ? fsdp_backward(c, gy) : FSDP_EINVAL, FSDP_OK, "backward of a chain of three");
+    fsdp_mem_get_stats(ops_ctx, &m1);
+    for (int i = 0; i < 20; i++) {
+        double sa = 1 / (1 + exp(-v[i])), tb = tanh(sa), sc = 1 / (1 + exp(-tb));
+        want[i] = gv[i] * sc * (1 - sc) * (1 - tb * tb) * sa * (1 - sa);
+    }
+    check_vals(fsdp_tensor_grad(x), FSDP_DTYPE_F64, 2, s, want, 1e-14, 1e-15,
+               "the gradient through the chain is the chain rule's");
+    check_vals(gy, FSDP_DTYPE_F64, 2, s, gv, 0, 0, "the caller's grad_output is unchanged");
+    tap_ok(m1.allocs - m0.allocs <= 2,
+           "backward allocated %zu tensors: the first node's gradient (the caller holds its "
+           "input) and at most the leaf's",
+           m1.allocs - m0.allocs);
+    fsdp_tensor_release(a);
+    fsdp_tensor_release(b);
+    fsdp_tensor_release(c);
+    fsdp_tensor_release(gy);
+    fsdp_tensor_release(x);
+    fsdp_tape_clear(ops_ctx);
+}
+
 int main(void) {
     ops_begin();
     test_grad_binary();
@@ -359,5 +398,6 @@ int main(void) {
     test_grad_views_and_reuse();
     test_accumulation();
     test_grad_mode();
+    test_grad_in_place();
     return ops_end();
 }

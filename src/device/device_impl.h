@@ -120,7 +120,8 @@ struct fsdp_dev_ops {
     /* y = op(x, alpha), n elements; y may alias x. */
     int (*unary)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n, double alpha,
                  const void *x, void *y);
-    /* gx = gy * d op(x)/dx, n elements. y is op's forward output (kernels may use either). */
+    /* gx = gy * d op(x)/dx, n elements. y is op's forward output (kernels may use either). gx
+     * may alias gy (the ops layer overwrites a gradient nobody else holds). */
     int (*unary_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, fsdp_unary_op_t op, size_t n,
                           double alpha, const void *x, const void *y, const void *gy, void *gx);
     /* y (contiguous, `shape`) = op(a, b) with a and b read through element strides (0 = a

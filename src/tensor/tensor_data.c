@@ -60,6 +60,16 @@ int fsdp__as_contig(fsdp_tensor_t *t, fsdp_dtype_t dt, fsdp_tensor_t **out) {
     return materialize(t, dt, out);
 }
 
+bool fsdp__grad_reusable(const fsdp_tensor_t *g, fsdp_dtype_t dt, int ndim, const int64_t *shape) {
+    if (!g || !g->st || g->dt != dt || g->ndim != ndim || g->offset != 0 || g->requires_grad)
+        return false;
+    if (atomic_load(&g->refs) != 1 || atomic_load(&g->st->refs) != 1 || !g->st->owned) return false;
+    for (int i = 0; i < ndim; i++)
+        if (g->shape[i] != shape[i]) return false;
+    return fsdp_tensor_is_contiguous(g) &&
+           (size_t)fsdp_tensor_numel(g) * fsdp_dtype_size(dt) == g->st->bytes;
+}
+
 int fsdp__round_to(fsdp_tensor_t **t, fsdp_dtype_t dt) {
     if ((*t)->dt == dt) return FSDP_OK;
     fsdp_tensor_t *r = NULL;
