@@ -559,9 +559,10 @@ static int NN_FN(cross_entropy_backward)(size_t rows, size_t n, const T *logp,
         dr[t] = g * (et - smooth - onehot);
         continue;
 #endif
+        const T e_t = NN_EXP(lp[t]); /* before the row is written: gx may alias logp */
         for (size_t j = 0; j < n; j++)
             dr[j] = g * (NN_EXP(lp[j]) - smooth);
-        dr[t] = g * (NN_EXP(lp[t]) - smooth - onehot);
+        dr[t] = g * (e_t - smooth - onehot);
     }
     return FSDP_OK;
 }

@@ -256,7 +256,8 @@ struct fsdp_dev_ops {
                          const void *logits, const int64_t *target, int64_t ignore_index,
                          double label_smoothing, void *loss, void *logp);
     /* gx[i, :] = gloss[i] * (softmax - (1 - ls) onehot(t) - ls / n); rows with t == ignore_index
-     * get 0. gloss has rows elements. */
+     * get 0. gloss has rows elements. gx may alias logp (the ops layer writes the gradient over
+     * log-probabilities nobody else holds). */
     int (*cross_entropy_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, size_t rows, size_t n,
                                   const void *logp, const int64_t *target, int64_t ignore_index,
                                   double label_smoothing, const void *gloss, void *gx);

@@ -266,7 +266,7 @@ static int unary_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
     fsdp_dtype_t cdt = fsdp__kernel_dtype(x->dev, x->dt);
     FSDP_TRY(rc, out, fsdp__as_contig(x, cdt, &xc));
     FSDP_TRY(rc, out, fsdp__as_contig(node->saved[1], cdt, &yc));
-    if (fsdp__grad_reusable(gout[0], cdt, x->ndim, x->shape)) {
+    if (fsdp__overwritable(gout[0], cdt, x->ndim, x->shape)) {
         /* The gradient in, overwritten by the gradient out (the kernels are element-wise). */
         gc = fsdp_tensor_retain(gout[0]);
         gx = fsdp_tensor_retain(gout[0]);

@@ -415,8 +415,12 @@ static int cross_entropy_backward(struct fsdp__node *node, fsdp_tensor_t *const 
                                          fsdp_tensor_data(gloss), fsdp_tensor_data(gloss)));
         }
     }
-    FSDP_TRY(rc, fail,
-             fsdp__tensor_new(ctx, dev, cdt, node->in_ndim[0], node->in_shape[0], cat, &gin[0]));
+    if (fsdp__overwritable(logp, cdt, node->in_ndim[0], node->in_shape[0]))
+        gin[0] = fsdp_tensor_retain(logp); /* the log-probabilities, read once, become gx */
+    else
+        FSDP_TRY(
+            rc, fail,
+            fsdp__tensor_new(ctx, dev, cdt, node->in_ndim[0], node->in_shape[0], cat, &gin[0]));
     if (rows * c > 0)
         FSDP_TRY(rc, fail,
                  dev->ops->cross_entropy_backward(dev, cdt, (size_t)rows, (size_t)c,

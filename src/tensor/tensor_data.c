@@ -60,7 +60,7 @@ int fsdp__as_contig(fsdp_tensor_t *t, fsdp_dtype_t dt, fsdp_tensor_t **out) {
     return materialize(t, dt, out);
 }
 
-bool fsdp__grad_reusable(const fsdp_tensor_t *g, fsdp_dtype_t dt, int ndim, const int64_t *shape) {
+bool fsdp__overwritable(const fsdp_tensor_t *g, fsdp_dtype_t dt, int ndim, const int64_t *shape) {
     if (!g || !g->st || g->dt != dt || g->ndim != ndim || g->offset != 0 || g->requires_grad)
         return false;
     if (atomic_load(&g->refs) != 1 || atomic_load(&g->st->refs) != 1 || !g->st->owned) return false;

@@ -97,12 +97,13 @@ fsdp_dtype_t fsdp__kernel_dtype(const fsdp_device_t *dev, fsdp_dtype_t dt);
 /* A contiguous tensor with t's values in dtype dt: t itself (retained) when it already is one,
  * else a converted copy. Not recorded. */
 int fsdp__as_contig(fsdp_tensor_t *t, fsdp_dtype_t dt, fsdp_tensor_t **out);
-/* Whether an incoming gradient g may become the outgoing one of an element-wise backward,
- * overwritten in place: nobody else holds g or its storage (the backward engine hands a node
- * its only reference), and it is a contiguous tensor of dtype dt and the given shape covering
- * its whole storage. The kernel then reads each element before writing it, as element-wise
- * kernels do; the memory the new gradient would have taken, and its first writes, are saved. */
-bool fsdp__grad_reusable(const fsdp_tensor_t *g, fsdp_dtype_t dt, int ndim, const int64_t *shape);
+/* Whether a backward may write its outgoing gradient over g, an incoming gradient or a tensor
+ * its node saved: nobody else holds g or its storage (the backward engine hands a node its only
+ * reference to the gradient, and drops the node once it has run), and it is a contiguous tensor
+ * of dtype dt and the given shape covering its whole storage. The kernel must read each element
+ * before writing it, as element-wise kernels do; the memory the new gradient would have taken,
+ * and its first writes, are saved. */
+bool fsdp__overwritable(const fsdp_tensor_t *g, fsdp_dtype_t dt, int ndim, const int64_t *shape);
 /* Rounds a compute-dtype result to dt in place of *t (replacing *t by a converted tensor when
  * dt differs). */
 int fsdp__round_to(fsdp_tensor_t **t, fsdp_dtype_t dt);
