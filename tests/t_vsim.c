@@ -307,10 +307,12 @@ static void test_contention(void) {
     fsdp_ctx_set_device(ctx, NULL);
     fsdp_vsim_destroy(vs);
 
-    /* A collective must leave the compute kernels an SM. */
+    /* A collective may hold every SM (the kernels it overlaps then wait), not more. */
     cl.net.inter_channels = 10;
-    tap_is_int(fsdp_cluster_check(ctx, &cl), FSDP_EINVAL, "inter_channels = sms is refused");
-    tap_has_str(fsdp_ctx_last_error(ctx), "net.inter_channels is 10", "naming the field");
+    tap_is_int(fsdp_cluster_check(ctx, &cl), FSDP_OK, "inter_channels = sms is accepted");
+    cl.net.inter_channels = 11;
+    tap_is_int(fsdp_cluster_check(ctx, &cl), FSDP_EINVAL, "inter_channels > sms is refused");
+    tap_has_str(fsdp_ctx_last_error(ctx), "net.inter_channels is 11", "naming the field");
     tap_has_str(fsdp_ctx_last_error(ctx), "compute.sms (10)", "and the SMs");
     cl.net.inter_channels = -1;
     tap_is_int(fsdp_cluster_check(ctx, &cl), FSDP_EINVAL, "a negative channel count is refused");

@@ -215,6 +215,15 @@ static int cpu_cluster(fsdp_ctx_t *ctx, const sim_config_t *c, fsdp_cluster_t *c
     double slowdown;
     if ((rc = shared_slowdown(ctx, world, &slowdown)) < 0) return rc;
     *slowdown_out = slowdown;
+    /* Ranks that fill every core leave none for their collectives' copies and reductions: a
+     * kernel waits for a collective it overlaps, as a compute stream's work would wait for the
+     * CPU time the transport takes (docs/simulation.md). */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = fsdp_device_num_threads(fsdp_ctx_device(ctx));
+    if (world >= 2 && (long)world * threads >= cores) {
+        cl->compute.sms = 1;
+        cl->net.intra_channels = cl->net.inter_channels = 1;
+    }
     double share = 1.0 / slowdown;
     if (share < 1.0) {
         for (int d = 0; d < FSDP_DTYPE_COUNT; d++)

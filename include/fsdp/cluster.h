@@ -102,8 +102,10 @@ typedef struct fsdp_net_model {
     /* SMs (NCCL channels, one thread block each, never shared with a compute kernel) that a
      * running collective holds on each of its GPUs, for a group inside one node and for a group
      * that spans nodes; >= 0. 0: the collective takes nothing from the compute kernels (the CPU
-     * model). Against the compute model's `sms` they give the share of the compute throughput a
-     * collective takes while it overlaps kernels (docs/cluster-model.md, "Contention"). */
+     * model when a core is spare). Against the compute model's `sms` they give the share of the
+     * compute throughput a collective takes while it overlaps kernels (docs/cluster-model.md,
+     * "Contention"); at most sms, which stops the kernels it overlaps (a CPU whose cores the
+     * ranks fill). */
     int intra_channels;
     int inter_channels;
 } fsdp_net_model_t;

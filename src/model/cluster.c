@@ -131,16 +131,15 @@ int fsdp_cluster_check(fsdp_ctx_t *ctx, const fsdp_cluster_t *cl) {
     int rc = fsdp__net_model_check(ctx, who, &cl->net);
     if (rc < 0) return rc;
     if ((rc = fsdp__compute_model_check(ctx, who, &cl->compute)) < 0) return rc;
-    /* A collective leaves the compute kernels at least one SM. */
+    /* A collective holds at most every SM: with all of them (a CPU whose cores the ranks'
+     * compute already fills) the kernels it overlaps wait for it. */
     int sms = cl->compute.sms, ch = cl->net.intra_channels > cl->net.inter_channels
                                         ? cl->net.intra_channels
                                         : cl->net.inter_channels;
-    if (sms > 0 && ch >= sms)
-        return fsdp__model_err(
-            ctx, FSDP_EINVAL,
-            "%s: net.%s_channels is %d, which leaves none of compute.sms (%d) to "
-            "the compute kernels",
-            who, ch == cl->net.intra_channels ? "intra" : "inter", ch, sms);
+    if (sms > 0 && ch > sms)
+        return fsdp__model_err(ctx, FSDP_EINVAL,
+                               "%s: net.%s_channels is %d, more than compute.sms (%d)", who,
+                               ch == cl->net.intra_channels ? "intra" : "inter", ch, sms);
     return FSDP_OK;
 }
 
