@@ -164,8 +164,12 @@ fi
 
 # --- 5: a second signal exits at once -----------------------------------------------------------------
 # Both signals are made pending while the run is stopped, so the second comes during the first's
-# handling, whatever the machine's load.
-if [ $sigint_ok -eq 0 ]; then
+# handling, whatever the machine's load. Not under ThreadSanitizer: it runs a handler at its own
+# next safe point, so the second may arrive after the first's save has finished (2 runs of 3).
+case ${FSDP_SANITIZER_LDFLAGS:-} in *thread*) tsan=1 ;; *) tsan=0 ;; esac
+if [ $tsan -eq 1 ]; then
+  skip "ThreadSanitizer defers signal handlers"
+elif [ $sigint_ok -eq 0 ]; then
   env --default-signal=INT "$train" $tiny --steps 100000 --world-size 2 --checkpoint-dir "$tmp/ck5" \
     --metrics "$tmp/i5.jsonl" > "$tmp/i5.out" 2>&1 &
   pid=$!
