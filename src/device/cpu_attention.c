@@ -64,11 +64,13 @@ static int scratch_get(fsdp_device_t *dev, const char *fn, int64_t t, int64_t hd
     return FSDP_OK;
 }
 
-/* qs = (float)scale * q, the t rows of q at stride ld: fsdp_scale's kernel. */
-static void scale_rows(int64_t t, int64_t hd, float al, const float *q, int64_t ld, float *qs) {
+/* y = (float)scale * x for t rows of hd floats, x's at stride ldx and y's at stride ldy (y may
+ * be x): fsdp_scale's kernel. */
+static void scale_rows(int64_t t, int64_t hd, float al, const float *x, int64_t ldx, float *y,
+                       int64_t ldy) {
     for (int64_t i = 0; i < t; i++)
         for (int64_t e = 0; e < hd; e++)
-            qs[i * hd + e] = al * q[i * ld + e];
+            y[i * ldy + e] = al * x[i * ldx + e];
 }
 
 /* Zeros t rows of n floats at stride ld: the zeroed output the ops layer's GEMMs accumulate into
@@ -136,7 +138,7 @@ int fsdp__cpu_attention(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int6
             const float *q = (const float *)qkv + b * t * ld + h * hd, *k = q + d, *v = q + 2 * d;
             float *pb = (float *)p + (b * heads + h) * t * t;
             float *yb = (float *)y + b * t * d + h * hd;
-            scale_rows(t, hd, al, q, ld, s.qs);
+            scale_rows(t, hd, al, q, ld, s.qs, hd);
             /* scores = qs k^T (k^T as the transposed view of k) */
             rc = gemm0(dev, false, true, t, t, hd, s.qs, hd, k, ld, pb, t);
             if (rc < 0) break;
@@ -178,10 +180,8 @@ int fsdp__cpu_attention_backward(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t ba
             /* S = qs k^T: gqs = gS k, then gq = scale gqs; g(k^T) = qs^T gS, then transposed. */
             rc = gemm0(dev, false, false, t, hd, t, s.gs, t, k, ld, gq, ld);
             if (rc < 0) break;
-            for (int64_t i = 0; i < t; i++)
-                for (int64_t e = 0; e < hd; e++)
-                    gq[i * ld + e] = al * gq[i * ld + e];
-            scale_rows(t, hd, al, q, ld, s.qs);
+            scale_rows(t, hd, al, gq, ld, gq, ld);
+            scale_rows(t, hd, al, q, ld, s.qs, hd);
             rc = gemm0(dev, true, false, hd, t, t, s.qs, hd, s.gs, t, s.gkt, t);
             if (rc < 0) break;
             for (int64_t i = 0; i < t; i++)
