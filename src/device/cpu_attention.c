@@ -31,12 +31,6 @@
 
 #include "device/cpu_impl.h"
 
-static int attn_unsupported(fsdp_device_t *dev, const char *fn, fsdp_dtype_t dt) {
-    return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
-                         "cpu %s: dtype %s is not supported (the kernel takes f32)", fn,
-                         fsdp_dtype_name(dt));
-}
-
 /* Per-call scratch: the scaled q of one head (t x hd), for the forward the row limits of the
  * mask (t), and for the backward the gradient of its scores (t x t) and of k^T (hd x t). */
 struct attn_scratch {
@@ -126,7 +120,7 @@ static int softmax_row(fsdp_device_t *dev, int64_t t, int64_t c, const float *m,
 int fsdp__cpu_attention(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
                         int64_t heads, int64_t hd, double scale, const void *qkv, const void *mask,
                         void *p, void *y) {
-    if (dt != FSDP_DTYPE_F32) return attn_unsupported(dev, "attention", dt);
+    if (dt != FSDP_DTYPE_F32) return fsdp__cpu_bad_dtype(dev, "attention", dt, "f32");
     const int64_t d = heads * hd, ld = 3 * d;
     const float al = (float)scale, *m = mask;
     struct attn_scratch s;
@@ -155,7 +149,7 @@ int fsdp__cpu_attention(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int6
 int fsdp__cpu_attention_backward(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
                                  int64_t heads, int64_t hd, double scale, const void *qkv,
                                  const void *p, const void *gy, void *gqkv) {
-    if (dt != FSDP_DTYPE_F32) return attn_unsupported(dev, "attention_backward", dt);
+    if (dt != FSDP_DTYPE_F32) return fsdp__cpu_bad_dtype(dev, "attention_backward", dt, "f32");
     const int64_t d = heads * hd, ld = 3 * d;
     const float al = (float)scale;
     struct attn_scratch s;

@@ -16,6 +16,10 @@
 #include "device/block_cache.h"
 #include "device/device_impl.h"
 
+/* FSDP_ENOTSUP from kernel fn for dtype dt, saying which dtypes it takes (`takes`), on dev's
+ * context (cpu_kernels.c). Not a member: the kernels' shared error. */
+int fsdp__cpu_bad_dtype(fsdp_device_t *dev, const char *fn, fsdp_dtype_t dt, const char *takes);
+
 /* ---- memory, copies, streams (cpu.c) ---- */
 int fsdp__cpu_alloc(fsdp_device_t *dev, size_t bytes, void **out);
 int fsdp__cpu_alloc_zeroed(fsdp_device_t *dev, size_t bytes, void **out);

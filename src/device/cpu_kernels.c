@@ -35,10 +35,14 @@
 #define INV_SQRT_2PI 0.39894228040143267794   /* 1 / sqrt(2 pi) */
 #define GELU_KAPPA 0.044715
 
-static int bad_dtype(fsdp_device_t *dev, const char *fn, fsdp_dtype_t dt) {
+int fsdp__cpu_bad_dtype(fsdp_device_t *dev, const char *fn, fsdp_dtype_t dt, const char *takes) {
     return fsdp__ctx_err(dev->ctx, FSDP_ENOTSUP,
-                         "cpu %s: dtype %s is not supported (the kernel takes f32 or f64)", fn,
-                         fsdp_dtype_name(dt));
+                         "cpu %s: dtype %s is not supported (the kernel takes %s)", fn,
+                         fsdp_dtype_name(dt), takes);
+}
+
+static int bad_dtype(fsdp_device_t *dev, const char *fn, fsdp_dtype_t dt) {
+    return fsdp__cpu_bad_dtype(dev, fn, dt, "f32 or f64");
 }
 
 /* ---- fill and cast (every dtype) ---- */
