@@ -128,6 +128,10 @@ int fsdp__ctx_err(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 
  * Returns rc. */
 int fsdp__ctx_err_or_log(fsdp_ctx_t *ctx, int rc, const char *fmt, ...) FSDP_PRINTF(3, 4);
 
+/* Whether the environment variable `name` is set to exactly `value` (core/log.c): the switches
+ * that turn a default off ("0") or an option on ("1"). */
+bool fsdp__env_is(const char *name, const char *value);
+
 /* A growable string for messages that list names. fsdp__sb_add appends (printf-style); after an
  * allocation failure it stops appending and sets oom. Zero-initialize; fsdp__sb_free releases. */
 typedef struct fsdp__sbuf {

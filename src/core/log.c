@@ -39,6 +39,11 @@ int fsdp_log_level_parse(const char *name, fsdp_log_level_t *out) {
     return FSDP_EINVAL;
 }
 
+bool fsdp__env_is(const char *name, const char *value) {
+    const char *e = getenv(name);
+    return e && strcmp(e, value) == 0;
+}
+
 fsdp_log_level_t fsdp_log_level_from_env(void) {
     fsdp_log_level_t level = FSDP_LOG_WARN;
     const char *env = getenv("FSDP_LOG");

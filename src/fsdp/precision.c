@@ -17,7 +17,6 @@
  * gradient comes back in the input's dtype); the shard and gradient casts are not.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "fsdp/fsdp_impl.h"
 #include "nn/nn_impl.h"
@@ -33,8 +32,7 @@ void fsdp__mp_set_dtypes(fsdp_unit_t *u) {
 }
 
 bool fsdp__mp_full_prec_in_eval(const fsdp_options_t *o) {
-    const char *env = getenv("FSDP_USE_FULL_PREC_IN_EVAL");
-    return o->use_full_prec_in_eval || (env && strcmp(env, "1") == 0);
+    return o->use_full_prec_in_eval || fsdp__env_is("FSDP_USE_FULL_PREC_IN_EVAL", "1");
 }
 
 void fsdp__mp_free(fsdp_unit_t *u) {

@@ -205,8 +205,7 @@ int fsdp__side_stream(fsdp_unit_t *u, void **stream) {
 static bool ag_stream_wanted(fsdp_unit_t *root) {
     if (!fsdp__device_compute_stream(root->dev) || !fsdp__device_stream_pools(root->dev))
         return false;
-    const char *e = getenv("FSDP_AG_STREAM");
-    return !(e && strcmp(e, "0") == 0);
+    return !fsdp__env_is("FSDP_AG_STREAM", "0");
 }
 
 static void ag_drop(fsdp_unit_t *root) {

@@ -37,8 +37,6 @@
  * ranks wait in the collective (as PyTorch's do). Make such changes on every rank alike.
  */
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "fsdp/fsdp_impl.h"
 #include "nn/nn_impl.h"
@@ -220,6 +218,5 @@ int fsdp__writeback_orig_params(fsdp_unit_t *u, bool from_hook) {
 }
 
 bool fsdp__skip_writeback_env(void) {
-    const char *e = getenv("FSDP_SKIP_WRITEBACK_CHECK");
-    return e && strcmp(e, "1") == 0;
+    return fsdp__env_is("FSDP_SKIP_WRITEBACK_CHECK", "1");
 }

@@ -9,17 +9,9 @@
  * step saves a scaled copy of q, copies of k and v and the weights; here only the weights are
  * new memory, since qkv is the projection's own output.
  */
-#include <stdlib.h>
-#include <string.h>
-
 #include "autograd/autograd_impl.h"
 #include "tensor/ops_attention.h"
 #include "tensor/tensor_impl.h"
-
-static bool fused_wanted(void) {
-    const char *e = getenv("FSDP_FUSED_ATTENTION");
-    return !(e && strcmp(e, "0") == 0);
-}
 
 /* NULL when the arguments fit, else what does not (for the error message). */
 static const char *packed_misfit(const fsdp_tensor_t *qkv, int64_t heads,
@@ -43,7 +35,7 @@ static const char *packed_misfit(const fsdp_tensor_t *qkv, int64_t heads,
 }
 
 bool fsdp__attention_packed_ok(const fsdp_tensor_t *qkv, int64_t heads, const fsdp_tensor_t *mask) {
-    return !packed_misfit(qkv, heads, mask) && fused_wanted();
+    return !packed_misfit(qkv, heads, mask) && !fsdp__env_is("FSDP_FUSED_ATTENTION", "0");
 }
 
 static int packed_backward(struct fsdp__node *node, fsdp_tensor_t *const *gout,
