@@ -6,8 +6,9 @@
  * writes the output and the attention weights; the node saves qkv and the weights, and the
  * backward hands both with the incoming gradient to attention_backward, which writes the
  * gradient of every element of qkv. Composed from views, fsdp_attention and a merge, the same
- * step saves a scaled copy of q, copies of k and v and the weights; here only the weights are
- * new memory, since qkv is the projection's own output.
+ * step saves a scaled copy of q and the weights, and keeps qkv alive through the views of k and
+ * v; here only the weights are new memory. The split and merge copies, and the copies the
+ * batched products make of the strided k and v, forward and backward, are not made at all.
  */
 #include "autograd/autograd_impl.h"
 #include "tensor/ops_attention.h"
