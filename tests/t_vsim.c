@@ -307,6 +307,41 @@ static void test_contention(void) {
     fsdp_ctx_set_device(ctx, NULL);
     fsdp_vsim_destroy(vs);
 
+    /* A collective that holds every SM (the CPU model whose ranks fill the cores) stops the
+     * kernels it overlaps: a product issued beside it ends the collective's time after it would
+     * have. */
+    cl.net.intra_channels = cl.compute.sms;
+    tap_is_int(fsdp_vsim_create(ctx, &cl, &vs), FSDP_OK, "a collective on all 10 SMs");
+    dev = fsdp_vsim_device(vs);
+    world = fsdp_vsim_world(vs);
+    fsdp_ctx_set_device(ctx, dev);
+    fsdp_stream_create(dev, &side);
+    fsdp_tensor_t *a2 = NULL, *b2 = NULL, *x2 = NULL, *y2 = NULL;
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, sa, FSDP_MEM_OTHER, &a2);
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 2, sb, FSDP_MEM_OTHER, &b2);
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 1, sx, FSDP_MEM_COMM, &x2);
+    fsdp_tensor_empty(ctx, FSDP_DTYPE_F32, 1, sy, FSDP_MEM_COMM, &y2);
+    d.send = fsdp_tensor_data(x2);
+    d.recv = fsdp_tensor_data(y2);
+    d.stream = fsdp_stream_native(side);
+    fsdp_vsim_reset_stats(vs);
+    t0 = stats(vs).start;
+    fsdp_pg_collective(world, &d, &w);
+    got = products(vs, a2, b2, 1, t0);
+    s = stats(vs);
+    tap_is_near(got, tag + tmm, 1e-12, 0, "  a product beside it ends after it (%g s)", tag + tmm);
+    tap_is_near(s.contention, tag, 1e-12, 0, "  the contention is the whole collective");
+    fsdp_work_wait_stream(w, fsdp_stream_native(NULL));
+    fsdp_work_release(w);
+    fsdp_tensor_release(a2);
+    fsdp_tensor_release(b2);
+    fsdp_tensor_release(x2);
+    fsdp_tensor_release(y2);
+    fsdp_stream_destroy(side);
+    fsdp_ctx_set_device(ctx, NULL);
+    fsdp_vsim_destroy(vs);
+    cl.net.intra_channels = 2;
+
     /* A collective may hold every SM (the kernels it overlaps then wait), not more. */
     cl.net.inter_channels = 10;
     tap_is_int(fsdp_cluster_check(ctx, &cl), FSDP_OK, "inter_channels = sms is accepted");
