@@ -13,14 +13,30 @@
  * leading dimension steps over the other heads, and the output is written into the head's
  * columns of (B, T, H hd). Nothing is copied in or out.
  *
- * The arithmetic is the composed path's, kernel for kernel: the same products through
- * fsdp__cpu_gemm with the same shapes and transpose flags (only the leading dimensions differ,
- * and the BLAS packs its operands whatever their stride), each into zeros with beta = 1 as the
- * ops layer's outputs are; the same softmax and softmax-backward kernels; scale and mask as
- * single float operations in the same order. So every value is bit for bit what fsdp_attention
- * gives on split heads (t_attention_packed checks it), and the bits of a run do not depend on
- * which path it took. The one product whose output is transposed (the gradient of k, computed
- * as that of k^T) goes through a small scratch tile and is transposed on the way out.
+ * Over the whole tile the arithmetic is the composed path's, kernel for kernel: the same
+ * products through fsdp__cpu_gemm with the same shapes and transpose flags (only the leading
+ * dimensions differ, and the BLAS packs its operands whatever their stride), each into zeros
+ * with beta = 1 as the ops layer's outputs are; the same softmax and softmax-backward kernels;
+ * scale and mask as single float operations in the same order. So every value is bit for bit
+ * what fsdp_attention gives on split heads (t_attention_packed checks it). The one product
+ * whose output is transposed (the gradient of k, computed as that of k^T) goes through a small
+ * scratch tile and is transposed on the way out.
+ *
+ * Under a mask that cuts rows short, as the causal one does, the products skip what the mask
+ * removes: the composed path computes every score of the T x T tile and multiplies every weight,
+ * though half of them are masked and their weights are zeros. Here the products of a head run by
+ * blocks of rows (block_rows: 32 at T = 128, up to 128 at T >= 1024), a block of queries only as
+ * far as its last key with a weight (its rows' limits), a block of keys from the first query that
+ * weighs it, so a causal head does about half the arithmetic of its products and of its softmax
+ * backward. What is left out is a sum of terms that are a zero weight times a finite value, so
+ * the results are those of the whole tile up to the order of the additions: the BLAS gives other
+ * roundings to products of other shapes, so the skipping path is not bit for bit the composed
+ * one (t_attention_packed compares it within f32 tolerance, and with the double reference). A
+ * head takes the blocks only when its inputs are finite and small enough that no skipped product
+ * can overflow (`bounded`); otherwise, or when the mask leaves nothing to skip, it runs the whole
+ * tile as above, and an inf or NaN spreads exactly as in the composed path. The backward finds
+ * its rows' limits in the saved weights (the last weight that is not an exact zero), so it needs
+ * no mask.
  *
  * Invariants: p holds the forward's softmax, which the backward reads; the caller checked the
  * shapes (the ops layer); scratch is one allocation per call, freed before returning.
@@ -31,8 +47,9 @@
 
 #include "device/cpu_impl.h"
 
-/* Per-call scratch: the scaled q of one head (t x hd), for the forward the row limits of the
- * mask (t), and for the backward the gradient of its scores (t x t) and of k^T (hd x t). */
+/* Per-call scratch: the scaled q of one head (t x hd), the rows' limits (t: the forward's from
+ * the mask, the backward's from the weights), and for the backward the gradient of its scores
+ * (t x t) and of k^T (hd x t). */
 struct attn_scratch {
     void *buf; /* the one allocation the others point into */
     float *qs, *gs, *gkt;
@@ -42,7 +59,7 @@ struct attn_scratch {
 static int scratch_get(fsdp_device_t *dev, const char *fn, int64_t t, int64_t hd, bool backward,
                        struct attn_scratch *s) {
     size_t nq = (size_t)(t * hd), ns = backward ? (size_t)(t * t) : 0;
-    size_t nk = backward ? nq : 0, nl = backward ? 0 : (size_t)t;
+    size_t nk = backward ? nq : 0, nl = (size_t)t;
     size_t bytes = nl * sizeof(int64_t) + (nq + ns + nk) * sizeof(float);
     char *buf = malloc(bytes);
     if (!buf)
@@ -94,17 +111,81 @@ static void row_limits(int64_t t, const float *m, int64_t *lim) {
     }
 }
 
+/* Rows (or keys) per block of the skipping products: an eighth of the tile, between 32 and 128
+ * and a multiple of 16 (the BLAS kernels' row unroll). Measured here (OpenBLAS, one core): at
+ * T = 128 blocks of 32 take the products of a causal head from 50 to 36 us, and at T = 1024
+ * blocks of 128 from about 1 ms to 0.55 to 0.68 ms each; smaller blocks pay the calls' own cost,
+ * larger ones skip less. */
+static int64_t block_rows(int64_t t) {
+    int64_t r = (t / 8) & ~(int64_t)15;
+    return r < 32 ? 32 : r > 128 ? 128 : r;
+}
+
+/* The largest squared norm of t rows of hd floats at stride ld, in double (which no finite float
+ * overflows); inf or NaN when a value is not finite. */
+static double max_row_sq(int64_t t, int64_t hd, const float *x, int64_t ld) {
+    double best = 0;
+    for (int64_t i = 0; i < t; i++) {
+        double s = 0;
+        for (int64_t e = 0; e < hd; e++)
+            s += (double)x[i * ld + e] * (double)x[i * ld + e];
+        if (!(s <= best)) best = s; /* a NaN stays */
+    }
+    return best;
+}
+
+/* Whether every value of a and b (t rows of hd each) is finite and no dot product of a row of a
+ * with a row of b can come near overflow (|a.b| <= |a| |b|, with room for the rounding of hd
+ * additions): then a product the blocks skip is finite, and its weight of zero makes it 0. */
+static bool bounded(int64_t t, int64_t hd, const float *a, int64_t lda, const float *b,
+                    int64_t ldb) {
+    const double na = max_row_sq(t, hd, a, lda), nb = max_row_sq(t, hd, b, ldb);
+    return isfinite(na) && isfinite(nb) && sqrt(na) * sqrt(nb) < 1e37;
+}
+
+/* The largest lim[i] over rows [i0, i1): how far a block of queries reaches. */
+static int64_t block_reach(const int64_t *lim, int64_t i0, int64_t i1) {
+    int64_t c = 0;
+    for (int64_t i = i0; i < i1; i++)
+        if (lim[i] > c) c = lim[i];
+    return c;
+}
+
+/* The first row i with lim[i] > j (t if none): no row before it weighs key j or any later one. */
+static int64_t first_reaching(const int64_t *lim, int64_t t, int64_t j) {
+    int64_t i = 0;
+    while (i < t && lim[i] <= j)
+        i++;
+    return i;
+}
+
+/* lim[i]: 1 + the last column of row i of the weights p that is not an exact zero (a NaN is not
+ * one), at least 1. Whether any row stops short of t. */
+static bool weight_limits(int64_t t, const float *p, int64_t *lim) {
+    bool any = false;
+    for (int64_t i = 0; i < t; i++) {
+        int64_t c = t;
+        while (c > 1 && p[i * t + c - 1] == 0.0f)
+            c--;
+        lim[i] = c;
+        any |= c < t;
+    }
+    return any;
+}
+
 /*
  * One row of scores x (t), in place: + mask, then softmax. The columns from c on have a mask
  * of -inf: the composed softmax gives them exp(-inf - max) = 0, and adds those zeros to the
  * row's sum, where they change no bit. So the softmax runs over the first c columns, and the
  * rest get what the composed path writes there, 0 times the row's 1 / sum: 0, or NaN when the
- * row's other values are NaN. Only a masked score that is finite may be skipped so.
+ * row's other values are NaN. Only a masked score that is finite may be skipped so; `finite`
+ * says the caller knows the masked scores to be (the blocks then did not compute them).
  */
-static int softmax_row(fsdp_device_t *dev, int64_t t, int64_t c, const float *m, float *x) {
+static int softmax_row(fsdp_device_t *dev, int64_t t, int64_t c, const float *m, bool finite,
+                       float *x) {
     /* A masked score that is itself inf or NaN makes the composed sum NaN: take the whole row
      * then, as it does. */
-    for (int64_t j = c; j < t && c < t; j++)
+    for (int64_t j = c; j < t && c < t && !finite; j++)
         if (!isfinite(x[j])) c = t;
     if (m)
         for (int64_t j = 0; j < c; j++)
@@ -117,6 +198,32 @@ static int softmax_row(fsdp_device_t *dev, int64_t t, int64_t c, const float *m,
     return FSDP_OK;
 }
 
+/*
+ * One head's forward by blocks of queries (the file's header): the scores of each block as far as
+ * its rows reach, their softmax, and the product with v over those keys only. The weights past a
+ * row's limit are written as the whole-tile path writes them (softmax_row), so the backward reads
+ * the same tile layout; a row of NaN (a mask of +inf or NaN) makes its block take every key.
+ */
+static int forward_blocks(fsdp_device_t *dev, int64_t t, int64_t hd, const struct attn_scratch *s,
+                          const float *k, const float *v, int64_t ld, const float *m, float *pb,
+                          float *yb, int64_t ldy) {
+    const int64_t rb = block_rows(t);
+    int rc = FSDP_OK;
+    for (int64_t i0 = 0; i0 < t && rc >= 0; i0 += rb) {
+        const int64_t i1 = i0 + rb < t ? i0 + rb : t;
+        int64_t c = block_reach(s->lim, i0, i1);
+        rc = gemm0(dev, false, true, i1 - i0, c, hd, s->qs + i0 * hd, hd, k, ld, pb + i0 * t, t);
+        for (int64_t i = i0; i < i1 && rc >= 0; i++) {
+            rc = softmax_row(dev, t, s->lim[i], m + i * t, true, pb + i * t);
+            if (isnan(pb[i * t])) c = t;
+        }
+        if (rc >= 0)
+            rc =
+                gemm0(dev, false, false, i1 - i0, hd, c, pb + i0 * t, t, v, ld, yb + i0 * ldy, ldy);
+    }
+    return rc;
+}
+
 int fsdp__cpu_attention(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
                         int64_t heads, int64_t hd, double scale, const void *qkv, const void *mask,
                         void *p, void *y) {
@@ -127,23 +234,88 @@ int fsdp__cpu_attention(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int6
     int rc = scratch_get(dev, "attention", t, hd, false, &s);
     if (rc < 0) return rc;
     row_limits(t, m, s.lim);
+    bool skip = false; /* some row stops short: the blocks have something to leave out */
+    for (int64_t i = 0; i < t; i++)
+        skip |= s.lim[i] < t;
     for (int64_t b = 0; b < batch && rc >= 0; b++) {
         for (int64_t h = 0; h < heads && rc >= 0; h++) {
             const float *q = (const float *)qkv + b * t * ld + h * hd, *k = q + d, *v = q + 2 * d;
             float *pb = (float *)p + (b * heads + h) * t * t;
             float *yb = (float *)y + b * t * d + h * hd;
             scale_rows(t, hd, al, q, ld, s.qs, hd);
+            if (skip && bounded(t, hd, s.qs, hd, k, ld) && isfinite(max_row_sq(t, hd, v, ld))) {
+                rc = forward_blocks(dev, t, hd, &s, k, v, ld, m, pb, yb, d);
+                continue;
+            }
             /* scores = qs k^T (k^T as the transposed view of k) */
             rc = gemm0(dev, false, true, t, t, hd, s.qs, hd, k, ld, pb, t);
             if (rc < 0) break;
             for (int64_t i = 0; i < t && rc >= 0; i++)
-                rc = softmax_row(dev, t, s.lim[i], m ? m + i * t : NULL, pb + i * t);
+                rc = softmax_row(dev, t, s.lim[i], m ? m + i * t : NULL, false, pb + i * t);
             if (rc < 0) break;
             rc = gemm0(dev, false, false, t, hd, t, pb, t, v, ld, yb, d);
         }
     }
     free(s.buf);
     return rc < 0 ? rc : FSDP_OK;
+}
+
+/*
+ * One head's backward. With `blocks` (the file's header) each product runs by blocks of rows as
+ * far as lim reaches; without, lim is t everywhere and every product is one call over the whole
+ * tile, the composed path's shapes. s->qs holds the scaled q.
+ */
+static int backward_head(fsdp_device_t *dev, int64_t t, int64_t hd, const struct attn_scratch *s,
+                         bool blocks, const float *k, const float *v, int64_t ld, const float *pb,
+                         const float *gyb, int64_t ldy, float al, float *gq) {
+    const int64_t rb = blocks ? block_rows(t) : t, d = ld / 3;
+    const int64_t *lim = s->lim;
+    float *gk = gq + d, *gv = gq + 2 * d;
+    int rc = FSDP_OK;
+    /* y = P v: gP = gy v^T, by blocks of queries; gv = P^T gy, by blocks of keys, each from the
+     * first query that weighs it (none: zeros). */
+    for (int64_t i0 = 0; i0 < t && rc >= 0; i0 += rb) {
+        const int64_t i1 = i0 + rb < t ? i0 + rb : t, c = block_reach(lim, i0, i1);
+        rc = gemm0(dev, false, true, i1 - i0, c, hd, gyb + i0 * ldy, ldy, v, ld, s->gs + i0 * t, t);
+    }
+    for (int64_t j0 = 0; j0 < t && rc >= 0; j0 += rb) {
+        const int64_t j1 = j0 + rb < t ? j0 + rb : t, i = first_reaching(lim, t, j0);
+        if (i == t)
+            zero_rows(j1 - j0, hd, gv + j0 * ld, ld);
+        else
+            rc = gemm0(dev, true, false, j1 - j0, hd, t - i, pb + i * t + j0, t, gyb + i * ldy, ldy,
+                       gv + j0 * ld, ld);
+    }
+    if (rc < 0) return rc;
+    /* P = softmax(S): gS in place of gP, over each row's weights, zeros past them. */
+    if (!blocks)
+        rc = fsdp__cpu_softmax_backward(dev, FSDP_DTYPE_F32, false, (size_t)t, (size_t)t, pb, s->gs,
+                                        s->gs);
+    for (int64_t i = 0; i < t && blocks && rc >= 0; i++) {
+        rc = fsdp__cpu_softmax_backward(dev, FSDP_DTYPE_F32, false, 1, (size_t)lim[i], pb + i * t,
+                                        s->gs + i * t, s->gs + i * t);
+        memset(s->gs + i * t + lim[i], 0, (size_t)(t - lim[i]) * sizeof(float));
+    }
+    /* S = qs k^T: gqs = gS k, then gq = scale gqs; g(k^T) = qs^T gS, then transposed. */
+    for (int64_t i0 = 0; i0 < t && rc >= 0; i0 += rb) {
+        const int64_t i1 = i0 + rb < t ? i0 + rb : t, c = block_reach(lim, i0, i1);
+        rc = gemm0(dev, false, false, i1 - i0, hd, c, s->gs + i0 * t, t, k, ld, gq + i0 * ld, ld);
+    }
+    if (rc < 0) return rc;
+    scale_rows(t, hd, al, gq, ld, gq, ld);
+    for (int64_t j0 = 0; j0 < t && rc >= 0; j0 += rb) {
+        const int64_t j1 = j0 + rb < t ? j0 + rb : t, i = first_reaching(lim, t, j0);
+        if (i == t)
+            zero_rows(hd, j1 - j0, s->gkt + j0, t);
+        else
+            rc = gemm0(dev, true, false, hd, j1 - j0, t - i, s->qs + i * hd, hd, s->gs + i * t + j0,
+                       t, s->gkt + j0, t);
+    }
+    if (rc < 0) return rc;
+    for (int64_t i = 0; i < t; i++)
+        for (int64_t e = 0; e < hd; e++)
+            gk[i * ld + e] = s->gkt[e * t + i];
+    return FSDP_OK;
 }
 
 int fsdp__cpu_attention_backward(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
@@ -159,28 +331,16 @@ int fsdp__cpu_attention_backward(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t ba
         for (int64_t h = 0; h < heads && rc >= 0; h++) {
             const int64_t off = b * t * ld + h * hd;
             const float *q = (const float *)qkv + off, *k = q + d, *v = q + 2 * d;
-            float *gq = (float *)gqkv + off, *gk = gq + d, *gv = gq + 2 * d;
             const float *pb = (const float *)p + (b * heads + h) * t * t;
             const float *gyb = (const float *)gy + b * t * d + h * hd;
-            /* y = P v: gP = gy v^T, gv = P^T gy. */
-            rc = gemm0(dev, false, true, t, t, hd, gyb, d, v, ld, s.gs, t);
-            if (rc < 0) break;
-            rc = gemm0(dev, true, false, t, hd, t, pb, t, gyb, d, gv, ld);
-            if (rc < 0) break;
-            /* P = softmax(S): gS in place of gP. */
-            rc = fsdp__cpu_softmax_backward(dev, FSDP_DTYPE_F32, false, (size_t)t, (size_t)t, pb,
-                                            s.gs, s.gs);
-            if (rc < 0) break;
-            /* S = qs k^T: gqs = gS k, then gq = scale gqs; g(k^T) = qs^T gS, then transposed. */
-            rc = gemm0(dev, false, false, t, hd, t, s.gs, t, k, ld, gq, ld);
-            if (rc < 0) break;
-            scale_rows(t, hd, al, gq, ld, gq, ld);
             scale_rows(t, hd, al, q, ld, s.qs, hd);
-            rc = gemm0(dev, true, false, hd, t, t, s.qs, hd, s.gs, t, s.gkt, t);
-            if (rc < 0) break;
-            for (int64_t i = 0; i < t; i++)
-                for (int64_t e = 0; e < hd; e++)
-                    gk[i * ld + e] = s.gkt[e * t + i];
+            bool blocks = weight_limits(t, pb, s.lim) && bounded(t, hd, gyb, d, v, ld) &&
+                          bounded(t, hd, s.qs, hd, k, ld);
+            if (!blocks)
+                for (int64_t i = 0; i < t; i++)
+                    s.lim[i] = t;
+            rc = backward_head(dev, t, hd, &s, blocks, k, v, ld, pb, gyb, d, al,
+                               (float *)gqkv + off);
         }
     }
     free(s.buf);

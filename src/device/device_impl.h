@@ -202,12 +202,14 @@ struct fsdp_dev_ops {
      * (t, hd) slices: P = softmax((scale q) k^T + mask) goes to p (batch, H, t, t) and P v to
      * the head's hd columns of y (batch, t, H hd). mask is (t, t), added to every head, or
      * NULL. The values are those of the composed kernels (unary scale, gemm, binary add,
-     * softmax, gemm), bit for bit. The ops layer calls it for the dtypes of the device's
+     * softmax, gemm): bit for bit where the mask removes nothing from the products, and within
+     * the dtype's rounding where a kernel skips what a mask that cuts rows short removes (the
+     * CPU's, when every input is finite). The ops layer calls it for the dtypes of the device's
      * attn_fused mask only. */
     int (*attention)(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t, int64_t heads,
                      int64_t hd, double scale, const void *qkv, const void *mask, void *p, void *y);
     /* Its gradient: gqkv (batch, t, 3 H hd; every element written) from the forward's qkv and p
-     * and gy (batch, t, H hd), again bit for bit the composed kernels' backward. */
+     * and gy (batch, t, H hd), the composed kernels' backward as the forward is theirs. */
     int (*attention_backward)(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int64_t t,
                               int64_t heads, int64_t hd, double scale, const void *qkv,
                               const void *p, const void *gy, void *gqkv);

@@ -11,7 +11,8 @@
  * whole (tensor/ops_attention.h): one pass per sequence and head, q, k and v read in place.
  * Elsewhere attention is composed: one strided split lays the heads out as (B, H, T, hd) for
  * batched products (the key transposed by a view), the mask is broadcast over batch and heads by
- * the add, and one copy merges the heads. Both give the same bits.
+ * the add, and one copy merges the heads. Both give the same values; the fused kernel skips the
+ * causal mask's half of its products, so beyond a block of rows they differ in rounding only.
  *
  * Invariants: the model's impl caches the mask and the position indices of the last sequence
  * length (released by destroy); a block's children are found through borrowed pointers in its
@@ -113,8 +114,8 @@ static int csa_forward(fsdp_module_t *m, int nin, fsdp_tensor_t *const *in, int 
         FSDP_TRY(rc, fail, make_mask(fsdp_module_ctx(m), t, fsdp_tensor_dtype(qkv), &mask));
     bool train = fsdp_module_is_training(m);
     if ((a->dropout == 0.0 || !train) && fsdp__attention_packed_ok(qkv, a->h, mask)) {
-        /* One pass per (sequence, head) reading q, k and v in place: the same bits as the
-         * composed path below, without its copies and whole-batch passes (ops_attention.h). */
+        /* One pass per (sequence, head) reading q, k and v in place: the composed path's values
+         * below, without its copies, whole-batch passes and masked products (ops_attention.h). */
         FSDP_TRY(rc, fail, fsdp__attention_packed(qkv, a->h, 1.0 / sqrt((double)hd), mask, &ym));
     } else {
         /* (B, T, 3d) -> (B, T, 3, H, hd) -> (3, B, H, T, hd) -> three contiguous (B, H, T, hd). */

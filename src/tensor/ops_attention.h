@@ -3,7 +3,8 @@
  * ops_attention.h: scaled dot-product attention over the heads of a packed projection as one
  * differentiable operation, on devices with a fused kernel (device_impl.h, `attention`). The nn
  * layer's GPT attention calls it where fsdp__attention_packed_ok says it may, and composes the
- * same attention from views and fsdp_attention where not; both give the same bits.
+ * same attention from views and fsdp_attention where not; both give the same values, bit for
+ * bit where the mask removes nothing from the products (cpu_attention.c says where not).
  */
 #ifndef FSDP_OPS_ATTENTION_H
 #define FSDP_OPS_ATTENTION_H
