@@ -46,6 +46,7 @@
 #include <string.h>
 
 #include "device/cpu_impl.h"
+#include "device/cpu_vec.h"
 
 /* Per-call scratch: the scaled q of one head (t x hd), the rows' limits (t: the forward's from
  * the mask, the backward's from the weights), and for the backward the gradient of its scores
@@ -121,14 +122,12 @@ static int64_t block_rows(int64_t t) {
     return r < 32 ? 32 : r > 128 ? 128 : r;
 }
 
-/* The largest squared norm of t rows of hd floats at stride ld, in double (which no finite float
- * overflows); inf or NaN when a value is not finite. */
+/* The largest squared norm of t rows of hd floats at stride ld, summed in double by the SIMD
+ * kernel (which no finite float overflows); inf or NaN when a value is not finite. */
 static double max_row_sq(int64_t t, int64_t hd, const float *x, int64_t ld) {
     double best = 0;
     for (int64_t i = 0; i < t; i++) {
-        double s = 0;
-        for (int64_t e = 0; e < hd; e++)
-            s += (double)x[i * ld + e] * (double)x[i * ld + e];
+        const double s = fsdp__vec_sumsq_dev_f32((size_t)hd, x + i * ld, 0.0);
         if (!(s <= best)) best = s; /* a NaN stays */
     }
     return best;
@@ -164,8 +163,19 @@ static int64_t first_reaching(const int64_t *lim, int64_t t, int64_t j) {
 static bool weight_limits(int64_t t, const float *p, int64_t *lim) {
     bool any = false;
     for (int64_t i = 0; i < t; i++) {
+        const float *row = p + i * t;
         int64_t c = t;
-        while (c > 1 && p[i * t + c - 1] == 0.0f)
+        /* 16 at a time while they are all zeros (of either sign: the bits but the sign's), in a
+         * loop the compiler vectorises; then one at a time. */
+        while (c > 16) {
+            uint32_t w[16], any_bits = 0;
+            memcpy(w, row + c - 16, sizeof w);
+            for (int k = 0; k < 16; k++)
+                any_bits |= w[k] & 0x7fffffffu;
+            if (any_bits) break;
+            c -= 16;
+        }
+        while (c > 1 && row[c - 1] == 0.0f)
             c--;
         lim[i] = c;
         any |= c < t;
