@@ -310,16 +310,27 @@ static void flush_out(const void *p, size_t n) {
 #endif
 }
 
-/* Gives the zeroed buffers of call c what the kernel must see to take the path a step takes: an
- * attention's mask is the GPT's causal one (0 on and below the diagonal, -inf above), whose
- * masked tails the fused softmax skips. The CPU device's buffers are host memory. */
+/* Gives the zeroed buffers of call c what the kernel must see to take the path a step takes,
+ * the GPT's (the one caller of the fused attention): an attention's mask is the causal one (0
+ * on and below the diagonal, -inf above), whose masked part the CPU kernel skips; the weights an
+ * attention's backward reads are a causal softmax's (row i: 1 / (i + 1) on its first i + 1
+ * columns, zeros after), since the kernel finds what to skip in their zeros, and all-zero
+ * weights would let it skip nearly everything. The CPU device's buffers are host memory. */
 static void prepare(const struct fsdp__vcall *c, void *const *p) {
-    if (c->op != FSDP__VOP_ATTENTION || !p[1] || c->v[0] != FSDP_DTYPE_F32) return;
+    if (c->v[0] != FSDP_DTYPE_F32 || !p[1]) return;
     const int64_t t = c->v[2];
-    float *m = p[1];
-    for (int64_t i = 0; i < t; i++)
-        for (int64_t j = i + 1; j < t; j++)
-            m[i * t + j] = -INFINITY;
+    if (c->op == FSDP__VOP_ATTENTION) {
+        float *m = p[1];
+        for (int64_t i = 0; i < t; i++)
+            for (int64_t j = i + 1; j < t; j++)
+                m[i * t + j] = -INFINITY;
+    } else if (c->op == FSDP__VOP_ATTENTION_BWD) {
+        float *w = p[1];
+        for (int64_t tile = 0; tile < c->v[1] * c->v[3]; tile++, w += t * t)
+            for (int64_t i = 0; i < t; i++)
+                for (int64_t j = 0; j <= i; j++)
+                    w[i * t + j] = 1.0f / (float)(i + 1);
+    }
 }
 
 /* Runs call c once on dev over buffers p (as buffers() lists them). */
