@@ -101,15 +101,19 @@ static int gemm0(fsdp_device_t *dev, bool ta, bool tb, int64_t m, int64_t n, int
 }
 
 /* lim[i]: 1 + the last column of mask row i that is not -inf (t without a mask). A row masked
- * entirely keeps t, so that it comes out as the composed softmax leaves it. */
-static void row_limits(int64_t t, const float *m, int64_t *lim) {
+ * entirely keeps t, so that it comes out as the composed softmax leaves it. Whether any row
+ * stops short of t. */
+static bool row_limits(int64_t t, const float *m, int64_t *lim) {
+    bool any = false;
     for (int64_t i = 0; i < t; i++) {
         int64_t c = t;
         if (m)
             while (c > 0 && m[i * t + c - 1] == -INFINITY)
                 c--;
         lim[i] = c > 0 ? c : t;
+        any |= lim[i] < t;
     }
+    return any;
 }
 
 /* Rows (or keys) per block of the skipping products: an eighth of the tile, between 32 and 128
@@ -209,22 +213,24 @@ static int softmax_row(fsdp_device_t *dev, int64_t t, int64_t c, const float *m,
 }
 
 /*
- * One head's forward by blocks of queries (the file's header): the scores of each block as far as
- * its rows reach, their softmax, and the product with v over those keys only. The weights past a
- * row's limit are written as the whole-tile path writes them (softmax_row), so the backward reads
- * the same tile layout; a row of NaN (a mask of +inf or NaN) makes its block take every key.
+ * One head's forward. With `blocks` (the file's header) it runs by blocks of queries: the scores
+ * of each block as far as its rows reach, their softmax, and the product with v over those keys
+ * only; the weights past a row's limit are written as the whole tile writes them (softmax_row),
+ * so the backward reads the same layout, and a row of NaN (a mask of +inf or NaN) makes its
+ * block take every key. Without, one block of t rows over every key: the composed path's shapes.
  */
-static int forward_blocks(fsdp_device_t *dev, int64_t t, int64_t hd, const struct attn_scratch *s,
-                          const float *k, const float *v, int64_t ld, const float *m, float *pb,
-                          float *yb, int64_t ldy) {
-    const int64_t rb = block_rows(t);
+static int forward_head(fsdp_device_t *dev, int64_t t, int64_t hd, const struct attn_scratch *s,
+                        bool blocks, const float *k, const float *v, int64_t ld, const float *m,
+                        float *pb, float *yb, int64_t ldy) {
+    const int64_t rb = blocks ? block_rows(t) : t;
     int rc = FSDP_OK;
     for (int64_t i0 = 0; i0 < t && rc >= 0; i0 += rb) {
         const int64_t i1 = i0 + rb < t ? i0 + rb : t;
-        int64_t c = block_reach(s->lim, i0, i1);
+        int64_t c = blocks ? block_reach(s->lim, i0, i1) : t;
+        /* scores = qs k^T (k^T as the transposed view of k) */
         rc = gemm0(dev, false, true, i1 - i0, c, hd, s->qs + i0 * hd, hd, k, ld, pb + i0 * t, t);
         for (int64_t i = i0; i < i1 && rc >= 0; i++) {
-            rc = softmax_row(dev, t, s->lim[i], m + i * t, true, pb + i * t);
+            rc = softmax_row(dev, t, s->lim[i], m ? m + i * t : NULL, blocks, pb + i * t);
             if (isnan(pb[i * t])) c = t;
         }
         if (rc >= 0)
@@ -243,27 +249,17 @@ int fsdp__cpu_attention(fsdp_device_t *dev, fsdp_dtype_t dt, int64_t batch, int6
     struct attn_scratch s;
     int rc = scratch_get(dev, "attention", t, hd, false, &s);
     if (rc < 0) return rc;
-    row_limits(t, m, s.lim);
-    bool skip = false; /* some row stops short: the blocks have something to leave out */
-    for (int64_t i = 0; i < t; i++)
-        skip |= s.lim[i] < t;
+    /* Some row stops short: the blocks have something to leave out. */
+    const bool skip = row_limits(t, m, s.lim);
     for (int64_t b = 0; b < batch && rc >= 0; b++) {
         for (int64_t h = 0; h < heads && rc >= 0; h++) {
             const float *q = (const float *)qkv + b * t * ld + h * hd, *k = q + d, *v = q + 2 * d;
             float *pb = (float *)p + (b * heads + h) * t * t;
             float *yb = (float *)y + b * t * d + h * hd;
             scale_rows(t, hd, al, q, ld, s.qs, hd);
-            if (skip && bounded(t, hd, s.qs, hd, k, ld) && isfinite(max_row_sq(t, hd, v, ld))) {
-                rc = forward_blocks(dev, t, hd, &s, k, v, ld, m, pb, yb, d);
-                continue;
-            }
-            /* scores = qs k^T (k^T as the transposed view of k) */
-            rc = gemm0(dev, false, true, t, t, hd, s.qs, hd, k, ld, pb, t);
-            if (rc < 0) break;
-            for (int64_t i = 0; i < t && rc >= 0; i++)
-                rc = softmax_row(dev, t, s.lim[i], m ? m + i * t : NULL, false, pb + i * t);
-            if (rc < 0) break;
-            rc = gemm0(dev, false, false, t, hd, t, pb, t, v, ld, yb, d);
+            const bool blocks =
+                skip && bounded(t, hd, s.qs, hd, k, ld) && isfinite(max_row_sq(t, hd, v, ld));
+            rc = forward_head(dev, t, hd, &s, blocks, k, v, ld, m, pb, yb, d);
         }
     }
     free(s.buf);
