@@ -64,7 +64,7 @@ run() {
     }
 }
 
-# row FIGURE PAPER MODEL: one table row; PAPER and MODEL are numbers, the gap is MODEL / PAPER
+# row FIGURE PAPER MODEL UNIT: one table row; PAPER and MODEL are numbers (UNIT after each), the gap is MODEL / PAPER
 # - 1 and within 15% when its magnitude is at most 0.15.
 row() {
     awk -v f="$1" -v p="$2" -v m="$3" -v u="$4" 'BEGIN {
