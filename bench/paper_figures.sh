@@ -64,8 +64,8 @@ run() {
     }
 }
 
-# row FIGURE PAPER MODEL UNIT: one table row; PAPER and MODEL are numbers (UNIT after each), the gap is MODEL / PAPER
-# - 1 and within 15% when its magnitude is at most 0.15.
+# row FIGURE PAPER MODEL UNIT: one table row; PAPER and MODEL are numbers (UNIT printed after
+# each), the gap is MODEL / PAPER - 1 and within 15% when its magnitude is at most 0.15.
 row() {
     awk -v f="$1" -v p="$2" -v m="$3" -v u="$4" 'BEGIN {
         g = m / p - 1
