@@ -345,13 +345,57 @@ static void test_instruction_sets(void) {
     fsdp__vec_set_isa(chosen);
 }
 
+/* The software prefetch (cpu_vec.h) changes no bit: GELU forward and backward over lengths
+ * around the prefetch distance (512 floats), with and without it, on every instruction set. */
+static void test_prefetch(void) {
+    const char *env = getenv("FSDP_PREFETCH");
+    const bool want = !(env && strcmp(env, "0") == 0);
+    tap_ok(fsdp__vec_prefetch_on() == want, "prefetch is %s by default (FSDP_PREFETCH %s)",
+           want ? "on" : "off", env ? env : "unset");
+    fsdp__vec_set_prefetch(false);
+    const bool off = !fsdp__vec_prefetch_on();
+    fsdp__vec_set_prefetch(true);
+    tap_ok(off && fsdp__vec_prefetch_on(), "fsdp__vec_set_prefetch turns it off and on");
+
+    enum { N = 70001 };
+    static float x[N], g[N], y0[N], y1[N], gx0[N], gx1[N];
+    for (size_t i = 0; i < N; i++) {
+        x[i] = uniform(-6.0f, 6.0f);
+        g[i] = uniform(-1.0f, 1.0f);
+    }
+    const size_t lens[] = {1, 511, 512, 513, 527, 528, 529, 4099, N};
+    const int chosen = fsdp__vec_isa();
+    for (int isa = FSDP_VEC_BASE; isa < FSDP_VEC_NISA; isa++) {
+        if (fsdp__vec_set_isa(isa) != 0) continue;
+        bool same = true;
+        for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
+            const size_t n = lens[c];
+            fsdp__vec_set_prefetch(false);
+            fsdp__vec_gelu_tanh_f32(n, x, y0);
+            fsdp__vec_gelu_tanh_bwd_f32(n, x, g, gx0);
+            fsdp__vec_set_prefetch(true);
+            fsdp__vec_gelu_tanh_f32(n, x, y1);
+            fsdp__vec_gelu_tanh_bwd_f32(n, x, g, gx1);
+            same = same && memcmp(y0, y1, n * sizeof *y0) == 0 &&
+                   memcmp(gx0, gx1, n * sizeof *gx0) == 0;
+        }
+        tap_ok(same,
+               "%s: GELU and its backward give the same bits with and without prefetch, "
+               "at lengths 1 to %d",
+               fsdp__vec_isa_name(isa), N);
+    }
+    fsdp__vec_set_isa(chosen);
+    fsdp__vec_set_prefetch(want);
+}
+
 int main(void) {
-    tap_plan(27);
+    tap_plan_lazy();
     test_instruction_sets();
     test_exp();
     test_tanh();
     test_gelu();
     test_reductions();
     test_position_independent();
+    test_prefetch();
     return tap_done();
 }

@@ -129,8 +129,11 @@ static int64_t block_rows(int64_t t) {
 /* The largest squared norm of t rows of hd floats at stride ld, summed in double by the SIMD
  * kernel (which no finite float overflows); inf or NaN when a value is not finite. */
 static double max_row_sq(int64_t t, int64_t hd, const float *x, int64_t ld) {
+    const bool pf = fsdp__vec_prefetch_on();
     double best = 0;
     for (int64_t i = 0; i < t; i++) {
+        /* Four rows ahead: rows at a stride, which the hardware does not prefetch (cpu_vec.h). */
+        if (pf && i + 4 < t) fsdp__prefetch(x + (i + 4) * ld, (size_t)hd * sizeof *x);
         const double s = fsdp__vec_sumsq_dev_f32((size_t)hd, x + i * ld, 0.0);
         if (!(s <= best)) best = s; /* a NaN stays */
     }

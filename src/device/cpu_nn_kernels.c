@@ -340,10 +340,15 @@ FSDP_CPU_CLONES
 static int NN_FN(layer_norm_backward)(size_t rows, size_t n, const T *x, const T *w, const T *mean,
                                       const T *rstd, const T *gy, T *gx, T *gw, T *gb) {
     if (gx && n > 0) {
+        const bool pf = fsdp__vec_prefetch_on();
         for (size_t r = 0; r < rows; r++) {
             const T *xr = x + r * n, *gr = gy + r * n;
             T *dr = gx + r * n;
             const T mt = mean[r], rt = rstd[r];
+            if (pf && r + 2 < rows) { /* two rows ahead (cpu_vec.h) */
+                fsdp__prefetch(xr + 2 * n, n * sizeof(T));
+                fsdp__prefetch(gr + 2 * n, n * sizeof(T));
+            }
 #if NN_F32
             fsdp__vec_ln_bwd_row_f32(n, xr, w, mt, rt, gr, dr);
             continue;

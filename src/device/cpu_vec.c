@@ -8,6 +8,8 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "device/cpu_vec.h"
 #include "device/cpu_vec_isa.h"
@@ -62,6 +64,23 @@ int fsdp__vec_set_isa(int isa) {
     if (isa < 0 || isa >= FSDP_VEC_NISA || !isa_ops[isa] || !cpu_has(isa)) return -1;
     atomic_store_explicit(&current, isa, memory_order_relaxed);
     return 0;
+}
+
+/* Whether the kernels prefetch (cpu_vec.h): -1 until the first call reads the environment. */
+static _Atomic int prefetch_state = -1;
+
+bool fsdp__vec_prefetch_on(void) {
+    int on = atomic_load_explicit(&prefetch_state, memory_order_relaxed);
+    if (on < 0) {
+        const char *env = getenv("FSDP_PREFETCH");
+        on = !(env && strcmp(env, "0") == 0);
+        atomic_store_explicit(&prefetch_state, on, memory_order_relaxed);
+    }
+    return on;
+}
+
+void fsdp__vec_set_prefetch(bool on) {
+    atomic_store_explicit(&prefetch_state, on ? 1 : 0, memory_order_relaxed);
 }
 
 static const struct fsdp_vec_ops *ops(void) {

@@ -17,6 +17,7 @@
 #ifndef FSDP_CPU_VEC_H
 #define FSDP_CPU_VEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/sanitizer.h"
@@ -43,6 +44,47 @@
 #ifndef FSDP_CPU_CLONES
 #define FSDP_CPU_CLONES
 #endif
+
+/*
+ * Software prefetch, for the kernels that stream arrays larger than the caches: GELU forward and
+ * backward, layer norm's backward, and the attention's row norms (rows at the stride of the
+ * packed q, k and v). In a training step those arrays were written long before (a saved
+ * activation, the input of a layer norm) and come from memory, and the kernels stalled on their
+ * loads: perf put a third of GELU's backward on the instruction after the load of x. The
+ * hardware prefetchers do not cross a 4 KiB page and do not follow rows at a stride. A
+ * prefetch changes no value, so the results are the same with or without it.
+ */
+/* How far ahead of the element being computed the streaming kernels prefetch, in bytes. */
+#define FSDP_PREFETCH_AHEAD 2048
+#define FSDP_CACHE_LINE 64
+#if defined(__GNUC__)
+#define FSDP_PREFETCH_LINE(p) __builtin_prefetch((p), 0, 0)
+#else
+#define FSDP_PREFETCH_LINE(p) ((void)(p))
+#endif
+
+/* Whether the kernels prefetch: yes, unless the environment sets FSDP_PREFETCH=0 (read at the
+ * first call), or fsdp__vec_set_prefetch changed it. For comparisons only; results do not
+ * depend on it. */
+bool fsdp__vec_prefetch_on(void);
+
+/* Sets whether the kernels prefetch (tests compare the two). */
+void fsdp__vec_set_prefetch(bool on);
+
+/* Prefetches the lines of [p, p + bytes) for reading, which must lie inside the caller's
+ * array. */
+static inline void fsdp__prefetch(const void *p, size_t bytes) {
+    const char *c = (const char *)p;
+    for (size_t o = 0; o < bytes; o += FSDP_CACHE_LINE)
+        FSDP_PREFETCH_LINE(c + o);
+}
+
+/* Prefetches the line FSDP_PREFETCH_AHEAD bytes after element i of base, an array of n
+ * elements of es bytes each, when that element is inside it. */
+static inline void fsdp__prefetch_ahead(const void *base, size_t i, size_t n, size_t es) {
+    const size_t ahead = FSDP_PREFETCH_AHEAD / es;
+    if (i + ahead < n) FSDP_PREFETCH_LINE((const char *)base + (i + ahead) * es);
+}
 
 /* The instruction sets the kernels below are built for (AVX2 and AVX-512 on x86-64 only). */
 enum { FSDP_VEC_BASE, FSDP_VEC_AVX2, FSDP_VEC_AVX512F, FSDP_VEC_NISA };

@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "device/cpu_vec.h"
 #include "device/cpu_vec_isa.h"
 
 #define SQRT_2_OVER_PI 0.79788456080286535588 /* sqrt(2 / pi) */
@@ -217,16 +218,25 @@ static void vec_tanh_f32(size_t n, const float *x, float *y) {
 }
 
 static void vec_gelu_tanh_f32(size_t n, const float *x, float *y) {
+    const bool pf = fsdp__vec_prefetch_on();
     size_t i = 0;
-    for (; i + VL <= n; i += VL)
+    for (; i + VL <= n; i += VL) {
+        if (pf) fsdp__prefetch_ahead(x, i, n, sizeof *x);
         vf_store(y + i, v_gelu_tanh(vf_load(x + i)));
+    }
     if (i < n) vf_store_part(y + i, n - i, v_gelu_tanh(vf_load_part(x + i, n - i, 0.0f)));
 }
 
 static void vec_gelu_tanh_bwd_f32(size_t n, const float *x, const float *gy, float *gx) {
+    const bool pf = fsdp__vec_prefetch_on();
     size_t i = 0;
-    for (; i + VL <= n; i += VL)
+    for (; i + VL <= n; i += VL) {
+        if (pf) {
+            fsdp__prefetch_ahead(x, i, n, sizeof *x);
+            fsdp__prefetch_ahead(gy, i, n, sizeof *gy);
+        }
         vf_store(gx + i, v_gelu_tanh_bwd(vf_load(x + i), vf_load(gy + i)));
+    }
     if (i < n)
         vf_store_part(
             gx + i, n - i,
