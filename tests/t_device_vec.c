@@ -345,8 +345,9 @@ static void test_instruction_sets(void) {
     fsdp__vec_set_isa(chosen);
 }
 
-/* The software prefetch (cpu_vec.h) changes no bit: GELU forward and backward over lengths
- * around the prefetch distance (512 floats), with and without it, on every instruction set. */
+/* The software prefetch (cpu_vec.h) changes no bit: GELU forward and backward, and exp, over
+ * lengths around the prefetch distance (512 floats), with and without it, on every instruction
+ * set. */
 static void test_prefetch(void) {
     const char *env = getenv("FSDP_PREFETCH");
     const bool want = !(env && strcmp(env, "0") == 0);
@@ -358,7 +359,7 @@ static void test_prefetch(void) {
     tap_ok(off && fsdp__vec_prefetch_on(), "fsdp__vec_set_prefetch turns it off and on");
 
     enum { N = 70001 };
-    static float x[N], g[N], y0[N], y1[N], gx0[N], gx1[N];
+    static float x[N], g[N], y0[N], y1[N], gx0[N], gx1[N], e0[N], e1[N];
     for (size_t i = 0; i < N; i++) {
         x[i] = uniform(-6.0f, 6.0f);
         g[i] = uniform(-1.0f, 1.0f);
@@ -373,14 +374,16 @@ static void test_prefetch(void) {
             fsdp__vec_set_prefetch(false);
             fsdp__vec_gelu_tanh_f32(n, x, y0);
             fsdp__vec_gelu_tanh_bwd_f32(n, x, g, gx0);
+            fsdp__vec_exp_f32(n, x, 0.5f, e0);
             fsdp__vec_set_prefetch(true);
             fsdp__vec_gelu_tanh_f32(n, x, y1);
             fsdp__vec_gelu_tanh_bwd_f32(n, x, g, gx1);
+            fsdp__vec_exp_f32(n, x, 0.5f, e1);
             same = same && memcmp(y0, y1, n * sizeof *y0) == 0 &&
-                   memcmp(gx0, gx1, n * sizeof *gx0) == 0;
+                   memcmp(gx0, gx1, n * sizeof *gx0) == 0 && memcmp(e0, e1, n * sizeof *e0) == 0;
         }
         tap_ok(same,
-               "%s: GELU and its backward give the same bits with and without prefetch, "
+               "%s: GELU, its backward and exp give the same bits with and without prefetch, "
                "at lengths 1 to %d",
                fsdp__vec_isa_name(isa), N);
     }

@@ -186,9 +186,12 @@ static inline FORCE_INLINE double acc_total(vd a0, vd a1) {
 
 static void vec_exp_f32(size_t n, const float *x, float sub, float *y) {
     const vf s = vf_set(sub);
+    const bool pf = fsdp__vec_prefetch_on();
     size_t i = 0;
-    for (; i + VL <= n; i += VL)
+    for (; i + VL <= n; i += VL) {
+        if (pf) fsdp__prefetch_ahead(x, i, n, sizeof *x);
         vf_store(y + i, v_exp(vf_load(x + i) - s));
+    }
     if (i < n) vf_store_part(y + i, n - i, v_exp(vf_load_part(x + i, n - i, sub) - s));
 }
 
