@@ -48,11 +48,12 @@
 /*
  * Software prefetch, for the kernels that stream arrays larger than the caches: GELU forward and
  * backward, exp (the cross-entropy's backward over the logits), layer norm's backward, and the
- * attention's row norms (rows at the stride of the packed q, k and v). In a training step those arrays were written long before (a saved
- * activation, the input of a layer norm) and come from memory, and the kernels stalled on their
- * loads: perf put a third of GELU's backward on the instruction after the load of x. The
- * hardware prefetchers do not cross a 4 KiB page and do not follow rows at a stride. A
- * prefetch changes no value, so the results are the same with or without it.
+ * attention's row norms (rows at the stride of the packed q, k and v). In a training step
+ * those arrays were written long before (a saved activation, the input of a layer norm) and come
+ * from memory, and the kernels stalled on their loads: perf put a third of GELU's backward on the
+ * instruction after the load of x. The hardware prefetchers do not cross a 4 KiB page and do not
+ * follow rows at a stride. A prefetch changes no value, so the results are the same with or
+ * without it.
  */
 /* How far ahead of the element being computed the streaming kernels prefetch, in bytes. */
 #define FSDP_PREFETCH_AHEAD 2048
