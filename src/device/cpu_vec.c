@@ -8,11 +8,10 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "device/cpu_vec.h"
 #include "device/cpu_vec_isa.h"
+#include "internal.h"
 
 /* The tables this build has, by FSDP_VEC_* (NULL: not built for this target). */
 static const struct fsdp_vec_ops *const isa_ops[FSDP_VEC_NISA] = {
@@ -72,8 +71,7 @@ static _Atomic int prefetch_state = -1;
 bool fsdp__vec_prefetch_on(void) {
     int on = atomic_load_explicit(&prefetch_state, memory_order_relaxed);
     if (on < 0) {
-        const char *env = getenv("FSDP_PREFETCH");
-        on = !(env && strcmp(env, "0") == 0);
+        on = !fsdp__env_is("FSDP_PREFETCH", "0");
         atomic_store_explicit(&prefetch_state, on, memory_order_relaxed);
     }
     return on;
