@@ -121,6 +121,28 @@ static int composed(fsdp_tensor_t *qkv, int64_t h, fsdp_tensor_t *mask, fsdp_ten
     return rc;
 }
 
+/* One run of attention over qkv (shape, values v) with h heads: the fused operation, or the
+ * composed path, forward then backward with gy; the output and qkv's gradient copied to the
+ * host (*yh, *gh, to free). Returns whether the fused operation would take the input. */
+static bool run_path(bool fused, const int64_t shape[3], const float *v, int64_t h,
+                     fsdp_tensor_t *mask, fsdp_tensor_t *gy, float **yh, float **gh) {
+    fsdp_tensor_t *qkv = from_host(3, shape, v), *y = NULL;
+    must(fsdp_tensor_set_requires_grad(qkv, true), "requires_grad");
+    const bool taken = fsdp__attention_packed_ok(qkv, h, mask);
+    const double hd = (double)(shape[2] / 3 / h);
+    if (fused)
+        must(fsdp__attention_packed(qkv, h, 1.0 / sqrt(hd), mask, &y), "fused");
+    else
+        must(composed(qkv, h, mask, &y), "composed");
+    must(fsdp_backward(y, gy), "backward");
+    *yh = to_host(y);
+    *gh = to_host(fsdp_tensor_grad(qkv));
+    fsdp_tensor_release(qkv);
+    fsdp_tensor_release(y);
+    fsdp_tape_clear(ctx);
+    return taken;
+}
+
 /* The forward in double, by the definition: y = softmax(q k^T / sqrt(hd) + mask) v per head. */
 static void reference(int64_t b, int64_t t, int64_t h, int64_t hd, const float *qkv,
                       const float *mask, double *y) {
@@ -206,23 +228,13 @@ static void check_case(int64_t b, int64_t t, int64_t h, int64_t hd, enum mask_ki
                 v[((n0 + 1) * t - 1) * 3 * d + 2 * d + hh * hd] = INFINITY;
     fill_uniform(gyv, ny, -1.0f, 1.0f, seed + 7);
     float *mv = make_mask(mk == M_OVERFLOW || mk == M_INF_V ? M_CAUSAL : mk, t, seed + 3);
-    fsdp_tensor_t *mask = mv ? from_host(2, ms, mv) : NULL;
-    fsdp_tensor_t *qkv[2], *y[2] = {NULL, NULL}, *gy = from_host(3, ys, gyv);
+    fsdp_tensor_t *mask = mv ? from_host(2, ms, mv) : NULL, *gy = from_host(3, ys, gyv);
     float *yh[2], *gh[2];
     const char *tag = mask_names[mk];
     for (int path = 0; path < 2; path++) {
-        qkv[path] = from_host(3, shape, v);
-        must(fsdp_tensor_set_requires_grad(qkv[path], true), "requires_grad");
-        tap_ok(fsdp__attention_packed_ok(qkv[path], h, mask) == true,
-               "B %lld T %lld H %lld hd %lld, %s: the fused kernel takes it", (long long)b,
+        const bool taken = run_path(path == 0, shape, v, h, mask, gy, &yh[path], &gh[path]);
+        tap_ok(taken, "B %lld T %lld H %lld hd %lld, %s: the fused kernel takes it", (long long)b,
                (long long)t, (long long)h, (long long)hd, tag);
-        if (path == 0)
-            must(fsdp__attention_packed(qkv[0], h, 1.0 / sqrt((double)hd), mask, &y[0]), "fused");
-        else
-            must(composed(qkv[1], h, mask, &y[1]), "composed");
-        must(fsdp_backward(y[path], gy), "backward");
-        yh[path] = to_host(y[path]);
-        gh[path] = to_host(fsdp_tensor_grad(qkv[path]));
     }
     /* Masks that cut rows short let the fused kernel skip; the others, and inputs it must not
      * skip over, keep the composed bits. */
@@ -270,14 +282,11 @@ static void check_case(int64_t b, int64_t t, int64_t h, int64_t hd, enum mask_ki
         tap_ok(isnan(yh[0][(size_t)(t / 2) * (size_t)d]), "a row masked entirely comes out NaN");
     }
     for (int path = 0; path < 2; path++) {
-        fsdp_tensor_release(qkv[path]);
-        fsdp_tensor_release(y[path]);
         free(yh[path]);
         free(gh[path]);
     }
     fsdp_tensor_release(mask);
     fsdp_tensor_release(gy);
-    fsdp_tape_clear(ctx);
     free(v);
     free(gyv);
     free(mv);
@@ -309,15 +318,7 @@ static void test_prefetch(void) {
     float *yh[2], *gh[2];
     for (int on = 0; on < 2; on++) {
         fsdp__vec_set_prefetch(on);
-        fsdp_tensor_t *qkv = from_host(3, shape, v), *y = NULL;
-        must(fsdp_tensor_set_requires_grad(qkv, true), "requires_grad");
-        must(fsdp__attention_packed(qkv, h, 1.0 / sqrt((double)hd), mask, &y), "fused");
-        must(fsdp_backward(y, gy), "backward");
-        yh[on] = to_host(y);
-        gh[on] = to_host(fsdp_tensor_grad(qkv));
-        fsdp_tensor_release(qkv);
-        fsdp_tensor_release(y);
-        fsdp_tape_clear(ctx);
+        run_path(true, shape, v, h, mask, gy, &yh[on], &gh[on]);
     }
     fsdp__vec_set_prefetch(true);
     tap_ok(first_diff(yh[0], yh[1], ny) < 0 && first_diff(gh[0], gh[1], n) < 0,
