@@ -17,7 +17,6 @@
 
 #include <fsdp.h>
 
-#include "device/cpu_vec.h"
 #include "device/device_impl.h"
 #include "tap.h"
 
@@ -336,46 +335,6 @@ static void test_layer_norm(void) {
         }
     check_close(gw3, ww, n2, 1e-13, 1e-14, "layer_norm backward gw over 300 columns");
     check_close(gb3, wb, n2, 1e-13, 1e-14, "layer_norm backward gb over 300 columns");
-
-    /* The prefetch of the rows two ahead (cpu_vec.h) changes no bit of the f32 and f64
-     * backward, in f32 with and without a weight. */
-    {
-        const size_t pr = 9, pn = 384, psz = pr * pn;
-        double *px = drand_vec(psz, -2, 2), *pg = drand_vec(psz, -1, 1), *pw = drand_vec(pn, 0, 2);
-        double *py = dvec(psz), *pm = dvec(pr), *ps = dvec(pr);
-        float *fx = to_f32(px, psz), *fg = to_f32(pg, psz), *fw = to_f32(pw, pn);
-        float *fy = calloc(psz, sizeof(float)), *fm = calloc(pr, sizeof(float));
-        float *fs = calloc(pr, sizeof(float));
-        bool same = true;
-        ops->layer_norm(dev, F64, pr, pn, eps, px, pw, NULL, py, pm, ps);
-        ops->layer_norm(dev, F32, pr, pn, eps, fx, fw, NULL, fy, fm, fs);
-        for (int wt = 0; wt < 2; wt++) {
-            double *dgx[2], *dgw[2];
-            float *sgx[2], *sgw[2];
-            for (int on = 0; on < 2; on++) {
-                fsdp__vec_set_prefetch(on);
-                dgx[on] = dvec(psz), dgw[on] = dvec(pn);
-                sgx[on] = calloc(psz, sizeof(float)), sgw[on] = calloc(pn, sizeof(float));
-                ops->layer_norm_backward(dev, F64, pr, pn, px, wt ? pw : NULL, pm, ps, pg, dgx[on],
-                                         dgw[on], NULL);
-                ops->layer_norm_backward(dev, F32, pr, pn, fx, wt ? fw : NULL, fm, fs, fg, sgx[on],
-                                         sgw[on], NULL);
-            }
-            same = same && memcmp(dgx[0], dgx[1], psz * sizeof(double)) == 0 &&
-                   memcmp(dgw[0], dgw[1], pn * sizeof(double)) == 0 &&
-                   memcmp(sgx[0], sgx[1], psz * sizeof(float)) == 0 &&
-                   memcmp(sgw[0], sgw[1], pn * sizeof(float)) == 0;
-            for (int on = 0; on < 2; on++)
-                free(dgx[on]), free(dgw[on]), free(sgx[on]), free(sgw[on]);
-        }
-        fsdp__vec_set_prefetch(true);
-        tap_ok(same,
-               "layer_norm backward: the same bits with and without prefetch (%zu rows of "
-               "%zu, f32 and f64, with and without a weight)",
-               pr, pn);
-        free(px), free(pg), free(pw), free(py), free(pm), free(ps), free(fx), free(fg), free(fw);
-        free(fy), free(fm), free(fs);
-    }
 
     free(x), free(w), free(b), free(y), free(mean), free(rstd), free(wy), free(wmean);
     free(wrstd), free(xf), free(wf), free(bf), free(yf), free(mf), free(rf), free(r), free(fd);

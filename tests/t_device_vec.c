@@ -20,7 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fsdp.h>
+
 #include "device/cpu_vec.h"
+#include "device/device_impl.h"
 #include "tap.h"
 
 #define MAX_ULP 3.0 /* the bound cpu_vec.h promises for exp and tanh */
@@ -391,6 +394,54 @@ static void test_prefetch(void) {
     fsdp__vec_set_prefetch(want);
 }
 
+/* Layer norm's backward prefetches the rows two ahead (cpu_nn_kernels.c): the same bits of gx
+ * and gw with and without it, f32 and f64, with and without a weight. */
+static void test_prefetch_layer_norm(void) {
+    enum { R = 9, C = 384 };
+    const struct fsdp_dev_ops *ops = &fsdp__cpu_dev_ops;
+    fsdp_ctx_options_t o;
+    fsdp_ctx_options_init(&o);
+    fsdp_ctx_t *ctx = NULL;
+    fsdp_device_t *dev = NULL;
+    if (fsdp_ctx_create(&o, &ctx) < 0 || fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &dev) < 0)
+        tap_bail("no CPU device");
+    static float fx[R * C], fg[R * C], fw[C], fy[R * C], fm[R], fs[R];
+    static double dx[R * C], dg[R * C], dw[C], dy[R * C], dm[R], ds[R];
+    for (size_t i = 0; i < R * C; i++) {
+        dx[i] = fx[i] = uniform(-2.0f, 2.0f);
+        dg[i] = fg[i] = uniform(-1.0f, 1.0f);
+    }
+    for (size_t j = 0; j < C; j++)
+        dw[j] = fw[j] = uniform(0.0f, 2.0f);
+    ops->layer_norm(dev, FSDP_DTYPE_F32, R, C, 1e-5, fx, fw, NULL, fy, fm, fs);
+    ops->layer_norm(dev, FSDP_DTYPE_F64, R, C, 1e-5, dx, dw, NULL, dy, dm, ds);
+    bool same = true;
+    for (int wt = 0; wt < 2; wt++) {
+        static float sgx[2][R * C], sgw[2][C];
+        static double dgx[2][R * C], dgw[2][C];
+        memset(sgw, 0, sizeof sgw);
+        memset(dgw, 0, sizeof dgw);
+        for (int on = 0; on < 2; on++) {
+            fsdp__vec_set_prefetch(on);
+            ops->layer_norm_backward(dev, FSDP_DTYPE_F32, R, C, fx, wt ? fw : NULL, fm, fs, fg,
+                                     sgx[on], sgw[on], NULL);
+            ops->layer_norm_backward(dev, FSDP_DTYPE_F64, R, C, dx, wt ? dw : NULL, dm, ds, dg,
+                                     dgx[on], dgw[on], NULL);
+        }
+        same = same && memcmp(sgx[0], sgx[1], sizeof sgx[0]) == 0 &&
+               memcmp(sgw[0], sgw[1], sizeof sgw[0]) == 0 &&
+               memcmp(dgx[0], dgx[1], sizeof dgx[0]) == 0 &&
+               memcmp(dgw[0], dgw[1], sizeof dgw[0]) == 0;
+    }
+    fsdp__vec_set_prefetch(true);
+    tap_ok(same,
+           "layer_norm backward: the same bits with and without prefetch (%d rows of %d, f32 and "
+           "f64, with and without a weight)",
+           R, C);
+    fsdp_device_destroy(dev);
+    fsdp_ctx_destroy(ctx);
+}
+
 int main(void) {
     tap_plan_lazy();
     test_instruction_sets();
@@ -400,5 +451,6 @@ int main(void) {
     test_reductions();
     test_position_independent();
     test_prefetch();
+    test_prefetch_layer_norm();
     return tap_done();
 }
