@@ -47,9 +47,17 @@ int train_pending_signal(void) {
     return atomic_load(&g_signal);
 }
 
+/* Whether SIGINT or SIGTERM is pending for the process beside the one being handled: sent
+ * together, or while the process was stopped, the two may be taken by two threads, and the
+ * thread of the second may run its handler only after the ranks have begun to save. */
+static bool other_pending(void) {
+    sigset_t p;
+    return sigpending(&p) == 0 && (sigismember(&p, SIGINT) == 1 || sigismember(&p, SIGTERM) == 1);
+}
+
 static void on_signal(int sig) {
     int saved = errno, none = 0;
-    if (!atomic_compare_exchange_strong(&g_signal, &none, sig)) {
+    if (other_pending() || !atomic_compare_exchange_strong(&g_signal, &none, sig)) {
         static const char msg[] = "\n" TRAIN_PROG ": a second signal: exiting at once\n";
         ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)w;
