@@ -612,6 +612,43 @@ static void test_footprint(void) {
     fsdp__bcache_destroy(a);
     fake_fini(&f);
 
+    /* The learned slack. A live 8 MiB block, then every "step" a 4 MiB block touched and freed
+     * and two small ones (a 2 MiB small-pool segment): 14 MiB of working set against a bound of
+     * 12 + 1. A fixed slack gives a segment back every step and maps one again (the 4 MiB or
+     * the small one, in turn); the learned slack takes the 1 MiB the working set needs past it
+     * once the given-back 4 MiB is needed again, and from then on nothing is mapped. */
+    const fsdp_bcache_opts_t ls = {.zeroed_segments = true,
+                                   .bound_to_peak = true,
+                                   .bound_slack_min = 1 * MiB,
+                                   .large_split_min = 64 * KiB};
+    a = mk_opts(&f, &zero_ops, &ls);
+    memset(get(a, 8 * MiB, NULL), 3, 8 * MiB);
+    size_t maps_after[6] = {0}, most_over = 0;
+    for (int step = 0; step < 6; step++) {
+        char *big = get(a, 4 * MiB, NULL);
+        if (big) memset(big, 4, 4 * MiB);
+        fsdp__bcache_free(a, big);
+        char *s1 = get(a, 1 * MiB, NULL), *s2 = get(a, 1 * MiB, NULL);
+        if (s1 && s2) memset(s1, 5, 1 * MiB), memset(s2, 6, 1 * MiB);
+        fsdp__bcache_free(a, s1);
+        fsdp__bcache_free(a, s2);
+        s = stats(a);
+        maps_after[step] = s.seg_allocs;
+        size_t resident = s.reserved_total, bound = s.allocated_peak_total + 2 * MiB;
+        if (resident > bound && resident - bound > most_over) most_over = resident - bound;
+    }
+    s = stats(a);
+    tap_ok(s.slack_learned == 1 * MiB && s.reserved_total == 14 * MiB,
+           "learned slack: the memory given back and needed again adds 1 MiB (learned %zu KiB, "
+           "reserved %zu MiB)",
+           s.slack_learned / KiB, s.reserved_total / MiB);
+    tap_ok(maps_after[5] == maps_after[2] && maps_after[2] > maps_after[0],
+           "then no step maps a segment (segments mapped after steps 1, 3, 6: %zu, %zu, %zu)",
+           maps_after[0], maps_after[2], maps_after[5]);
+    tap_is_size(most_over, 0, "and what is held never passed the peak plus twice the slack");
+    fsdp__bcache_destroy(a);
+    fake_fini(&f);
+
     /* max_cached: more than 3 MiB held and not allocated goes back, whole segments at a time. */
     const fsdp_bcache_opts_t mc = {.max_cached = 3 * MiB};
     a = mk_opts(&f, &zero_nodecommit_ops, &mc);

@@ -77,6 +77,7 @@ struct fsdp_bcache {
     void **spare_evs; /* completed events kept for reuse */
     size_t nspare, capspare;
     fsdp_bcache_stats_t st;
+    size_t given_back; /* bytes keep_to_peak gave back that no cold block has taken since */
     char err[512];
 };
 
@@ -515,21 +516,47 @@ static size_t cold_bytes(const fsdp_bcache_t *a) {
 /*
  * bound_to_peak with a backend that decommits, after a block whose pages were not resident was
  * handed out: the memory held and resident as far as the allocator knows (segments less cold
- * free blocks) must stay within the most ever allocated at once, plus bound_slack_pct of it. Wholly
- * free segments go back first, oldest first; then the pages of the largest resident free blocks,
- * which stay carved and are faulted in again when used. (Without decommit, the check is made before
- * a new segment is taken, on the segments alone.)
+ * free blocks) must stay within the most ever allocated at once, plus the slack. Wholly free
+ * segments go back first, oldest first; then the pages of the largest resident free blocks,
+ * which stay carved and are faulted in again when used. (Without decommit, the check is made
+ * before a new segment is taken, on the segments alone.)
+ *
+ * The slack is bound_slack_pct of the peak (at least bound_slack_min), and what the cache has
+ * learned on top of it (stats.slack_learned). A step's mix of sizes can leave its working set,
+ * fragmentation included, a little above any fixed slack: then every step gives back a segment
+ * to map a block and maps one again for the next, and each time pays a fault per page (in a
+ * sim world of two ranks with a vocabulary of 8192, a 12 MiB segment a step; on a virtual
+ * machine that shadows page tables, tens of milliseconds). So memory given back that is needed
+ * again (a cold block handed out while given-back bytes are outstanding) raises the learned
+ * slack by that much, up to the configured slack once more; a working set that fits under twice
+ * the slack stops faulting after a step or two, and one that does not stays bounded.
  */
+static size_t slack_of(const fsdp_bcache_t *a) {
+    size_t slack = a->st.allocated_peak_total / 100 * a->opts.bound_slack_pct;
+    return slack < a->opts.bound_slack_min ? a->opts.bound_slack_min : slack;
+}
+
+/* A cold block of `size` bytes was handed out: what of it keep_to_peak had given back is now
+ * learned slack (see above). */
+static void learn_slack(fsdp_bcache_t *a, size_t size) {
+    size_t room = slack_of(a), grow = size < a->given_back ? size : a->given_back;
+    room = room > a->st.slack_learned ? room - a->st.slack_learned : 0;
+    if (grow > room) grow = room;
+    a->st.slack_learned += grow;
+    a->given_back -= grow;
+}
+
 static void keep_to_peak(fsdp_bcache_t *a) {
-    size_t peak = a->st.allocated_peak_total;
-    size_t slack = peak / 100 * a->opts.bound_slack_pct;
-    if (slack < a->opts.bound_slack_min) slack = a->opts.bound_slack_min;
-    size_t bound = peak + slack;
+    size_t bound = a->st.allocated_peak_total + slack_of(a) + a->st.slack_learned;
     size_t cold = cold_bytes(a);
     while (a->st.reserved_total - cold > bound) {
         struct seg *oldest = oldest_free_seg(a);
         if (!oldest) break;
-        if (oldest->first->cold) cold -= oldest->first->size;
+        if (oldest->first->cold) {
+            cold -= oldest->first->size;
+        } else {
+            a->given_back += oldest->size;
+        }
         a->st.bound_frees++;
         seg_release(a, oldest);
     }
@@ -545,6 +572,7 @@ static void keep_to_peak(fsdp_bcache_t *a) {
         big->cold = true;
         big->clean = true;
         cold += big->size;
+        a->given_back += big->size;
         a->st.decommits++;
         a->st.decommitted += big->size;
     }
@@ -682,7 +710,10 @@ int fsdp__bcache_malloc_clean(fsdp_bcache_t *a, size_t bytes, void *stream, void
     lm_put_nogrow(&a->live, b);
     count_alloc(a, pool, b->size, bytes);
     *out = (void *)b->ptr;
-    if (was_cold && a->opts.bound_to_peak && a->ops->decommit) keep_to_peak(a);
+    if (was_cold && a->opts.bound_to_peak && a->ops->decommit) {
+        learn_slack(a, b->size);
+        keep_to_peak(a);
+    }
     return FSDP_OK;
 }
 

@@ -26,9 +26,12 @@
  *
  * Footprint (options): `bound_to_peak` keeps the segments held within the most ever allocated at
  * once: before a new segment is taken, wholly free segments are given back until it fits under
- * that peak (or none are left). `max_cached` gives wholly free segments back whenever more than
- * that many bytes are held and not allocated. Without either, segments are kept until
- * empty_cache or an out-of-memory retry (the CUDA device's choice, like PyTorch's).
+ * that peak (or none are left). With a backend that decommits, resident bytes are kept within the
+ * peak plus a slack, which grows by what was given back and then needed again (at most doubling),
+ * so a step whose working set sits just above the slack does not fault its pages in every step.
+ * `max_cached` gives wholly free segments back whenever more than that many bytes are held and not
+ * allocated. Without either, segments are kept until empty_cache or an out-of-memory retry (the
+ * CUDA device's choice, like PyTorch's).
  *
  * Zeroed memory: when the backend's segments come zeroed (`zeroed_segments`, a CPU mmap), the
  * allocator knows which free bytes nobody has written since, and fsdp__bcache_malloc_clean says
@@ -95,6 +98,8 @@ typedef struct fsdp_bcache_stats {
     size_t bound_frees;     /* of them, given back by bound_to_peak or max_cached */
     size_t decommits;       /* free blocks whose pages bound_to_peak gave back, ever */
     size_t decommitted;     /* their bytes, ever */
+    size_t slack_learned;   /* bytes bound_to_peak added to its slack after memory it had given
+                             * back was needed again (block_cache.c, keep_to_peak) */
     size_t blocks;          /* live blocks handed out */
     size_t pending_blocks;  /* freed blocks waiting on events of other streams */
     size_t oom_retries;     /* times the cache was emptied to retry a failed seg_alloc */

@@ -122,6 +122,8 @@ int fsdp__cpu_default_threads(int world_size) {
  * none once the warm-up is over with 12%). Activation checkpointing lowers the peak and
  * fragments more, and needs 25% (docs/design.md, "The slack"); the slack is also at least
  * SLACK_MIN, a few small-pool segments, which a small model's percentage would not reach.
+ * Where even that leaves a step just over the bound, the cache learns the difference (memory
+ * given back and needed again widens the slack, at most to twice SLACK_PCT; block_cache.c).
  *
  * New segments are zero, and the cache says which blocks are still untouched (or were given
  * back), so fsdp__cpu_alloc_zeroed clears only memory that was used before.
