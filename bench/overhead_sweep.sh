@@ -3,7 +3,7 @@
 # overhead_sweep.sh: what distribution costs at every batch per rank, as one table.
 #
 #   bench/overhead_sweep.sh [--batches "1 2 4 8"] [--vocabs "256 8192"] [--steps N]
-#                           [--warmup N] [--gemm] [--quick] [model options...]
+#                           [--warmup N] [--rounds N] [--gemm] [--quick] [model options...]
 #
 # For every vocabulary and batch per rank B, one compute thread per rank, the same GPT (the
 # benchmarks' default: 6 blocks, d_model 384, 6 heads, sequence 128; --layers, --d, --heads and
@@ -18,6 +18,10 @@
 # FULL_SHARD over gloo against PyTorch DDP (step, target <= 0.7; peak RSS, target <= 0.5), and
 # FULL_SHARD over NO_SHARD on gloo (target <= 1.15). Every figure is wall-clock time on this
 # machine: run it on a quiet one (the load average is printed first).
+#
+# --rounds N (default 1) runs the five programs of every point N times in turn and prints the
+# median of their N medians (and of the peak RSS): on a machine whose speed moves between runs
+# of a few seconds (a shared virtual machine), one round can put the same point 20% apart.
 #
 # --gemm adds a second table: how much of each step the matrix products take. The 1-rank, Gloo
 # FULL_SHARD and PyTorch DDP runs go under the preloaded bench/.libs/libgemmclock.so
@@ -38,6 +42,7 @@ batches="1 2 4 8"
 vocabs="256 8192"
 steps=5
 warmup=2
+rounds=1
 model=
 quick=
 gemm=0
@@ -47,6 +52,7 @@ while [ $# -gt 0 ]; do
     --vocabs) vocabs=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --gemm) gemm=1; shift ;;
     --quick) quick=--quick; batches="1 2"; vocabs=256; steps=2; warmup=1; shift ;;
     --layers|--d|--heads|--seq) model="$model $1 $2"; shift 2 ;;
@@ -54,8 +60,8 @@ while [ $# -gt 0 ]; do
     *) echo "overhead_sweep.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done
-for v in "$steps" "$warmup"; do
-    case $v in ''|*[!0-9]*|0) echo "overhead_sweep.sh: --steps and --warmup must be positive integers" >&2; exit 2 ;; esac
+for v in "$steps" "$warmup" "$rounds"; do
+    case $v in ''|*[!0-9]*|0) echo "overhead_sweep.sh: --steps, --warmup and --rounds must be positive integers" >&2; exit 2 ;; esac
 done
 
 step=$(bench_find_prog "${BENCH_GPT_STEP:-}" bench/bench_gpt_step)
@@ -92,6 +98,11 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
 rss_of() { sed -n 's/^peak RSS MiB max \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
 row_of() { awk -v c="$2" '$1 == "FSDP" && $2 == c { print $3; exit }' "$1"; }
+# median_file FILE: the median of the numbers in FILE, one a line (nothing when it has none).
+median_file() {
+    sort -g "$1" | awk '{ v[NR] = $1 } END { if (NR == 0) exit
+        if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
 # run NAME FILE COMMAND...: runs the command into FILE; on failure, says so and marks status.
 # With --gemm and GEMM_DIR set, the command runs under the clock, its records in GEMM_DIR.
@@ -134,7 +145,7 @@ minus() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "") print "n/a"; 
 gemm_rows=
 
 echo "# overhead_sweep.sh: one thread per rank, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)}," \
-    "$steps timed steps after $warmup; load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+    "$steps timed steps after $warmup, median of $rounds round(s); load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 echo "| vocab | B | 1 rank ms | sim FULL ms (x 1 rank) | gloo FULL ms (x 1 rank) | gloo NO_SHARD ms | FULL / NO_SHARD | torch DDP ms | FULL / DDP step | FULL / DDP RSS |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 status=0
@@ -142,33 +153,47 @@ for v in $vocabs; do
     for b in $batches; do
         base="$quick $model --batch $b --vocab $v --warmup $warmup"
         common="$base --steps $steps"
-        [ "$gemm" = 1 ] && GEMM_DIR=$tmp/one.g1
-        # shellcheck disable=SC2086
-        run bench_gpt_step "$tmp/one" "$step" $common --threads 1
-        GEMM_DIR=
-        # shellcheck disable=SC2086
-        run bench_fsdp_step "$tmp/sim" "$fsdp" $common --only main --rounds 1
-        [ "$gemm" = 1 ] && GEMM_DIR=$tmp/full.g1
-        # shellcheck disable=SC2086
-        run "bench_gpt_gloo FULL_SHARD" "$tmp/full" "$fsdprun" --no-prefix -n 2 "$gloo" $common --threads 1
-        GEMM_DIR=
-        # shellcheck disable=SC2086
-        run "bench_gpt_gloo NO_SHARD" "$tmp/noshard" "$fsdprun" --no-prefix -n 2 "$gloo" $common \
-            --threads 1 --strategy no-shard
-        t_ms= t_rss=
-        if [ "$have_torch" = 1 ]; then
-            [ "$gemm" = 1 ] && GEMM_DIR=$tmp/torch.g1
+        rm -f "$tmp"/*.ms "$tmp"/*.rss
+        round=1
+        while [ "$round" -le "$rounds" ]; do
+            [ "$gemm" = 1 ] && [ "$round" = 1 ] && GEMM_DIR=$tmp/one.g1
             # shellcheck disable=SC2086
-            run gpt_gloo_torch.py "$tmp/torch" "$py" "$here/gpt_gloo_torch.py" --nproc 2 $common --threads 1
+            run bench_gpt_step "$tmp/one" "$step" $common --threads 1
             GEMM_DIR=
-            t_ms=$(median_of "$tmp/torch")
-            t_rss=$(rss_of "$tmp/torch")
+            # shellcheck disable=SC2086
+            run bench_fsdp_step "$tmp/sim" "$fsdp" $common --only main --rounds 1
+            [ "$gemm" = 1 ] && [ "$round" = 1 ] && GEMM_DIR=$tmp/full.g1
+            # shellcheck disable=SC2086
+            run "bench_gpt_gloo FULL_SHARD" "$tmp/full" "$fsdprun" --no-prefix -n 2 "$gloo" $common --threads 1
+            GEMM_DIR=
+            # shellcheck disable=SC2086
+            run "bench_gpt_gloo NO_SHARD" "$tmp/noshard" "$fsdprun" --no-prefix -n 2 "$gloo" $common \
+                --threads 1 --strategy no-shard
+            if [ "$have_torch" = 1 ]; then
+                [ "$gemm" = 1 ] && [ "$round" = 1 ] && GEMM_DIR=$tmp/torch.g1
+                # shellcheck disable=SC2086
+                run gpt_gloo_torch.py "$tmp/torch" "$py" "$here/gpt_gloo_torch.py" --nproc 2 $common --threads 1
+                GEMM_DIR=
+                median_of "$tmp/torch" >> "$tmp/torch.ms"
+                rss_of "$tmp/torch" >> "$tmp/torch.rss"
+            fi
+            median_of "$tmp/one" >> "$tmp/one.ms"
+            row_of "$tmp/sim" FULL_SHARD >> "$tmp/sim.ms"
+            median_of "$tmp/full" >> "$tmp/full.ms"
+            rss_of "$tmp/full" >> "$tmp/full.rss"
+            median_of "$tmp/noshard" >> "$tmp/noshard.ms"
+            round=$((round + 1))
+        done
+        one=$(median_file "$tmp/one.ms")
+        sim=$(median_file "$tmp/sim.ms")
+        full=$(median_file "$tmp/full.ms")
+        full_rss=$(median_file "$tmp/full.rss")
+        nos=$(median_file "$tmp/noshard.ms")
+        t_ms='' t_rss=''
+        if [ "$have_torch" = 1 ]; then
+            t_ms=$(median_file "$tmp/torch.ms")
+            t_rss=$(median_file "$tmp/torch.rss")
         fi
-        one=$(median_of "$tmp/one")
-        sim=$(row_of "$tmp/sim" FULL_SHARD)
-        full=$(median_of "$tmp/full")
-        full_rss=$(rss_of "$tmp/full")
-        nos=$(median_of "$tmp/noshard")
         if [ "$gemm" = 1 ]; then
             # The same three runs again with twice the steps (outputs discarded).
             long="$base --steps $((2 * steps))"
