@@ -44,7 +44,6 @@ done
 step=$(bench_find_prog "${BENCH_GPT_STEP:-}" bench/bench_gpt_step)
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
-median() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo "# env_ab.sh: baseline $base, $rounds rounds of $steps steps, --threads $threads; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| vocab | B | baseline ms | current ms | current / baseline | same losses |"
 echo "|---|---|---|---|---|---|"
@@ -65,8 +64,8 @@ for v in $vocabs; do
         lc=$(sed -n 's/^step .* loss \([0-9.]*\) .*/\1/p' "$tmp/cur.out" | tr '\n' ' ')
         same=no
         if [ -n "$lb" ] && [ "$lb" = "$lc" ]; then same=yes; else status=1; fi
-        mb=$(median < "$tmp/base.ms")
-        mc=$(median < "$tmp/cur.ms")
+        mb=$(bench_median - < "$tmp/base.ms")
+        mc=$(bench_median - < "$tmp/cur.ms")
         ratio=$(awk -v a="$mc" -v b="$mb" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "-" }')
         echo "| $v | $b | $mb | $mc | $ratio | $same |"
     done

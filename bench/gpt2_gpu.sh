@@ -68,7 +68,6 @@ run_torch() { # $1: --bf16 or nothing
 # field FILE PATTERN: the number after the last ':' or the first number after PATTERN's text
 val() { sed -n "s/^$2[^0-9]*\\([0-9][0-9.]*\\).*/\\1/p" "$1" | tail -n 1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.3f", a / b }'; }
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 status=0
 : > "$tmp/tok"; : > "$tmp/mem"; : > "$tmp/used"
@@ -98,7 +97,7 @@ while [ "$i" -le "$runs" ]; do
 done
 if [ "$have_torch" = 1 ] && [ -s "$tmp/tok" ]; then
     echo "summary over $(wc -l < "$tmp/tok") run(s), medians of libfsdp/PyTorch: tokens/s" \
-         "$(grep -v n/a "$tmp/tok" | median) (target >= 1.0), allocator peak memory" \
-         "$(grep -v n/a "$tmp/mem" | median), GPU used memory $(grep -v n/a "$tmp/used" | median)"
+         "$(grep -v n/a "$tmp/tok" | bench_median n/a %.3f) (target >= 1.0), allocator peak memory" \
+         "$(grep -v n/a "$tmp/mem" | bench_median n/a %.3f), GPU used memory $(grep -v n/a "$tmp/used" | bench_median n/a %.3f)"
 fi
 exit $status

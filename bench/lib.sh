@@ -70,6 +70,15 @@ bench_threads() {
     export FSDP_NUM_THREADS="$threads" OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
 }
 
+# bench_median [EMPTY] [FORMAT]: the median of the numbers on standard input, one a line; the
+# mean of the two middle ones (printed with FORMAT, default %.2f) when their count is even, and
+# EMPTY (default nothing) when there are none.
+bench_median() {
+    sort -g | awk -v e="${1-}" -v f="${2:-%.2f}" '{ v[NR] = $1 } END {
+        if (NR == 0) print e; else if (NR % 2) print v[(NR + 1) / 2]
+        else printf f "\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
 # bench_cores: the online cores.
 bench_cores() { nproc 2>/dev/null || getconf _NPROCESSORS_ONLN; }
 

@@ -98,11 +98,6 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
 rss_of() { sed -n 's/^peak RSS MiB max \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
 row_of() { awk -v c="$2" '$1 == "FSDP" && $2 == c { print $3; exit }' "$1"; }
-# median_file FILE: the median of the numbers in FILE, one a line (nothing when it has none).
-median_file() {
-    sort -g "$1" | awk '{ v[NR] = $1 } END { if (NR == 0) exit
-        if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
 # run NAME FILE COMMAND...: runs the command into FILE; on failure, says so and marks status.
 # With --gemm and GEMM_DIR set, the command runs under the clock, its records in GEMM_DIR.
@@ -184,15 +179,15 @@ for v in $vocabs; do
             median_of "$tmp/noshard" >> "$tmp/noshard.ms"
             round=$((round + 1))
         done
-        one=$(median_file "$tmp/one.ms")
-        sim=$(median_file "$tmp/sim.ms")
-        full=$(median_file "$tmp/full.ms")
-        full_rss=$(median_file "$tmp/full.rss")
-        nos=$(median_file "$tmp/noshard.ms")
+        one=$(bench_median < "$tmp/one.ms")
+        sim=$(bench_median < "$tmp/sim.ms")
+        full=$(bench_median < "$tmp/full.ms")
+        full_rss=$(bench_median < "$tmp/full.rss")
+        nos=$(bench_median < "$tmp/noshard.ms")
         t_ms='' t_rss=''
         if [ "$have_torch" = 1 ]; then
-            t_ms=$(median_file "$tmp/torch.ms")
-            t_rss=$(median_file "$tmp/torch.rss")
+            t_ms=$(bench_median < "$tmp/torch.ms")
+            t_rss=$(bench_median < "$tmp/torch.rss")
         fi
         if [ "$gemm" = 1 ]; then
             # The same three runs again with twice the steps (outputs discarded).
