@@ -14,7 +14,8 @@
 #     none of their listeners;
 #   - with --share-network the stranger is real: it reaches the job's listeners; yet the ranks'
 #     handshake (backends/gloo/gloo_mesh.h) turns it away, so the three jobs succeed all the
-#     same, and the ranks log the connections they dropped.
+#     same, and the ranks log the connections they dropped (up to three rounds of three jobs,
+#     until one shows the stranger reaching a rank that still accepts).
 top_builddir=${top_builddir:-.}
 fsdprun="$top_builddir/tools/fsdprun"
 train="$top_builddir/tools/fsdp-train"
@@ -99,17 +100,28 @@ if [ "$has_gloo" = yes ]; then
   ok $st "the stranger reached none of the jobs' listeners (reached: $reached)" \
     "$tmp/stranger.out" "$tmp/stranger.err"
   # In the host's network the stranger reaches the listeners; the ranks' handshake (gloo_mesh.h)
-  # turns it away, and every job still succeeds.
-  race --share-network
+  # turns it away, and every job still succeeds. Whether the stranger connects while a rank
+  # still accepts (so that the rank sees it and logs the drop) is a race: on a loaded machine it
+  # can come too late in all three jobs, so up to three rounds run until one shows both. Every
+  # round's jobs must succeed.
+  allfails=0
+  round=0
+  while [ $round -lt 3 ]; do
+    round=$((round + 1))
+    race --share-network
+    allfails=$((allfails + fails))
+    drops=$(cat "$tmp/job1.out" "$tmp/job2.out" "$tmp/job3.out" | grep -c "dropped a connection from 127.0.0.1:[0-9]* that did not prove it belongs to the job")
+    [ "$fails" = 0 ] || break
+    [ "$reached" != unknown ] && [ "$reached" -gt 0 ] && [ "$drops" -gt 0 ] && break
+  done
   st=0
   [ "$reached" != unknown ] && [ "$reached" -gt 0 ] || st=1
-  ok $st "the stranger is real: in the shared network it reached $reached listeners" \
+  ok $st "the stranger is real: in the shared network it reached $reached listeners (round $round)" \
     "$tmp/stranger.out" "$tmp/stranger.err"
   st=0
-  [ "$fails" = 0 ] || st=1
-  ok $st "in the shared network, with the stranger racing, 3 of 3 Gloo jobs succeed ($fails failed)" \
+  [ "$allfails" = 0 ] || st=1
+  ok $st "in the shared network, with the stranger racing, every Gloo job succeeds ($allfails of $((3 * round)) failed)" \
     "$tmp/job1.out" "$tmp/job2.out" "$tmp/job3.out"
-  drops=$(cat "$tmp/job1.out" "$tmp/job2.out" "$tmp/job3.out" | grep -c "dropped a connection from 127.0.0.1:[0-9]* that did not prove it belongs to the job")
   st=0
   [ "$drops" -gt 0 ] || st=1
   ok $st "the ranks logged the stranger's connections they dropped ($drops lines)" \
