@@ -57,8 +57,8 @@ for v in $vocabs; do
             env "$base" "$step" --batch "$b" --vocab "$v" --steps "$steps" --threads "$threads" $model > "$tmp/base.out" 2>&1 || { echo "env_ab.sh: baseline run failed:" >&2; tail -n 5 "$tmp/base.out" >&2; exit 1; }
             # shellcheck disable=SC2086
             "$step" --batch "$b" --vocab "$v" --steps "$steps" --threads "$threads" $model > "$tmp/cur.out" 2>&1 || { echo "env_ab.sh: run failed:" >&2; tail -n 5 "$tmp/cur.out" >&2; exit 1; }
-            sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$tmp/base.out" >> "$tmp/base.ms"
-            sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$tmp/cur.out" >> "$tmp/cur.ms"
+            bench_step_median "$tmp/base.out" >> "$tmp/base.ms"
+            bench_step_median "$tmp/cur.out" >> "$tmp/cur.ms"
         done
         lb=$(sed -n 's/^step .* loss \([0-9.]*\) .*/\1/p' "$tmp/base.out" | tr '\n' ' ')
         lc=$(sed -n 's/^step .* loss \([0-9.]*\) .*/\1/p' "$tmp/cur.out" | tr '\n' ' ')

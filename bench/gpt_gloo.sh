@@ -62,7 +62,6 @@ echo "# gpt_gloo.sh: $nproc processes per side, $threads thread(s) each," \
     "OpenBLAS core ${blas_core:-unknown}, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset)};" \
     "load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 
-median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1"; }
 rss_of() { sed -n 's/^peak RSS MiB max \([0-9.]*\).*/\1/p' "$1"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 
@@ -77,7 +76,7 @@ while [ "$i" -le "$runs" ]; do
     if eval "\"\$fsdprun\" --no-prefix -n \"\$nproc\" \"\$cbench\" $args" >"$tmp/c.out" 2>&1; then
         cat "$tmp/c.out"; else
         cat "$tmp/c.out"; echo "gpt_gloo.sh: bench_gpt_gloo failed" >&2; status=1; fi
-    c_ms=$(median_of "$tmp/c.out")
+    c_ms=$(bench_step_median "$tmp/c.out")
     c_rss=$(rss_of "$tmp/c.out")
     t_ms=
     t_rss=
@@ -86,7 +85,7 @@ while [ "$i" -le "$runs" ]; do
         if eval "\"\$py\" \"\$here/gpt_gloo_torch.py\" --nproc \"\$nproc\" $args" >"$tmp/t.out" 2>&1
         then cat "$tmp/t.out"; else
             cat "$tmp/t.out"; echo "gpt_gloo.sh: gpt_gloo_torch.py failed" >&2; status=1; fi
-        t_ms=$(median_of "$tmp/t.out")
+        t_ms=$(bench_step_median "$tmp/t.out")
         t_rss=$(rss_of "$tmp/t.out")
     fi
     echo "libfsdp: median ms/step ${c_ms:-n/a}, peak RSS MiB ${c_rss:-n/a}"

@@ -35,7 +35,6 @@ fi
 
 bench_torch gpt_step.sh
 
-median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1"; }
 
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
@@ -46,14 +45,14 @@ while [ "$i" -le "$runs" ]; do
     echo "== run $i of $runs: libfsdp ($cbench, $threads threads)"
     if eval "\"\$cbench\" $args" >"$tmp/c.out" 2>&1; then cat "$tmp/c.out"; else
         cat "$tmp/c.out"; echo "gpt_step.sh: bench_gpt_step failed" >&2; status=1; fi
-    c_ms=$(median_of "$tmp/c.out")
+    c_ms=$(bench_step_median "$tmp/c.out")
     t_ms=
     if [ "$have_torch" = 1 ]; then
         echo "== run $i of $runs: PyTorch ($py, $threads threads)"
         if eval "\"\$py\" \"\$here/gpt_step_torch.py\" $args" >"$tmp/t.out" 2>&1; then
             cat "$tmp/t.out"; else
             cat "$tmp/t.out"; echo "gpt_step.sh: gpt_step_torch.py failed" >&2; status=1; fi
-        t_ms=$(median_of "$tmp/t.out")
+        t_ms=$(bench_step_median "$tmp/t.out")
     fi
     echo "libfsdp median ms/step: ${c_ms:-n/a}"
     if [ "$have_torch" = 1 ]; then

@@ -79,6 +79,10 @@ bench_median() {
         else printf f "\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
+# bench_step_median FILE: the median step every "ms/step median X" line of a benchmark's output
+# in FILE gives (bench_gpt_step, bench_gpt_gloo, the PyTorch scripts), one a line.
+bench_step_median() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1"; }
+
 # bench_cores: the online cores.
 bench_cores() { nproc 2>/dev/null || getconf _NPROCESSORS_ONLN; }
 

@@ -95,7 +95,7 @@ export FSDP_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
-median_of() { sed -n 's/^ms\/step median \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
+median_of() { bench_step_median "$1" | head -n 1; }
 rss_of() { sed -n 's/^peak RSS MiB max \([0-9.]*\).*/\1/p' "$1" | head -n 1; }
 row_of() { awk -v c="$2" '$1 == "FSDP" && $2 == c { print $3; exit }' "$1"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "n/a"; else printf "%.2f", a / b }'; }
