@@ -31,6 +31,7 @@ void(fsdp_sim_options_init)(fsdp_sim_options_t *opts, size_t size) {
 static void *rank_main(void *arg) {
     sim_rank_t *self = arg;
     sim_world_t *w = self->world;
+    fsdp__thread_name(pthread_self(), "fsdp-rank", self->index);
     self->status = w->fn(self->ctx, w->arg);
     fsdp__ctx_destroy_children(self->ctx, "rank exited");
     self->exit_status = self->status;
@@ -131,6 +132,7 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
             rc = FSDP_ENOMEM;
             goto out;
         }
+        fsdp__thread_name(w.ranks[comm_started].worker.thread, "fsdp-comm", comm_started);
     }
     for (; ranks_started < n; ranks_started++) {
         if (pthread_create(&threads[ranks_started], NULL, rank_main, &w.ranks[ranks_started])) {

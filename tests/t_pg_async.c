@@ -2,8 +2,11 @@
 /*
  * t_pg_async.c: asynchronous works on the sim backend: a call returns before its collective
  * completes, many works can be outstanding, they complete in issue order, wait honours its
- * timeout, test polls, and a released work still completes.
+ * timeout, test polls, and a released work still completes. The threads are named: a rank
+ * runs on "fsdp-rank<r>", its collectives on "fsdp-comm<r>" (what top -H and perf show).
  */
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,8 +120,59 @@ static int released(fsdp_ctx_t *ctx, void *arg) {
     return rc;
 }
 
+/* Reads a thread's name from its comm file under /proc into buf. */
+static int thread_comm(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int ok = fgets(buf, (int)cap, f) != NULL;
+    fclose(f);
+    if (!ok) return -1;
+    buf[strcspn(buf, "\n")] = 0;
+    return 0;
+}
+
+/* bad[r]: 1 when rank r's thread is misnamed, 2 when rank 0 finds a worker's name missing. */
+static int names(fsdp_ctx_t *ctx, void *arg) {
+    int *bad = arg, r = fsdp_ctx_rank(ctx), n = fsdp_ctx_world_size(ctx);
+    char want[32], got[64];
+    snprintf(want, sizeof want, "fsdp-rank%d", r);
+    if (thread_comm("/proc/thread-self/comm", got, sizeof got) != 0 || strcmp(got, want) != 0)
+        bad[r] |= 1;
+    if (r == 0) {
+        int seen = 0;
+        DIR *d = opendir("/proc/self/task");
+        for (struct dirent *e; d && (e = readdir(d));) {
+            char path[300];
+            snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+            int q = -1;
+            if (thread_comm(path, got, sizeof got) == 0 && sscanf(got, "fsdp-comm%d", &q) == 1 &&
+                q >= 0 && q < n)
+                seen |= 1 << q;
+        }
+        if (d) closedir(d);
+        if (seen != (1 << n) - 1) bad[0] |= 2;
+    }
+    return fsdp_pg_barrier(fsdp_ctx_pg(ctx), NULL);
+}
+
 int main(void) {
     tap_plan_lazy();
+    {
+        fsdp_sim_options_t o;
+        fsdp_sim_options_init(&o);
+        o.world_size = 3;
+        int bad[3] = {0};
+        char self[64];
+        if (thread_comm("/proc/thread-self/comm", self, sizeof self) != 0) {
+            tap_skip(2, "no /proc/thread-self/comm: thread names are not readable here");
+        } else {
+            tap_is_int(fsdp_sim_run(&o, names, bad, NULL), FSDP_OK, "thread names: run");
+            tap_ok((bad[0] | bad[1] | bad[2]) == 0,
+                   "every rank runs on fsdp-rank<r> and every rank's worker is fsdp-comm<r> "
+                   "(flags %d %d %d)",
+                   bad[0], bad[1], bad[2]);
+        }
+    }
     fsdp_sim_options_t o;
     fsdp_sim_options_init(&o);
     o.world_size = 2;

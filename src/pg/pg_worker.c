@@ -9,9 +9,22 @@
  * signals when it queues. The thread exits only when stop is set and the queue is empty; a
  * queued work waits for the slot even then, so stopping never runs two works at once.
  */
+#define _GNU_SOURCE /* pthread_setname_np */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "pg/pg_worker.h"
+
+void fsdp__thread_name(pthread_t t, const char *prefix, int index) {
+#if defined(__linux__) && defined(__GLIBC__)
+    char name[16];
+    snprintf(name, sizeof name, "%s%d", prefix, index);
+    (void)pthread_setname_np(t, name);
+#else
+    (void)t, (void)prefix, (void)index;
+#endif
+}
 
 void fsdp__pg_worker_init(fsdp__pg_worker_t *wk, fsdp__pg_exec_fn exec, void *arg) {
     pthread_mutex_init(&wk->mu, NULL);
@@ -110,7 +123,6 @@ struct make_args {
 
 /* Makes and starts the worker (under the context's lock, for the first group). */
 static int make_worker(fsdp_ctx_t *ctx, void *arg, void **obj) {
-    (void)ctx;
     const struct make_args *m = arg;
     fsdp__pg_worker_t *wk = malloc(sizeof *wk);
     if (!wk) return FSDP_ENOMEM;
@@ -121,6 +133,7 @@ static int make_worker(fsdp_ctx_t *ctx, void *arg, void **obj) {
         free(wk);
         return rc;
     }
+    fsdp__thread_name(wk->thread, "fsdp-comm", fsdp_ctx_rank(ctx));
     *obj = wk;
     return FSDP_OK;
 }

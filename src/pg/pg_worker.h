@@ -60,6 +60,11 @@ void fsdp__pg_worker_init(fsdp__pg_worker_t *wk, fsdp__pg_exec_fn exec, void *ar
  * fsdp__pg_worker_fini()). */
 int fsdp__pg_worker_start(fsdp__pg_worker_t *wk, const sigset_t *blocked);
 
+/* Names thread t "<prefix><index>" (at most 15 bytes, cut), as top -H, perf and gdb show it,
+ * so that the time a rank's compute and communication take can be told apart. Best effort: a
+ * platform without thread names keeps the process's. */
+void fsdp__thread_name(pthread_t t, const char *prefix, int index);
+
 /* Runs w inline or queues it (see the top of this file); w->next is the worker's until w has
  * executed. Returns FSDP_OK, or FSDP_EINTERNAL without running or queueing w when the worker is
  * stopping (a caller's bug). */
