@@ -18,6 +18,8 @@
 # time is counted). It prints, per point:
 #   CPU x 1 rank   the 2-rank run's processor time a step over twice the 1-rank run's: what
 #                  distribution costs in work (copies, reductions, synchronisation, spinning);
+#   comm           a rank's communication thread (fsdp-comm<r>) alone, ms a step: its share of
+#                  the ranks' threads' time, sampled from /proc during the longer run;
 #   floor          that time spread over the machine's cores (at most 2 per rank), over the
 #                  1-rank step: no schedule of this work can take fewer wall seconds, so a
 #                  target of the 2-rank step below this is out of reach on this machine;
@@ -73,14 +75,62 @@ tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
 export FSDP_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-# timed OUT STEPS CMD...: runs CMD with --steps STEPS and appends "wall user sys" to OUT.
+# threads_cpu PID: one line per thread of PID and of its descendants: "role ticks", where
+# role is comm for the communication workers (fsdp-comm<r>), compute for the ranks' threads
+# (fsdp-rank<r> of a sim run, the main thread of a Gloo rank's process), other for the rest,
+# and ticks its user + system time so far.
+threads_cpu() {
+    for _p in $(ps -e -o pid= -o ppid= | awk -v root="$1" '{ up[$1] = $2 }
+            END { for (p in up) { q = p; while (q in up && q != root) q = up[q]; if (q == root) print p } }'); do
+        for _t in /proc/"$_p"/task/*; do
+            _c=$(cat "$_t/comm" 2>/dev/null) || continue
+            _st=$(sed 's/.*) //' "$_t/stat" 2>/dev/null) || continue
+            case $_c in
+            fsdp-comm*) _r=comm ;;
+            fsdp-rank*) _r=compute ;;
+            *) if [ "${_t##*/}" = "$_p" ] && [ "$_p" != "$1" ]; then _r=compute; else _r=other; fi ;;
+            esac
+            echo "$_r $(echo "$_st" | awk '{ print $12 + $13 }')"
+        done
+    done
+}
+
+# timed OUT STEPS CMD...: runs CMD with --steps STEPS and appends "wall user sys" to OUT. For
+# the longer run it also samples the threads twice a second and appends to OUT.share the
+# communication workers' share of the threads' time between the first sample after the
+# shorter run's wall time (past the start-up) and the last one.
 timed() {
     _out=$1 _s=$2
     shift 2
-    if ! "$timer" -f "%e %U %S" -o "$tmp/t" "$@" --steps "$_s" > "$tmp/log" 2>&1; then
+    "$timer" -f "%e %U %S" -o "$tmp/t" "$@" --steps "$_s" > "$tmp/log" 2>&1 &
+    _pid=$!
+    _t0=$(date +%s.%N)
+    _from=$(awk 'NR == 1 { print $1 }' "$_out" 2>/dev/null)
+    : > "$tmp/first"
+    : > "$tmp/last"
+    while kill -0 "$_pid" 2>/dev/null; do
+        sleep 0.5
+        [ -n "$_from" ] || continue
+        threads_cpu "$_pid" > "$tmp/snap"
+        [ -s "$tmp/snap" ] || continue
+        if [ ! -s "$tmp/first" ] &&
+            awk -v a="$_t0" -v b="$(date +%s.%N)" -v f="$_from" 'BEGIN { exit !(b - a > f) }'; then
+            cp "$tmp/snap" "$tmp/first"
+        fi
+        # Only while every thread of the first sample still runs (not in the ranks' exit).
+        if [ ! -s "$tmp/first" ] || [ "$(wc -l < "$tmp/snap")" = "$(wc -l < "$tmp/first")" ]; then
+            cp "$tmp/snap" "$tmp/last"
+        fi
+    done
+    if ! wait "$_pid"; then
         echo "cpu_floor.sh: failed: $*" >&2
         tail -5 "$tmp/log" >&2
         exit 1
+    fi
+    if [ -s "$tmp/first" ]; then
+        awk 'FNR == NR { a[$1] += $2; next } { b[$1] += $2 }
+            END { c = b["comm"] - a["comm"]; t = c + b["compute"] - a["compute"]
+                  printf "%.4f\n", (t > 0 ? c / t : 0) }' "$tmp/first" "$tmp/last" >> "$_out.share"
     fi
     tail -n 1 "$tmp/t" >> "$_out"
 }
@@ -90,11 +140,12 @@ timed() {
 per_step() {
     _n=$1
     shift
-    : > "$tmp/$_n.ab"
+    rm -f "$tmp/$_n.ab" "$tmp/$_n.ab.share"
     timed "$tmp/$_n.ab" "$steps" "$@"
     timed "$tmp/$_n.ab" "$long" "$@"
-    awk -v d=$((long - steps)) 'NR == 1 { w = $1; u = $2; s = $3 }
-        NR == 2 { printf "%.2f %.2f %.2f\n", ($1 - w) * 1e3 / d, ($2 - u) * 1e3 / d, ($3 - s) * 1e3 / d }' \
+    _sh=$(cat "$tmp/$_n.ab.share" 2>/dev/null)
+    awk -v d=$((long - steps)) -v sh="${_sh:-0}" 'NR == 1 { w = $1; u = $2; s = $3 }
+        NR == 2 { printf "%.2f %.2f %.2f %.4f\n", ($1 - w) * 1e3 / d, ($2 - u) * 1e3 / d, ($3 - s) * 1e3 / d, sh }' \
         "$tmp/$_n.ab" >> "$tmp/$_n.d"
 }
 
@@ -102,8 +153,8 @@ per_step() {
 col() { awk -v k="$2" '{ print $k }' "$tmp/$1.d" | bench_median; }
 
 echo "# cpu_floor.sh: fsdp-train FULL_SHARD, one thread a rank, $steps and $long steps, median of $rounds round(s); $cores cores; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto}; load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
-echo "| vocab | B | 1 rank ms (CPU) | sim ms (x) | sim CPU ms (x) | sim sys | sim floor | gloo ms (x) | gloo CPU ms (x) | gloo sys | gloo floor |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| vocab | B | 1 rank ms (CPU) | sim ms (x) | sim CPU ms (x) | sim sys | sim comm | sim floor | gloo ms (x) | gloo CPU ms (x) | gloo sys | gloo comm | gloo floor |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for v in $vocabs; do
     for b in $batches; do
         common="$model --vocab-size $v --val-every 0 --val-steps 1 --sample-tokens 0 --quiet"
@@ -121,17 +172,18 @@ for v in $vocabs; do
         row="| $v | $b | $w1 ($c1)"
         for n in sim gloo; do
             if [ ! -f "$tmp/$n.d" ]; then
-                row="$row | - | - | - | -"
+                row="$row | - | - | - | - | -"
                 continue
             fi
             row="$row |$(awk -v w="$(col $n 1)" -v u="$(col $n 2)" -v s="$(col $n 3)" \
-                -v w1="$w1" -v c1="$c1" -v nc="$ncores" 'BEGIN {
+                -v sh="$(col $n 4)" -v w1="$w1" -v c1="$c1" -v nc="$ncores" 'BEGIN {
                     c = u + s
-                    if (w1 <= 0 || c1 <= 0) { printf " %.1f | %.1f | %.1f | -", w, c, s; exit }
+                    if (w1 <= 0 || c1 <= 0) { printf " %.1f | %.1f | %.1f | - | -", w, c, s; exit }
                     f = c / nc / w1; if (f < 1) f = 1
-                    printf " %.1f (%.2f) | %.1f (%.2f) | %.1f | %.2f", w, w / w1, c, c / (2 * c1), s, f }')"
+                    printf " %.1f (%.2f) | %.1f (%.2f) | %.1f | %.1f | %.2f", w, w / w1, c,
+                        c / (2 * c1), s, sh * c / 2, f }')"
         done
         echo "$row |"
     done
 done
-echo "# CPU (x): the 2-rank run's user + system time a step over twice the 1-rank run's; floor: that time over $ncores cores, over the 1-rank step (the least the 2-rank step can take, in 1-rank steps)"
+echo "# CPU (x): the 2-rank run's user + system time a step over twice the 1-rank run's; comm: a rank's communication worker's share of it, ms a step (the threads sampled during the longer run); floor: the 2-rank time over $ncores cores, over the 1-rank step (the least the 2-rank step can take, in 1-rank steps)"
