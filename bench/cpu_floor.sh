@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
     --quick) model="--n-layer 2 --n-embd 64 --n-head 4 --block-size 32 --seq-len 32"
         batches=1; vocabs=256; steps=2; shift ;;
     --n-layer|--n-embd|--n-head|--block-size|--seq-len) extra="$extra $1 $2"; shift 2 ;;
-    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) bench_help ;;
     *) echo "cpu_floor.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done

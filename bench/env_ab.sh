@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --layers|--d|--heads|--seq) model="$model $1 $2"; shift 2 ;;
-    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) bench_help ;;
     *) echo "env_ab.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done

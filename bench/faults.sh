@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --quick) quick=1; shift ;;
     --keep) keep=$2; shift 2 ;;
-    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) bench_help ;;
     *) echo "faults.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done

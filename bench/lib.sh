@@ -2,6 +2,13 @@
 # lib.sh: what the benchmark scripts (gpt_step.sh, gpt_gloo.sh, gpt2_gpu.sh) share. Sourced
 # after the script has set `here` (its own directory):   . "$here/lib.sh"
 
+# bench_help: prints the running script's opening comment (after the #! line, without the
+# SPDX line) as its --help, and exits 0.
+bench_help() {
+    awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+    exit 0
+}
+
 # bench_args NAME OURS FLAGS ARGS...: parses a script's command line. OURS lists the
 # options with a value that the script keeps (e.g. "--runs --nproc"; --runs N sets runs=N,
 # --nproc N sets nproc=N); FLAGS lists the flags it keeps out of the programs' arguments (the
@@ -23,8 +30,7 @@ bench_args() {
         case " $_flags " in *" $1 "*) shift; continue ;; esac
         case $1 in
         --help|-h)
-            awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-            exit 0 ;;
+            bench_help ;;
         esac
         args="$args '$(printf '%s' "$1" | sed "s/'/'\\\\''/g")'"
         shift

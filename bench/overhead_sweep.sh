@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
     --gemm) gemm=1; shift ;;
     --quick) quick=--quick; batches="1 2"; vocabs=256; steps=2; warmup=1; shift ;;
     --layers|--d|--heads|--seq) model="$model $1 $2"; shift 2 ;;
-    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) bench_help ;;
     *) echo "overhead_sweep.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done
