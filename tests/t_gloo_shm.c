@@ -23,6 +23,7 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,8 @@
 typedef struct shared {
     int pid[8];
     int shm[8], sub_shm[8];
+    int vote[8];                    /* fsdp__gloo_pg_cma_price's vote, -1 when not priced */
+    long long read_ns[8], copy_ns[8]; /* and its prices */
     int rc[8];
     double waited[8];
     char msg[8][400];
@@ -66,6 +69,10 @@ static int which_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     (void)ctx;
     sh->pid[r] = (int)getpid();
     sh->shm[r] = fsdp__gloo_pg_shm(pg);
+    int64_t rd = 0, cp = 0;
+    sh->vote[r] = fsdp__gloo_pg_cma_price(pg, &rd, &cp);
+    sh->read_ns[r] = rd;
+    sh->copy_ns[r] = cp;
     fsdp_pg_t *sub = NULL;
     int rc = fsdp_pg_split(pg, r < 2 ? 0 : 1, r, &sub);
     if (rc < 0) return rc;
@@ -133,25 +140,54 @@ static void test_which(void) {
     tap_ok(memcmp(a->out, b->out, sizeof a->out) == 0,
            NAME ": all_reduce sum and product, reduce_scatter avg, all_gather, reduce max, "
                 "broadcast of random f32: the same bits through shared memory and TCP");
-    /* Cross-memory attach is decided by all ranks together, and FSDP_GLOO_CMA=0 keeps the
-     * slots; both ways give the same bits. */
-    shared_t *c = mp_shared_alloc(sizeof *c);
+    /* Cross-memory attach is decided by all ranks together: FSDP_GLOO_CMA=0 keeps the slots,
+     * FSDP_GLOO_CMA=1 reads in place wherever the kernel lets it, and unset, each rank prices
+     * a read against a copy and the group reads in place only when every rank voted for it.
+     * Every way gives the same bits. */
+    shared_t *c = mp_shared_alloc(sizeof *c), *d = mp_shared_alloc(sizeof *d);
     setenv("FSDP_GLOO_CMA", "0", 1);
     int rcc = gw_run_procs(3, which_rank, c, NULL);
+    setenv("FSDP_GLOO_CMA", "1", 1);
+    int rcd = gw_run_procs(3, which_rank, d, NULL);
     unsetenv("FSDP_GLOO_CMA");
     note_creator(c->pid[0]);
-    tap_diag("cross-memory attach %s here", a->shm[0] == 2 ? "is available" : "is not available");
-    tap_ok(rcc == FSDP_OK && a->shm[1] == a->shm[0] && a->shm[2] == a->shm[0] &&
-               a->sub_shm[1] == a->sub_shm[0] && c->shm[0] == 1 && c->shm[1] == 1 &&
-               c->shm[2] == 1 && memcmp(a->out, c->out, sizeof a->out) == 0,
+    note_creator(d->pid[0]);
+    const bool avail = d->shm[0] == 2;
+    tap_diag("cross-memory attach %s here; priced: read 4 MiB %.2f %.2f %.2f ms, copy %.2f %.2f "
+             "%.2f ms (votes %d %d %d)",
+             avail ? "is available" : "is not available", a->read_ns[0] / 1e6,
+             a->read_ns[1] / 1e6, a->read_ns[2] / 1e6, a->copy_ns[0] / 1e6, a->copy_ns[1] / 1e6,
+             a->copy_ns[2] / 1e6, a->vote[0], a->vote[1], a->vote[2]);
+    tap_ok(rcc == FSDP_OK && rcd == FSDP_OK && a->shm[1] == a->shm[0] &&
+               a->shm[2] == a->shm[0] && a->sub_shm[1] == a->sub_shm[0] && c->shm[0] == 1 &&
+               c->shm[1] == 1 && c->shm[2] == 1 && d->shm[1] == d->shm[0] &&
+               d->shm[2] == d->shm[0] && memcmp(a->out, c->out, sizeof a->out) == 0 &&
+               memcmp(a->out, d->out, sizeof a->out) == 0,
            NAME ": every rank makes the same cross-memory attach decision (world %d %d %d, sub "
-                "%d %d); FSDP_GLOO_CMA=0 keeps the slots on every rank (%d %d %d, run %s), with "
-                "the same bits",
-           a->shm[0], a->shm[1], a->shm[2], a->sub_shm[0], a->sub_shm[1], c->shm[0], c->shm[1],
-           c->shm[2], fsdp_err_name(rcc));
+                "%d %d; with FSDP_GLOO_CMA=1 %d %d %d); FSDP_GLOO_CMA=0 keeps the slots on "
+                "every rank (%d %d %d, runs %s %s), with the same bits every way",
+           a->shm[0], a->shm[1], a->shm[2], a->sub_shm[0], a->sub_shm[1], d->shm[0], d->shm[1],
+           d->shm[2], c->shm[0], c->shm[1], c->shm[2], fsdp_err_name(rcc), fsdp_err_name(rcd));
+    /* Priced where the kernel allows it, and only then: every rank measured both (a read costs
+     * something), voted by the rule (a read under one and a half copies), and the group reads
+     * in place exactly when all three voted so. Forced or off, nobody prices. */
+    int priced = 1, rule = 1, all = 1;
+    for (int q = 0; q < 3; q++) {
+        priced &= avail ? a->vote[q] >= 0 && a->read_ns[q] > 0 && a->copy_ns[q] > 0
+                        : a->vote[q] == -1;
+        rule &= a->vote[q] == (avail ? 2 * a->read_ns[q] < 3 * a->copy_ns[q] : -1);
+        all &= a->vote[q] == 1;
+        priced &= c->vote[q] == -1 && d->vote[q] == -1;
+    }
+    tap_ok(priced && rule && a->shm[0] == (avail && all ? 2 : 1),
+           NAME ": unset, FSDP_GLOO_CMA prices reading in place on every rank (%s), each rank "
+                "votes by the rule (%s), the group reads in place only when every rank voted "
+                "for it (%d); set to 0 or 1, nobody prices",
+           priced ? "yes" : "no", rule ? "yes" : "no", a->shm[0]);
     mp_shared_free(a);
     mp_shared_free(b);
     mp_shared_free(c);
+    mp_shared_free(d);
 }
 
 /* ---- 2. several chunks ---- */
@@ -205,6 +241,19 @@ static int chunks_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     for (int q = 0; q < n && rc == FSDP_OK; q++)
         for (size_t i = 0; i < S; i++)
             bad += out[(size_t)q * S + i] != val(q, i);
+    /* all_gather out of place, into recv at two alignments: through the slots, a rank's own
+     * block goes to its slot and its recv in one pass (fsdp__copy_large2), whose destinations
+     * are then aligned alike or not */
+    for (size_t i = 0; i < S; i++)
+        in[i] = val(r, i);
+    for (int shift = 0; shift < 2 && rc == FSDP_OK; shift++) {
+        float *recv = out + shift;
+        memset(out, 0, ((size_t)n * S + 1) * sizeof *out);
+        rc = fsdp_pg_all_gather(pg, in, recv, S, FSDP_DTYPE_F32, NULL);
+        for (int q = 0; q < n && rc == FSDP_OK; q++)
+            for (size_t i = 0; i < S; i++)
+                bad += recv[(size_t)q * S + i] != val(q, i);
+    }
     /* reduce to rank 1, broadcast from rank 2 */
     for (size_t i = 0; i < C; i++)
         in[i] = val(r, i);
@@ -237,15 +286,15 @@ static int chunks_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
 static void test_chunks(void) {
     for (int cma = 1; cma >= 0; cma--) {
         shared_t *sh = mp_shared_alloc(sizeof *sh);
-        if (!cma) setenv("FSDP_GLOO_CMA", "0", 1);
+        setenv("FSDP_GLOO_CMA", cma ? "1" : "0", 1);
         int rc = gw_run_procs(3, chunks_rank, sh, NULL);
         unsetenv("FSDP_GLOO_CMA");
         note_creator(sh->pid[0]);
         tap_ok(rc == FSDP_OK && sh->shm[0] >= 1 && sh->bad[0] == 0 && sh->bad[1] == 0 &&
                    sh->bad[2] == 0,
                NAME ": world 3, %s, messages of 1.5 and 3.3 million f32 (several 4 MiB chunks): "
-                    "all_reduce (in and out of place), reduce_scatter, all_gather in place, "
-                    "reduce, broadcast, all_to_all give every element (run %s; %d %d %d wrong)",
+                    "all_reduce (in and out of place), reduce_scatter, all_gather (in place, and "
+                    "out of place at two alignments), reduce, broadcast, all_to_all give every element (run %s; %d %d %d wrong)",
                sh->shm[0] == 2 ? "peers' buffers read in place" : "through the slots",
                fsdp_err_name(rc), sh->bad[0], sh->bad[1], sh->bad[2]);
         mp_shared_free(sh);

@@ -446,9 +446,9 @@ static int create_group(fsdp_ctx_t *ctx, fsdp_store_t *store, const gloo_pg_t *p
         if (rc < 0)
             snprintf(msg, cap, "agreeing on shared memory: %s", why);
         else
-            fsdp_log(ctx, FSDP_LOG_DEBUG, "gloo: group '%s' (rank %d of %d): %s%s", name, rank,
-                     size, gp->shm ? "collectives through shared memory" : "TCP only: ",
-                     gp->shm ? "" : why);
+            fsdp_log(ctx, FSDP_LOG_DEBUG, "gloo: group '%s' (rank %d of %d): %s: %s", name,
+                     rank, size, gp->shm ? "collectives through shared memory" : "TCP only",
+                     why);
     }
     fsdp_store_destroy(rdv);
     if (rc < 0) goto fail;
@@ -489,6 +489,11 @@ int fsdp__gloo_pg_shm(const fsdp_pg_t *pg) {
     if (!pg || pg->ops != &gloo_ops) return -1;
     const fsdp_gloo_shm_t *shm = ((const gloo_pg_t *)pg)->shm;
     return shm ? 1 + fsdp__gloo_shm_cma(shm) : 0;
+}
+
+int fsdp__gloo_pg_cma_price(const fsdp_pg_t *pg, int64_t *read_ns, int64_t *copy_ns) {
+    const int gloo = pg && pg->ops == &gloo_ops;
+    return fsdp__gloo_shm_cma_price(gloo ? ((const gloo_pg_t *)pg)->shm : NULL, read_ns, copy_ns);
 }
 
 /* ---------------------------------------------------------------------------------------- */

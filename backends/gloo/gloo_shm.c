@@ -15,11 +15,26 @@
  * whole chunk out.
  *
  * With cross-memory attach (decided at creation: every rank could read a word of each peer's
- * memory with process_vm_readv), all-gather and reduce-scatter skip the slots: each rank
+ * memory with process_vm_readv and, unless FSDP_GLOO_CMA=1 asks for it, found that reading a
+ * peer costs it less than the slots would; see "Whether reading in place pays" below),
+ * all-gather and reduce-scatter skip the slots: each rank
  * publishes its send buffer's address, and after a barrier every rank has the kernel copy what
  * it needs from its peers' buffers (an all-gather's blocks straight into recv; a reduce-scatter's
  * segments a block at a time into its own slot, reduced with its own part in rank order); a
  * second barrier keeps the send buffers until every rank has read them.
+ *
+ * Whether reading in place pays. Through the slots, a block of an all-gather costs its owner
+ * one local copy into its slot (and one into its own recv) and every other rank one copy out;
+ * in place, the owner copies into its own recv and every other rank has the kernel read it.
+ * At two ranks the slots cost three copies a block and reading in place one copy and one read,
+ * so the read pays while it costs less than two copies; at more ranks the bar falls towards
+ * one. The kernel's price varies by machine: it pins every page it reads, and on a virtual
+ * machine that walks the guest's page tables, a read of 4 MiB measured 4.5 times a local copy
+ * (docs/design.md). So, unless FSDP_GLOO_CMA is 0 or 1, each rank prices it at creation, in
+ * processor time: a read of 4 MiB of its next peer's memory against a local copy of 4 MiB, the
+ * best of three after a warm-up, and votes for reading in place only when the read costs less
+ * than one and a half copies (the bar for two ranks, less what a reduce-scatter's cache-hot
+ * reduction gains). The choice changes no bits: the same values are reduced in the same order.
  *
  * The barrier is a generation count in shared memory: the last rank to arrive resets the count,
  * advances the generation and wakes the others with a futex (not private: the waiters are other
@@ -56,6 +71,10 @@
 /* Bytes of a peer's segment a reduce-scatter reads at a time with cross-memory attach: small
  * enough that the copies stay in this core's cache until they are reduced. */
 #define CMA_BLOCK ((size_t)256 << 10)
+/* The block a rank reads from its next peer and copies locally to price cross-memory attach,
+ * and how many times (the first of each warms the pages and is not counted). */
+#define CAL_BYTES ((size_t)4 << 20)
+#define CAL_REPS 4
 #define SPIN_ITERS 4000
 #define SLICE_NS 50000000LL /* longest futex sleep between liveness checks */
 
@@ -78,6 +97,9 @@ struct fsdp_gloo_shm {
     char *result;   /* slot */
     int cma;        /* peers' send buffers are read in place (process_vm_readv) */
     uint64_t probe; /* what a peer's probe reads from this rank's memory */
+    /* Processor time this rank took to read CAL_BYTES from its next peer in place and to copy
+     * them locally, best of CAL_REPS - 1 (ns); 0 when not measured. */
+    int64_t cal_read_ns, cal_copy_ns;
 };
 
 static size_t align_up(size_t v, size_t a) {
@@ -130,9 +152,13 @@ static int enabled(void) {
     return !(v && strcmp(v, "0") == 0);
 }
 
-static int cma_wanted(void) {
+/* FSDP_GLOO_CMA: 0 never reads peers in place, 1 does whenever the kernel allows it, unset (or
+ * anything else) does when it measures cheaper than the slots. Returns 0, 1 or -1 (measure). */
+static int cma_mode(void) {
     const char *v = getenv("FSDP_GLOO_CMA");
-    return !(v && strcmp(v, "0") == 0);
+    if (v && strcmp(v, "0") == 0) return 0;
+    if (v && strcmp(v, "1") == 0) return 1;
+    return -1;
 }
 
 /* Reads bytes from address `from` of process pid into dst (process_vm_readv, in as many calls
@@ -151,6 +177,36 @@ static int cma_read(pid_t pid, void *dst, uint64_t from, size_t bytes) {
         done += (size_t)n;
     }
     return 0;
+}
+
+static int64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return fsdp__now_ns();
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Prices cross-memory attach on this machine: the processor time (this thread's, so that being
+ * descheduled does not count) to read CAL_BYTES at `from` in process pid, and to copy CAL_BYTES
+ * locally with the copy the slots use; the best of CAL_REPS - 1 rounds after one that warms
+ * the pages. buf holds 2 CAL_BYTES. Returns 0, or -1 when a read fails. */
+static int cma_price(pid_t pid, uint64_t from, char *buf, int64_t *read_ns, int64_t *copy_ns) {
+    *read_ns = *copy_ns = INT64_MAX;
+    for (int rep = 0; rep < CAL_REPS; rep++) {
+        int64_t t0 = thread_cpu_ns();
+        if (cma_read(pid, buf, from, CAL_BYTES) != 0) return -1;
+        int64_t t1 = thread_cpu_ns();
+        fsdp__copy_large(buf, buf + CAL_BYTES, CAL_BYTES);
+        int64_t t2 = thread_cpu_ns();
+        if (rep == 0) continue;
+        if (t1 - t0 < *read_ns) *read_ns = t1 - t0;
+        if (t2 - t1 < *copy_ns) *copy_ns = t2 - t1;
+    }
+    return 0;
+}
+
+/* Whether reading peers in place pays, from one rank's prices (see the file's comment). */
+static int cma_pays(int64_t read_ns, int64_t copy_ns) {
+    return 2 * read_ns < 3 * copy_ns;
 }
 
 static int store_fail(fsdp_store_t *store, int rc, char *msg, size_t cap) {
@@ -319,28 +375,45 @@ int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm
         unmap(s);
         return FSDP_OK;
     }
-    /* 4. Cross-memory attach: every rank publishes where a random word of its own lies, reads
-     * each peer's with process_vm_readv, and says whether every read gave the word; the group
-     * reads peers' buffers in place only when every rank could (the kernel, a seccomp filter or
-     * FSDP_GLOO_CMA=0 may forbid it). */
-    char val[64];
-    int can = cma_wanted();
+    /* 4. Cross-memory attach: every rank publishes where a random word of its own lies, and a
+     * block to price the reads by; reads each peer's word with process_vm_readv; unless
+     * FSDP_GLOO_CMA says otherwise, prices reading its next peer's block against a local copy;
+     * and says whether every read gave the word and the price was right. The group reads peers'
+     * buffers in place only when every rank said so (the kernel, a seccomp filter, the prices
+     * or FSDP_GLOO_CMA=0 may forbid it). A rank keeps its block until every rank has spoken. */
+    char val[96];
+    const int mode = cma_mode();
+    int can = mode != 0;
+    char *cal = NULL;
+    if (can && mode < 0 && (cal = malloc(2 * CAL_BYTES)) != NULL)
+        memset(cal, 0x5a, 2 * CAL_BYTES);
     if (can) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         s->probe = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ 0x9e3779b97f4a7c15ull;
-        snprintf(val, sizeof val, "%llx %llx", (unsigned long long)(uintptr_t)&s->probe,
-                 (unsigned long long)s->probe);
+        snprintf(val, sizeof val, "%llx %llx %llx", (unsigned long long)(uintptr_t)&s->probe,
+                 (unsigned long long)s->probe,
+                 (unsigned long long)(uintptr_t)(cal ? cal + CAL_BYTES : NULL));
     } else {
         snprintf(val, sizeof val, "off");
     }
     rc = put_mine(store, "shm.probe", rank, val);
+    const int next = (rank + 1) % size;
+    unsigned long long next_cal = 0;
     for (int q = 0; q < size && rc == FSDP_OK && can; q++) {
-        unsigned long long where = 0, word = 0, got = 0;
+        unsigned long long where = 0, word = 0, block = 0, got = 0;
         if (q == rank || (rc = get_theirs(store, "shm.probe", q, theirs, sizeof theirs)) < 0)
             continue;
-        can = sscanf(theirs, "%llx %llx", &where, &word) == 2 &&
+        can = sscanf(theirs, "%llx %llx %llx", &where, &word, &block) == 3 &&
               cma_read((pid_t)s->pid[q], &got, where, sizeof got) == 0 && got == word;
+        if (q == next) next_cal = block;
+    }
+    if (rc == FSDP_OK && can && mode < 0) {
+        /* A rank that could not allocate its block, or whose peer could not, keeps the slots. */
+        can = cal && next_cal &&
+              cma_price((pid_t)s->pid[next], next_cal, cal, &s->cal_read_ns, &s->cal_copy_ns) ==
+                  0 &&
+              cma_pays(s->cal_read_ns, s->cal_copy_ns);
     }
     if (rc == FSDP_OK) rc = put_mine(store, "shm.cma", rank, can ? "1" : "0");
     int every = can;
@@ -348,10 +421,21 @@ int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm
         rc = get_theirs(store, "shm.cma", q, theirs, sizeof theirs);
         if (rc == FSDP_OK && strcmp(theirs, "1") != 0) every = 0;
     }
+    free(cal);
     if (rc < 0) {
         unmap(s);
         return store_fail(store, rc, msg, cap);
     }
+    if (mode == 0)
+        snprintf(msg, cap, "through the slots (FSDP_GLOO_CMA=0)");
+    else if (s->cal_read_ns > 0)
+        snprintf(msg, cap,
+                 "%s (this rank read 4 MiB of rank %d in %.2f ms of processor time, copied "
+                 "4 MiB in %.2f ms)",
+                 every ? "peers' buffers read in place" : "through the slots", next,
+                 (double)s->cal_read_ns / 1e6, (double)s->cal_copy_ns / 1e6);
+    else
+        snprintf(msg, cap, "%s", every ? "peers' buffers read in place" : "through the slots");
     s->cma = every;
     *out = s;
     return FSDP_OK;
@@ -544,10 +628,15 @@ static int all_gather(run_t *r, const fsdp_gloo_op_t *op, size_t es) {
     if (s->cma) return all_gather_cma(r, op, es);
     for (size_t off = 0; off < bytes; off += s->slot) {
         const size_t len = bytes - off < s->slot ? bytes - off : s->slot;
-        fsdp__copy_large(slot_of(s, s->rank), send + off, len);
+        /* This rank's block goes into its slot and, unless in place, its recv in one pass. */
+        char *own = recv + (size_t)s->rank * bytes + off;
+        if (own != send + off)
+            fsdp__copy_large2(slot_of(s, s->rank), own, send + off, len);
+        else
+            fsdp__copy_large(slot_of(s, s->rank), send + off, len);
         SYNC(r);
         for (int q = 0; q < s->size; q++)
-            if (recv + (size_t)q * bytes + off != send + off || q != s->rank)
+            if (q != s->rank)
                 fsdp__copy_large(recv + (size_t)q * bytes + off, slot_of(s, q), len);
         SYNC(r);
     }
@@ -678,6 +767,12 @@ static int reduce_all(run_t *r, const fsdp_gloo_op_t *op, size_t es, int root) {
 
 int fsdp__gloo_shm_cma(const fsdp_gloo_shm_t *s) {
     return s && s->cma;
+}
+
+int fsdp__gloo_shm_cma_price(const fsdp_gloo_shm_t *s, int64_t *read_ns, int64_t *copy_ns) {
+    *read_ns = s ? s->cal_read_ns : 0;
+    *copy_ns = s ? s->cal_copy_ns : 0;
+    return s && s->cal_read_ns > 0 ? cma_pays(s->cal_read_ns, s->cal_copy_ns) : -1;
 }
 
 int fsdp__gloo_shm_run(fsdp_gloo_shm_t *s, const fsdp_gloo_op_t *op, int *peer, char *msg,

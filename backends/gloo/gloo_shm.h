@@ -36,9 +36,10 @@ typedef struct fsdp_gloo_shm fsdp_gloo_shm_t;
 
 /*
  * Agrees with the other ranks, through `store` (the group's rendezvous store, whose timeout
- * bounds every wait), on whether the group uses shared memory, and maps the segment if so. Returns FSDP_OK with *out set, or
- * FSDP_OK with *out NULL when the group stays on TCP (msg then says why, for the debug log), or
- * a store failure.
+ * bounds every wait), on whether the group uses shared memory, and maps the segment if so.
+ * Returns FSDP_OK with *out set (msg then says whether peers are read in place, and why), or
+ * FSDP_OK with *out NULL when the group stays on TCP (msg then says why), or a store failure.
+ * msg is for the debug log.
  */
 int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm_t **out,
                           char *msg, size_t cap);
@@ -49,9 +50,16 @@ int fsdp__gloo_shm_run(fsdp_gloo_shm_t *s, const fsdp_gloo_op_t *op, int *peer, 
 
 /* 1 when the group reads its peers' buffers in place (cross-memory attach, process_vm_readv):
  * all-gather and reduce-scatter then copy each byte once, by the kernel, instead of into a slot
- * and out of it. Decided at creation by every rank reading a word of each peer's memory;
- * FSDP_GLOO_CMA=0 turns it off. 0 otherwise, and for NULL. */
+ * and out of it. Decided at creation by every rank: each reads a word of each peer's memory,
+ * and prices a read of its next peer against a local copy (gloo_shm.c). FSDP_GLOO_CMA=0 turns
+ * it off, FSDP_GLOO_CMA=1 skips the price. 0 otherwise, and for NULL. */
 int fsdp__gloo_shm_cma(const fsdp_gloo_shm_t *s);
+
+/* This rank's prices (processor time, ns) of reading 4 MiB of its next peer in place and of
+ * copying 4 MiB locally, 0 when not measured; returns whether they voted for reading in place
+ * (1 or 0), or -1 when they were not measured (NULL, FSDP_GLOO_CMA set, or the kernel forbade
+ * the reads). */
+int fsdp__gloo_shm_cma_price(const fsdp_gloo_shm_t *s, int64_t *read_ns, int64_t *copy_ns);
 
 /* Marks the group closed by this rank, so that peers waiting on it fail at once. */
 void fsdp__gloo_shm_close(fsdp_gloo_shm_t *s);
@@ -63,5 +71,9 @@ void fsdp__gloo_shm_destroy(fsdp_gloo_shm_t *s);
  * in place, 1 through shared memory alone, 0 when they go over TCP, -1 when pg is not a gloo
  * group (gloo_pg.c; for tests and the debug log). */
 int fsdp__gloo_pg_shm(const fsdp_pg_t *pg);
+
+/* fsdp__gloo_shm_cma_price of pg's segment (-1 with 0 prices when pg is not a gloo group on
+ * shared memory; gloo_pg.c, for tests). */
+int fsdp__gloo_pg_cma_price(const fsdp_pg_t *pg, int64_t *read_ns, int64_t *copy_ns);
 
 #endif /* FSDP_GLOO_SHM_H */
