@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * t_core.c: logging, per-rank memory accounting, the context, and the reduction kernels.
+ * t_core.c: logging, per-rank memory accounting, the context, the reduction kernels, and the
+ * large-message copies (core/copy.h).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 
 #include <fsdp.h>
 
+#include "core/copy.h"
 #include "core/reduce.h"
 #include "tap.h"
 
@@ -226,11 +228,68 @@ static void test_reduce(void) {
     free(out);
 }
 
+/* fsdp__copy_large and fsdp__copy_large2 (the transports' copies): every length around the
+ * vector loop's edges and past FSDP_COPY_STREAM_MIN, every alignment of source and
+ * destinations modulo 16 (two destinations aligned alike or not): the bytes of memcpy, and not
+ * one byte outside them. */
+static void test_copy(void) {
+    const size_t big = FSDP_COPY_STREAM_MIN + 77, pad = 64;
+    const size_t lens[] = {0, 1, 15, 16, 17, 63, 64, 65, 200, FSDP_COPY_STREAM_MIN - 1,
+                           FSDP_COPY_STREAM_MIN, big};
+    unsigned char *src = malloc(big + pad), *d1 = malloc(big + 2 * pad),
+                  *d2 = malloc(big + 2 * pad);
+    if (!src || !d1 || !d2) {
+        tap_ok(0, "copy: buffers allocated");
+        free(src), free(d1), free(d2);
+        return;
+    }
+    for (size_t i = 0; i < big + pad; i++)
+        src[i] = (unsigned char)(i * 131 + 7);
+    long bad1 = 0, bad2 = 0, cases = 0;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const size_t n = lens[li];
+        for (size_t so = 0; so < 16; so += 5) {
+            for (size_t o1 = 0; o1 < 16; o1 += 3) {
+                for (size_t o2 = o1; o2 < o1 + 16; o2 += 7) {
+                    /* one destination */
+                    memset(d1, 0xee, n + 2 * pad);
+                    fsdp__copy_large(d1 + pad + o1, src + so, n);
+                    for (size_t i = 0; i < n + 2 * pad; i++) {
+                        const bool in = i >= pad + o1 && i < pad + o1 + n;
+                        bad1 += d1[i] != (in ? src[so + i - pad - o1] : 0xee);
+                    }
+                    /* two */
+                    memset(d1, 0xee, n + 2 * pad);
+                    memset(d2, 0xdd, n + 2 * pad);
+                    fsdp__copy_large2(d1 + pad + o1, d2 + pad + (o2 & 15), src + so, n);
+                    for (size_t i = 0; i < n + 2 * pad; i++) {
+                        const bool in1 = i >= pad + o1 && i < pad + o1 + n;
+                        const bool in2 = i >= pad + (o2 & 15) && i < pad + (o2 & 15) + n;
+                        bad2 += d1[i] != (in1 ? src[so + i - pad - o1] : 0xee);
+                        bad2 += d2[i] != (in2 ? src[so + i - pad - (o2 & 15)] : 0xdd);
+                    }
+                    cases++;
+                }
+            }
+        }
+    }
+    tap_ok(bad1 == 0, "copy: fsdp__copy_large gives memcpy's bytes and nothing outside them (%ld "
+                      "cases of lengths 0 to %zu and alignments; %ld bytes wrong)",
+           cases, big, bad1);
+    tap_ok(bad2 == 0, "copy: fsdp__copy_large2 gives memcpy's bytes in both destinations, aligned "
+                      "alike or not, and nothing outside them (%ld cases; %ld bytes wrong)",
+           cases, bad2);
+    free(src);
+    free(d1);
+    free(d2);
+}
+
 int main(void) {
     tap_plan_lazy();
     test_log();
     test_mem();
     test_ctx();
     test_reduce();
+    test_copy();
     return tap_done();
 }

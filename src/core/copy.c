@@ -14,28 +14,38 @@
 #include <emmintrin.h>
 #endif
 
+#ifdef __SSE2__
+/* Copies bytes of s to d1 and, when d2 is not NULL, to d2 (aligned as d1 modulo 16): one load a
+ * vector, non-temporal stores to each destination. The branch on d2 is the same every pass;
+ * memory, not the core, bounds the loop. */
+static void stream(char *d1, char *d2, const char *s, size_t bytes) {
+    size_t head = (16 - ((uintptr_t)d1 & 15)) & 15;
+    if (head > bytes) head = bytes;
+    memcpy(d1, s, head);
+    if (d2) memcpy(d2, s, head);
+    size_t i = head;
+#define LOAD(k) _mm_loadu_si128((const __m128i *)(const void *)(s + i + 16 * (k)))
+#define STORE(d, k, v) _mm_stream_si128((__m128i *)(void *)((d) + i + 16 * (k)), (v))
+    for (; i + 64 <= bytes; i += 64) {
+        const __m128i a = LOAD(0), b = LOAD(1), c = LOAD(2), e = LOAD(3);
+        STORE(d1, 0, a), STORE(d1, 1, b), STORE(d1, 2, c), STORE(d1, 3, e);
+        if (d2) STORE(d2, 0, a), STORE(d2, 1, b), STORE(d2, 2, c), STORE(d2, 3, e);
+    }
+    for (; i + 16 <= bytes; i += 16) {
+        const __m128i v = LOAD(0);
+        STORE(d1, 0, v);
+        if (d2) STORE(d2, 0, v);
+    }
+#undef LOAD
+#undef STORE
+    memcpy(d1 + i, s + i, bytes - i);
+    if (d2) memcpy(d2 + i, s + i, bytes - i);
+}
+#endif
+
 void fsdp__copy_stream(void *dst, const void *src, size_t bytes) {
 #ifdef __SSE2__
-    char *d = dst;
-    const char *s = src;
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-    if (head > bytes) head = bytes;
-    memcpy(d, s, head);
-    size_t i = head;
-    for (; i + 64 <= bytes; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 48));
-        _mm_stream_si128((__m128i *)(void *)(d + i), a);
-        _mm_stream_si128((__m128i *)(void *)(d + i + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(d + i + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(d + i + 48), e);
-    }
-    for (; i + 16 <= bytes; i += 16)
-        _mm_stream_si128((__m128i *)(void *)(d + i),
-                         _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
-    memcpy(d + i, s + i, bytes - i);
+    stream(dst, NULL, src, bytes);
 #else
     memcpy(dst, src, bytes);
 #endif
@@ -43,35 +53,13 @@ void fsdp__copy_stream(void *dst, const void *src, size_t bytes) {
 
 void fsdp__copy_stream2(void *dst1, void *dst2, const void *src, size_t bytes) {
 #ifdef __SSE2__
-    /* Both destinations aligned alike take the vector loop; otherwise two passes. */
-    if ((((uintptr_t)dst1 ^ (uintptr_t)dst2) & 15) != 0) {
-        fsdp__copy_stream(dst1, src, bytes);
-        fsdp__copy_stream(dst2, src, bytes);
+    /* Destinations aligned alike share the loop; otherwise two passes. */
+    if ((((uintptr_t)dst1 ^ (uintptr_t)dst2) & 15) == 0) {
+        stream(dst1, dst2, src, bytes);
         return;
     }
-    char *d1 = dst1, *d2 = dst2;
-    const char *s = src;
-    size_t head = (16 - ((uintptr_t)d1 & 15)) & 15;
-    if (head > bytes) head = bytes;
-    memcpy(d1, s, head);
-    memcpy(d2, s, head);
-    size_t i = head;
-    for (; i + 64 <= bytes; i += 64) {
-        __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
-        __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 48));
-        _mm_stream_si128((__m128i *)(void *)(d1 + i), a);
-        _mm_stream_si128((__m128i *)(void *)(d1 + i + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(d1 + i + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(d1 + i + 48), e);
-        _mm_stream_si128((__m128i *)(void *)(d2 + i), a);
-        _mm_stream_si128((__m128i *)(void *)(d2 + i + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(d2 + i + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(d2 + i + 48), e);
-    }
-    memcpy(d1 + i, s + i, bytes - i);
-    memcpy(d2 + i, s + i, bytes - i);
+    stream(dst1, NULL, src, bytes);
+    stream(dst2, NULL, src, bytes);
 #else
     memcpy(dst1, src, bytes);
     memcpy(dst2, src, bytes);
