@@ -54,6 +54,11 @@
  * environment of any rank when a group is created keeps that group on TCP; so does a /dev/shm
  * that cannot hold the segment. As with NCCL, ranks that issue collectives of different sizes
  * may then get wrong data rather than a timeout: FSDP_GLOO_CHECK=1 catches that.
+ * Where the kernel lets ranks read each other's memory (process_vm_readv), a group may have
+ * all-gathers and reduce-scatters read peers' buffers in place instead of through the segment;
+ * each rank prices such a read against a local copy when the group is created (a few ms), and
+ * the group reads in place only when every rank found it cheap enough. FSDP_GLOO_CMA=1 reads in
+ * place without the pricing, FSDP_GLOO_CMA=0 never does. The results are the same bits.
  *
  * Mismatch check. With the environment variable FSDP_GLOO_CHECK=1 when a group is created, each
  * collective of that group (and of its sub-groups) first all-gathers every rank's descriptor
