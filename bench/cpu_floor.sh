@@ -75,22 +75,38 @@ tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
 export FSDP_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-# threads_cpu PID: one line per thread of PID and of its descendants: "role ticks", where
-# role is comm for the communication workers (fsdp-comm<r>), compute for the ranks' threads
+# descendants PID: PID's descendant processes (not PID itself).
+descendants() {
+    ps -e -o pid= -o ppid= | awk -v root="$1" '{ up[$1] = $2 }
+        END { for (p in up) { q = p; while (q in up && q != root) q = up[q]; if (q == root && p != root) print p } }'
+}
+
+# threads_cpu ROOT PID...: one line per thread of the processes PID: "role ticks", where role
+# is comm for the communication workers (fsdp-comm<r>), compute for the ranks' threads
 # (fsdp-rank<r> of a sim run, the main thread of a Gloo rank's process), other for the rest,
-# and ticks its user + system time so far.
+# and ticks its user + system time so far; sets _cnt to the number of lines. Shell builtins
+# only: the sampler runs beside the ranks on the same two cores, and the processes it would
+# start (a cat, a sed and an awk a thread, twice a second) took processor time from the
+# two-rank runs, whose cores are all busy, and not from the one-rank run, which leaves a core
+# idle: the wall ratios came out high. ROOT is the timed process (time itself).
 threads_cpu() {
-    for _p in $(ps -e -o pid= -o ppid= | awk -v root="$1" '{ up[$1] = $2 }
-            END { for (p in up) { q = p; while (q in up && q != root) q = up[q]; if (q == root) print p } }'); do
+    _root=$1
+    shift
+    _cnt=0
+    for _p in "$@"; do
         for _t in /proc/"$_p"/task/*; do
-            _c=$(cat "$_t/comm" 2>/dev/null) || continue
-            _st=$(sed 's/.*) //' "$_t/stat" 2>/dev/null) || continue
+            read -r _c 2> /dev/null < "$_t/comm" || continue
+            read -r _st 2> /dev/null < "$_t/stat" || continue
+            _st=${_st##*) }
             case $_c in
             fsdp-comm*) _r=comm ;;
             fsdp-rank*) _r=compute ;;
-            *) if [ "${_t##*/}" = "$_p" ] && [ "$_p" != "$1" ]; then _r=compute; else _r=other; fi ;;
+            *) if [ "${_t##*/}" = "$_p" ] && [ "$_p" != "$_root" ]; then _r=compute; else _r=other; fi ;;
             esac
-            echo "$_r $(echo "$_st" | awk '{ print $12 + $13 }')"
+            # shellcheck disable=SC2086 # the fields of stat, split on purpose
+            set -- $_st
+            echo "$_r $((${12} + ${13}))"
+            _cnt=$((_cnt + 1))
         done
     done
 }
@@ -98,7 +114,8 @@ threads_cpu() {
 # timed OUT STEPS CMD...: runs CMD with --steps STEPS and appends "wall user sys" to OUT. For
 # the longer run it also samples the threads twice a second and appends to OUT.share the
 # communication workers' share of the threads' time between the first sample after the
-# shorter run's wall time (past the start-up) and the last one.
+# shorter run's wall time (past the start-up) and the last one. The processes are listed once,
+# at the first sample (the ranks are up by then).
 timed() {
     _out=$1 _s=$2
     shift 2
@@ -106,28 +123,38 @@ timed() {
     _pid=$!
     _t0=$(date +%s.%N)
     _from=$(awk 'NR == 1 { print $1 }' "$_out" 2>/dev/null)
+    _pids='' _nfirst='' _k=0
     : > "$tmp/first"
     : > "$tmp/last"
     while kill -0 "$_pid" 2>/dev/null; do
         sleep 0.5
         [ -n "$_from" ] || continue
-        threads_cpu "$_pid" > "$tmp/snap"
-        [ -s "$tmp/snap" ] || continue
-        if [ ! -s "$tmp/first" ] &&
-            awk -v a="$_t0" -v b="$(date +%s.%N)" -v f="$_from" 'BEGIN { exit !(b - a > f) }'; then
-            cp "$tmp/snap" "$tmp/first"
+        if [ -z "$_nfirst" ]; then
+            awk -v a="$_t0" -v b="$(date +%s.%N)" -v f="$_from" 'BEGIN { exit !(b - a > f) }' ||
+                continue
+            _pids=$(descendants "$_pid")
+            # shellcheck disable=SC2086 # a list of process ids
+            threads_cpu "$_pid" $_pids > "$tmp/first"
+            [ "$_cnt" -gt 0 ] || continue
+            _nfirst=$_cnt
+            cp "$tmp/first" "$tmp/last"
+            continue
         fi
-        # Only while every thread of the first sample still runs (not in the ranks' exit).
-        if [ ! -s "$tmp/first" ] || [ "$(wc -l < "$tmp/snap")" = "$(wc -l < "$tmp/first")" ]; then
-            cp "$tmp/snap" "$tmp/last"
-        fi
+        # Alternate two files; keep the sample only while every thread of the first still
+        # runs (not in the ranks' exit).
+        _k=$((1 - _k))
+        # shellcheck disable=SC2086
+        threads_cpu "$_pid" $_pids > "$tmp/snap$_k"
+        [ "$_cnt" = "$_nfirst" ] && _last=$tmp/snap$_k
     done
     if ! wait "$_pid"; then
         echo "cpu_floor.sh: failed: $*" >&2
         tail -5 "$tmp/log" >&2
         exit 1
     fi
-    if [ -s "$tmp/first" ]; then
+    [ -n "${_last:-}" ] && cp "$_last" "$tmp/last"
+    _last=
+    if [ -n "$_nfirst" ]; then
         awk 'FNR == NR { a[$1] += $2; next } { b[$1] += $2 }
             END { c = b["comm"] - a["comm"]; t = c + b["compute"] - a["compute"]
                   printf "%.4f\n", (t > 0 ? c / t : 0) }' "$tmp/first" "$tmp/last" >> "$_out.share"
