@@ -179,12 +179,6 @@ static int cma_read(pid_t pid, void *dst, uint64_t from, size_t bytes) {
     return 0;
 }
 
-static int64_t thread_cpu_ns(void) {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return fsdp__now_ns();
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* Prices cross-memory attach on this machine: the processor time (this thread's, so that being
  * descheduled does not count) to read CAL_BYTES at `from` in process pid, and to copy CAL_BYTES
  * locally with the copy the slots use; the best of CAL_REPS - 1 rounds after one that warms
@@ -192,11 +186,11 @@ static int64_t thread_cpu_ns(void) {
 static int cma_price(pid_t pid, uint64_t from, char *buf, int64_t *read_ns, int64_t *copy_ns) {
     *read_ns = *copy_ns = INT64_MAX;
     for (int rep = 0; rep < CAL_REPS; rep++) {
-        int64_t t0 = thread_cpu_ns();
+        int64_t t0 = fsdp__thread_cpu_ns();
         if (cma_read(pid, buf, from, CAL_BYTES) != 0) return -1;
-        int64_t t1 = thread_cpu_ns();
+        int64_t t1 = fsdp__thread_cpu_ns();
         fsdp__copy_large(buf, buf + CAL_BYTES, CAL_BYTES);
-        int64_t t2 = thread_cpu_ns();
+        int64_t t2 = fsdp__thread_cpu_ns();
         if (rep == 0) continue;
         if (t1 - t0 < *read_ns) *read_ns = t1 - t0;
         if (t2 - t1 < *copy_ns) *copy_ns = t2 - t1;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * timeutil.c: monotonic clock helpers.
+ * timeutil.c: monotonic and per-thread clock helpers.
  */
 #include <errno.h>
 
@@ -9,6 +9,12 @@
 int64_t fsdp__now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t fsdp__thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return fsdp__now_ns();
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * timeutil.h: monotonic time and deadlines for timed waits.
+ * timeutil.h: monotonic time, a thread's processor time, and deadlines for timed waits.
  *
  * Condition variables wait on CLOCK_MONOTONIC (see fsdp__cond_init) so that a change of the wall
  * clock never stretches or cuts a timeout.
@@ -14,6 +14,10 @@
 
 /* Monotonic time in nanoseconds. */
 int64_t fsdp__now_ns(void);
+
+/* Processor time the calling thread has used, in nanoseconds (time it spent descheduled does
+ * not count); monotonic time where the system has no per-thread clock. */
+int64_t fsdp__thread_cpu_ns(void);
 
 /* The absolute CLOCK_MONOTONIC time `ms` milliseconds from now. */
 struct timespec fsdp__deadline_ms(int64_t ms);

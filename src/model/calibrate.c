@@ -194,11 +194,10 @@ typedef struct coll_times {
 
 /* Spends COLL_PAUSE_NS of this thread's CPU time computing. */
 static void compute_pause(void) {
-    struct timespec c0, c1;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-    do
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-    while ((c1.tv_sec - c0.tv_sec) * 1000000000L + (c1.tv_nsec - c0.tv_nsec) < COLL_PAUSE_NS);
+    const int64_t t0 = fsdp__thread_cpu_ns();
+    while (fsdp__thread_cpu_ns() - t0 < COLL_PAUSE_NS) {
+        /* spin: the pause stands for a rank's computing */
+    }
 }
 
 /* Seconds from a barrier to the end of reps rounds of a compute pause, each followed by an
