@@ -43,27 +43,24 @@ static void stream(char *d1, char *d2, const char *s, size_t bytes) {
 }
 #endif
 
-void fsdp__copy_stream(void *dst, const void *src, size_t bytes) {
+/* The non-temporal copy into d1 and, when not NULL, d2: one pass where the two destinations
+ * are aligned alike modulo 16, two passes otherwise; memcpy without SSE2. */
+static void stream_to(char *d1, char *d2, const char *s, size_t bytes) {
 #ifdef __SSE2__
-    stream(dst, NULL, src, bytes);
+    if (d2 && (((uintptr_t)d1 ^ (uintptr_t)d2) & 15) != 0) {
+        stream(d1, NULL, s, bytes);
+        stream(d2, NULL, s, bytes);
+    } else {
+        stream(d1, d2, s, bytes);
+    }
 #else
-    memcpy(dst, src, bytes);
+    memcpy(d1, s, bytes);
+    if (d2) memcpy(d2, s, bytes);
 #endif
 }
 
-void fsdp__copy_stream2(void *dst1, void *dst2, const void *src, size_t bytes) {
-#ifdef __SSE2__
-    /* Destinations aligned alike share the loop; otherwise two passes. */
-    if ((((uintptr_t)dst1 ^ (uintptr_t)dst2) & 15) == 0) {
-        stream(dst1, dst2, src, bytes);
-        return;
-    }
-    stream(dst1, NULL, src, bytes);
-    stream(dst2, NULL, src, bytes);
-#else
-    memcpy(dst1, src, bytes);
-    memcpy(dst2, src, bytes);
-#endif
+void fsdp__copy_stream(void *dst, const void *src, size_t bytes) {
+    stream_to(dst, NULL, src, bytes);
 }
 
 void fsdp__copy_fence(void) {
@@ -72,23 +69,21 @@ void fsdp__copy_fence(void) {
 #endif
 }
 
-void fsdp__copy_large2(void *dst1, void *dst2, const void *src, size_t bytes) {
-    if (bytes == 0) return;
+/* fsdp__copy_large into d1 and, when not NULL, d2. */
+static void copy_large(char *d1, char *d2, const char *src, size_t bytes) {
     if (bytes >= FSDP_COPY_STREAM_MIN) {
-        fsdp__copy_stream2(dst1, dst2, src, bytes);
+        stream_to(d1, d2, src, bytes);
         fsdp__copy_fence();
     } else {
-        memcpy(dst1, src, bytes);
-        memcpy(dst2, src, bytes);
+        memcpy(d1, src, bytes);
+        if (d2) memcpy(d2, src, bytes);
     }
 }
 
 void fsdp__copy_large(void *dst, const void *src, size_t bytes) {
-    if (dst == src || bytes == 0) return;
-    if (bytes >= FSDP_COPY_STREAM_MIN) {
-        fsdp__copy_stream(dst, src, bytes);
-        fsdp__copy_fence();
-    } else {
-        memcpy(dst, src, bytes);
-    }
+    if (dst != src && bytes > 0) copy_large(dst, NULL, src, bytes);
+}
+
+void fsdp__copy_large2(void *dst1, void *dst2, const void *src, size_t bytes) {
+    if (bytes > 0) copy_large(dst1, dst2, src, bytes);
 }

@@ -21,12 +21,6 @@
  * must not overlap. */
 void fsdp__copy_stream(void *dst, const void *src, size_t bytes);
 
-/* fsdp__copy_stream into two destinations in one pass over src, which is read once: where a
- * message goes to two places (a rank's own block of an all-gather, into its recv and into the
- * slot its peers read), a third less memory traffic than two copies. None of the three may
- * overlap. */
-void fsdp__copy_stream2(void *dst1, void *dst2, const void *src, size_t bytes);
-
 /* Orders the non-temporal stores before this call before every store after it. */
 void fsdp__copy_fence(void);
 
@@ -34,8 +28,10 @@ void fsdp__copy_fence(void);
  * when dst == src or bytes == 0). */
 void fsdp__copy_large(void *dst, const void *src, size_t bytes);
 
-/* fsdp__copy_large into two destinations (fsdp__copy_stream2 and the fence from
- * FSDP_COPY_STREAM_MIN up, two memcpy below). */
+/* fsdp__copy_large into two destinations in one pass over src, which is read once: where a
+ * message goes to two places (a rank's own block of an all-gather, into its recv and into the
+ * slot its peers read), a third less memory traffic than two copies. Destinations aligned
+ * differently modulo 16 take two passes. None of the three may overlap. */
 void fsdp__copy_large2(void *dst1, void *dst2, const void *src, size_t bytes);
 
 #endif /* FSDP_CORE_COPY_H */
