@@ -420,16 +420,16 @@ int fsdp__gloo_shm_create(fsdp_store_t *store, int rank, int size, fsdp_gloo_shm
         unmap(s);
         return store_fail(store, rc, msg, cap);
     }
+    const char *how = every ? "peers' buffers read in place" : "through the slots";
     if (mode == 0)
-        snprintf(msg, cap, "through the slots (FSDP_GLOO_CMA=0)");
+        snprintf(msg, cap, "%s (FSDP_GLOO_CMA=0)", how);
     else if (s->cal_read_ns > 0)
         snprintf(msg, cap,
                  "%s (this rank read 4 MiB of rank %d in %.2f ms of processor time, copied "
                  "4 MiB in %.2f ms)",
-                 every ? "peers' buffers read in place" : "through the slots", next,
-                 (double)s->cal_read_ns / 1e6, (double)s->cal_copy_ns / 1e6);
+                 how, next, (double)s->cal_read_ns / 1e6, (double)s->cal_copy_ns / 1e6);
     else
-        snprintf(msg, cap, "%s", every ? "peers' buffers read in place" : "through the slots");
+        snprintf(msg, cap, "%s", how);
     s->cma = every;
     *out = s;
     return FSDP_OK;
