@@ -26,6 +26,7 @@
 # Environment: FSDP_SIM (default: the build tree's tools/fsdp-sim).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 kernels=native
 t5_batches="1 2 3 4 8"
 gpus="128 256 512"
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --kernels) kernels=$2; shift 2 ;;
     --t5-batches) t5_batches=$2; shift 2 ;;
     --quick) gpus=128; t5_batches=8; shift ;;
-    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) bench_help ;;
     *) echo "paper_figures.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -43,7 +44,6 @@ for b in $t5_batches; do
     case $b in ''|*[!0-9]*|0) echo "paper_figures.sh: --t5-batches takes positive integers, not '$b'" >&2; exit 2 ;; esac
 done
 
-. "$here/lib.sh"
 sim=$(find_tool fsdp-sim "${FSDP_SIM:-}")
 [ -n "$sim" ] || { echo "paper_figures.sh: fsdp-sim not found (build it, or set FSDP_SIM)" >&2; exit 2; }
 tmp=$(mktemp -d) || exit 1

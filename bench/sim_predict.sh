@@ -18,6 +18,7 @@
 # --quick: 8 steps, 1 run, world sizes 1 and 2 (a smoke test of the script).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 steps=30
 runs=3
 worlds="1 2 4"
@@ -27,14 +28,13 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --worlds) worlds=$2; shift 2 ;;
     --quick) steps=8; runs=1; worlds="1 2"; shift ;;
-    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) bench_help ;;
     *) echo "sim_predict.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
 case $steps in ''|*[!0-9]*|[0-7]) echo "sim_predict.sh: --steps must be an integer >= 8" >&2; exit 2 ;; esac
 case $runs in ''|*[!0-9]*|0) echo "sim_predict.sh: --runs must be a positive integer" >&2; exit 2 ;; esac
 
-. "$here/lib.sh"
 train=$(find_tool fsdp-train "${FSDP_TRAIN:-}")
 sim=$(find_tool fsdp-sim "${FSDP_SIM:-}")
 fsdprun=$(find_tool fsdprun "${FSDPRUN:-}")

@@ -24,6 +24,7 @@
 # samples (DIR/<backend>.samples: step, pid, RSS KiB, descriptors) and the runs' output.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 sim_steps=20000
 gloo_steps=5000
 every=100
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --every) every=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
     --quick) sim_steps=600; gloo_steps=300; every=50; shift ;;
-    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) bench_help ;;
     *) echo "soak.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -44,7 +45,6 @@ for v in "$sim_steps" "$gloo_steps" "$every"; do
 done
 [ "$every" -gt 0 ] || { echo "soak.sh: --every must be positive" >&2; exit 2; }
 
-. "$here/lib.sh"
 train=$(find_tool fsdp-train "${FSDP_TRAIN:-}")
 fsdprun=$(find_tool fsdprun "${FSDPRUN:-}")
 [ -n "$train" ] || { echo "soak.sh: fsdp-train not found (build it, or set FSDP_TRAIN)" >&2; exit 2; }

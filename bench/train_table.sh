@@ -21,6 +21,7 @@
 # tools/fsdprun). --quick: 4 and 3 steps (a smoke test of the script).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 steps_tiny=30
 steps_10m=8
 while [ $# -gt 0 ]; do
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
     --steps-tiny) steps_tiny=$2; shift 2 ;;
     --steps-10m) steps_10m=$2; shift 2 ;;
     --quick) steps_tiny=4; steps_10m=3; shift ;;
-    --help|-h) awk 'NR == 1 || /SPDX-License-Identifier/ { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 0 ;;
+    --help|-h) bench_help ;;
     *) echo "train_table.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
