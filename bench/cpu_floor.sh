@@ -23,7 +23,11 @@
 #   floor          that time spread over the machine's cores (at most 2 per rank), over the
 #                  1-rank step: no schedule of this work can take fewer wall seconds, so a
 #                  target of the 2-rank step below this is out of reach on this machine;
-#   wall x 1 rank  what the step took.
+#   wall x 1 rank  what the step took, two ways: the wall time of the difference (all the
+#                  process does a step: the step, the metrics' collectives, the logging) and
+#                  the median step fsdp-train reports in its --metrics (step_s; the steps
+#                  after the first two of the longer run), which one slow second of the
+#                  machine moves less.
 # --rounds N (default 1) takes the median of N such differences. --quick: the tiny model,
 # B = 1, vocabulary 256, 2 and 6 steps (a smoke test of the script).
 #
@@ -163,16 +167,21 @@ timed() {
 }
 
 # per_step NAME CMD...: one round of NAME's two runs; appends to $tmp/NAME.d the per-step
-# wall, user and system milliseconds of the difference.
+# wall, user and system milliseconds of the difference, the communication share, and the
+# median of the step times fsdp-train itself reports (--metrics: step_s, the slowest rank's,
+# from the zeroing of the gradients to the end of the optimizer step) over the longer run's
+# steps after the first two.
 per_step() {
     _n=$1
     shift
-    rm -f "$tmp/$_n.ab" "$tmp/$_n.ab.share"
+    rm -f "$tmp/$_n.ab" "$tmp/$_n.ab.share" "$tmp/m.jsonl"
     timed "$tmp/$_n.ab" "$steps" "$@"
-    timed "$tmp/$_n.ab" "$long" "$@"
+    timed "$tmp/$_n.ab" "$long" "$@" --metrics "$tmp/m.jsonl"
     _sh=$(cat "$tmp/$_n.ab.share" 2>/dev/null)
-    awk -v d=$((long - steps)) -v sh="${_sh:-0}" 'NR == 1 { w = $1; u = $2; s = $3 }
-        NR == 2 { printf "%.2f %.2f %.2f %.4f\n", ($1 - w) * 1e3 / d, ($2 - u) * 1e3 / d, ($3 - s) * 1e3 / d, sh }' \
+    _st=$(sed -n 's/.*"type":"train".*"step_s":\([0-9.e+-]*\).*/\1/p' "$tmp/m.jsonl" 2>/dev/null |
+        tail -n +3 | bench_median 0 %.6f)
+    awk -v d=$((long - steps)) -v sh="${_sh:-0}" -v st="$_st" 'NR == 1 { w = $1; u = $2; s = $3 }
+        NR == 2 { printf "%.2f %.2f %.2f %.4f %.2f\n", ($1 - w) * 1e3 / d, ($2 - u) * 1e3 / d, ($3 - s) * 1e3 / d, sh, st * 1e3 }' \
         "$tmp/$_n.ab" >> "$tmp/$_n.d"
 }
 
@@ -180,8 +189,8 @@ per_step() {
 col() { awk -v k="$2" '{ print $k }' "$tmp/$1.d" | bench_median; }
 
 echo "# cpu_floor.sh: fsdp-train FULL_SHARD, one thread a rank, $steps and $long steps, median of $rounds round(s); $cores cores; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-auto}; load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
-echo "| vocab | B | 1 rank ms (CPU) | sim ms (x) | sim CPU ms (x) | sim sys | sim comm | sim floor | gloo ms (x) | gloo CPU ms (x) | gloo sys | gloo comm | gloo floor |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| vocab | B | 1 rank ms (CPU) | 1 rank step | sim ms (x) | sim step (x) | sim CPU ms (x) | sim sys | sim comm | sim floor | gloo ms (x) | gloo step (x) | gloo CPU ms (x) | gloo sys | gloo comm | gloo floor |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for v in $vocabs; do
     for b in $batches; do
         common="$model --vocab-size $v --val-every 0 --val-steps 1 --sample-tokens 0 --quiet"
@@ -195,22 +204,27 @@ for v in $vocabs; do
             r=$((r + 1))
         done
         w1=$(col one 1)
+        s1=$(col one 5)
         c1=$(awk -v u="$(col one 2)" -v s="$(col one 3)" 'BEGIN { printf "%.2f", u + s }')
-        row="| $v | $b | $w1 ($c1)"
+        row="| $v | $b | $w1 ($c1) | $s1"
         for n in sim gloo; do
             if [ ! -f "$tmp/$n.d" ]; then
-                row="$row | - | - | - | - | -"
+                row="$row | - | - | - | - | - | -"
                 continue
             fi
             row="$row |$(awk -v w="$(col $n 1)" -v u="$(col $n 2)" -v s="$(col $n 3)" \
-                -v sh="$(col $n 4)" -v w1="$w1" -v c1="$c1" -v nc="$ncores" 'BEGIN {
+                -v sh="$(col $n 4)" -v st="$(col $n 5)" -v w1="$w1" -v c1="$c1" -v s1="$s1" \
+                -v nc="$ncores" 'BEGIN {
                     c = u + s
-                    if (w1 <= 0 || c1 <= 0) { printf " %.1f | %.1f | %.1f | - | -", w, c, s; exit }
+                    if (w1 <= 0 || c1 <= 0 || s1 <= 0) {
+                        printf " %.1f | %.1f | %.1f | %.1f | - | -", w, st, c, s; exit
+                    }
                     f = c / nc / w1; if (f < 1) f = 1
-                    printf " %.1f (%.2f) | %.1f (%.2f) | %.1f | %.1f | %.2f", w, w / w1, c,
-                        c / (2 * c1), s, sh * c / 2, f }')"
+                    printf " %.1f (%.2f) | %.1f (%.2f) | %.1f (%.2f) | %.1f | %.1f | %.2f", w,
+                        w / w1, st, st / s1, c, c / (2 * c1), s, sh * c / 2, f }')"
         done
         echo "$row |"
     done
 done
+echo "# ms: the wall time a step from the difference of the two runs; step: the median step fsdp-train reports (--metrics step_s), (x) over the 1-rank run's"
 echo "# CPU (x): the 2-rank run's user + system time a step over twice the 1-rank run's; comm: a rank's communication worker's share of it, ms a step (the threads sampled during the longer run); floor: the 2-rank time over $ncores cores, over the 1-rank step (the least the 2-rank step can take, in 1-rank steps)"

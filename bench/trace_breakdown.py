@@ -14,6 +14,8 @@ the steps after the first --skip (default 2) of:
   backward    autograd's backward span, less the waits inside it (the unit hooks' work, such
               as zeroing and dividing gradients, is in it);
   optimizer   the optimizer step span;
+  between steps  from the end of one "step N" span to the start of the next: what the program
+              does outside its steps (rank 0 writes the metrics and the progress line there);
   other       the rest of the step: the batch, the loss and the step-time all-reduces, clipping;
   waits       the compute track waiting for a collective (exposed communication), by kind;
   comm busy   the communication track's spans (the CPU time the collectives take: copies,
@@ -52,7 +54,7 @@ def breakdown(ev, skip):
     steps = sorted((e for e in ev if e.get("cat") == "user" and e["name"].startswith("step ")),
                    key=lambda e: e["ts"])[skip:]
     rows = []
-    for st in steps:
+    for i, st in enumerate(steps):
         lo, hi = st["ts"], st["ts"] + st["dur"]
         mine = [e for e in ev if inside(e, lo, hi)]
         waits = sorted(((e["ts"], e["ts"] + e["dur"], e["name"][5:]) for e in mine
@@ -67,6 +69,8 @@ def breakdown(ev, skip):
             return t
 
         r = {"step": st["dur"]}
+        if i + 1 < len(steps):
+            r["between steps"] = steps[i + 1]["ts"] - hi
         r["forward"] = net("forward", lambda e: e.get("args", {}).get("unit") == "<root>")
         r["backward"] = net("autograd")
         r["optimizer"] = net("optimizer")
@@ -88,7 +92,11 @@ def breakdown(ev, skip):
     if not rows:
         raise SystemExit("trace_breakdown.py: no 'step N' spans after --skip")
     keys = sorted({k for r in rows for k in r})
-    return {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}, len(rows)
+    med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
+    # the last step has no next one: its gap is not a zero
+    gaps = [r["between steps"] for r in rows if "between steps" in r]
+    med["between steps"] = statistics.median(gaps) if gaps else 0.0
+    return med, len(rows)
 
 
 def main(argv):
@@ -113,7 +121,7 @@ def main(argv):
         print("usage: trace_breakdown.py [--skip N] LABEL=run.json ...", file=sys.stderr)
         return 2
     res = [(label,) + breakdown(load(path), skip) for label, path in runs]
-    order = ["step", "forward", "backward", "optimizer", "other", "waits"]
+    order = ["step", "between steps", "forward", "backward", "optimizer", "other", "waits"]
     keys = order + sorted({k for _, b, _ in res for k in b if k.startswith("wait ")}) + \
         ["comm busy", "comm busy beside compute"] + \
         sorted({k for _, b, _ in res for k in b if k.startswith("busy ")}) + \
