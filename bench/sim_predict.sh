@@ -9,7 +9,8 @@
 # 16 rows of 64 tokens a step, FULL_SHARD, f32, backward prefetch, clipping at 1) for N steps
 # (default 30) and takes the median step time of steps 6 to N; then runs
 # `fsdp-sim --cluster cpu --backend B` on the same configuration --runs times (default 3: the
-# calibration is a measurement and varies) and takes the median predicted step. The table
+# calibration is a measurement and varies; for Gloo at world N > 1 under `fsdprun -n N`, so that
+# processes time the collectives, as they run in fsdp-train) and takes the median predicted step. The table
 # gives both, the predicted one's range over the runs, and the gap (predicted / measured - 1).
 # docs/simulation.md explains the model and the gaps.
 #
@@ -80,8 +81,13 @@ for b in $backends; do
         rows=$((16 / w))
         : > "$tmp/pred"
         i=0
+        # Gloo's ranks are processes: fsdp-sim times its collectives between as many of them,
+        # started the same way (a world of threads switches faster on shared cores).
+        launch=
+        [ "$b" = gloo ] && [ "$w" -gt 1 ] && launch="$fsdprun -n $w --no-prefix"
         while [ $i -lt "$runs" ]; do
-            "$sim" --model tiny --cluster cpu --backend "$b" --gpus "$w" --batch "$rows" \
+            # shellcheck disable=SC2086 # the launcher and its options, when there is one
+            $launch "$sim" --model tiny --cluster cpu --backend "$b" --gpus "$w" --batch "$rows" \
                 --precision fp32 --grad-clip 1 --json > "$tmp/sim" 2> "$tmp/err" ||
                 { cat "$tmp/err" >&2; status=1; }
             sed -e 's/.*"step_s":\([^,]*\).*/\1/' "$tmp/sim" >> "$tmp/pred"

@@ -14,6 +14,7 @@
 
 #include <fsdp.h>
 #include <fsdp/cluster.h>
+#include <fsdp/sim.h>
 
 #include "core/timeutil.h"
 #include "tap.h"
@@ -438,6 +439,69 @@ static void test_calibrate(void) {
     }
 }
 
+/* Every rank of a sim world calibrates over its group: opts.pg. */
+#define PG_RANKS 3
+typedef struct pg_calib {
+    const char *backend; /* ignored with pg; set to something invalid to show it */
+    int ranks;
+    fsdp_cluster_t cl[PG_RANKS];
+    int rc[PG_RANKS];
+} pg_calib_t;
+
+static int calib_rank(fsdp_ctx_t *c, void *arg) {
+    pg_calib_t *p = arg;
+    fsdp_calibrate_options_t o;
+    fsdp_calibrate_options_init(&o);
+    o.pg = fsdp_ctx_pg(c);
+    o.ranks = p->ranks;
+    o.backend = p->backend;
+    o.coll_bytes = 96 << 10;
+    int r = fsdp_ctx_rank(c);
+    memset(&p->cl[r], 0x5a, sizeof p->cl[r]);
+    p->rc[r] = fsdp_cluster_calibrate_cpu(c, &o, &p->cl[r]);
+    return 0;
+}
+
+static void test_calibrate_pg(void) {
+    fsdp_calibrate_options_t o;
+    fsdp_calibrate_options_init(&o);
+    tap_ok(o.pg == NULL, "calibration over a process group: none by default");
+    fsdp_sim_options_t so;
+    fsdp_sim_options_init(&so);
+    so.world_size = PG_RANKS;
+    pg_calib_t p;
+    memset(&p, 0, sizeof p);
+    /* Refused without a group, ignored with one. */
+    p.ranks = 1;
+    p.backend = "mpi";
+    tap_is_int(fsdp_sim_run(&so, calib_rank, &p, NULL), 0, "%d ranks calibrate over their group",
+               PG_RANKS);
+    for (int r = 0; r < PG_RANKS; r++)
+        tap_ok(p.rc[r] == 0, "  rank %d: %s", r, p.rc[r] ? fsdp_strerror(p.rc[r]) : "ok");
+    tap_is_int(fsdp_cluster_check(ctx, &p.cl[0]), 0, "  rank 0's cluster passes the checks");
+    tap_ok(p.cl[0].net.gpus_per_node == PG_RANKS && p.cl[0].net.nodes == 1,
+           "  one node of the group's %d ranks (opts.ranks ignored)", PG_RANKS);
+    tap_ok(p.cl[0].net.base_latency >= 0 && p.cl[0].net.base_latency <= 0.5 &&
+               p.cl[0].net.intra_bw >= 1e6,
+           "  the group's latency %.3g s, bandwidth %.3g B/s", p.cl[0].net.base_latency,
+           p.cl[0].net.intra_bw);
+    double f32 = p.cl[0].compute.matmul_flops[FSDP_DTYPE_F32];
+    tap_ok(f32 >= 1e8 && f32 <= 1e14, "  rank 0 measured the device: f32 %.3g FLOP/s", f32);
+    bool same = true;
+    for (int r = 1; r < PG_RANKS; r++)
+        same = same && memcmp(&p.cl[r], &p.cl[0], sizeof p.cl[0]) == 0;
+    tap_ok(same, "  every rank received rank 0's cluster, bit for bit");
+
+    /* A group of one times no collectives, as ranks = 0. */
+    so.world_size = 1;
+    memset(&p, 0, sizeof p);
+    p.ranks = 2;
+    tap_is_int(fsdp_sim_run(&so, calib_rank, &p, NULL), 0, "a group of one");
+    tap_ok(p.rc[0] == 0 && p.cl[0].net.gpus_per_node == 1 && p.cl[0].net.base_latency == 0 &&
+               p.cl[0].net.intra_bw == p.cl[0].compute.mem_bw / 2,
+           "  one rank per node, links at half the copy bandwidth, no latency");
+}
+
 int main(void) {
     tap_plan_lazy();
     fsdp_ctx_options_t o;
@@ -451,6 +515,7 @@ int main(void) {
     test_presets();
     test_errors();
     test_calibrate();
+    test_calibrate_pg();
     fsdp_ctx_destroy(ctx);
     return tap_done();
 }

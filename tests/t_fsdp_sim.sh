@@ -8,7 +8,8 @@
 #   - collectives slow the kernels they overlap (NCCL's SMs) unless --no-contention;
 #   - --layers, --d-model and the other shape options override the preset's shape;
 #   - --cluster cpu times its kernels call by call unless asked for the roofline, and
-#     --backend gloo calibrates the network from Gloo's collectives (skipped without Gloo);
+#     --backend gloo calibrates the network from Gloo's collectives, and under fsdprun from its
+#     processes' (skipped without Gloo);
 #   - --plot writes a well-formed SVG (skipped without gnuplot);
 #   - --trace writes the measured step's trace in simulated time (tests/trace_check reads it);
 #   - bad options exit 2 and impossible worlds exit 1, each with a message naming the problem.
@@ -17,7 +18,7 @@ sim="$top_builddir/tools/fsdp-sim"
 tmp=$(mktemp -d) || { echo "Bail out! mktemp -d failed"; exit 1; }
 trap 'rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/tap.sh"
-echo "1..25"
+echo "1..28"
 
 "$sim" --list > "$tmp/list" 2>&1
 st=$?
@@ -133,9 +134,32 @@ if "$top_builddir/tools/fsdp-train" --version 2>/dev/null | grep -q 'backends:.*
   [ "$st" -eq 0 ] && grep -q '"backend":"gloo"' "$tmp/gloo" &&
     grep -q '"all_gather":{"bytes":[1-9][0-9]*,"s":[0-9.e-]*[1-9]' "$tmp/gloo"
   ok $? "--backend gloo times Gloo's collectives for the network (exit $st)" "$tmp/gloo"
+  # Under a launcher its processes time them; rank 0 alone prints (its one JSON line).
+  run="$top_builddir/tools/fsdprun"
+  "$run" -n 2 --no-prefix "$sim" --cluster cpu --backend gloo --model tiny --precision fp32 \
+    --gpus 2 --batch 8 --json > "$tmp/launched" 2> "$tmp/launched.err"
+  st=$?
+  [ "$st" -eq 0 ] && [ "$(wc -l < "$tmp/launched")" -eq 1 ] &&
+    grep -q '"gpus":2,"gpus_per_node":2,' "$tmp/launched" &&
+    grep -q '"all_gather":{"bytes":[1-9][0-9]*,"s":[0-9.e-]*[1-9]' "$tmp/launched"
+  ok $? "under fsdprun -n 2 the two processes calibrate, rank 0 prints (exit $st)" \
+    "$tmp/launched.err"
+  "$run" -n 2 --no-prefix "$sim" --cluster cpu --backend gloo --model tiny --gpus 4 \
+    > "$tmp/launched" 2> "$tmp/launched.err"
+  st=$?
+  [ "$st" -ne 0 ] && grep -q -- "--gpus 4: the launcher started 2 processes" "$tmp/launched.err"
+  ok $? "  --gpus other than the launched world is refused, naming both (exit $st)" \
+    "$tmp/launched.err"
+  "$run" -n 2 --no-prefix "$sim" --cluster cpu --model tiny --gpus 2 \
+    > "$tmp/launched" 2> "$tmp/launched.err"
+  st=$?
+  [ "$st" -ne 0 ] && grep -q -- "give --cluster cpu --backend gloo" "$tmp/launched.err"
+  ok $? "  and so is a launched run without --backend gloo (exit $st)" "$tmp/launched.err"
 else
-  n=$((n + 1))
-  echo "ok $n # SKIP fsdp-train has no Gloo backend"
+  for i in 1 2 3 4; do
+    n=$((n + 1))
+    echo "ok $n # SKIP fsdp-train has no Gloo backend"
+  done
 fi
 
 # The shape options override the preset: tiny with 6 blocks has 6 x 198272 + 41216 parameters.

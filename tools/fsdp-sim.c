@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fsdp/launch.h>
+
 #include "tools/sim.h"
 
 #define MAX_POINTS 64
@@ -73,8 +75,10 @@ static void usage(FILE *f) {
         "  --kernels K             libfsdp (its kernels widen f16/bf16 to f32) or native (half\n"
         "                          kernels as PyTorch's; default libfsdp)\n"
         "  --backend B             cluster cpu: the ranks' process group, sim (threads, the\n"
-        "                          default) or gloo (processes over loopback TCP, as fsdprun\n"
-        "                          runs them): whose collectives the calibration times\n"
+        "                          default) or gloo (Gloo's transport): whose collectives the\n"
+        "                          calibration times. Under fsdprun -n N (--gpus N) the N\n"
+        "                          processes time them, as fsdp-train's ranks run there;\n"
+        "                          rank 0 prints\n"
         "  --kernel-times T        cluster cpu: measured (each call timed on this CPU, the\n"
         "                          default) or roofline (the calibrated rates)\n"
         "  --trace FILE.json       the measured step's trace in simulated time (one "
@@ -375,10 +379,79 @@ static void print_json(const sim_config_t *c, const sim_result_t *r) {
     printf("},\"sim_wall_s\":%.4g}\n", r->wall);
 }
 
+/*
+ * Under a launcher (fsdprun -n N, torchrun, srun, mpirun) the calibration of --cluster cpu times
+ * the collectives of the launched processes, as fsdp-train's ranks are when launched the same
+ * way (fsdp_calibrate_options_t.pg): rank 0 simulates and prints, and the other ranks only take
+ * their part in its calibrations. Sets *ctx to the rank's context (NULL outside a launcher).
+ * Returns 0, or the exit status of a usage error.
+ */
+static int join_launched_world(opts_t *o, fsdp_ctx_t **ctx) {
+    fsdp_launch_env_t le;
+    char msg[512];
+    *ctx = NULL;
+    if (fsdp_launch_env_read(&le, msg, sizeof msg) == 0 && strcmp(le.source, "none") == 0 &&
+        !getenv("MASTER_ADDR"))
+        return 0;
+    sim_config_t *c = &o->base;
+    if (strcmp(c->cluster, "cpu") != 0 || !c->backend || strcmp(c->backend, "gloo") != 0) {
+        fprintf(stderr, "fsdp-sim: under a launcher its processes calibrate the network: give "
+                        "--cluster cpu --backend gloo (or run fsdp-sim alone)\n");
+        return 2;
+    }
+    if (setenv("FSDP_BACKEND", "gloo", 1) != 0) {
+        fprintf(stderr, "fsdp-sim: cannot set FSDP_BACKEND\n");
+        return 1;
+    }
+    if (fsdp_init_from_env(NULL, ctx, msg, sizeof msg) < 0) {
+        fprintf(stderr, "fsdp-sim: joining the launched world: %s\n", msg);
+        return 1;
+    }
+    int world = fsdp_ctx_world_size(*ctx);
+    for (int g = 0; g < o->ngpus; g++)
+        if (o->gpus[g] != world) {
+            if (fsdp_ctx_rank(*ctx) == 0)
+                fprintf(stderr,
+                        "fsdp-sim: --gpus %d: the launcher started %d processes, whose "
+                        "collectives are timed: give --gpus %d\n",
+                        o->gpus[g], world, world);
+            fsdp_ctx_destroy(*ctx);
+            *ctx = NULL;
+            return 2;
+        }
+    c->pg = fsdp_ctx_pg(*ctx);
+    return 0;
+}
+
+/* A rank other than 0 of a launched world: its part in each of rank 0's calibrations. */
+static int calibrate_peer(fsdp_ctx_t *ctx, const opts_t *o) {
+    for (int s = 0; s < o->nstrategies; s++)
+        for (int g = 0; g < o->ngpus; g++) {
+            char err[512] = "";
+            sim_config_t c = o->base;
+            c.gpus = o->gpus[g];
+            c.strategy = (fsdp_sharding_strategy_t)o->strategies[s];
+            if (sim_calibrate_peer(ctx, &c, err, sizeof err) < 0) {
+                fprintf(stderr, "fsdp-sim: rank %d: %s\n", fsdp_ctx_rank(ctx), err);
+                return 1;
+            }
+        }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     opts_t o;
+    fsdp_ctx_t *world = NULL;
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
+    if ((rc = join_launched_world(&o, &world)) != 0) return rc;
+    if (world && fsdp_ctx_rank(world) != 0) {
+        rc = calibrate_peer(world, &o);
+        /* Rank 0 serves the store: the world ends together (fsdp/launch.h). */
+        fsdp_pg_barrier(fsdp_ctx_pg(world), NULL);
+        fsdp_ctx_destroy(world);
+        return rc;
+    }
     int n = o.ngpus * o.nstrategies;
     sim_config_t *cfgs = calloc((size_t)n, sizeof *cfgs);
     sim_result_t *res = calloc((size_t)n, sizeof *res);
@@ -414,5 +487,9 @@ int main(int argc, char **argv) {
     }
     free(cfgs);
     free(res);
+    if (world) {
+        fsdp_pg_barrier(fsdp_ctx_pg(world), NULL);
+        fsdp_ctx_destroy(world);
+    }
     return failed ? 1 : 0;
 }

@@ -50,6 +50,8 @@ typedef struct sim_config {
     double grad_clip;  /* clip the gradient norm to it before the step (0: no clipping) */
     sim_kernel_times_t kernel_times;
     const char *backend; /* cluster "cpu": the group whose collectives are calibrated (NULL: sim) */
+    fsdp_pg_t *pg;       /* cluster "cpu" under a launcher: the world's group of processes, whose
+                          * collectives the calibration times (NULL: threads of this process) */
     const char *trace;   /* write the measured step's trace (simulated time) there; NULL: none */
 } sim_config_t;
 
@@ -79,6 +81,11 @@ typedef struct sim_result {
 /* Simulates c (two steps, the second measured) into *r. Returns 0, or a negative FSDP_E* code
  * with r->error saying what failed. */
 int sim_run(const sim_config_t *c, sim_result_t *r);
+
+/* A rank other than 0 of c->pg: takes its part in the calibration rank 0's sim_run(c) makes
+ * (fsdp_calibrate_options_t.pg) and nothing else. Returns 0, or a negative FSDP_E* code with
+ * err saying what failed. */
+int sim_calibrate_peer(fsdp_ctx_t *ctx, const sim_config_t *c, char *err, size_t cap);
 
 /* Draws the n results into the SVG `path` through gnuplot (sim_plot.c); -1 with a message on
  * stderr when the name is not .svg or gnuplot is missing or fails. */

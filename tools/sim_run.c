@@ -195,21 +195,36 @@ static int shared_slowdown(fsdp_ctx_t *ctx, int world, double *slowdown) {
     return rc;
 }
 
+/* The calibration's options for c: its world's collectives, at a block's all-gather. */
+static void calibrate_opts(const sim_config_t *c, fsdp_calibrate_options_t *co) {
+    fsdp_calibrate_options_init(co);
+    co->ranks = c->gpus >= 2 ? c->gpus : 0;
+    co->backend = c->backend;
+    co->pg = c->pg;
+    /* The network is timed at the size of a block's all-gather, FSDP's usual message. */
+    co->coll_bytes = (size_t)block_params(c->model) * fsdp_dtype_size(c->dtype);
+}
+
+int sim_calibrate_peer(fsdp_ctx_t *ctx, const sim_config_t *c, char *err, size_t cap) {
+    fsdp_calibrate_options_t co;
+    fsdp_cluster_t cl;
+    calibrate_opts(c, &co);
+    int rc = fsdp_cluster_calibrate_cpu(ctx, &co, &cl);
+    if (rc < 0) snprintf(err, cap, "%s", fsdp_ctx_last_error(ctx));
+    return rc;
+}
+
 /*
- * "This CPU" as a cluster of one node of `world` ranks (sim threads, as fsdp-train runs them):
- * fsdp_cluster_calibrate_cpu measured with the CPU device a rank of that world gets (cores /
- * world threads), and each rank's compute rates and memory bandwidth divided by the slowdown of
- * ranks computing at once (shared_slowdown), which *slowdown_out receives.
+ * "This CPU" as a cluster of one node of `world` ranks (sim threads, as fsdp-train runs them, or
+ * c->pg's processes): fsdp_cluster_calibrate_cpu measured with the CPU device a rank of that
+ * world gets (cores / world threads), and each rank's compute rates and memory bandwidth divided
+ * by the slowdown of ranks computing at once (shared_slowdown), which *slowdown_out receives.
  */
 static int cpu_cluster(fsdp_ctx_t *ctx, const sim_config_t *c, fsdp_cluster_t *cl,
                        double *slowdown_out) {
     int world = c->gpus;
     fsdp_calibrate_options_t co;
-    fsdp_calibrate_options_init(&co);
-    co.ranks = world >= 2 ? world : 0;
-    co.backend = c->backend;
-    /* The network is timed at the size of a block's all-gather, FSDP's usual message. */
-    co.coll_bytes = (size_t)block_params(c->model) * fsdp_dtype_size(c->dtype);
+    calibrate_opts(c, &co);
     int rc = fsdp_cluster_calibrate_cpu(ctx, &co, cl);
     if (rc < 0) return rc;
     double slowdown;

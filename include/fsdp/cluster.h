@@ -188,17 +188,26 @@ typedef struct fsdp_calibrate_options {
      * links at half the copy bandwidth (a copy reads and writes) and no latency. */
     int ranks;
     /* The process group the collectives are timed on: "sim" (NULL: the default; sim threads
-     * sharing memory) or "gloo" (each of the ranks threads a Gloo group of its own over loopback
-     * TCP, rendezvousing through an in-memory store, as fsdprun's processes on one host talk;
+     * sharing memory) or "gloo" (each of the ranks threads a Gloo group of its own, through
+     * Gloo's transport between ranks of one host, rendezvousing through an in-memory store;
      * FSDP_ENOTSUP in a build without Gloo). */
     const char *backend;
     /* Bytes of output of the large all_gather timed (0: 4 MiB). The network model is linear in
      * the bytes and a real transport is not quite, so it fits best at the size the caller's
      * collectives have (a unit's parameters, for FSDP). */
     size_t coll_bytes;
+    /* A process group to time the collectives on instead of threads of this process (NULL:
+     * none). Ranks that are processes cost more than threads where they share cores (every
+     * switch between them changes address space), so a world of processes, as fsdprun starts
+     * them, is best measured as one. Every rank of pg calls fsdp_cluster_calibrate_cpu with the
+     * same coll_bytes: rank 0 measures the device while the others wait, all of them time the
+     * collectives, and every rank receives rank 0's cluster. ranks and backend are then
+     * ignored; the cluster has one node of fsdp_pg_size(pg) "GPUs" (a group of one times no
+     * collectives, as ranks = 0). */
+    fsdp_pg_t *pg;
 } fsdp_calibrate_options_t;
 
-/* Fills opts with ranks = 2, backend NULL (sim) and coll_bytes 0 (4 MiB). */
+/* Fills opts with ranks = 2, backend NULL (sim), coll_bytes 0 (4 MiB) and pg NULL. */
 FSDP_EXTERN void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts, size_t size);
 #define fsdp_calibrate_options_init(opts) (fsdp_calibrate_options_init)((opts), sizeof *(opts))
 
@@ -219,8 +228,10 @@ FSDP_EXTERN void fsdp_calibrate_options_init(fsdp_calibrate_options_t *opts, siz
  * copies the intra-node one (nothing to measure); efficiencies are 1. mem_bytes is the
  * physical memory. Timings are the best of a few repetitions. ctx's CPU device does the work
  * when ctx's default device is the CPU; otherwise a CPU device is created for the measurement.
- * Blocking; it runs opts->ranks threads of its own. opts may be NULL (defaults). Returns
- * FSDP_EINVAL for bad options, or the failure of a device call or of the sim run.
+ * Blocking; it runs opts->ranks threads of its own, or times opts->pg's collectives (above).
+ * opts may be NULL (defaults). Returns FSDP_EINVAL for bad options, or the failure of a device
+ * call, of the sim run or of opts->pg's collectives (on every rank: a failure of rank 0's
+ * device measurement reaches the others as FSDP_EREMOTE).
  */
 FSDP_EXTERN int fsdp_cluster_calibrate_cpu(fsdp_ctx_t *ctx, const fsdp_calibrate_options_t *opts,
                                            fsdp_cluster_t *out);

@@ -44,7 +44,7 @@
 #define COLL_PAUSE_NS 1000000
 
 static const fsdp__abi_struct_t calibrate_options_abi =
-    FSDP__ABI_STRUCT(fsdp_calibrate_options_t, "fsdp_calibrate_options_init", coll_bytes);
+    FSDP__ABI_STRUCT(fsdp_calibrate_options_t, "fsdp_calibrate_options_init", pg);
 
 void(fsdp_calibrate_options_init)(fsdp_calibrate_options_t *opts, size_t size) {
     fsdp_calibrate_options_t d;
@@ -52,6 +52,7 @@ void(fsdp_calibrate_options_init)(fsdp_calibrate_options_t *opts, size_t size) {
     d.ranks = 2;
     d.backend = NULL;
     d.coll_bytes = 0;
+    d.pg = NULL;
     fsdp__abi_init(opts, size, &d, &calibrate_options_abi);
 }
 
@@ -234,6 +235,22 @@ static int time_all_gather(fsdp_pg_t *pg, float *buf, size_t count, int reps, do
     return rc;
 }
 
+/* Every rank of pg times the small and the large all_gather; t receives rank 0's times. */
+static int time_colls(fsdp_pg_t *pg, coll_times_t *t) {
+    /* Zeros sum to zeros: the values never overflow or turn into NaN. */
+    float *buf = calloc(t->large_count * (size_t)fsdp_pg_size(pg), sizeof *buf);
+    if (!buf) return FSDP_ENOMEM;
+    double small, large;
+    int rc = time_all_gather(pg, buf, 1, COLL_SMALL_REPS, &small);
+    if (rc == FSDP_OK) rc = time_all_gather(pg, buf, t->large_count, COLL_LARGE_REPS, &large);
+    free(buf);
+    if (rc == FSDP_OK && fsdp_pg_rank(pg) == 0) {
+        t->small = small;
+        t->large = large;
+    }
+    return rc;
+}
+
 static int coll_rank(fsdp_ctx_t *ctx, void *arg) {
     coll_times_t *out = arg;
     fsdp_pg_t *pg = fsdp_ctx_pg(ctx), *gloo = NULL;
@@ -246,24 +263,71 @@ static int coll_rank(fsdp_ctx_t *ctx, void *arg) {
         if ((rc = fsdp_pg_create_gloo(ctx, store, NULL, &gloo)) < 0) goto out;
         pg = gloo;
     }
-    /* Zeros sum to zeros: the values never overflow or turn into NaN. */
-    float *buf = calloc(out->large_count * (size_t)fsdp_pg_size(pg), sizeof *buf);
-    if (!buf) {
-        rc = FSDP_ENOMEM;
-        goto out;
-    }
-    double small, large;
-    rc = time_all_gather(pg, buf, 1, COLL_SMALL_REPS, &small);
-    if (rc == FSDP_OK) rc = time_all_gather(pg, buf, out->large_count, COLL_LARGE_REPS, &large);
-    free(buf);
-    if (rc == FSDP_OK && fsdp_ctx_rank(ctx) == 0) {
-        out->small = small;
-        out->large = large;
-    }
+    rc = time_colls(pg, out);
 out:
     fsdp_pg_destroy(gloo);
     fsdp_store_destroy(store);
     return rc;
+}
+
+/* The device's rates: everything of the compute model. */
+static int measure_device(fsdp_device_t *dev, fsdp_compute_model_t *m) {
+    int rc;
+    if ((rc = time_gemm(dev, FSDP_DTYPE_F32, &m->matmul_flops[FSDP_DTYPE_F32])) < 0) return rc;
+    if ((rc = time_gemm(dev, FSDP_DTYPE_F64, &m->matmul_flops[FSDP_DTYPE_F64])) < 0) return rc;
+    /* The CPU device widens bf16 and f16 operands to f32 for its products. */
+    m->matmul_flops[FSDP_DTYPE_BF16] = m->matmul_flops[FSDP_DTYPE_F32];
+    m->matmul_flops[FSDP_DTYPE_F16] = m->matmul_flops[FSDP_DTYPE_F32];
+    if ((rc = time_gemm_fixed(dev, m->matmul_flops[FSDP_DTYPE_F32], &m->matmul_launch)) < 0)
+        return rc;
+    if ((rc = time_vector(dev, &m->vector_flops)) < 0) return rc;
+    if ((rc = time_copy(dev, &m->mem_bw)) < 0) return rc;
+    if ((rc = time_launch(dev, &m->launch)) < 0) return rc;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    m->mem_bytes = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+    for (int c = 0; c < FSDP_KERNEL_CLASS_COUNT; c++)
+        m->eff[c] = 1;
+    return FSDP_OK;
+}
+
+/* The network of `ranks` ranks from the all_gathers' times t (mem_bw: the device's copy rate). */
+static void fit_net(fsdp_net_model_t *net, int ranks, const coll_times_t *t, double mem_bw) {
+    /* All of the small collective is latency; the large one adds its bytes, which the ring
+     * formula moves at (n - 1) / n * S / B for an all_gather of S bytes of output. Where the
+     * transport's start-up costs swamp its bytes (Gloo on ranks that share cores), noise can
+     * make the large one no slower than the small one, or by less than a copy of its bytes
+     * takes: then all of it is latency, the bytes move at the copy bandwidth, and the model still
+     * gives the large all_gather the time it took. */
+    double n = ranks, S = (double)(t->large_count * sizeof(float)) * n;
+    net->gpus_per_node = ranks;
+    if (t->large - t->small > S / mem_bw) { /* no faster than a copy of the bytes */
+        net->base_latency = t->small;
+        net->intra_bw = (n - 1) / n * S / (t->large - t->small);
+    } else {
+        net->base_latency = t->large;
+        net->intra_bw = mem_bw / 2;
+    }
+}
+
+/* What rank 0 of opts.pg sends the others: its status, and the cluster when that is 0. */
+typedef struct pg_result {
+    int32_t rc;
+    fsdp_cluster_t cl;
+} pg_result_t;
+
+/* Rank 0's status (and with it its cluster) to every rank of pg; on the others a failure of rank
+ * 0 becomes FSDP_EREMOTE. Returns the broadcast's own failure first. */
+static int share_result(fsdp_ctx_t *ctx, const char *who, fsdp_pg_t *pg, pg_result_t *res) {
+    pg_result_t mine = *res;
+    int rc = fsdp_pg_broadcast(pg, &mine, res, sizeof *res, FSDP_DTYPE_U8, 0, NULL);
+    if (rc < 0)
+        return fsdp__model_err(ctx, rc, "%s: opts.pg: sharing rank 0's measurement: %s", who,
+                               fsdp_strerror(rc));
+    if (fsdp_pg_rank(pg) != 0 && res->rc < 0)
+        return fsdp__model_err(ctx, FSDP_EREMOTE,
+                               "%s: rank 0 of opts.pg failed to measure this machine (%s)", who,
+                               fsdp_strerror(res->rc));
+    return res->rc;
 }
 
 int fsdp_cluster_calibrate_cpu(fsdp_ctx_t *ctx, const fsdp_calibrate_options_t *opts,
@@ -272,19 +336,20 @@ int fsdp_cluster_calibrate_cpu(fsdp_ctx_t *ctx, const fsdp_calibrate_options_t *
     fsdp_calibrate_options_t defaults;
     fsdp_ctx_t *own_ctx = NULL;
     fsdp_device_t *own_dev = NULL, *dev;
-    fsdp_cluster_t cl;
-    fsdp_compute_model_t *m = &cl.compute;
-    fsdp_net_model_t *net = &cl.net;
+    pg_result_t res;
+    fsdp_cluster_t *cl = &res.cl;
+    fsdp_net_model_t *net = &cl->net;
     int rc;
-    memset(&cl, 0, sizeof cl);
+    memset(&res, 0, sizeof res);
     if ((rc = fsdp__abi_check(ctx, who, "opts", opts, &calibrate_options_abi)) < 0) return rc;
     if (!opts) {
         fsdp_calibrate_options_init(&defaults);
         opts = &defaults;
     }
     if (!out) return fsdp__model_err(ctx, FSDP_EINVAL, "%s: out is NULL", who);
-    bool gloo = opts->backend && strcmp(opts->backend, "gloo") == 0;
-    if (opts->backend && !gloo && strcmp(opts->backend, "sim") != 0)
+    fsdp_pg_t *pg = opts->pg;
+    bool gloo = !pg && opts->backend && strcmp(opts->backend, "gloo") == 0;
+    if (!pg && opts->backend && !gloo && strcmp(opts->backend, "sim") != 0)
         return fsdp__model_err(ctx, FSDP_EINVAL, "%s: opts.backend is \"%s\" (sim or gloo)", who,
                                opts->backend);
     if (gloo && !fsdp_gloo_available())
@@ -292,85 +357,84 @@ int fsdp_cluster_calibrate_cpu(fsdp_ctx_t *ctx, const fsdp_calibrate_options_t *
                                "%s: opts.backend is gloo, and this build of "
                                "libfsdp has no Gloo backend",
                                who);
-    if (opts->ranks != 0 && (opts->ranks < 2 || opts->ranks > 1024))
+    if (!pg && opts->ranks != 0 && (opts->ranks < 2 || opts->ranks > 1024))
         return fsdp__model_err(ctx, FSDP_EINVAL,
                                "%s: opts.ranks is %d (must be 0, to skip the collectives, or in "
                                "[2, 1024])",
                                who, opts->ranks);
+    int ranks = pg ? fsdp_pg_size(pg) : opts->ranks;
+    bool shared = pg && ranks > 1; /* rank 0 measures, the others receive */
+    bool measures = !pg || fsdp_pg_rank(pg) == 0;
+    if (ranks < 2) ranks = 0;
     if (!ctx) {
         /* The measurement needs a context for its device; its messages are logged at the end. */
         if ((rc = fsdp_ctx_create(NULL, &own_ctx)) < 0)
             return fsdp__model_err(NULL, rc, "%s: no context for the measurement", who);
         ctx = own_ctx;
     }
-    dev = fsdp_ctx_device(ctx);
-    if (!dev || fsdp_device_kind(dev) != FSDP_DEVICE_CPU) {
-        if ((rc = fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &own_dev)) < 0) goto out;
-        dev = own_dev;
+    if (measures) {
+        dev = fsdp_ctx_device(ctx);
+        if (!dev || fsdp_device_kind(dev) != FSDP_DEVICE_CPU) {
+            if ((rc = fsdp_device_create(ctx, FSDP_DEVICE_CPU, NULL, &own_dev)) == 0) dev = own_dev;
+        }
+        if (rc == 0) rc = measure_device(dev, &cl->compute);
+    }
+    /* The others wait here, while rank 0 measures alone on the machine. */
+    if (shared) {
+        res.rc = rc;
+        if ((rc = share_result(ctx, who, pg, &res)) < 0) goto out;
+    } else if (rc < 0) {
+        goto out;
     }
 
-    snprintf(cl.name, sizeof cl.name, "cpu");
-    if ((rc = time_gemm(dev, FSDP_DTYPE_F32, &m->matmul_flops[FSDP_DTYPE_F32])) < 0) goto out;
-    if ((rc = time_gemm(dev, FSDP_DTYPE_F64, &m->matmul_flops[FSDP_DTYPE_F64])) < 0) goto out;
-    /* The CPU device widens bf16 and f16 operands to f32 for its products. */
-    m->matmul_flops[FSDP_DTYPE_BF16] = m->matmul_flops[FSDP_DTYPE_F32];
-    m->matmul_flops[FSDP_DTYPE_F16] = m->matmul_flops[FSDP_DTYPE_F32];
-    if ((rc = time_gemm_fixed(dev, m->matmul_flops[FSDP_DTYPE_F32], &m->matmul_launch)) < 0)
-        goto out;
-    if ((rc = time_vector(dev, &m->vector_flops)) < 0) goto out;
-    if ((rc = time_copy(dev, &m->mem_bw)) < 0) goto out;
-    if ((rc = time_launch(dev, &m->launch)) < 0) goto out;
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    m->mem_bytes = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
-    for (int c = 0; c < FSDP_KERNEL_CLASS_COUNT; c++)
-        m->eff[c] = 1;
-
+    snprintf(cl->name, sizeof cl->name, "cpu");
     net->nodes = 1;
     net->intra_eff = net->inter_eff = net->tree_eff = 1;
-    if (opts->ranks == 0) {
+    if (ranks == 0) {
         /* No measurement: one "GPU" per node, links as fast as a copy, no latency. */
         net->gpus_per_node = 1;
-        net->intra_bw = m->mem_bw / 2;
+        net->intra_bw = cl->compute.mem_bw / 2;
     } else {
-        fsdp_sim_options_t so;
-        fsdp_sim_options_init(&so);
-        so.world_size = opts->ranks;
         size_t bytes = opts->coll_bytes ? opts->coll_bytes : COLL_LARGE_BYTES;
         coll_times_t t = {NULL, 0, 0, 0};
-        t.large_count = bytes / sizeof(float) / (size_t)opts->ranks;
+        t.large_count = bytes / sizeof(float) / (size_t)ranks;
         if (t.large_count == 0) t.large_count = 1;
-        if (gloo && (rc = fsdp_store_create_memory(ctx, &t.store)) < 0) goto out;
-        rc = fsdp_sim_run(&so, coll_rank, &t, NULL);
-        fsdp_store_destroy(t.store);
-        if (rc < 0) {
-            rc = fsdp__model_err(ctx, rc, "%s: the %s run of %d ranks failed: %s", who,
-                                 gloo ? "gloo" : "sim", opts->ranks, fsdp_strerror(rc));
-            goto out;
-        }
-        /* All of the small collective is latency; the large one adds its bytes, which the
-         * ring formula moves at (n - 1) / n * S / B for an all_gather of S bytes of output.
-         * Where the transport's start-up costs swamp its bytes (Gloo on ranks that share
-         * cores), noise can make the large one no slower than the small one, or by less than
-         * a copy of its bytes takes: then all of it is latency, the bytes move at the copy
-         * bandwidth, and the model still gives the large all_gather the time it took. */
-        double n = opts->ranks, S = (double)(t.large_count * sizeof(float)) * n;
-        net->gpus_per_node = opts->ranks;
-        if (t.large - t.small > S / m->mem_bw) { /* no faster than a copy of the bytes */
-            net->base_latency = t.small;
-            net->intra_bw = (n - 1) / n * S / (t.large - t.small);
+        if (pg) {
+            if ((rc = time_colls(pg, &t)) < 0) {
+                rc =
+                    fsdp__model_err(ctx, rc, "%s: timing the collectives of opts.pg (%d ranks): %s",
+                                    who, ranks, fsdp_strerror(rc));
+                goto out;
+            }
         } else {
-            net->base_latency = t.large;
-            net->intra_bw = m->mem_bw / 2;
+            fsdp_sim_options_t so;
+            fsdp_sim_options_init(&so);
+            so.world_size = ranks;
+            if (gloo && (rc = fsdp_store_create_memory(ctx, &t.store)) < 0) goto out;
+            rc = fsdp_sim_run(&so, coll_rank, &t, NULL);
+            fsdp_store_destroy(t.store);
+            if (rc < 0) {
+                rc = fsdp__model_err(ctx, rc, "%s: the %s run of %d ranks failed: %s", who,
+                                     gloo ? "gloo" : "sim", ranks, fsdp_strerror(rc));
+                goto out;
+            }
         }
+        fit_net(net, ranks, &t, cl->compute.mem_bw);
     }
     net->nics_per_node = net->gpus_per_node;
     net->nic_bw = net->intra_bw;
     /* The sim group is not a ring: its cost does not grow per hop, so all of it is the base. */
     net->intra_latency = net->inter_latency = 0;
 
-    if ((rc = fsdp__net_model_check(ctx, who, net)) < 0) goto out;
-    if ((rc = fsdp__compute_model_check(ctx, who, m)) < 0) goto out;
-    *out = cl;
+    if (measures) {
+        if ((rc = fsdp__net_model_check(ctx, who, net)) == 0)
+            rc = fsdp__compute_model_check(ctx, who, &cl->compute);
+    }
+    if (shared) {
+        res.rc = rc;
+        rc = share_result(ctx, who, pg, &res);
+    }
+    if (rc == 0) *out = *cl;
 out:
     if (rc < 0 && own_ctx) fsdp__model_err(NULL, rc, "%s", fsdp_ctx_last_error(own_ctx));
     fsdp_device_destroy(own_dev);
