@@ -9,7 +9,8 @@
  *    memory; with FSDP_GLOO_SHM=0 every rank reports TCP, and both give the same bits for every
  *    collective on random f32 values (the reductions are in rank order either way).
  *    Every rank makes the same cross-memory attach decision; FSDP_GLOO_CMA=0 keeps the slots,
- *    with the same bits.
+ *    with the same bits. A barrier's waiters spin only when the ranks have a CPU each (pinned
+ *    to one CPU they sleep at once); FSDP_GLOO_SPIN forces the count; the bits stay.
  * 2. Messages of several chunks (a slot is 4 MiB at these world sizes): all-gather,
  *    reduce-scatter, all-reduce, reduce, broadcast and all-to-all of 1.5 to 3.3 million f32 of
  *    exact values at world 3, in place and out of place, every element checked, with peers'
@@ -19,10 +20,11 @@
  *    that never joins: FSDP_ETIMEDOUT after the timeout.
  * 4. Nothing is left in /dev/shm by any run.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 
 #include <dirent.h>
 #include <math.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,6 +47,7 @@ typedef struct shared {
     int pid[8];
     int shm[8], sub_shm[8];
     int vote[8];                    /* fsdp__gloo_pg_cma_price's vote, -1 when not priced */
+    int spin[8];                    /* fsdp__gloo_pg_spin */
     long long read_ns[8], copy_ns[8]; /* and its prices */
     int rc[8];
     double waited[8];
@@ -71,6 +74,7 @@ static int which_rank(fsdp_ctx_t *ctx, fsdp_pg_t *pg, void *arg) {
     sh->shm[r] = fsdp__gloo_pg_shm(pg);
     int64_t rd = 0, cp = 0;
     sh->vote[r] = fsdp__gloo_pg_cma_price(pg, &rd, &cp);
+    sh->spin[r] = fsdp__gloo_pg_spin(pg);
     sh->read_ns[r] = rd;
     sh->copy_ns[r] = cp;
     fsdp_pg_t *sub = NULL;
@@ -184,10 +188,48 @@ static void test_which(void) {
                 "votes by the rule (%s), the group reads in place only when every rank voted "
                 "for it (%d); set to 0 or 1, nobody prices",
            priced ? "yes" : "no", rule ? "yes" : "no", a->shm[0]);
+    /* A barrier's waiters spin only when the group's ranks have a CPU each: on one CPU the
+     * three ranks sleep at once, and FSDP_GLOO_SPIN forces a count; the bits never change. */
+    int cpus = 0;
+    cpu_set_t mask, one;
+    if (sched_getaffinity(0, sizeof mask, &mask) == 0) cpus = CPU_COUNT(&mask);
+    bool rule_ok = true;
+    for (int q = 0; q < 3; q++)
+        rule_ok &= a->spin[q] == (cpus >= 3 ? 4000 : 0) && b->spin[q] == -1;
+    tap_ok(cpus > 0 && rule_ok,
+           NAME ": unset, FSDP_GLOO_SPIN: with %d CPUs for 3 ranks the waiters %s (%d %d %d); "
+                "groups on TCP have none (%d)",
+           cpus, cpus >= 3 ? "spin 4000 times" : "sleep at once", a->spin[0], a->spin[1],
+           a->spin[2], b->spin[0]);
+    shared_t *e = mp_shared_alloc(sizeof *e), *f = mp_shared_alloc(sizeof *f);
+    CPU_ZERO(&one);
+    for (int c0 = 0; c0 < CPU_SETSIZE; c0++)
+        if (CPU_ISSET(c0, &mask)) {
+            CPU_SET(c0, &one);
+            break;
+        }
+    int pinned = sched_setaffinity(0, sizeof one, &one);
+    int rce = gw_run_procs(3, which_rank, e, NULL);
+    if (pinned == 0) sched_setaffinity(0, sizeof mask, &mask);
+    setenv("FSDP_GLOO_SPIN", "123", 1);
+    int rcf = gw_run_procs(3, which_rank, f, NULL);
+    unsetenv("FSDP_GLOO_SPIN");
+    note_creator(e->pid[0]);
+    note_creator(f->pid[0]);
+    tap_ok(pinned == 0 && rce == FSDP_OK && rcf == FSDP_OK && e->spin[0] == 0 && e->spin[1] == 0 &&
+               e->spin[2] == 0 && f->spin[0] == 123 && f->spin[1] == 123 && f->spin[2] == 123 &&
+               memcmp(a->out, e->out, sizeof a->out) == 0 &&
+               memcmp(a->out, f->out, sizeof a->out) == 0,
+           NAME ": 3 ranks pinned to one CPU sleep at once (%d %d %d), FSDP_GLOO_SPIN=123 spins "
+                "123 times (%d %d %d), with the same bits (pinned %d, runs %s %s)",
+           e->spin[0], e->spin[1], e->spin[2], f->spin[0], f->spin[1], f->spin[2], pinned,
+           fsdp_err_name(rce), fsdp_err_name(rcf));
     mp_shared_free(a);
     mp_shared_free(b);
     mp_shared_free(c);
     mp_shared_free(d);
+    mp_shared_free(e);
+    mp_shared_free(f);
 }
 
 /* ---- 2. several chunks ---- */

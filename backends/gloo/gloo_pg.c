@@ -491,6 +491,11 @@ int fsdp__gloo_pg_shm(const fsdp_pg_t *pg) {
     return shm ? 1 + fsdp__gloo_shm_cma(shm) : 0;
 }
 
+int fsdp__gloo_pg_spin(const fsdp_pg_t *pg) {
+    const int gloo = pg && pg->ops == &gloo_ops;
+    return fsdp__gloo_shm_spin(gloo ? ((const gloo_pg_t *)pg)->shm : NULL);
+}
+
 int fsdp__gloo_pg_cma_price(const fsdp_pg_t *pg, int64_t *read_ns, int64_t *copy_ns) {
     const int gloo = pg && pg->ops == &gloo_ops;
     return fsdp__gloo_shm_cma_price(gloo ? ((const gloo_pg_t *)pg)->shm : NULL, read_ns, copy_ns);

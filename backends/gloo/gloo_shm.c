@@ -19,7 +19,8 @@
  *
  * The barrier is a generation count in shared memory: the last rank to arrive resets the count,
  * advances the generation and wakes the others with a futex (not private: the waiters are other
- * processes). A waiter spins briefly, then sleeps on the futex in slices of at most 50 ms, and
+ * processes). A waiter spins briefly (not at all when the group's ranks outnumber the CPUs:
+ * gloo_shm_create.c), then sleeps on the futex in slices of at most 50 ms, and
  * between slices checks the group's closed mark, its peers' processes (kill(pid, 0)) and the
  * collective's deadline.
  */
@@ -47,7 +48,6 @@
 /* Bytes of a peer's segment a reduce-scatter reads at a time with cross-memory attach: small
  * enough that the copies stay in this core's cache until they are reduced. */
 #define CMA_BLOCK ((size_t)256 << 10)
-#define SPIN_ITERS 4000
 #define SLICE_NS 50000000LL /* longest futex sleep between liveness checks */
 
 /* ---- the barrier --------------------------------------------------------------------------- */
@@ -112,7 +112,7 @@ static int barrier(fsdp_gloo_shm_t *s, int64_t deadline, int64_t timeout_ms, int
         futex_wake_all(&h->gen);
         return FSDP_OK;
     }
-    for (int i = 0; i < SPIN_ITERS; i++) {
+    for (int i = 0; i < s->spin; i++) {
         if (atomic_load_explicit(&h->gen, memory_order_acquire) != g) return FSDP_OK;
         cpu_relax();
     }

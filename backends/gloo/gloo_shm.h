@@ -72,6 +72,12 @@ void fsdp__gloo_shm_destroy(fsdp_gloo_shm_t *s);
  * group (gloo_pg.c; for tests and the debug log). */
 int fsdp__gloo_pg_shm(const fsdp_pg_t *pg);
 
+/* The pause iterations a barrier's waiter spins on s before it sleeps (-1 for NULL), and the
+ * same of pg's segment (-1 when pg is not a gloo group on shared memory; gloo_pg.c, for
+ * tests). */
+int fsdp__gloo_shm_spin(const fsdp_gloo_shm_t *s);
+int fsdp__gloo_pg_spin(const fsdp_pg_t *pg);
+
 /* fsdp__gloo_shm_cma_price of pg's segment (-1 with 0 prices when pg is not a gloo group on
  * shared memory; gloo_pg.c, for tests). */
 int fsdp__gloo_pg_cma_price(const fsdp_pg_t *pg, int64_t *read_ns, int64_t *copy_ns);

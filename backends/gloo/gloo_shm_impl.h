@@ -31,11 +31,15 @@ struct fsdp_gloo_shm {
     char *slots;    /* size * slot */
     char *result;   /* slot */
     int cma;        /* peers' send buffers are read in place (process_vm_readv) */
+    int spin;       /* pause iterations a barrier's waiter spins before it sleeps */
     uint64_t probe; /* what a peer's probe reads from this rank's memory */
     /* Processor time this rank took to read CAL_BYTES from its next peer in place and to copy
      * them locally, best of CAL_REPS - 1 (ns); 0 when not measured. */
     int64_t cal_read_ns, cal_copy_ns;
 };
+
+/* The spin of a barrier's waiter when it may have a core to itself (gloo_shm_create.c). */
+#define FSDP__GLOO_SHM_SPIN 4000
 
 /* Reads bytes from address `from` of process pid into dst (process_vm_readv, in as many calls
  * as the kernel needs). Returns 0, or -1 with errno. */

@@ -42,6 +42,11 @@ int fsdp__gloo_pg_shm(const fsdp_pg_t *pg) {
     return -1;
 }
 
+int fsdp__gloo_pg_spin(const fsdp_pg_t *pg) {
+    (void)pg;
+    return -1;
+}
+
 int fsdp__gloo_pg_cma_price(const fsdp_pg_t *pg, int64_t *read_ns, int64_t *copy_ns) {
     (void)pg;
     *read_ns = *copy_ns = 0;

@@ -59,6 +59,9 @@
  * each rank prices such a read against a local copy when the group is created (a few ms), and
  * the group reads in place only when every rank found it cheap enough. FSDP_GLOO_CMA=1 reads in
  * place without the pricing, FSDP_GLOO_CMA=0 never does. The results are the same bits.
+ * A rank waiting at the transport's barrier spins briefly before it sleeps, unless the group has
+ * more ranks than the CPUs the process may run on (sched_getaffinity), where the spin would take
+ * the core a peer needs; FSDP_GLOO_SPIN=N (0 to 1000000 pause iterations) forces the spin.
  *
  * Mismatch check. With the environment variable FSDP_GLOO_CHECK=1 when a group is created, each
  * collective of that group (and of its sub-groups) first all-gathers every rank's descriptor
