@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/cpus.h"
 #include "core/timeutil.h"
 #include "sim/sim.h"
 
@@ -95,8 +96,7 @@ int fsdp_sim_run(const fsdp_sim_options_t *opts, fsdp_sim_fn fn, void *arg, int 
     w.latency_ns = opts->comm_latency_us * 1000;
     w.fn = fn;
     w.arg = arg;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    w.spin = cpus > 0 && n <= cpus;
+    w.spin = n <= fsdp__cpu_count();
     pthread_mutex_init(&w.reg_mu, NULL);
     fsdp_store_t *store = NULL;
     pthread_t *threads = calloc((size_t)n, sizeof *threads);

@@ -1,15 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * t_core.c: logging, per-rank memory accounting, the context, the reduction kernels, and the
- * large-message copies (core/copy.h).
+ * t_core.c: logging, per-rank memory accounting, the context, the reduction kernels, the
+ * large-message copies (core/copy.h), and the CPUs the process may run on (core/cpus.h).
  */
+#define _GNU_SOURCE
+
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <fsdp.h>
 
 #include "core/copy.h"
+#include "core/cpus.h"
 #include "core/reduce.h"
 #include "tap.h"
 
@@ -284,6 +288,26 @@ static void test_copy(void) {
     free(d2);
 }
 
+/* The affinity mask, not the machine: pinned to one CPU the process counts one, unpinned it
+ * counts its mask again. */
+static void test_cpus(void) {
+    cpu_set_t mask, one;
+    int before = fsdp__cpu_count();
+    tap_ok(sched_getaffinity(0, sizeof mask, &mask) == 0 && before == CPU_COUNT(&mask),
+           "cpu count: the %d CPUs of the affinity mask", before);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &mask)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    int pinned = sched_setaffinity(0, sizeof one, &one);
+    int in_one = fsdp__cpu_count();
+    if (pinned == 0) sched_setaffinity(0, sizeof mask, &mask);
+    tap_ok(pinned == 0 && in_one == 1 && fsdp__cpu_count() == before,
+           "  pinned to one CPU it counts %d, and %d again after", in_one, fsdp__cpu_count());
+}
+
 int main(void) {
     tap_plan_lazy();
     test_log();
@@ -291,5 +315,6 @@ int main(void) {
     test_ctx();
     test_reduce();
     test_copy();
+    test_cpus();
     return tap_done();
 }

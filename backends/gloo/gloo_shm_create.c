@@ -28,7 +28,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +42,7 @@
 
 #include "backends/gloo/gloo_shm_impl.h"
 #include "core/copy.h"
+#include "core/cpus.h"
 #include "core/timeutil.h"
 
 #define SHM_MAGIC 0x46534d32u /* "FSM2" */
@@ -119,10 +119,7 @@ static int cma_mode(void) {
  * count of iterations from 0 to 1000000, forces the choice; anything else is ignored.
  */
 static int spin_iters(int size, int *cpus_out) {
-    cpu_set_t set;
-    int cpus = 0;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
-    if (cpus <= 0) cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const int cpus = fsdp__cpu_count();
     *cpus_out = cpus;
     const char *v = getenv("FSDP_GLOO_SPIN");
     if (v && *v) {
@@ -130,7 +127,7 @@ static int spin_iters(int size, int *cpus_out) {
         long n = strtol(v, &end, 10);
         if (*end == 0 && n >= 0 && n <= 1000000) return (int)n;
     }
-    return cpus <= 0 || size <= cpus ? FSDP__GLOO_SHM_SPIN : 0;
+    return size <= cpus ? FSDP__GLOO_SHM_SPIN : 0;
 }
 
 int fsdp__gloo_shm_cma_read(pid_t pid, void *dst, uint64_t from, size_t bytes) {

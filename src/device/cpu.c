@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "core/copy.h"
+#include "core/cpus.h"
 #include "core/sanitizer.h"
 #include "device/cpu_impl.h"
 
@@ -92,8 +93,7 @@ int fsdp__cpu_default_threads(int world_size) {
         long v = strtol(env, &end, 10);
         if (errno == 0 && end != env && *end == '\0' && v > 0 && v <= 4096) return (int)v;
     }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores < 1) cores = 1;
+    long cores = fsdp__cpu_count();
     if (world_size < 1) world_size = 1;
     long per_rank = cores / world_size;
     return per_rank > 1 ? (int)per_rank : 1;

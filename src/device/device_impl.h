@@ -374,7 +374,7 @@ int fsdp__device_create(fsdp_ctx_t *ctx, fsdp_device_kind_t kind, const struct f
 fsdp_device_t *fsdp__ctx_cpu_device(fsdp_ctx_t *ctx);
 
 /* Threads a CPU device uses by default for world_size ranks in this process: FSDP_NUM_THREADS
- * when set, else max(1, online cores / world_size). */
+ * when set, else max(1, the CPUs the process may run on / world_size: fsdp__cpu_count). */
 int fsdp__cpu_default_threads(int world_size);
 
 #endif /* FSDP_DEVICE_IMPL_H */
