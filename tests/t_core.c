@@ -15,6 +15,7 @@
 #include "core/copy.h"
 #include "core/cpus.h"
 #include "core/reduce.h"
+#include "cpu_pin.h"
 #include "tap.h"
 
 /* A log sink that keeps the last message and counts them. */
@@ -291,19 +292,13 @@ static void test_copy(void) {
 /* The affinity mask, not the machine: pinned to one CPU the process counts one, unpinned it
  * counts its mask again. */
 static void test_cpus(void) {
-    cpu_set_t mask, one;
+    cpu_set_t mask;
     int before = fsdp__cpu_count();
     tap_ok(sched_getaffinity(0, sizeof mask, &mask) == 0 && before == CPU_COUNT(&mask),
            "cpu count: the %d CPUs of the affinity mask", before);
-    CPU_ZERO(&one);
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &mask)) {
-            CPU_SET(c, &one);
-            break;
-        }
-    int pinned = sched_setaffinity(0, sizeof one, &one);
+    int pinned = cpu_pin_one(&mask);
     int in_one = fsdp__cpu_count();
-    if (pinned == 0) sched_setaffinity(0, sizeof mask, &mask);
+    if (pinned == 0) cpu_unpin(&mask);
     tap_ok(pinned == 0 && in_one == 1 && fsdp__cpu_count() == before,
            "  pinned to one CPU it counts %d, and %d again after", in_one, fsdp__cpu_count());
 }

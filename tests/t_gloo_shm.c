@@ -36,6 +36,7 @@
 #include <fsdp.h>
 
 #include "backends/gloo/gloo_shm.h"
+#include "cpu_pin.h"
 #include "gloo_world.h"
 #include "mp_fork.h"
 #include "tap.h"
@@ -191,7 +192,7 @@ static void test_which(void) {
     /* A barrier's waiters spin only when the group's ranks have a CPU each: on one CPU the
      * three ranks sleep at once, and FSDP_GLOO_SPIN forces a count; the bits never change. */
     int cpus = 0;
-    cpu_set_t mask, one;
+    cpu_set_t mask;
     if (sched_getaffinity(0, sizeof mask, &mask) == 0) cpus = CPU_COUNT(&mask);
     bool rule_ok = true;
     for (int q = 0; q < 3; q++)
@@ -202,15 +203,9 @@ static void test_which(void) {
            cpus, cpus >= 3 ? "spin 4000 times" : "sleep at once", a->spin[0], a->spin[1],
            a->spin[2], b->spin[0]);
     shared_t *e = mp_shared_alloc(sizeof *e), *f = mp_shared_alloc(sizeof *f);
-    CPU_ZERO(&one);
-    for (int c0 = 0; c0 < CPU_SETSIZE; c0++)
-        if (CPU_ISSET(c0, &mask)) {
-            CPU_SET(c0, &one);
-            break;
-        }
-    int pinned = sched_setaffinity(0, sizeof one, &one);
+    int pinned = cpu_pin_one(&mask);
     int rce = gw_run_procs(3, which_rank, e, NULL);
-    if (pinned == 0) sched_setaffinity(0, sizeof mask, &mask);
+    if (pinned == 0) cpu_unpin(&mask);
     setenv("FSDP_GLOO_SPIN", "123", 1);
     int rcf = gw_run_procs(3, which_rank, f, NULL);
     unsetenv("FSDP_GLOO_SPIN");
