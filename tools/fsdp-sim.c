@@ -423,19 +423,26 @@ static int join_launched_world(opts_t *o, fsdp_ctx_t **ctx) {
     return 0;
 }
 
-/* A rank other than 0 of a launched world: its part in each of rank 0's calibrations. */
+/* Configuration k of the o->nstrategies x o->ngpus asked for, strategy by strategy. */
+static sim_config_t config_at(const opts_t *o, int k) {
+    sim_config_t c = o->base;
+    c.gpus = o->gpus[k % o->ngpus];
+    c.strategy = (fsdp_sharding_strategy_t)o->strategies[k / o->ngpus];
+    if (c.rank >= c.gpus) c.rank = c.gpus - 1;
+    return c;
+}
+
+/* A rank other than 0 of a launched world: its part in each of rank 0's calibrations, one per
+ * configuration, in the same order. */
 static int calibrate_peer(fsdp_ctx_t *ctx, const opts_t *o) {
-    for (int s = 0; s < o->nstrategies; s++)
-        for (int g = 0; g < o->ngpus; g++) {
-            char err[512] = "";
-            sim_config_t c = o->base;
-            c.gpus = o->gpus[g];
-            c.strategy = (fsdp_sharding_strategy_t)o->strategies[s];
-            if (sim_calibrate_peer(ctx, &c, err, sizeof err) < 0) {
-                fprintf(stderr, "fsdp-sim: rank %d: %s\n", fsdp_ctx_rank(ctx), err);
-                return 1;
-            }
+    for (int k = 0; k < o->ngpus * o->nstrategies; k++) {
+        char err[512] = "";
+        sim_config_t c = config_at(o, k);
+        if (sim_calibrate_peer(ctx, &c, err, sizeof err) < 0) {
+            fprintf(stderr, "fsdp-sim: rank %d: %s\n", fsdp_ctx_rank(ctx), err);
+            return 1;
         }
+    }
     return 0;
 }
 
@@ -460,25 +467,21 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (!o.json) print_header(&o);
-    int failed = 0, k = 0;
-    for (int s = 0; s < o.nstrategies; s++)
-        for (int g = 0; g < o.ngpus; g++, k++) {
-            cfgs[k] = o.base;
-            cfgs[k].gpus = o.gpus[g];
-            cfgs[k].strategy = (fsdp_sharding_strategy_t)o.strategies[s];
-            if (cfgs[k].rank >= cfgs[k].gpus) cfgs[k].rank = cfgs[k].gpus - 1;
-            if (sim_run(&cfgs[k], &res[k]) < 0) {
-                fprintf(stderr, "fsdp-sim: %d GPUs, %s: %s\n", cfgs[k].gpus,
-                        fsdp_sharding_strategy_name(cfgs[k].strategy), res[k].error);
-                failed++;
-                continue;
-            }
-            if (o.json)
-                print_json(&cfgs[k], &res[k]);
-            else
-                print_row(&cfgs[k], &res[k]);
-            fflush(stdout);
+    int failed = 0;
+    for (int k = 0; k < n; k++) {
+        cfgs[k] = config_at(&o, k);
+        if (sim_run(&cfgs[k], &res[k]) < 0) {
+            fprintf(stderr, "fsdp-sim: %d GPUs, %s: %s\n", cfgs[k].gpus,
+                    fsdp_sharding_strategy_name(cfgs[k].strategy), res[k].error);
+            failed++;
+            continue;
         }
+        if (o.json)
+            print_json(&cfgs[k], &res[k]);
+        else
+            print_row(&cfgs[k], &res[k]);
+        fflush(stdout);
+    }
     if (!failed && o.plot) {
         char title[160];
         snprintf(title, sizeof title, "%s, %lld seq/GPU, %s, %s", o.base.model->name,
