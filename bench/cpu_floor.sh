@@ -174,14 +174,16 @@ timed() {
 per_step() {
     _n=$1
     shift
-    rm -f "$tmp/$_n.ab" "$tmp/$_n.ab.share" "$tmp/m.jsonl"
-    timed "$tmp/$_n.ab" "$steps" "$@"
+    rm -f "$tmp/$_n.ab" "$tmp/$_n.ab.share" "$tmp/m0.jsonl" "$tmp/m.jsonl"
+    # Both runs write their metrics, so that the difference holds the same work a step.
+    timed "$tmp/$_n.ab" "$steps" "$@" --metrics "$tmp/m0.jsonl"
     timed "$tmp/$_n.ab" "$long" "$@" --metrics "$tmp/m.jsonl"
     _sh=$(cat "$tmp/$_n.ab.share" 2>/dev/null)
     _st=$(sed -n 's/.*"type":"train".*"step_s":\([0-9.e+-]*\).*/\1/p' "$tmp/m.jsonl" 2>/dev/null |
         tail -n +3 | bench_median 0 %.6f)
     awk -v d=$((long - steps)) -v sh="${_sh:-0}" -v st="$_st" 'NR == 1 { w = $1; u = $2; s = $3 }
-        NR == 2 { printf "%.2f %.2f %.2f %.4f %.2f\n", ($1 - w) * 1e3 / d, ($2 - u) * 1e3 / d, ($3 - s) * 1e3 / d, sh, st * 1e3 }' \
+        NR == 2 { printf "%.2f %.2f %.2f %.4f %.2f\n", ($1 - w) * 1e3 / d, ($2 - u) * 1e3 / d,
+                  ($3 - s) * 1e3 / d, sh, st * 1e3 }' \
         "$tmp/$_n.ab" >> "$tmp/$_n.d"
 }
 

@@ -10,8 +10,9 @@
 # (default 30) and takes the median step time of steps 6 to N; then runs
 # `fsdp-sim --cluster cpu --backend B` on the same configuration --runs times (default 3: the
 # calibration is a measurement and varies; for Gloo at world N > 1 under `fsdprun -n N`, so that
-# processes time the collectives, as they run in fsdp-train) and takes the median predicted step. The table
-# gives both, the predicted one's range over the runs, and the gap (predicted / measured - 1).
+# processes time the collectives, as they run in fsdp-train) and takes the median predicted
+# step. The table gives both, the predicted one's range over the runs, and the gap (predicted /
+# measured - 1).
 # docs/simulation.md explains the model and the gaps.
 #
 # Run it on a quiet machine: every figure is a wall-clock time of this CPU. Environment:

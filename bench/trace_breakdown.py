@@ -91,9 +91,9 @@ def breakdown(ev, skip):
         rows.append(r)
     if not rows:
         raise SystemExit("trace_breakdown.py: no 'step N' spans after --skip")
-    keys = sorted({k for r in rows for k in r})
+    keys = sorted({k for r in rows for k in r} - {"between steps"})
     med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
-    # the last step has no next one: its gap is not a zero
+    # the last step has no next one: its gap is left out, not counted as a zero
     gaps = [r["between steps"] for r in rows if "between steps" in r]
     med["between steps"] = statistics.median(gaps) if gaps else 0.0
     return med, len(rows)
